@@ -1,0 +1,3 @@
+from tracefleet.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The RolloutJob API model: the single source of truth for manifests, the CRD and validation."""

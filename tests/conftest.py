@@ -1,0 +1,8 @@
+"""Shared fixtures: each real part the tests run against has its own module under tests/fixtures/."""
+
+pytest_plugins = [
+    "fixtures.controlplane",
+    "fixtures.s3",
+    "fixtures.engines",
+    "fixtures.harnesses",
+]
