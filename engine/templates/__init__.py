@@ -1,0 +1,1 @@
+"""Chat templates shipped with the engine (package data: the .jinja files beside this module)."""

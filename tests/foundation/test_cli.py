@@ -1,0 +1,84 @@
+"""The `tracefleet` console script: help a newcomer can act on, and the crd/validate subcommands."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tracefleet.api.crd import CRD_FILENAME, crd_yaml
+from tracefleet.api.reference import manifest_reference
+
+REPO = Path(__file__).resolve().parents[2]
+# The console script installed next to the interpreter running the tests (.venv/bin/tracefleet).
+SCRIPT = Path(sys.executable).parent / "tracefleet"
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_console_script_is_installed() -> None:
+    assert SCRIPT.exists(), f"{SCRIPT} missing: install the project (pip install -e .)"
+
+
+def test_top_level_help_lists_every_subcommand() -> None:
+    proc = run("--help")
+    assert proc.returncode == 0, proc.stderr
+    for name in ("run", "proxy", "engine", "operator", "traces", "crd", "validate"):
+        assert f"    {name} " in proc.stdout or f"    {name}\n" in proc.stdout, (name, proc.stdout)
+    # `python -m tracefleet` is the same command.
+    same = subprocess.run([sys.executable, "-m", "tracefleet", "--help"], capture_output=True, text=True, timeout=120)
+    assert same.returncode == 0 and same.stdout.replace("__main__.py", "tracefleet") == proc.stdout
+
+
+@pytest.mark.parametrize(
+    "name, needles",
+    [
+        ("crd", ["--out", "--stdout", "--readme", "kubectl apply", CRD_FILENAME]),
+        ("validate", ["FILE", "field.path: message", "exit status 1", "examples/*.yaml"]),
+    ],
+)
+def test_subcommand_help_is_actionable(name: str, needles: list[str]) -> None:
+    proc = run(name, "--help")
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    for needle in needles:
+        assert needle in text, (needle, proc.stdout)
+
+
+def test_crd_writes_the_generated_file(tmp_path: Path) -> None:
+    proc = run("crd", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    written = tmp_path / "out" / CRD_FILENAME
+    assert written.read_text() == crd_yaml()
+    assert run("crd", "--stdout").stdout == crd_yaml()
+    assert run("crd", "--reference").stdout == manifest_reference()
+
+
+def test_crd_refreshes_a_readme_section(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n<!-- manifest-reference:start -->\nstale\n<!-- manifest-reference:end -->\ntail\n")
+    proc = run("crd", "--out", str(tmp_path / "crds"), "--readme", str(readme))
+    assert proc.returncode == 0, proc.stderr
+    text = readme.read_text()
+    assert "stale" not in text and manifest_reference() in text and text.endswith("tail\n")
+
+
+def test_validate_exit_codes(tmp_path: Path) -> None:
+    ok = run("validate", str(REPO / "examples" / "local-command.yaml"))
+    assert ok.returncode == 0 and ok.stdout == ""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: tracefleet.io/v1alpha1\nkind: RolloutJob\nmetadata: {name: x}\nspec: {parallelism: 0}\n")
+    proc = run("validate", str(bad))
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    # Every problem, each with its path: the four missing sections and the bad number.
+    for path in ("spec.inference", "spec.harness", "spec.tasks", "spec.output", "spec.parallelism"):
+        assert any(line.startswith(f"{bad}: {path}: ") for line in lines), (path, lines)
+    syntax = tmp_path / "syntax.yaml"
+    syntax.write_text("spec: [unclosed\n")
+    proc = run("validate", str(syntax))
+    assert proc.returncode == 1 and "invalid YAML" in proc.stdout

@@ -1,0 +1,170 @@
+"""Capture log → traces + stats, with the fail-closed outcome rules.
+
+    result = build_traces("capture/sess-1.jsonl", builder="prefix-merge",
+                          session=SessionInfo(job="j", task_id="t", group_id="t", sample_index=0, reward=1.0))
+
+Fail-closed (design §2.4): if the capture is incomplete (torn last line, unparsable lines, or the runner
+did not see the session close cleanly), the evaluator errored / timed out / gave no reward, or any call
+carries unparsed tool calls, every trace of the session is marked `outcome="fail_closed"` with the
+reasons, and its reward is clamped to `min(reward, 0)` (0 when there was none): never a positive reward.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tracefleet.capture import CaptureLog, CaptureRecord, read_capture_log
+
+from .calls import Call, calls_from_records, engine_seconds, split_kept
+from .merge import build_tree, chains
+from .schema import BuildResult, ReconstructionStats, SessionInfo, Span, Timing, Trace, TraceMetadata
+
+BUILDERS = ("prefix-merge", "per-request")
+
+
+def fail_closed_reasons(
+    calls: Sequence[Call], session: SessionInfo, torn_tail: bool = False, bad_lines: int = 0
+) -> list[str]:
+    reasons: list[str] = []
+    if torn_tail:
+        reasons.append("capture_torn_tail")
+    if bad_lines:
+        reasons.append("capture_bad_lines")
+    if not session.capture_complete:
+        reasons.append("capture_incomplete")
+    if session.evaluator_status != "ok":
+        reasons.append(f"evaluator_{session.evaluator_status}")
+    elif session.reward is None:
+        reasons.append("reward_missing")
+    if any(c.tool_parse_errors for c in calls):
+        reasons.append("tool_parse_errors")
+    return reasons
+
+
+def _assemble(calls: Sequence[Call], chain: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Span]]:
+    """One trace from a chain in which each call's prompt extends the previous call's prompt + completion."""
+    pieces: list[np.ndarray] = []
+    spans: list[Span] = []
+    at = 0
+    for idx in chain:
+        call = calls[idx]
+        new_prompt = call.prompt[at:]  # at == previous full length: the verified shared prefix is skipped
+        pieces.append(new_prompt)
+        pieces.append(call.completion)
+        cs = at + new_prompt.shape[0]
+        ce = cs + call.completion.shape[0]
+        spans.append(Span(call_id=call.call_id, prompt_start=at, completion_start=cs, completion_end=ce,
+                          policy_version=call.policy_version, finish_reason=call.finish_reason))
+        at = ce
+    tokens = np.concatenate(pieces).astype(np.int32, copy=False)
+    mask = np.zeros(at, dtype=np.uint8)
+    logprobs = np.full(at, np.nan, dtype=np.float32)
+    for span, idx in zip(spans, chain, strict=True):
+        mask[span.completion_start : span.completion_end] = 1
+        logprobs[span.completion_start : span.completion_end] = calls[idx].logprobs
+    return tokens, mask, logprobs, spans
+
+
+def build_from_calls(
+    all_calls: Sequence[Call],
+    *,
+    builder: str = "prefix-merge",
+    session: SessionInfo | None = None,
+    torn_tail: bool = False,
+    bad_lines: int = 0,
+) -> BuildResult:
+    if builder not in BUILDERS:
+        raise ValueError(f"unknown builder {builder!r}; choose one of {', '.join(BUILDERS)}")
+    session = session or SessionInfo()
+    stats = ReconstructionStats(builder=builder, calls=len(all_calls), torn_tail=torn_tail, bad_lines=bad_lines)
+    stats.tool_parse_errors = sum(c.tool_parse_errors for c in all_calls)
+    kept, dropped, dropped_ids = split_kept(all_calls)
+    stats.dropped = dropped
+    stats.kept_calls = len(kept)
+    stats.capture_tokens = sum(c.full_len for c in kept)
+
+    if builder == "per-request":
+        groups: list[tuple[list[int], int]] = [([i], -1) for i in range(len(kept))]
+        root_reason: list[str | None] = ["per_request"] * len(kept)
+    else:
+        tree = build_tree(kept, stats, dropped_ids)
+        groups = chains(tree)
+        root_reason = tree.root_reason
+        stats.merged_calls = sum(len(chain) - 1 for chain, _ in groups)
+        stats.branches = sum(1 for _, branched in groups if branched >= 0)
+
+    reasons = fail_closed_reasons(all_calls, session, torn_tail, bad_lines)
+    reward = session.reward
+    if reasons:
+        reward = min(reward, 0.0) if reward is not None else 0.0
+    session_id = session.session_id or (all_calls[0].extra.get("session_id") if all_calls else None) or "session"
+
+    traces: list[Trace] = []
+    for k, (chain, branched) in enumerate(groups):
+        tokens, mask, logprobs, spans = _assemble(kept, chain)
+        members = [kept[i] for i in chain]
+        timing = Timing(
+            started_at=members[0].received_at,
+            finished_at=members[-1].done_at,
+            engine_seconds=float(sum(engine_seconds(c) for c in members)),
+            ttft_seconds=[
+                (c.first_token_at - (c.engine_sent_at or c.received_at or c.first_token_at))
+                if c.first_token_at is not None
+                else 0.0
+                for c in members
+            ],
+        )
+        meta = TraceMetadata(
+            trace_id=f"{session_id}:{k:04d}",
+            job=session.job,
+            session_id=str(session_id),
+            task_id=session.task_id,
+            group_id=session.group_id,
+            sample_index=session.sample_index,
+            harness=session.harness,
+            model=session.model,
+            tokenizer=session.tokenizer,
+            builder=builder,
+            reward=reward,
+            evaluator_reward=session.reward,
+            outcome="fail_closed" if reasons else "ok",
+            fail_closed_reasons=list(reasons),
+            finish_reasons=[c.finish_reason for c in members],
+            branch_of=kept[branched].call_id if branched >= 0 else None,
+            new_root_reason=root_reason[chain[0]] if branched < 0 else None,
+            timings=timing,
+            extra=dict(session.extra),
+        )
+        traces.append(Trace(tokens=tokens, loss_mask=mask, logprobs=logprobs, spans=spans, meta=meta))
+
+    stats.traces = len(traces)
+    stats.tokens = sum(t.num_tokens for t in traces)
+    stats.trainable_tokens = sum(t.num_trainable for t in traces)
+    for t in traces:
+        t.meta.stats = stats
+    return BuildResult(traces=traces, stats=stats, outcome="fail_closed" if reasons else "ok", fail_closed_reasons=reasons)
+
+
+def build_traces(
+    source: CaptureLog | Sequence[CaptureRecord] | str | os.PathLike[str],
+    *,
+    builder: str = "prefix-merge",
+    session: SessionInfo | None = None,
+) -> BuildResult:
+    """Build a session's traces from its capture log (a path, a `CaptureLog`, or records)."""
+    if isinstance(source, str | os.PathLike):
+        log = read_capture_log(source)
+        if session is None or session.session_id is None:
+            session = (session or SessionInfo()).model_copy(update={"session_id": Path(source).stem})
+    elif isinstance(source, CaptureLog):
+        log = source
+    else:
+        log = CaptureLog(records=list(source))
+    if (session is None or session.session_id is None) and log.records:
+        session = (session or SessionInfo()).model_copy(update={"session_id": log.records[0].session_id})
+    calls = calls_from_records(log.records)
+    return build_from_calls(calls, builder=builder, session=session, torn_tail=log.torn_tail, bad_lines=len(log.bad_lines))

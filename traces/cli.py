@@ -1,0 +1,207 @@
+"""`tracefleet traces`: list, show, export and flush trace batches.
+
+URI is a bucket (`s3://bucket/prefix`, a directory) holding `<job>/batches/<seq>/`, or a single capture
+log (`*.jsonl`) whose traces are built on the fly. S3 endpoint and credentials come from the usual env
+(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE) or the flags below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+EXAMPLES = """examples:
+  tracefleet traces ls ./batches                         # jobs in a directory bucket
+  tracefleet traces ls s3://rl/runs --job swe-1          # that job's sealed batches
+  tracefleet traces show s3://rl/runs --job swe-1 --batch 3 --trace 0
+  tracefleet traces show capture/sess-1.jsonl --html sess-1.html   # build + render a capture log
+  tracefleet traces export ./batches --job swe-1 --batch 0 --format jsonl --out batch0.jsonl
+  tracefleet traces flush s3://rl/runs --job swe-1       # upload batches left in the local spool
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXAMPLES
+    sub = parser.add_subparsers(dest="traces_command", metavar="ACTION", required=True)
+
+    def common(p: argparse.ArgumentParser, job: bool = True) -> None:
+        p.add_argument("uri", help="bucket (s3://bucket/prefix or a directory) or a capture log (.jsonl)")
+        if job:
+            p.add_argument("--job", help="job name (the folder under the bucket prefix); optional when there is one job")
+        p.add_argument("--endpoint-url", help="S3 endpoint (default: $AWS_ENDPOINT_URL)")
+        p.add_argument("--profile", help="AWS profile for credentials")
+        p.add_argument("--region", help="S3 region")
+
+    ls = sub.add_parser("ls", help="list jobs, or a job's batches (seq, traces, tokens, reward)")
+    common(ls)
+    ls.add_argument("--json", action="store_true", help="print manifests as JSON")
+
+    show = sub.add_parser("show", help="render a trace: masked vs trainable tokens, reward, stats")
+    common(show)
+    show.add_argument("--batch", type=int, help="batch seq (default: the latest)")
+    show.add_argument("--trace", default="0", help="row number in the batch or a trace id (default 0)")
+    show.add_argument("--builder", default="prefix-merge", choices=["prefix-merge", "per-request"], help="for capture logs")
+    show.add_argument("--tokenizer", help="tokenizer.json to show text instead of token ids")
+    show.add_argument("--html", metavar="FILE", help="also write a standalone HTML page")
+    show.add_argument("--max-context", type=int, default=64, help="context tokens shown per turn (middle elided)")
+    show.add_argument("--max-tokens", type=int, default=4000, help="tokens shown in the terminal")
+    show.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+
+    export = sub.add_parser("export", help="write a batch (or a capture log's traces) as JSONL or Parquet")
+    common(export)
+    export.add_argument("--batch", type=int, help="batch seq (default: all batches)")
+    export.add_argument("--builder", default="prefix-merge", choices=["prefix-merge", "per-request"])
+    export.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
+    export.add_argument("--out", required=True, help="output file")
+
+    flush = sub.add_parser("flush", help="upload batches kept in the local spool after a failed seal")
+    common(flush)
+    flush.add_argument("--spool", help="spool directory (default: $TRACEFLEET_SPOOL or ~/.cache/tracefleet/spool)")
+
+
+def _bucket(args: argparse.Namespace) -> Any:
+    from tracefleet.bucket import open_bucket
+
+    opts = {k: v for k, v in {"endpoint_url": args.endpoint_url, "profile": args.profile, "region": args.region}.items() if v}
+    if not str(args.uri).startswith("s3://"):
+        opts = {"create": False}
+    return open_bucket(args.uri, **opts)
+
+
+def _jobs(bucket: Any) -> list[str]:
+    return [d for d in bucket.list_dirs("") if bucket.list_dirs(f"{d}/batches")]
+
+
+def _job(args: argparse.Namespace, bucket: Any) -> str:
+    if args.job:
+        return str(args.job)
+    jobs = _jobs(bucket)
+    if len(jobs) != 1:
+        raise SystemExit(f"--job is required: {bucket.uri} holds {len(jobs)} jobs ({', '.join(jobs) or 'none'})")
+    return jobs[0]
+
+
+def _is_capture_log(uri: str) -> bool:
+    return uri.endswith(".jsonl") and Path(uri).is_file()
+
+
+def _load_traces(args: argparse.Namespace) -> tuple[list[Any], str]:
+    from .build import build_traces
+    from .reader import BatchReader
+
+    if _is_capture_log(args.uri):
+        result = build_traces(args.uri, builder=args.builder)
+        return result.traces, f"{args.uri} ({args.builder})"
+    bucket = _bucket(args)
+    job = _job(args, bucket)
+    reader = BatchReader(bucket, job)
+    seqs = reader.seqs()
+    if not seqs:
+        raise SystemExit(f"no sealed batches for job {job!r} in {bucket.uri}")
+    if getattr(args, "batch", None) is None and args.traces_command == "export":
+        return [t for s in seqs for t in reader.read(s).traces()], f"{bucket.uri} job {job}"
+    seq = args.batch if args.batch is not None else seqs[-1]
+    return reader.read(seq).traces(), f"{bucket.uri} job {job} batch {seq:06d}"
+
+
+def main(args: argparse.Namespace) -> int:
+    from tracefleet.bucket import BucketError
+
+    try:
+        return {"ls": _ls, "show": _show, "export": _export, "flush": _flush}[args.traces_command](args)
+    except BucketError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from .reader import BatchReader
+
+    bucket = _bucket(args)
+    if not args.job:
+        jobs = _jobs(bucket)
+        for job in jobs:
+            print(f"{job}\t{len(BatchReader(bucket, job).seqs())} batches")
+        if not jobs:
+            print(f"no jobs with sealed batches in {bucket.uri}", file=sys.stderr)
+        return 0
+    manifests = BatchReader(bucket, args.job).batches()
+    if args.json:
+        print(json.dumps([m.model_dump(mode="json") for m in manifests], indent=2))
+        return 0
+    print(f"{'seq':>6}  {'traces':>6}  {'sessions':>8}  {'tokens':>10}  {'trainable':>10}  {'reward mean':>11}  {'fail-closed':>11}  size")
+    for m in manifests:
+        mean = f"{m.reward.mean:.3f}" if m.reward.mean is not None else "-"
+        size = sum(o.size for o in m.objects)
+        print(f"{m.seq:>6}  {m.traces:>6}  {m.sessions:>8}  {m.tokens:>10,}  {m.trainable_tokens:>10,}  {mean:>11}  {m.reward.fail_closed:>11}  {size:,} B")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from .render import ids_decoder, render_html, render_terminal, tokenizer_decoder
+
+    traces, where = _load_traces(args)
+    if not traces:
+        raise SystemExit(f"no traces in {where}")
+    pick = str(args.trace)
+    if pick.isdigit():
+        if int(pick) >= len(traces):
+            raise SystemExit(f"--trace {pick}: {where} has {len(traces)} traces (0..{len(traces) - 1})")
+        trace = traces[int(pick)]
+    else:
+        found = [t for t in traces if t.meta.trace_id == pick]
+        if not found:
+            raise SystemExit(f"--trace {pick}: no such trace id in {where}")
+        trace = found[0]
+    decode = tokenizer_decoder(args.tokenizer) if args.tokenizer else ids_decoder
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    print(f"# {where}: trace {traces.index(trace) + 1} of {len(traces)}")
+    sys.stdout.write(render_terminal(trace, decode=decode, color=color, max_context=args.max_context, max_tokens=args.max_tokens))
+    if args.html:
+        Path(args.html).write_text(render_html(trace, decode=decode), encoding="utf-8")
+        print(f"wrote {args.html}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .batch import table_to_parquet, traces_to_table
+
+    traces, where = _load_traces(args)
+    out = Path(args.out)
+    if args.format == "parquet":
+        out.write_bytes(table_to_parquet(traces_to_table(traces)))
+    else:
+        with open(out, "w", encoding="utf-8") as f:
+            for t in traces:
+                row = {
+                    "meta": t.meta.model_dump(mode="json"),
+                    "tokens": t.tokens.tolist(),
+                    "loss_mask": t.loss_mask.tolist(),
+                    "logprobs": [None if np.isnan(x) else float(x) for x in t.logprobs.tolist()],
+                    "spans": [s.model_dump() for s in t.spans],
+                }
+                f.write(json.dumps(row) + "\n")
+    print(f"exported {len(traces)} traces from {where} to {out}")
+    return 0
+
+
+def _flush(args: argparse.Namespace) -> int:
+    from .seal import Sealer
+
+    bucket = _bucket(args)
+    if not args.job:
+        raise SystemExit("--job is required for flush")
+    sealer = Sealer(bucket, args.job, spool=args.spool)
+    pending = sealer.pending()
+    if not pending:
+        print(f"nothing pending in {sealer.spool}")
+        return 0
+    for m in sealer.flush():
+        print(f"sealed batch {m.seq:06d} ({m.traces} traces, {m.tokens:,} tokens)")
+    return 0

@@ -1,0 +1,199 @@
+"""The trainer reader: list / follow a job's sealed batches, as Arrow tables or padded torch tensors.
+
+    from tracefleet.traces import BatchReader
+    reader = BatchReader("s3://bucket/prefix", job="my-job", consumer="trainer-0")
+    for batch in reader.follow(poll_s=5):                       # each sealed batch exactly once, in order
+        t = batch.tensors(pad_token_id=0)  # input_ids, attention_mask, loss_mask, old_logprobs, advantages
+        train_step(t)
+        reader.commit(batch)                                   # cursor in the bucket: restart-safe
+
+Only manifests make batches visible; every object is checked against the manifest's size and sha256.
+The cursor (`<job>/consumers/<consumer>.json`, {"next_seq": N}) moves only on `commit`, so a trainer that
+dies mid-batch sees that batch again after a restart, and never sees a committed batch twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tracefleet.bucket import Bucket, BucketError, ObjectNotFound, open_bucket
+
+from .advantages import group_advantages
+from .batch import BatchManifest, list_values, parquet_to_table, table_to_traces
+from .schema import Trace
+from .seal import batch_dir, job_root, manifest_key, sealed_seqs
+
+
+class CorruptBatch(BucketError):
+    pass
+
+
+@dataclass
+class Batch:
+    manifest: BatchManifest
+    table: pa.Table
+    _traces: list[Trace] | None = field(default=None, repr=False)
+
+    @property
+    def seq(self) -> int:
+        return self.manifest.seq
+
+    def traces(self) -> list[Trace]:
+        if self._traces is None:
+            self._traces = table_to_traces(self.table)
+        return self._traces
+
+    def advantages(self, *, leave_one_out: bool = False, normalize_std: bool = True) -> np.ndarray:
+        return group_advantages(
+            self.table.column("reward").to_pylist(),
+            self.table.column("group_id").to_pylist(),
+            self.table.column("session_id").to_pylist(),
+            leave_one_out=leave_one_out,
+            normalize_std=normalize_std,
+        )
+
+    def tensors(self, **kwargs: Any) -> dict[str, Any]:
+        return padded_tensors(self.table, **kwargs)
+
+
+def padded_tensors(
+    table: pa.Table,
+    *,
+    pad_token_id: int = 0,
+    max_length: int | None = None,
+    leave_one_out: bool = False,
+    normalize_std: bool = True,
+    advantages: np.ndarray | None = None,
+    device: Any = None,
+) -> dict[str, Any]:
+    """Right-padded [B, T] tensors: input_ids (long), attention_mask (long), loss_mask (float),
+    old_logprobs (float, 0 where loss_mask is 0), advantages (float, the trace's advantage on its
+    trainable positions), plus rewards [B] and sequence_advantages [B]. Traces longer than `max_length`
+    are cut at the end (only trailing tokens are lost; what remains is still causal)."""
+    import torch
+
+    tok_off, tokens = list_values(table.column("tokens"), np.dtype(np.int64))
+    _, mask = list_values(table.column("loss_mask"), np.dtype(np.float32))
+    _, logprobs = list_values(table.column("logprobs"), np.dtype(np.float32))
+    lengths = np.diff(tok_off)
+    b = len(lengths)
+    t = int(lengths.max()) if b else 0
+    if max_length is not None:
+        t = min(t, max_length)
+    if advantages is None:
+        advantages = group_advantages(
+            table.column("reward").to_pylist(),
+            table.column("group_id").to_pylist(),
+            table.column("session_id").to_pylist(),
+            leave_one_out=leave_one_out,
+            normalize_std=normalize_std,
+        )
+    ids = np.full((b, t), pad_token_id, dtype=np.int64)
+    attn = np.zeros((b, t), dtype=np.int64)
+    lm = np.zeros((b, t), dtype=np.float32)
+    olp = np.zeros((b, t), dtype=np.float32)
+    for i in range(b):  # one slice copy per trace, no per-token Python
+        s, n = int(tok_off[i]), int(min(lengths[i], t))
+        ids[i, :n] = tokens[s : s + n]
+        attn[i, :n] = 1
+        lm[i, :n] = mask[s : s + n]
+        olp[i, :n] = logprobs[s : s + n]
+    olp = np.where(lm > 0, np.nan_to_num(olp, nan=0.0), 0.0).astype(np.float32)
+    adv_tok = lm * np.asarray(advantages, dtype=np.float32)[:, None]
+    rewards = np.array([0.0 if v is None else v for v in table.column("reward").to_pylist()], dtype=np.float32)
+    out = {
+        "input_ids": torch.from_numpy(ids),
+        "attention_mask": torch.from_numpy(attn),
+        "loss_mask": torch.from_numpy(lm),
+        "old_logprobs": torch.from_numpy(olp),
+        "advantages": torch.from_numpy(adv_tok),
+        "rewards": torch.from_numpy(rewards),
+        "sequence_advantages": torch.from_numpy(np.asarray(advantages, dtype=np.float32)),
+    }
+    if device is not None:
+        out = {k: v.to(device) for k, v in out.items()}
+    return out
+
+
+class BatchReader:
+    def __init__(self, bucket: Bucket | str | os.PathLike[str], job: str, *, consumer: str | None = None,
+                 verify: bool = True, **bucket_options: Any) -> None:
+        self.bucket = bucket if hasattr(bucket, "create_exclusive") else open_bucket(bucket, **bucket_options)  # type: ignore[arg-type]
+        self.job = job_root(job)
+        if consumer is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", consumer):
+            raise ValueError(f"invalid consumer name {consumer!r}")
+        self.consumer = consumer
+        self.verify = verify
+        self._position: int | None = None
+
+    # listing --------------------------------------------------------------------------------------
+    def seqs(self) -> list[int]:
+        return sealed_seqs(self.bucket, self.job)[0]
+
+    def manifest(self, seq: int) -> BatchManifest:
+        return BatchManifest.model_validate_json(self.bucket.get(manifest_key(self.job, seq)))
+
+    def batches(self) -> list[BatchManifest]:
+        return [self.manifest(s) for s in self.seqs()]
+
+    # reading --------------------------------------------------------------------------------------
+    def read_table(self, batch: int | BatchManifest) -> pa.Table:
+        manifest = self.manifest(batch) if isinstance(batch, int) else batch
+        tables = []
+        for obj in manifest.objects:
+            data = self.bucket.get(f"{batch_dir(self.job, manifest.seq)}/{obj.name}")
+            if self.verify and (len(data) != obj.size or hashlib.sha256(data).hexdigest() != obj.sha256):
+                raise CorruptBatch(f"batch {manifest.seq} object {obj.name}: size/sha256 differ from the manifest")
+            tables.append(parquet_to_table(data))
+        return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+    def read(self, batch: int | BatchManifest) -> Batch:
+        manifest = self.manifest(batch) if isinstance(batch, int) else batch
+        return Batch(manifest=manifest, table=self.read_table(manifest))
+
+    # consuming ------------------------------------------------------------------------------------
+    def _cursor_key(self) -> str:
+        if self.consumer is None:
+            raise ValueError("a cursor needs a consumer name: BatchReader(..., consumer='trainer-0')")
+        return f"{self.job}/consumers/{self.consumer}.json"
+
+    def cursor(self) -> int:
+        """The next seq this consumer has not committed (0 for a new consumer)."""
+        try:
+            return int(json.loads(self.bucket.get(self._cursor_key()))["next_seq"])
+        except ObjectNotFound:
+            return 0
+
+    def commit(self, batch: Batch | BatchManifest | int) -> None:
+        seq = batch if isinstance(batch, int) else batch.seq if isinstance(batch, Batch) else batch.seq
+        body = {"consumer": self.consumer, "job": self.job, "next_seq": seq + 1, "updated_at": time.time()}
+        self.bucket.put(self._cursor_key(), json.dumps(body).encode())
+
+    def follow(self, *, poll_s: float = 5.0, timeout_s: float | None = None, idle_exit: bool = False,
+               start: int | None = None) -> Iterator[Batch]:
+        """Yield batches from the consumer's cursor on, in seq order, waiting for new ones. Stops after
+        `timeout_s` without a new batch, or at the first empty poll when `idle_exit`."""
+        position = start if start is not None else (self.cursor() if self.consumer else 0)
+        idle_since = time.monotonic()
+        while True:
+            ready = [s for s in self.seqs() if s >= position]
+            for seq in ready:
+                batch = self.read(seq)
+                position = seq + 1
+                yield batch
+            if ready:
+                idle_since = time.monotonic()
+                continue
+            if idle_exit or (timeout_s is not None and time.monotonic() - idle_since >= timeout_s):
+                return
+            time.sleep(poll_s)

@@ -1,0 +1,186 @@
+"""Sealing: traces → one numbered, immutable batch in a bucket, atomically and without duplicates.
+
+Bucket layout (stable; readers rely on it):
+
+    <prefix>/<job>/batches/<seq:06d>/traces-<batch_id>.parquet   data (written first)
+    <prefix>/<job>/batches/<seq:06d>/manifest.json               written last, conditional create
+    <prefix>/<job>/consumers/<consumer>.json                     a reader's cursor {"next_seq": N}
+
+A batch exists iff its `manifest.json` exists; the manifest lists every data object with its size and
+sha256, and readers read only what it lists. Protocol:
+
+1. *Stage*: the Parquet file and its would-be manifest go to the local spool
+   (`<spool>/<job>/<batch_id>/`), fsync'd. From here on the data survives a dead bucket or a crash.
+2. *Dedup*: list the job's batches; if a manifest with this `batch_id` already exists (a retry after an
+   unknown outcome, or a rerun sealing the same traces: `batch_id` defaults to the content hash), that
+   batch is the result.
+3. *Claim*: seq = highest sealed seq + 1; upload the data object (its name carries the batch_id, so two
+   sealers racing for the same seq never overwrite each other's data), then create `manifest.json` with
+   `If-None-Match: *`. If another sealer created it first, delete our now-orphaned object (best effort;
+   an orphan without a manifest is invisible) and try seq + 1.
+4. *Done*: remove the spool entry. On any bucket error the spool entry stays and `SealError` says where;
+   `Sealer.flush()` (or `tracefleet traces flush`) uploads whatever is pending.
+
+Because seq N+1 is only ever claimed after seq N's manifest exists, sealed seqs are contiguous and a
+follower can read them in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import socket
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+
+from tracefleet.bucket import Bucket, BucketError, ObjectNotFound, spool_dir
+
+from .batch import BatchManifest, ObjectEntry, summarize, table_to_parquet, table_to_traces, traces_to_table
+from .schema import Trace
+
+_SEQ_DIR = re.compile(r"^(\d{6,})$")
+
+
+class SealError(RuntimeError):
+    """The batch could not be uploaded; its data is kept at `spooled` and can be flushed later."""
+
+    def __init__(self, message: str, spooled: Path) -> None:
+        super().__init__(f"{message} (batch kept on local disk at {spooled}; retry with Sealer.flush())")
+        self.spooled = spooled
+
+
+def job_root(job: str) -> str:
+    if not job or "/" in job or job in (".", ".."):
+        raise ValueError(f"invalid job name {job!r}")
+    return job
+
+
+def batch_dir(job: str, seq: int) -> str:
+    return f"{job_root(job)}/batches/{seq:06d}"
+
+
+def manifest_key(job: str, seq: int) -> str:
+    return f"{batch_dir(job, seq)}/manifest.json"
+
+
+def sealed_seqs(bucket: Bucket, job: str) -> tuple[list[int], dict[int, set[str]]]:
+    """(seqs that have a manifest, sorted; every seq → its object names) from one listing."""
+    names: dict[int, set[str]] = {}
+    root = f"{job_root(job)}/batches/"
+    for obj in bucket.list(root):
+        rest = obj.key[len(root) :] if obj.key.startswith(root) else obj.key.split("/batches/", 1)[-1]
+        seq_part, _, name = rest.partition("/")
+        if _SEQ_DIR.match(seq_part) and name:
+            names.setdefault(int(seq_part), set()).add(name)
+    return sorted(s for s, n in names.items() if "manifest.json" in n), names
+
+
+class Sealer:
+    def __init__(self, bucket: Bucket, job: str, *, spool: str | os.PathLike[str] | None = None, max_claims: int = 10_000) -> None:
+        self.bucket = bucket
+        self.job = job_root(job)
+        self.spool = spool_dir(spool) / self.job
+        self.max_claims = max_claims
+
+    # 1. stage -----------------------------------------------------------------------------------
+    def stage(self, traces: Sequence[Trace] | pa.Table, batch_id: str | None = None) -> Path:
+        table = traces if isinstance(traces, pa.Table) else traces_to_table(list(traces))
+        data = table_to_parquet(table)
+        digest = hashlib.sha256(data).hexdigest()
+        batch_id = batch_id or digest[:32]
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", batch_id):
+            raise ValueError(f"invalid batch_id {batch_id!r}")
+        summary = summarize(traces if not isinstance(traces, pa.Table) else table_to_traces(table))
+        manifest = BatchManifest(
+            job=self.job,
+            batch_id=batch_id,
+            sealer=f"{socket.gethostname()}:{os.getpid()}",
+            objects=[ObjectEntry(name=f"traces-{batch_id}.parquet", size=len(data), sha256=digest, rows=table.num_rows)],
+            **summary,
+        )
+        final = self.spool / batch_id
+        if (final / "manifest.json").exists():
+            return final  # already staged (a rerun with the same content)
+        tmp = self.spool / f".staging-{batch_id}-{os.getpid()}-{time.monotonic_ns()}"
+        tmp.mkdir(parents=True)
+        _write_durable(tmp / manifest.objects[0].name, data)
+        _write_durable(tmp / "manifest.json", manifest.model_dump_json(indent=2).encode())
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # a concurrent stage of identical content won
+        return final
+
+    def pending(self) -> list[Path]:
+        if not self.spool.is_dir():
+            return []
+        return sorted(p for p in self.spool.iterdir() if p.is_dir() and (p / "manifest.json").exists())
+
+    # 2-4. upload ----------------------------------------------------------------------------------
+    def upload(self, staged: Path) -> BatchManifest:
+        try:
+            result = self._upload(staged)
+        except BucketError as exc:
+            raise SealError(f"sealing into {self.bucket.uri} failed: {exc}", staged) from exc
+        shutil.rmtree(staged, ignore_errors=True)
+        return result
+
+    def _upload(self, staged: Path) -> BatchManifest:
+        manifest = BatchManifest.model_validate_json((staged / "manifest.json").read_bytes())
+        obj = manifest.objects[0]
+        seqs, names = sealed_seqs(self.bucket, self.job)
+        for seq in seqs:  # dedup: our data object next to a manifest that names our batch
+            if obj.name in names.get(seq, ()):
+                existing = self._read_manifest(seq)
+                if existing is not None and existing.batch_id == manifest.batch_id:
+                    return existing
+        seq = (seqs[-1] + 1) if seqs else 0
+        for _ in range(self.max_claims):
+            key = f"{batch_dir(self.job, seq)}/{obj.name}"
+            self.bucket.put_file(key, staged / obj.name)
+            claimed = manifest.model_copy(update={"seq": seq, "created_at": time.time()})
+            if self.bucket.create_exclusive(manifest_key(self.job, seq), claimed.model_dump_json(indent=2).encode()):
+                return claimed
+            existing = self._read_manifest(seq)
+            if existing is not None and existing.batch_id == manifest.batch_id:
+                return existing  # our own earlier attempt (its response was lost) or an identical twin
+            try:
+                self.bucket.delete(key)
+            except BucketError:
+                pass  # an orphan without a manifest is invisible to readers
+            seq += 1
+        raise BucketError(f"could not claim a batch number after {self.max_claims} attempts")
+
+    def _read_manifest(self, seq: int) -> BatchManifest | None:
+        try:
+            return BatchManifest.model_validate_json(self.bucket.get(manifest_key(self.job, seq)))
+        except ObjectNotFound:
+            return None
+
+    def seal(self, traces: Sequence[Trace] | pa.Table, batch_id: str | None = None) -> BatchManifest:
+        """Stage then upload; raises SealError (data kept in the spool) when the bucket fails."""
+        return self.upload(self.stage(traces, batch_id))
+
+    def flush(self) -> list[BatchManifest]:
+        """Upload every staged batch (oldest first). Stops at the first failure, raising SealError."""
+        pending = sorted(self.pending(), key=lambda p: (p / "manifest.json").stat().st_mtime)
+        return [self.upload(p) for p in pending]
+
+
+def _write_durable(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def seal_traces(bucket: Bucket, job: str, traces: Sequence[Trace], *, spool: str | os.PathLike[str] | None = None,
+                batch_id: str | None = None) -> BatchManifest:
+    """One-call sealing for the runner: `seal_traces(open_bucket(uri), job, result.traces)`."""
+    return Sealer(bucket, job, spool=spool).seal(traces, batch_id)
+
