@@ -22,13 +22,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 PROBE = r"""
 import json, operator, sys, sysconfig
-import tracefleet, tracefleet.operator, tracefleet.proxy, tracefleet.runner, tracefleet.api
+import tracefleet, tracefleet.operator.cli, tracefleet.proxy, tracefleet.runner, tracefleet.api
 from tracefleet.api import RolloutJob
 print(json.dumps({
     "operator": operator.__file__,
     "stdlib": sysconfig.get_paths()["stdlib"],
     "itemgetter": operator.itemgetter(1)([0, 7]),
-    "tf_operator": tracefleet.operator.__file__,
+    "tf_operator": tracefleet.operator.cli.__file__,
     "tracefleet": tracefleet.__file__,
     "api": tracefleet.api.__file__,
     "kind": RolloutJob.model_fields["kind"].annotation.__args__[0],
@@ -40,8 +40,8 @@ def probe(python: str | Path, cwd: Path) -> dict[str, object]:
     # No PYTHONPATH from the test runner: only what the interpreter's own install provides.
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME"}}
     proc = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
-    # From a checkout, `python -c`/`-m` search the current directory first; unless the install pins the
-    # stdlib `operator` at start-up (setup.py's tracefleet-stdlib-operator.pth), `./operator/` wins.
+    # From a checkout, `python -c`/`-m` search the current directory first; `./operator/` has no
+    # __init__.py, so it is only a namespace portion there and the stdlib module wins (setup.py).
     assert proc.returncode == 0, f"probe failed in {cwd}:\n{proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -49,7 +49,7 @@ def probe(python: str | Path, cwd: Path) -> dict[str, object]:
 def check_stdlib_operator(got: dict[str, object]) -> None:
     assert Path(str(got["operator"])).parent == Path(str(got["stdlib"])), got
     assert got["itemgetter"] == 7
-    assert Path(str(got["tf_operator"])).name == "__init__.py"
+    assert Path(str(got["tf_operator"])).name == "cli.py"
     assert got["kind"] == "RolloutJob"
 
 
@@ -95,11 +95,8 @@ def test_wheel_has_no_top_level_operator(wheel_venv: tuple[Path, Path]) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/", 1)[0] for n in names if "/" in n and ".dist-info/" not in n}
     assert tops == {"tracefleet"}, tops
-    assert "tracefleet/operator/__init__.py" in names and "tracefleet/api/model.py" in names
-    # The one file outside the namespace: a start-up line that imports the stdlib `operator` before the
-    # current directory is on sys.path (see probe()).
-    pins = [n for n in names if "/" not in n and n.endswith(".pth")]
-    assert [zipfile.ZipFile(wheel).read(n).decode().strip() for n in pins] == ["import operator"], pins
+    assert "tracefleet/operator/cli.py" in names and "tracefleet/api/model.py" in names
+    assert not [n for n in names if "/" not in n], "nothing may install outside the tracefleet namespace"
     entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "tracefleet = tracefleet.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
 
@@ -117,3 +114,18 @@ def test_wheel_install_keeps_stdlib_operator(wheel_venv: tuple[Path, Path], wher
     proc = subprocess.run([str(script), "validate", "--help"], capture_output=True, text=True, timeout=120,
                           cwd=REPO if where == "repo-root" else tmp_path)
     assert proc.returncode == 0 and "field.path" in " ".join(proc.stdout.split()), proc.stderr
+
+
+def test_bare_interpreter_in_checkout_keeps_stdlib_operator(tmp_path: Path) -> None:
+    """Before anything is installed (the first `python -m pip install -e .` of a new checkout), a fresh
+    venv's interpreter run from the repository root must still get the stdlib `operator`: everything
+    Python imports at start-up (collections, contextlib, runpy) depends on it."""
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME"}}
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "json.tool", "--help"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", "import operator; print(operator.__file__)"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and Path(proc.stdout.strip()).parent != REPO / "operator", proc
