@@ -1,0 +1,59 @@
+"""A zero-latency stand-in for the engine's vLLM API, for the proxy bench only (tests use the real
+engine server). Answers every chat call with N fixed tokens, with token ids and logprobs."""
+
+from __future__ import annotations
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+WORDS = ["Hello", " from", " the", " fake", " engine", ".", " It", " answers", " instantly", "!"]
+
+
+def fake_engine_app(tokens: int = 16, model: str = "fake-model") -> Starlette:
+    texts = [WORDS[i % len(WORDS)] for i in range(tokens)]
+
+    async def models(request: Request) -> Response:
+        return Response(orjson.dumps({"object": "list", "data": [{"id": model, "object": "model"}]}), media_type="application/json")
+
+    async def tokenize(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        n = max(1, len(orjson.dumps(body.get("messages") or body.get("prompt"))) // 4)
+        return Response(orjson.dumps({"tokens": list(range(n)), "count": n}), media_type="application/json")
+
+    async def chat(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        prompt_ids = list(range(1, 1 + max(1, len(orjson.dumps(body["messages"])) // 8)))
+        if not body.get("stream"):
+            return Response(orjson.dumps({
+                "id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": model,
+                "prompt_token_ids": prompt_ids,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(texts)},
+                             "finish_reason": "stop", "token_ids": list(range(100, 100 + tokens)),
+                             "logprobs": {"content": [{"token": t, "logprob": -0.5} for t in texts]}}],
+                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": tokens, "total_tokens": len(prompt_ids) + tokens},
+            }), media_type="application/json")
+
+        async def gen():
+            head = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model}
+            yield b"data: " + orjson.dumps({**head, "prompt_token_ids": prompt_ids, "choices": [
+                {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}) + b"\n\n"
+            for i, t in enumerate(texts):
+                yield b"data: " + orjson.dumps({**head, "choices": [
+                    {"index": 0, "delta": {"content": t}, "token_ids": [100 + i],
+                     "logprobs": {"content": [{"token": t, "logprob": -0.5}]},
+                     "finish_reason": "stop" if i == tokens - 1 else None}]}) + b"\n\n"
+            yield b"data: " + orjson.dumps({**head, "choices": [], "usage": {
+                "prompt_tokens": len(prompt_ids), "completion_tokens": tokens,
+                "total_tokens": len(prompt_ids) + tokens}}) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    return Starlette(routes=[
+        Route("/v1/models", models), Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/health", lambda r: Response(b"ok")),
+    ])

@@ -1,0 +1,185 @@
+"""Bench: what the capture proxy adds on top of the engine, and how it compares with LiteLLM's proxy.
+
+    .venv/bin/python bench/proxy.py [--calls 400] [--concurrency 1 64 256] [--litellm PATH/TO/litellm]
+
+Starts (as separate processes, loopback only) a zero-latency fake engine (bench/fake_engine.py, the
+vLLM API subset), `tracefleet proxy` in front of it, and optionally LiteLLM's proxy in front of the
+same engine; then drives Chat Completions calls at each concurrency, streaming and not, and prints
+added latency p50/p99 (target minus direct) and calls/s, with ratios. Capture logs go to a tmpfs
+directory by default (--capture-dir to measure a real disk's fsync).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+BODY = {"model": "fake-model", "messages": [{"role": "system", "content": "You are a coding agent."},
+                                            {"role": "user", "content": "Say hello."}], "max_tokens": 16}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 90.0, headers: dict[str, str] | None = None) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if httpx.get(url, timeout=2, headers=headers).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up in {timeout}s")
+
+
+def start(argv: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
+    out = open(log, "wb") if log else subprocess.DEVNULL
+    return subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+async def drive(url: str, key: str, concurrency: int, calls: int, stream: bool) -> tuple[list[float], float]:
+    """`calls` requests from `concurrency` workers; per-call latency to the last byte, and calls/s.
+    aiohttp as the client: httpx's pool is itself the bottleneck at 64+ concurrent streams."""
+    import aiohttp
+
+    body = orjson.dumps({**BODY, "stream": stream})
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    lat: list[float] = []
+    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as client:
+
+        async def worker(todo) -> None:
+            for _ in todo:
+                t0 = time.perf_counter()
+                async with client.post(url, data=body, headers=headers) as r:
+                    if r.status != 200:
+                        raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.read())[:300]!r}")
+                    async for _chunk in r.content.iter_any():
+                        pass
+                lat.append(time.perf_counter() - t0)
+
+        warm = iter(range(min(calls, concurrency * 2)))  # open connections, warm caches
+        await asyncio.gather(*(worker(warm) for _ in range(concurrency)))
+        lat.clear()
+        todo = iter(range(calls))
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(todo) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - t0
+    return lat, calls / elapsed
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=400, help="calls per (target, concurrency, stream) cell")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
+    ap.add_argument("--tokens", type=int, default=16, help="tokens per fake answer")
+    ap.add_argument("--litellm", default=str(Path.home() / ".cache/tracefleet/litellm-venv/bin/litellm"),
+                    help="litellm proxy executable ('' to skip); install with pip install 'litellm[proxy]'")
+    ap.add_argument("--capture-dir", default=None, help="capture dir (default: a fresh dir under /dev/shm)")
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the servers we started
+
+    tmp = Path(tempfile.mkdtemp(prefix="tf-bench-"))
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp
+    capture = Path(args.capture_dir) if args.capture_dir else Path(tempfile.mkdtemp(prefix="tf-bench-cap-", dir=shm))
+    procs: list[subprocess.Popen] = []
+    try:
+        eport, pport = free_port(), free_port()
+        engine = f"http://127.0.0.1:{eport}"
+        procs.append(start([PY, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import uvicorn; "
+                            f"from fake_engine import fake_engine_app; uvicorn.run(fake_engine_app({args.tokens}), "
+                            f"host='127.0.0.1', port={eport}, log_level='warning', access_log=False)"],
+                           log=tmp / "engine.log"))
+        wait_http(engine + "/health")
+        admin, sid, secret = secrets.token_hex(8), "bench", "tfs-" + secrets.token_hex(16)
+        procs.append(start([PY, "-m", "tracefleet", "proxy", "--engine", engine, "--capture-dir", str(capture),
+                            "--admin-token", admin, "--port", str(pport), "--session", f"{sid}:{secret}"],
+                           log=tmp / "proxy.log"))
+        wait_http(f"http://127.0.0.1:{pport}/health")
+        targets = {"direct": (engine, "none"), "proxy": (f"http://127.0.0.1:{pport}", secret)}
+        if args.litellm and Path(args.litellm).exists():
+            lport = free_port()
+            cfg = tmp / "litellm.yaml"
+            cfg.write_text(
+                "model_list:\n  - model_name: fake-model\n    litellm_params:\n      model: openai/fake-model\n"
+                f"      api_base: {engine}/v1\n      api_key: none\n"
+                "litellm_settings:\n  telemetry: false\n  drop_params: true\n"
+                "general_settings:\n  master_key: sk-bench\n")
+            procs.append(start([args.litellm, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(lport),
+                                "--num_workers", "1"],
+                               env={"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "NO_DOCS": "True",
+                                    "DISABLE_SCHEMA_UPDATE": "True"}, log=tmp / "litellm.log"))
+            wait_http(f"http://127.0.0.1:{lport}/health/liveliness", timeout=180)
+            targets["litellm"] = (f"http://127.0.0.1:{lport}", "sk-bench")
+        else:
+            print(f"# litellm not found at {args.litellm!r}: LiteLLM columns skipped")
+
+        print(f"# fake engine: {args.tokens} tokens/answer, {args.calls} calls per cell; capture dir {capture}")
+        print(f"{'stream':>6} {'conc':>4} | {'direct p50':>10} {'p99':>7} {'calls/s':>8} | "
+              f"{'proxy +p50':>10} {'+p99':>7} {'calls/s':>8} | {'litellm +p50':>12} {'+p99':>7} {'calls/s':>8} | "
+              f"{'proxy/litellm calls/s':>21}")
+        for stream in (False, True):
+            for conc in args.concurrency:
+                res = {}
+                for name, (base, key) in targets.items():
+                    lat, rate = asyncio.run(drive(base + "/v1/chat/completions", key, conc, args.calls, stream))
+                    res[name] = (pct(lat, 0.5), pct(lat, 0.99), rate, statistics.mean(lat))
+                d = res["direct"]
+                p = res["proxy"]
+                line = (f"{str(stream):>6} {conc:>4} | {d[0]*1e3:9.2f}ms {d[1]*1e3:6.2f} {d[2]:8.0f} | "
+                        f"{(p[0]-d[0])*1e3:+9.2f}ms {(p[1]-d[1])*1e3:+6.2f} {p[2]:8.0f} | ")
+                if "litellm" in res:
+                    lt = res["litellm"]
+                    line += f"{(lt[0]-d[0])*1e3:+11.2f}ms {(lt[1]-d[1])*1e3:+6.2f} {lt[2]:8.0f} | {p[2]/lt[2]:20.2f}x"
+                else:
+                    line += f"{'n/a':>12} {'':>7} {'':>8} | {'n/a':>21}"
+                print(line, flush=True)
+        records = sum(1 for _ in (capture / f"{sid}.jsonl").open("rb"))
+        print(f"# proxy capture log: {records} records fsync'd")
+    finally:
+        for p in reversed(procs):
+            stop(p)
+        if not args.capture_dir:
+            shutil.rmtree(capture, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

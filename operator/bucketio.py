@@ -1,0 +1,77 @@
+"""The operator's bucket reads: tasks JSONL and sealed batch manifests.
+
+Session layout written by the pods (the operator never writes the bucket):
+
+    <uri>/<job>/sessions/<session>/capture.jsonl   the proxy sidecar uploads it when its pod stops
+    <uri>/<job>/sessions/<session>/artifacts/…     the harness's artifacts (git diff, logs), same upload
+    <uri>/<job>/sessions/<session>/reward.json     the evaluator Job: {"reward": float, "status": "ok"|…}
+    <uri>/<job>/batches/<seq:06d>/…                the sealer Job through tracefleet.traces.seal
+
+A sealer Job seals with `batch_id = k8s-<job seq>`; the bucket seq is whatever the Sealer claims, so
+the operator finds a Job's batch by its batch_id (a manifest's presence is what "sealed" means).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tracefleet.bucket import ObjectNotFound, open_bucket
+
+
+def bucket_options(creds: dict[str, str] | None, endpoint: str | None = None) -> dict[str, Any]:
+    creds = creds or {}
+    opts: dict[str, Any] = {}
+    if endpoint or creds.get("AWS_ENDPOINT_URL"):
+        opts["endpoint_url"] = endpoint or creds["AWS_ENDPOINT_URL"]
+    if creds.get("AWS_ACCESS_KEY_ID"):
+        opts["access_key"] = creds["AWS_ACCESS_KEY_ID"]
+        opts["secret_key"] = creds.get("AWS_SECRET_ACCESS_KEY")
+    if creds.get("AWS_REGION") or creds.get("AWS_DEFAULT_REGION"):
+        opts["region"] = creds.get("AWS_REGION") or creds.get("AWS_DEFAULT_REGION")
+    return opts
+
+
+def batch_id_for(seq: int) -> str:
+    return f"k8s-{seq:06d}"
+
+
+def session_prefix(job: str, session: int) -> str:
+    return f"{job}/sessions/{session}/"
+
+
+def read_text(uri: str, creds: dict[str, str] | None = None, endpoint: str | None = None) -> str | None:
+    """Text of one object given by its full URI (tasks JSONL), or None when missing."""
+    base, _, key = uri.rstrip("/").rpartition("/")
+    try:
+        return open_bucket(base, **bucket_options(creds, endpoint)).get(key).decode()
+    except ObjectNotFound:
+        return None
+
+
+def find_batch(
+    uri: str, job: str, batch_id: str, skip_seqs: set[int], creds: dict[str, str] | None = None, endpoint: str | None = None
+) -> dict[str, Any] | None:
+    """The sealed batch with `batch_id`: {seq, uri, traces, tokens, meanReward, sealedAt}, or None.
+
+    One listing of the job's batches, then manifest reads only for seqs not yet attributed."""
+    from tracefleet.traces.seal import manifest_key, sealed_seqs
+
+    bucket = open_bucket(uri, **bucket_options(creds, endpoint))
+    seqs, _ = sealed_seqs(bucket, job)
+    for seq in reversed(seqs):
+        if seq in skip_seqs:
+            continue
+        m = json.loads(bucket.get(manifest_key(job, seq)))
+        if m.get("batch_id") == batch_id:
+            reward = m.get("reward") or {}
+            return {
+                "seq": seq,
+                "batchId": batch_id,
+                "uri": f"{uri.rstrip('/')}/{job}/batches/{seq:06d}/",
+                "traces": int(m.get("traces") or 0),
+                "tokens": int(m.get("tokens") or 0),
+                "meanReward": reward.get("mean"),
+                "sessions": int(m.get("sessions") or 0),
+            }
+    return None

@@ -1,0 +1,78 @@
+"""kopf wiring: one timer per RolloutJob runs the level-based reconcile; nothing else does work.
+
+kopf is edge-triggered and has no Lease-based leader election, so (per the anchors) every decision
+is made by `Reconciler.reconcile` from observed state, kopf's own bookkeeping lives in
+`tracefleet.io/*` annotations, the finalizer is domain-named, and status is written through
+`patch.status` (never via handler return values, which the CRD schema would prune).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from . import metrics
+from . import names as n
+from .reconcile import Reconciler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OperatorState:
+    reconciler: Reconciler
+    interval_s: float = 5.0
+
+
+def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> Any:
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.finalizer = n.FINALIZER
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=n.GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=n.GROUP, key="last-handled-configuration"
+        )
+        # Reconnect watches that go quiet (the most reported kopf failure: an operator that
+        # silently stops hearing events); the timer keeps reconciling regardless.
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        settings.watching.connect_timeout = 10
+        settings.watching.inactivity_timeout = 70
+        settings.posting.level = logging.WARNING  # only warnings become Kubernetes Events
+        settings.execution.max_workers = 16
+        settings.networking.request_timeout = 60
+
+    # backoff: a failed pass (an apiserver hiccup) is retried at the next interval, not after kopf's
+    # default 60 s; the pass is level-based, so retrying early is always safe.
+    @kopf.timer(n.GROUP, n.VERSION, n.PLURAL, interval=state.interval_s, backoff=max(1.0, state.interval_s),
+                registry=registry)
+    def reconcile(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, **_: Any) -> None:
+        res = state.reconciler.reconcile(body)
+        if res.annotations:
+            for k, v in res.annotations.items():
+                patch.metadata.annotations[k] = v
+        if res.status is not None:
+            patch.status.update(res.status)
+        # kopf posts Events asynchronously after this handler returns and its patch is applied.
+        for type_, reason, message in res.events:
+            kopf.event(body, type=type_, reason=reason, message=message)
+        if res.delete:
+            logger.info("ttlSecondsAfterFinished elapsed: deleting %s", body["metadata"]["name"])
+            state.reconciler.kube.delete_rolloutjob(body["metadata"]["namespace"], body["metadata"]["name"])
+
+    @kopf.on.delete(n.GROUP, n.VERSION, n.PLURAL, optional=True, registry=registry)
+    def forget(body: kopf.Body, **_: Any) -> None:
+        # Children go with ownerReferences (cascading GC); only in-memory caches need dropping.
+        state.reconciler.forget(body["metadata"].get("uid", ""))
+        metrics.forget_job(body["metadata"].get("namespace", ""), body["metadata"]["name"])
+
+    return registry

@@ -1,0 +1,112 @@
+"""Names shared by every child object: labels, annotations, the finalizer and child-name schemes.
+
+Child names are deterministic (job name + session index + attempt), so a restarted operator that
+re-runs a create gets 409 Conflict instead of a duplicate: idempotency comes from the API server,
+not from memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+GROUP = "tracefleet.io"
+VERSION = "v1alpha1"
+KIND = "RolloutJob"
+PLURAL = "rolloutjobs"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Domain-named finalizer. The operator removes it as soon as the job is being deleted (children go
+# with ownerReferences), so it can never hold a deletion hostage.
+FINALIZER = "tracefleet.io/finalizer"
+
+LABEL_JOB = "tracefleet.io/job"
+LABEL_COMPONENT = "tracefleet.io/component"  # inference | harness | evaluator | sealer
+LABEL_SESSION = "tracefleet.io/session"
+LABEL_TASK = "tracefleet.io/task"
+LABEL_SAMPLE = "tracefleet.io/sample"
+LABEL_ATTEMPT = "tracefleet.io/attempt"
+LABEL_BATCH = "tracefleet.io/batch"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "tracefleet-operator"
+
+ANNOTATION_SESSIONS = "tracefleet.io/sessions"  # on a sealer Job: the session indices it seals
+ANNOTATION_NOTIFIED = "tracefleet.io/notified"  # on a sealer Job: the trainer webhook was delivered
+ANNOTATION_EVENTED = "tracefleet.io/evented"  # on a sealer Job: the BatchSealed Event was emitted
+
+# Labels copied from the RolloutJob to every pod so Kueue and priority classes see them.
+PROPAGATED_LABEL_PREFIXES = ("kueue.x-k8s.io/",)
+
+COMPONENT_INFERENCE = "inference"
+COMPONENT_HARNESS = "harness"
+COMPONENT_EVALUATOR = "evaluator"
+COMPONENT_SEALER = "sealer"
+
+_MAX_NAME = 63
+
+
+def _fit(name: str) -> str:
+    """DNS-1123 label names are at most 63 characters: long names keep a hash of the full name."""
+    if len(name) <= _MAX_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: _MAX_NAME - 9]}-{digest}"
+
+
+def inference_name(job: str) -> str:
+    return _fit(f"{job}-inference")
+
+
+def network_policy_name(job: str) -> str:
+    return _fit(f"{job}-harness")
+
+
+def harness_pod_name(job: str, session: int, attempt: int) -> str:
+    return _fit(f"{job}-s{session}-a{attempt}")
+
+
+def evaluator_job_name(job: str, session: int) -> str:
+    return _fit(f"{job}-eval-s{session}")
+
+
+def sealer_job_name(job: str, seq: int) -> str:
+    return _fit(f"{job}-seal-{seq:06d}")
+
+
+def job_selector(job: str, component: str | None = None) -> str:
+    parts = [f"{LABEL_JOB}={job}"]
+    if component:
+        parts.append(f"{LABEL_COMPONENT}={component}")
+    return ",".join(parts)
+
+
+def session_of(task: int, sample: int, samples_per_task: int) -> int:
+    return task * samples_per_task + sample
+
+
+def task_sample_of(session: int, samples_per_task: int) -> tuple[int, int]:
+    return divmod(session, samples_per_task)
+
+
+def encode_ranges(indices: list[int]) -> str:
+    """Compact, order-free encoding of a set of session indices: '0-63,70,72-75'."""
+    out: list[str] = []
+    xs = sorted(set(indices))
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def decode_ranges(text: str) -> list[int]:
+    out: list[int] = []
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out.extend(range(int(a), int(b) + 1))
+        else:
+            out.append(int(part))
+    return out

@@ -1,0 +1,80 @@
+"""`tracefleet proxy`: run the capture proxy in front of an engine."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Run the tracefleet capture proxy. Harnesses (Codex, Claude Code, Qwen Code, Pi, Gemini CLI, OpenCode, ...) "
+        "call it as if it were their provider; it forwards every call to ENGINE (a vLLM OpenAI-compatible server or "
+        "`tracefleet engine`) and records prompt/sampled token ids and logprobs per session under CAPTURE_DIR. "
+        "Create a session with `POST /admin/sessions` (Authorization: Bearer ADMIN_TOKEN); the harness then uses the "
+        "returned secret as its API key, optionally with base URL http://HOST:PORT/s/<session_id>."
+    )
+    parser.epilog = (
+        "example: tracefleet proxy --engine http://127.0.0.1:8000 --capture-dir ./capture --admin-token $TOKEN --port 4000\n"
+        "         curl -XPOST -H 'authorization: Bearer '$TOKEN localhost:4000/admin/sessions"
+    )
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--engine", required=True, metavar="URL", help="engine base URL, e.g. http://127.0.0.1:8000 (no /v1)")
+    parser.add_argument("--capture-dir", required=True, type=Path, metavar="DIR", help="where <session_id>.jsonl capture logs go")
+    parser.add_argument("--admin-token", default=os.environ.get("TRACEFLEET_ADMIN_TOKEN"), metavar="T",
+                        help="bearer token for /admin/* (default: $TRACEFLEET_ADMIN_TOKEN)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=4000, help="port (0 = pick a free one; default 4000)")
+    parser.add_argument("--port-file", type=Path, metavar="FILE", help="write the bound port here once listening")
+    parser.add_argument("--mode", choices=["server"], default="server",
+                        help="capture mode: 'server' = the engine renders prompts and returns token ids")
+    parser.add_argument("--served-model", metavar="NAME", help="engine model name (default: first from the engine's /v1/models)")
+    parser.add_argument("--session", action="append", default=[], metavar="ID:SECRET",
+                        help="create this session at startup (sidecar mode); repeatable")
+    parser.add_argument("--max-body-mb", type=float, default=32.0, help="reject larger requests with 413 (default 32)")
+    parser.add_argument("--keepalive-s", type=float, default=10.0, help="ping the harness after this much engine silence")
+    parser.add_argument("--pause-max-wait-s", type=float, default=30.0, help="while paused, calls wait this long, then 429")
+    parser.add_argument("--engine-timeout-s", type=float, default=600.0, help="per-call engine timeout")
+    parser.add_argument("--policy-version", type=int, default=0, help="initial policy version recorded on calls")
+    parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+
+
+def main(args: argparse.Namespace) -> int:
+    import socket
+
+    import uvicorn
+
+    from .app import create_app
+    from .config import PresetSession, ProxyConfig
+
+    if not args.admin_token:
+        print("tracefleet proxy: --admin-token (or TRACEFLEET_ADMIN_TOKEN) is required")
+        return 2
+    sessions = []
+    for spec in args.session:
+        sid, sep, secret = spec.partition(":")
+        if not sep or not sid or len(secret) < 16:
+            print(f"tracefleet proxy: --session {spec!r}: expected ID:SECRET with a secret of 16+ characters")
+            return 2
+        sessions.append(PresetSession(session_id=sid, secret=secret))
+    config = ProxyConfig(
+        engine_url=args.engine, capture_dir=args.capture_dir, admin_token=args.admin_token, mode=args.mode,
+        served_model=args.served_model, max_body_bytes=int(args.max_body_mb * 1024 * 1024), keepalive_s=args.keepalive_s,
+        pause_max_wait_s=args.pause_max_wait_s, engine_timeout_s=args.engine_timeout_s,
+        policy_version=args.policy_version, sessions=sessions,
+    )
+    app = create_app(config)
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    port = sock.getsockname()[1]
+    if args.port_file:
+        tmp = args.port_file.with_suffix(".tmp")
+        tmp.write_text(str(port))
+        tmp.replace(args.port_file)
+    print(f"tracefleet proxy listening on http://{args.host}:{port} -> engine {args.engine}, capture {args.capture_dir}",
+          flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_keep_alive=75))
+    server.run(sockets=[sock])
+    return 0

@@ -1,0 +1,33 @@
+"""Proxy configuration (`tracefleet proxy` flags map 1:1 onto these fields)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class PresetSession(BaseModel):
+    """A session created at startup (sidecar mode: the runner/operator knows id and secret up front)."""
+
+    session_id: str
+    secret: str
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class ProxyConfig(BaseModel):
+    engine_url: str
+    capture_dir: Path
+    admin_token: str
+    mode: Literal["server", "exact"] = "server"
+    served_model: str | None = None  # the engine's model name; None = the first one /v1/models lists
+    max_body_bytes: int = 32 * 1024 * 1024  # larger requests get 413 in the dialect's shape
+    inline_body_bytes: int = 4 * 1024 * 1024  # larger bodies are written next to the log, not inlined
+    engine_timeout_s: float = 600.0
+    engine_connect_timeout_s: float = 10.0
+    keepalive_s: float = 10.0  # ping the harness when the engine is silent this long
+    pause_max_wait_s: float = 30.0  # paused: a new call waits this long for resume, then 429
+    retry_after_s: int = 5
+    policy_version: int = 0
+    sessions: list[PresetSession] = Field(default_factory=list)

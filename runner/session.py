@@ -1,0 +1,276 @@
+"""One session end to end (design §5):
+
+prepare workspace → register with the proxy → start the harness (preset: argv, env, HOME files) in its
+own process group / workdir / HOME (optionally a loopback-only net namespace) → wait under the session
+timeout (kill the group) → close the proxy session (capture log flushed) → collect artifacts (git diff,
+stdout/stderr, exit code) → evaluate (fail closed) → build traces.
+
+Every stage is timed. The result says `completed`, `timeout` (with the stage that ran out of time) or
+`error` (with the stage that failed). Whatever happens, the proxy session is closed and the captured
+calls are turned into traces: a failed session's traces are kept, marked by their outcome and with no
+positive reward (design invariant 4), never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+from pydantic import BaseModel, Field
+
+from tracefleet.runner.evaluators import EvalContext, EvalOutcome, EvaluatorSpec, get_evaluator
+from tracefleet.runner.proxy_admin import ProxyAdmin, RegisteredSession
+from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, run_sandboxed
+from tracefleet.runner.task import Task
+from tracefleet.runner.workspace import WorkspaceError, prepare_workspace, workspace_patch
+
+SessionStatus = Literal["completed", "timeout", "error", "stopped"]
+Stage = Literal["prepare", "register", "harness", "collect", "evaluate", "capture", "build"]
+
+
+class HarnessConfig(BaseModel):
+    preset: str = "command"
+    command: list[str] | None = None  # for the command preset; {prompt} and {workdir} substituted
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout_s: float = 1800
+    netns: bool = False  # loopback-only network namespace (proxy reachable through a bridge)
+    bridge_socket: str | None = None
+
+
+class SessionPlan(BaseModel):
+    session_id: str
+    job: str
+    task: Task
+    sample_index: int = 0
+    group_id: str
+    harness: HarnessConfig
+    evaluator: EvaluatorSpec
+    model: str
+    builder: str = "prefix-merge"
+    setup_timeout_s: float = 600
+
+
+class SessionResult(BaseModel):
+    session_id: str
+    job: str
+    task_id: str
+    sample_index: int
+    group_id: str
+    status: SessionStatus = "completed"
+    stage: Stage | None = None  # the stage that timed out or failed
+    error: str | None = None
+    reward: float = 0.0
+    evaluation: EvalOutcome | None = None
+    harness_exit_code: int | None = None
+    calls: int = 0
+    call_errors: int = 0
+    capture_path: str | None = None
+    capture_torn: bool = False
+    patch_bytes: int = 0
+    traces: int = 0
+    tokens: int = 0
+    trainable_tokens: int = 0
+    build_stats: dict[str, Any] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict)
+    session_dir: str
+
+    @property
+    def outcome(self) -> str:
+        """A short label for trace metadata: what a trainer filters on."""
+        if self.status != "completed":
+            return f"{self.status}:{self.stage}"
+        if self.evaluation is not None and self.evaluation.status != "ok":
+            return f"evaluator_{self.evaluation.status}"
+        if self.capture_torn:
+            return "capture_incomplete"
+        return "ok"
+
+
+@dataclass
+class SessionRun:
+    result: SessionResult
+    traces: list[Any] = field(default_factory=list)  # built traces, ready for sealing
+
+
+class _StageFailed(Exception):
+    def __init__(self, stage: Stage, status: SessionStatus, message: str) -> None:
+        super().__init__(message)
+        self.stage, self.status = stage, status
+
+
+@contextmanager
+def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        timings[stage] = round(time.monotonic() - started, 4)
+
+
+def harness_launch(plan: SessionPlan, *, workdir: Path, home: Path, base_url: str, api_key: str) -> Any:
+    """The preset's HarnessLaunch (argv, env, files) for this session."""
+    from tracefleet.runner.presets import get_preset
+
+    preset = get_preset(plan.harness.preset)
+    kwargs: dict[str, Any] = dict(
+        prompt=plan.task.prompt, workdir=workdir, home=home, base_url=base_url, api_key=api_key, model=plan.model
+    )
+    if plan.harness.command:
+        kwargs["command"] = list(plan.harness.command)
+    return preset.launch(**kwargs)
+
+
+def run_session(
+    plan: SessionPlan,
+    *,
+    admin: ProxyAdmin,
+    proxy_url: str,
+    session_root: Path,
+    stop: threading.Event | None = None,
+) -> SessionRun:
+    session_dir = session_root / plan.session_id
+    session_dir.mkdir(parents=True, exist_ok=True)
+    result = SessionResult(
+        session_id=plan.session_id,
+        job=plan.job,
+        task_id=plan.task.id,
+        sample_index=plan.sample_index,
+        group_id=plan.group_id,
+        session_dir=str(session_dir),
+    )
+    timings = result.timings
+    started = time.monotonic()
+    deadline = started + plan.harness.timeout_s
+    registered: RegisteredSession | None = None
+    workspace = None
+    proc: ProcessResult | None = None
+    patch = ""
+    try:
+        with _timed(timings, "prepare"):
+            try:
+                workspace = prepare_workspace(plan.task, session_dir, setup_timeout_s=plan.setup_timeout_s)
+            except WorkspaceError as exc:
+                status: SessionStatus = "timeout" if "timed out" in str(exc) else "error"
+                raise _StageFailed("prepare", status, str(exc)) from exc
+        with _timed(timings, "register"):
+            try:
+                registered = admin.create_session(
+                    plan.session_id,
+                    metadata={"job": plan.job, "task": plan.task.id, "sample": plan.sample_index, "group": plan.group_id},
+                )
+            except Exception as exc:  # noqa: BLE001 - any failure here is the register stage's
+                raise _StageFailed("register", "error", str(exc)) from exc
+        with _timed(timings, "harness"):
+            home = session_dir / "home"
+            home.mkdir(parents=True, exist_ok=True)
+            try:
+                launch = harness_launch(
+                    plan,
+                    workdir=workspace.workdir,
+                    home=home,
+                    base_url=proxy_url.rstrip("/") + registered.base_path,
+                    api_key=registered.secret,
+                )
+                for rel, content in launch.files.items():
+                    target = home / rel
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text(content)
+            except Exception as exc:  # noqa: BLE001
+                raise _StageFailed("harness", "error", f"preset {plan.harness.preset}: {type(exc).__name__}: {exc}") from exc
+            options = SandboxOptions()
+            if plan.harness.netns and plan.harness.bridge_socket:
+                port = int(proxy_url.rsplit(":", 1)[1].split("/")[0])
+                options = SandboxOptions(netns=True, bridge_port=port, bridge_socket=Path(plan.harness.bridge_socket))
+            env = {**launch.env, **plan.harness.env}
+            (session_dir / "harness.json").write_text(
+                json.dumps({"argv": launch.argv, "env_keys": sorted(env), "files": sorted(launch.files)}, indent=1)
+            )
+            proc = run_sandboxed(
+                list(launch.argv),
+                cwd=workspace.workdir,
+                home=home,
+                env=env,
+                timeout_s=max(0.0, deadline - time.monotonic()),
+                stdout_path=session_dir / "harness.stdout",
+                stderr_path=session_dir / "harness.stderr",
+                options=options,
+                stop=stop,
+            )
+            result.harness_exit_code = proc.exit_code
+            if proc.start_error:
+                raise _StageFailed("harness", "error", f"harness did not start: {proc.start_error}")
+            if proc.stopped:
+                raise _StageFailed("harness", "stopped", "interrupted")
+            if proc.timed_out:
+                raise _StageFailed("harness", "timeout", f"harness ran past {plan.harness.timeout_s:.0f}s; process group killed")
+            if proc.exit_code != 0:
+                raise _StageFailed("harness", "error", f"harness exited {proc.exit_code}")
+    except _StageFailed as failed:
+        result.status, result.stage, result.error = failed.status, failed.stage, str(failed)
+
+    # The capture and the workspace diff are collected whatever happened above: nothing captured is lost.
+    with _timed(timings, "capture"):
+        if registered is not None:
+            try:
+                info = admin.close_session(registered.session_id)
+                result.calls, result.call_errors, result.capture_path = info.calls, info.errors, info.capture_path
+            except Exception as exc:  # noqa: BLE001
+                _fail(result, "capture", "error", f"closing the proxy session failed: {exc}")
+    if workspace is not None and result.stage not in ("prepare",):
+        with _timed(timings, "collect"):
+            try:
+                patch = workspace_patch(workspace.workdir, workspace.base_commit)
+                (session_dir / "session.patch").write_text(patch)
+                result.patch_bytes = len(patch.encode())
+            except Exception as exc:  # noqa: BLE001
+                _fail(result, "collect", "error", f"git diff of the workspace failed: {exc}")
+
+    if result.status == "completed" and workspace is not None:
+        with _timed(timings, "evaluate"):
+            ctx = EvalContext(
+                task=plan.task,
+                workspace=workspace,
+                patch=patch,
+                session_dir=session_dir,
+                harness_exit_code=result.harness_exit_code,
+                harness_stdout=session_dir / "harness.stdout",
+                metadata={"session_id": plan.session_id, "sample_index": plan.sample_index},
+            )
+            try:
+                outcome = get_evaluator(plan.evaluator).evaluate(ctx)
+            except Exception as exc:  # noqa: BLE001 - evaluators fail closed; this catches their construction
+                outcome = EvalOutcome(status="error", message=f"{type(exc).__name__}: {exc}")
+            result.evaluation = outcome
+            result.reward = outcome.reward if outcome.status == "ok" else 0.0
+            if outcome.status in ("error", "patch_failed"):
+                _fail(result, "evaluate", "error", outcome.message or outcome.status)
+            elif outcome.status == "timeout":
+                _fail(result, "evaluate", "timeout", outcome.message or "evaluator timed out")
+
+    traces: list[Any] = []
+    if result.capture_path:
+        with _timed(timings, "build"):
+            try:
+                from tracefleet.runner.tracing import build_session_traces
+
+                traces = build_session_traces(plan, result)
+            except Exception as exc:  # noqa: BLE001
+                _fail(result, "build", "error", f"building traces failed: {type(exc).__name__}: {exc}")
+    if result.status != "completed":
+        result.reward = 0.0
+    timings["total"] = round(time.monotonic() - started, 4)
+    (session_dir / "result.json").write_text(result.model_dump_json(indent=1))
+    return SessionRun(result=result, traces=traces)
+
+
+def _fail(result: SessionResult, stage: Stage, status: SessionStatus, message: str) -> None:
+    """Record the first failure; later ones only add to the message."""
+    if result.status == "completed":
+        result.status, result.stage, result.error = status, stage, message
+    else:
+        result.error = f"{result.error}; {stage}: {message}"

@@ -1,0 +1,203 @@
+"""Child manifests built from real RolloutJob manifests (the shared pydantic model), checked field by field."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import yaml
+
+from tracefleet.operator import children as c
+from tracefleet.operator import names as n
+from tracefleet.operator.view import JobView, OperatorConfig
+
+MANAGED = textwrap.dedent(
+    """
+    apiVersion: tracefleet.io/v1alpha1
+    kind: RolloutJob
+    metadata:
+      name: demo
+      namespace: team
+      uid: 0b7d2c1e-uid
+      generation: 1
+      labels: {kueue.x-k8s.io/queue-name: gpu-queue, unrelated: x}
+    spec:
+      inference:
+        managed:
+          model: Qwen/Qwen3-4B
+          servedModelName: qwen
+          tensorParallelSize: 2
+          modelCache: {claimName: models}
+          extraArgs: ["--max-model-len", "32768"]
+      harness: {preset: codex, image: ghcr.io/acme/codex:1, runtimeClassName: gvisor, sessionTimeoutSeconds: 600}
+      tasks:
+        inline: [{id: t1, prompt: "fix the bug"}, {id: t2, prompt: "add a test"}]
+        samplesPerTask: 4
+      evaluator: {preset: tests, image: ghcr.io/acme/eval:1, timeoutSeconds: 300}
+      output: {uri: "s3://traces/runs", credentialsSecretRef: {name: bucket-creds}, tracesPerBatch: 4}
+      parallelism: 3
+    """
+)
+
+def external_body() -> dict:
+    body = yaml.safe_load(MANAGED)
+    body["spec"]["inference"] = {"external": {"baseUrl": "http://10.1.2.3:8000", "model": "qwen"}}
+    return body
+
+
+@pytest.fixture
+def job() -> JobView:
+    return JobView.from_body(yaml.safe_load(MANAGED))
+
+
+CFG = OperatorConfig(proxy_image="reg/tracefleet:test", evaluator_image="reg/tracefleet:test")
+
+
+def _owner_ok(m: dict, job: JobView) -> None:
+    (ref,) = m["metadata"]["ownerReferences"]
+    assert ref == {
+        "apiVersion": "tracefleet.io/v1alpha1",
+        "kind": "RolloutJob",
+        "name": "demo",
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    labels = m["metadata"]["labels"]
+    assert labels[n.LABEL_JOB] == "demo"
+    assert labels["kueue.x-k8s.io/queue-name"] == "gpu-queue"  # Kueue label propagated
+    assert "unrelated" not in labels
+
+
+def test_inference_deployment_has_gpus_probes_shm_and_cache(job: JobView) -> None:
+    d = c.inference_deployment(job)
+    _owner_ok(d, job)
+    pod = d["spec"]["template"]["spec"]
+    (ctr,) = pod["containers"]
+    assert ctr["image"].startswith("vllm/vllm-openai")
+    assert ctr["resources"]["limits"]["nvidia.com/gpu"] == "2"  # defaults to tensorParallelSize
+    args = ctr["args"]
+    assert args[args.index("--served-model-name") + 1] == "qwen"
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    assert args[args.index("--model") + 1] == "Qwen/Qwen3-4B"
+    assert args[-2:] == ["--max-model-len", "32768"]
+    assert ctr["startupProbe"]["httpGet"]["path"] == "/v1/models"
+    # 10-15 minutes for download + load before liveness may kill it
+    assert 600 <= ctr["startupProbe"]["periodSeconds"] * ctr["startupProbe"]["failureThreshold"] <= 900
+    assert ctr["readinessProbe"]["httpGet"]["path"] == "/v1/models"
+    assert ctr["livenessProbe"]["httpGet"]["path"] == "/health"
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert vols["model-cache"]["persistentVolumeClaim"]["claimName"] == "models"
+    mounts = {m["name"]: m["mountPath"] for m in ctr["volumeMounts"]}
+    assert mounts["dshm"] == "/dev/shm"
+    assert d["spec"]["selector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    svc = c.inference_service(job)
+    _owner_ok(svc, job)
+    assert svc["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["ports"][0]["port"] == c.ENGINE_PORT
+
+
+def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: JobView) -> None:
+    pod = c.harness_pod(job, CFG, session=5, attempt=1, secret="tfs_secret")
+    _owner_ok(pod, job)
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["name"] == "demo-s5-a1"
+    labels = meta["labels"]
+    assert (labels[n.LABEL_SESSION], labels[n.LABEL_TASK], labels[n.LABEL_SAMPLE], labels[n.LABEL_ATTEMPT]) == ("5", "1", "1", "1")
+    assert labels[n.LABEL_COMPONENT] == "harness"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["restartPolicy"] == "Never"
+    assert spec["runtimeClassName"] == "gvisor"
+    assert spec["activeDeadlineSeconds"] == 600 + c.SESSION_DEADLINE_GRACE_S
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
+    (proxy,) = spec["initContainers"]
+    assert proxy["name"] == "proxy" and proxy["restartPolicy"] == "Always"  # native sidecar
+    assert proxy["image"] == "reg/tracefleet:test"
+    assert proxy["startupProbe"]["httpGet"]["path"] == "/health"
+    args = proxy["args"]
+    assert args[args.index("--engine") + 1] == "http://demo-inference.team.svc:8000"
+    assert args[args.index("--upload-to") + 1] == "s3://traces/runs/demo/sessions/5/"
+    assert proxy["envFrom"] == [{"secretRef": {"name": "bucket-creds"}}]
+    assert args[args.index("--session") + 1] == "demo-s5:$(TRACEFLEET_SESSION_SECRET)"
+    assert {"name": "TRACEFLEET_SESSION_SECRET", "value": "tfs_secret"} in proxy["env"]
+    (harness,) = spec["containers"]
+    assert harness["image"] == "ghcr.io/acme/codex:1"
+    env = {e["name"]: e["value"] for e in harness["env"]}
+    assert env["TRACEFLEET_BASE_URL"] == f"http://127.0.0.1:{c.PROXY_PORT}"
+    assert env["TRACEFLEET_API_KEY"] == "tfs_secret"
+    assert env["TRACEFLEET_PRESET"] == "codex"
+    assert yaml.safe_load(env["TRACEFLEET_TASK_JSON"])["id"] == "t2"
+    # the harness container holds no bucket credentials: only the proxy uploads
+    assert "envFrom" not in harness and not any(k.startswith("AWS_") for k in env)
+    for ctr in (proxy, harness):
+        sc = ctr["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    # capture volume shared by proxy (writer); artifacts written by the harness, read by the proxy
+    assert {"name": "capture", "mountPath": "/capture"} in proxy["volumeMounts"]
+    assert any(m["name"] == "artifacts" for m in harness["volumeMounts"])
+
+
+def test_network_policy_allows_only_inference_bucket_and_dns(job: JobView) -> None:
+    np = c.harness_network_policy(job)
+    _owner_ok(np, job)
+    spec = np["spec"]
+    assert spec["podSelector"]["matchLabels"] == {n.LABEL_JOB: "demo", n.LABEL_COMPONENT: "harness"}
+    assert spec["policyTypes"] == ["Ingress", "Egress"] and spec["ingress"] == []
+    to_inference = [r for r in spec["egress"] if any("podSelector" in t and n.LABEL_COMPONENT in t["podSelector"].get("matchLabels", {}) for t in r.get("to", []))]
+    assert to_inference and to_inference[0]["ports"] == [{"protocol": "TCP", "port": c.ENGINE_PORT}]
+    assert any(p["port"] == 53 for r in spec["egress"] for p in r["ports"])
+    assert any(p["port"] == 443 for r in spec["egress"] for p in r["ports"])  # the s3 bucket
+    assert len(spec["egress"]) == 3
+
+
+def test_external_engine_gets_ip_block_and_no_deployment() -> None:
+    job = JobView.from_body(external_body())
+    assert job.managed is None
+    with pytest.raises(AssertionError):
+        c.inference_deployment(job)
+    np = c.harness_network_policy(job)
+    rule = np["spec"]["egress"][1]
+    assert rule == {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}], "ports": [{"protocol": "TCP", "port": 8000}]}
+    pod = c.harness_pod(job, CFG, 0, 0)
+    args = pod["spec"]["initContainers"][0]["args"]
+    assert args[args.index("--engine") + 1] == "http://10.1.2.3:8000"
+
+
+def test_evaluator_job_has_failure_policy_and_deadline(job: JobView) -> None:
+    j = c.evaluator_job(job, CFG, session=6)
+    _owner_ok(j, job)
+    assert j["metadata"]["name"] == "demo-eval-s6"
+    spec = j["spec"]
+    assert spec["activeDeadlineSeconds"] == 300
+    rules = spec["podFailurePolicy"]["rules"]
+    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    assert rules[1]["action"] == "FailJob"
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    (ctr,) = pod["containers"]
+    assert ctr["image"] == "ghcr.io/acme/eval:1"
+    env = {e["name"]: e.get("value") for e in ctr["env"]}
+    assert env["TRACEFLEET_SESSION_PREFIX"] == "s3://traces/runs/demo/sessions/6/"
+    assert spec["template"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+
+
+def test_sealer_job_pins_its_sessions(job: JobView) -> None:
+    j = c.sealer_job(job, CFG, seq=3, sessions=[7, 1, 2, 3, 9])
+    _owner_ok(j, job)
+    assert j["metadata"]["name"] == "demo-seal-000003"
+    assert j["metadata"]["annotations"][n.ANNOTATION_SESSIONS] == "1-3,7,9"
+    assert n.decode_ranges("1-3,7,9") == [1, 2, 3, 7, 9]
+
+
+def test_suspended_job_runs_no_inference(job: JobView) -> None:
+    body = yaml.safe_load(MANAGED)
+    body["spec"]["suspend"] = True
+    assert c.inference_deployment(JobView.from_body(body))["spec"]["replicas"] == 0
+
+
+def test_long_names_fit_dns_labels() -> None:
+    long = "x" * 80
+    for name in (n.harness_pod_name(long, 1999, 3), n.evaluator_job_name(long, 5), n.sealer_job_name(long, 2)):
+        assert len(name) <= 63
+    assert n.harness_pod_name(long, 1, 0) != n.harness_pod_name(long, 2, 0)

@@ -1,0 +1,530 @@
+"""The operator against the real control plane (etcd + kube-apiserver + controller-manager + scheduler + KWOK).
+
+The chart is `helm install`ed (CRDs, RBAC, ServiceAccount, operator Deployment — whose pod KWOK only
+pretends to run); the operator itself runs here as a subprocess (`tracefleet operator`) authenticated
+with a token of the chart's ServiceAccount, so its least-privilege RBAC is what is exercised.
+KWOK cannot run code: the test plays the pods' part with the pods' own code — for a harness pod it
+uploads a capture (what the proxy sidecar uploads) and a reward (what the evaluator Job writes) to
+the real S3 server and marks the pod Succeeded (or Failed); for a sealer Job it runs the sealer
+entrypoint with the Job's own environment. Everything else — pods, Jobs, Deployments, scheduling,
+Job completion, garbage collection, CRD schema/CEL validation — is the real control plane.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from fixtures.controlplane import free_port
+from tracefleet.bucket import open_bucket
+from tracefleet.operator import bucketio, names as n, podmain
+from tracefleet.operator.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, verify_signature
+from tracefleet.traces.synthetic import SyntheticSession
+
+REPO = Path(__file__).resolve().parents[2]
+RELEASE_NS = "tracefleet-system"
+HMAC_KEY = "s3cr3t-hmac"
+
+
+LOG_TAIL: list[Callable[[], str]] = []  # set by the env fixture: the operator's log goes into failure messages
+
+
+def wait_for(what: str, fn: Callable[[], Any], timeout: float = 90, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    tail = LOG_TAIL[0]() if LOG_TAIL else ""
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})\noperator log:\n{tail}")
+
+
+# ---------------------------------------------------------------- the operator process
+
+
+@dataclass
+class OperatorProc:
+    kubeconfig: Path
+    log: Path
+    metrics_port: int = 0
+    liveness_port: int = 0
+    proc: subprocess.Popen | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        self.metrics_port = free_port()
+        self.liveness_port = free_port()
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        self.starts += 1
+        out = open(self.log, "a")
+        out.write(f"\n===== start {self.starts} =====\n")
+        out.flush()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tracefleet.operator", "--all-namespaces", "--interval", "1",
+             "--retry-backoff", "1", "--metrics-port", str(self.metrics_port), "--bind-address", "127.0.0.1", "--liveness-port", str(self.liveness_port),
+             "--proxy-image", "reg.local/tracefleet:test", "--evaluator-image", "reg.local/tracefleet:test"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: no graceful shutdown, exactly what a node loss or OOM kill does."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def metric(self, name: str) -> float:
+        import urllib.request
+
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{") or line.startswith(name + " "))
+
+    def tail(self) -> str:
+        return self.log.read_text()[-6000:] if self.log.exists() else ""
+
+
+class Receiver(http.server.BaseHTTPRequestHandler):
+    got: list[tuple[dict[str, str], bytes]] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).got.append((dict(self.headers), body))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *a: object) -> None:
+        pass
+
+
+@dataclass
+class Env:
+    kube: Any
+    api: client.ApiClient
+    core: client.CoreV1Api
+    apps: client.AppsV1Api
+    batch: client.BatchV1Api
+    custom: client.CustomObjectsApi
+    op: OperatorProc
+    s3: Any
+    bucket_name: str
+    hook_url: str
+    sealed: set[str] = field(default_factory=set)
+
+    def bucket_uri(self, ns: str) -> str:
+        return f"s3://{self.bucket_name}/{ns}"
+
+    def rj(self, ns: str, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(n.GROUP, n.VERSION, ns, n.PLURAL, name)
+
+    def status(self, ns: str, name: str) -> dict[str, Any]:
+        return self.rj(ns, name).get("status") or {}
+
+    def pods(self, ns: str, job: str) -> list[Any]:
+        return self.core.list_namespaced_pod(ns, label_selector=n.job_selector(job, n.COMPONENT_HARNESS)).items
+
+    def jobs(self, ns: str, job: str, component: str) -> list[Any]:
+        return self.batch.list_namespaced_job(ns, label_selector=n.job_selector(job, component)).items
+
+
+@pytest.fixture(scope="module")
+def env(kube, s3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    tmp = tmp_path_factory.mktemp("operator")
+    r = kube.helm("install", "tf", str(REPO / "charts" / "tracefleet"), "--namespace", RELEASE_NS, "--create-namespace",
+                  "--set", "image.tag=test", "--wait", "--timeout", "120s")
+    assert r.returncode == 0, r.stdout + r.stderr
+    # The operator authenticates as the chart's ServiceAccount: its RBAC must be enough.
+    tok = kube.kubectl("-n", RELEASE_NS, "create", "token", "tf-tracefleet", "--duration", "2h")
+    assert tok.returncode == 0, tok.stderr
+    cfg = yaml.safe_load(Path(kube.kubeconfig).read_text())
+    cfg["users"] = [{"name": "operator", "user": {"token": tok.stdout.strip()}}]
+    for ctx in cfg["contexts"]:
+        ctx["context"]["user"] = "operator"
+    sa_kubeconfig = tmp / "operator.kubeconfig"
+    sa_kubeconfig.write_text(yaml.safe_dump(cfg))
+    # the sandbox RuntimeClass harness pods ask for (KWOK ignores the handler)
+    kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                                                     "metadata": {"name": "gvisor"}, "handler": "runsc"}))
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    api = kube.api_client()
+    op = OperatorProc(kubeconfig=sa_kubeconfig, log=tmp / "operator.log")
+    op.start()
+    LOG_TAIL[:] = [op.tail]
+    e = Env(kube=kube, api=api, core=client.CoreV1Api(api), apps=client.AppsV1Api(api), batch=client.BatchV1Api(api),
+            custom=client.CustomObjectsApi(api), op=op, s3=s3, bucket_name=s3.create_bucket(),
+            hook_url=f"http://127.0.0.1:{srv.server_address[1]}/hook")
+    try:
+        yield e
+    finally:
+        op.stop()
+        srv.shutdown()
+        print("operator log tail:\n" + op.tail())
+
+
+def new_namespace(env: Env, name: str) -> str:
+    env.core.create_namespace({"metadata": {"name": name}})
+    wait_for("default ServiceAccount", lambda: env.core.list_namespaced_service_account(name).items, 60)
+    creds = {"AWS_ACCESS_KEY_ID": env.s3.access_key, "AWS_SECRET_ACCESS_KEY": env.s3.secret_key,
+             "AWS_ENDPOINT_URL": env.s3.endpoint, "AWS_DEFAULT_REGION": env.s3.region}
+    env.core.create_namespaced_secret(name, {"metadata": {"name": "bucket-creds"}, "stringData": creds})
+    env.core.create_namespaced_secret(name, {"metadata": {"name": "hook"}, "stringData": {"key": HMAC_KEY}})
+    return name
+
+
+def rolloutjob(env: Env, ns: str, name: str, *, tasks: int, samples: int, parallelism: int, per_batch: int,
+               max_retries: int = 2, **spec: Any) -> dict[str, Any]:
+    body = {
+        "apiVersion": "tracefleet.io/v1alpha1",
+        "kind": "RolloutJob",
+        "metadata": {"name": name, "namespace": ns, "labels": {"kueue.x-k8s.io/queue-name": "gpu"}},
+        "spec": {
+            "inference": {"managed": {"model": "Qwen/Qwen3-4B", "servedModelName": "qwen", "gpusPerReplica": 1}},
+            "harness": {"preset": "codex", "image": "reg.local/codex:1", "runtimeClassName": "gvisor", "sessionTimeoutSeconds": 600},
+            "tasks": {"inline": [{"id": f"t{i}", "prompt": f"task {i}"} for i in range(tasks)], "samplesPerTask": samples},
+            "evaluator": {"preset": "tests", "image": "reg.local/eval:1", "timeoutSeconds": 120},
+            "output": {"uri": env.bucket_uri(ns), "credentialsSecretRef": {"name": "bucket-creds"}, "tracesPerBatch": per_batch},
+            "trainer": {"webhook": {"url": env.hook_url, "secretRef": {"name": "hook", "key": "key"}}},
+            "parallelism": parallelism,
+            "maxRetries": max_retries,
+            **spec,
+        },
+    }
+    env.custom.create_namespaced_custom_object(n.GROUP, n.VERSION, ns, n.PLURAL, body)
+    return body
+
+
+def set_pod_phase(env: Env, ns: str, name: str, phase: str) -> None:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    code = 0 if phase == "Succeeded" else 1
+    statuses = [{"name": "harness", "image": "reg.local/codex:1", "imageID": "", "ready": False, "restartCount": 0,
+                 "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                          "startedAt": now, "finishedAt": now}}}]
+    env.core.patch_namespaced_pod_status(name, ns, {"status": {"phase": phase, "containerStatuses": statuses}})
+
+
+def play_harness(env: Env, ns: str, pod: Any, outcome: str = "Succeeded", reward: float = 1.0) -> None:
+    """What a real harness pod does when its session ends: the proxy uploads the capture, the
+    evaluator later writes the reward; then the pod terminates."""
+    labels = pod.metadata.labels
+    s = int(labels[n.LABEL_SESSION])
+    job = labels[n.LABEL_JOB]
+    if outcome == "Succeeded":
+        bucket = open_bucket(env.bucket_uri(ns), **env.s3.bucket_options())
+        path = Path(f"/tmp/{ns}-{job}-s{s}.jsonl")
+        path.unlink(missing_ok=True)
+        sess = SyntheticSession(path, f"{job}-s{s}", seed=s)
+        first = sess.call(sess.tokens(16))
+        sess.call(sess.extend(first, sess.tokens(4)), parent=first)
+        sess.close()
+        bucket.put(bucketio.session_prefix(job, s) + "capture.jsonl", path.read_bytes())
+        bucket.put(bucketio.session_prefix(job, s) + "reward.json", json.dumps({"reward": reward, "status": "ok"}).encode())
+        path.unlink(missing_ok=True)
+    set_pod_phase(env, ns, pod.metadata.name, outcome)
+
+
+def play_sealers(env: Env, ns: str, job: str) -> None:
+    """Run each new sealer Job's entrypoint code with that Job's own environment."""
+    for sj in env.jobs(ns, job, n.COMPONENT_SEALER):
+        if sj.metadata.uid in env.sealed:
+            continue
+        cenv = {e.name: e.value for e in sj.spec.template.spec.containers[0].env if e.value is not None}
+        bucket = open_bucket(cenv["TRACEFLEET_BUCKET"], **env.s3.bucket_options())
+        podmain.seal(bucket, cenv["TRACEFLEET_JOB"], int(cenv["TRACEFLEET_BATCH_SEQ"]),
+                     n.decode_ranges(cenv["TRACEFLEET_SESSIONS"]), cenv["TRACEFLEET_BUILDER"])
+        env.sealed.add(sj.metadata.uid)
+
+
+def alive(pods: list[Any]) -> list[Any]:
+    return [p for p in pods if p.status.phase in (None, "Pending", "Running") and not p.metadata.deletion_timestamp]
+
+
+def drive(env: Env, ns: str, job: str, *, parallelism: int, timeout: float = 180,
+          outcome: Callable[[Any], str] = lambda p: "Succeeded", stop_when: Callable[[], bool] | None = None) -> int:
+    """Play every Running harness pod and sealer Job until the job finishes; returns the max alive seen."""
+    deadline = time.monotonic() + timeout
+    max_alive = 0
+    while time.monotonic() < deadline:
+        if env.status(ns, job).get("phase") in ("Succeeded", "Failed") or (stop_when and stop_when()):
+            return max_alive
+        live = alive(env.pods(ns, job))
+        max_alive = max(max_alive, len(live))
+        assert len(live) <= parallelism, f"{len(live)} harness pods alive > parallelism {parallelism}"
+        for p in live:
+            if p.status.phase == "Running":
+                play_harness(env, ns, p, outcome(p))
+        play_sealers(env, ns, job)
+        time.sleep(0.5)
+    raise AssertionError(f"{ns}/{job} did not finish: {json.dumps(env.status(ns, job))[:1500]}\n{env.op.tail()}")
+
+
+def events(env: Env, ns: str, job: str) -> list[Any]:
+    return [e for e in env.core.list_namespaced_event(ns).items if e.involved_object.name == job]
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_rolloutjob_runs_to_complete(env: Env) -> None:
+    ns = new_namespace(env, "rj-happy")
+    Receiver.got.clear()
+    rolloutjob(env, ns, "happy", tasks=3, samples=2, parallelism=2, per_batch=2)
+
+    dep = wait_for("inference Deployment", lambda: _get(env.apps.read_namespaced_deployment, "happy-inference", ns))
+    ctr = dep.spec.template.spec.containers[0]
+    assert ctr.resources.limits["nvidia.com/gpu"] == "1"
+    assert ctr.startup_probe.http_get.path == "/v1/models" and ctr.liveness_probe.http_get.path == "/health"
+    assert "--served-model-name" in ctr.args and ctr.args[ctr.args.index("--served-model-name") + 1] == "qwen"
+    assert dep.metadata.owner_references[0].kind == "RolloutJob"
+    svc = wait_for("inference Service", lambda: _get(env.core.read_namespaced_service, "happy-inference", ns))
+    assert svc.spec.ports[0].port == 8000
+    wait_for("InferenceReady", lambda: any(c["type"] == "InferenceReady" and c["status"] == "True"
+                                           for c in env.status(ns, "happy").get("conditions") or []))
+    first = wait_for("harness pods", lambda: env.pods(ns, "happy"))[0]
+    spec = first.spec
+    assert spec.automount_service_account_token is False and spec.runtime_class_name == "gvisor"
+    assert spec.security_context.run_as_non_root is True and spec.active_deadline_seconds == 720
+    assert spec.init_containers[0].name == "proxy" and spec.init_containers[0].restart_policy == "Always"
+    assert first.metadata.labels["kueue.x-k8s.io/queue-name"] == "gpu"
+    netpol = client.NetworkingV1Api(env.api).read_namespaced_network_policy("happy-harness", ns)
+    assert netpol.spec.pod_selector.match_labels[n.LABEL_COMPONENT] == "harness"
+
+    max_alive = drive(env, ns, "happy", parallelism=2)
+    assert max_alive == 2
+    st = env.status(ns, "happy")
+    assert st["phase"] == "Succeeded", st
+    c = st["counters"]
+    assert (c["total"], c["succeeded"], c["failed"], c["running"], c["pending"]) == (6, 6, 0, 0, 0)
+    assert c["traces"] == 6 and c["tokens"] > 0
+    assert st["batchesCompleted"] == 3 and len(st["recentBatches"]) == 3
+    assert {b["uri"].rsplit("/", 2)[-2] for b in st["recentBatches"]} == {"000000", "000001", "000002"}
+    conds = {x["type"]: x for x in st["conditions"]}
+    assert conds["Complete"]["status"] == "True" and conds["Running"]["status"] == "False"
+    # evaluator Jobs: one per session, run to completion by the real Job controller
+    evals = env.jobs(ns, "happy", n.COMPONENT_EVALUATOR)
+    assert len(evals) == 6 and all(j.status.succeeded == 1 for j in evals)
+    # batches exist in S3 (manifest last)
+    bucket = open_bucket(env.bucket_uri(ns), **env.s3.bucket_options())
+    assert sorted(o.key for o in bucket.list("happy/batches/") if o.key.endswith("manifest.json")) == [
+        f"happy/batches/{i:06d}/manifest.json" for i in range(3)]
+    # one Event per batch; one signed webhook per batch
+    wait_for("3 BatchSealed events", lambda: len([e for e in events(env, ns, "happy") if e.reason == "BatchSealed"]) == 3, 30)
+    wait_for("3 webhooks", lambda: len(Receiver.got) >= 3, 30)
+    time.sleep(2)
+    assert len(Receiver.got) == 3
+    ids = set()
+    for headers, body in Receiver.got:
+        assert verify_signature(HMAC_KEY.encode(), body, headers[SIGNATURE_HEADER])
+        ids.add(headers[DELIVERY_HEADER])
+        assert json.loads(body)["job"]["name"] == "happy"
+    assert len(ids) == 3
+    # finished: inference scaled to zero
+    wait_for("inference scaled to 0", lambda: env.apps.read_namespaced_deployment("happy-inference", ns).spec.replicas == 0, 30)
+    # the operator's own metrics and liveness endpoint
+    assert env.op.metric("tracefleet_api_calls_total") > 0
+    assert env.op.metric("tracefleet_batches_sealed_total") >= 3
+    import urllib.request
+
+    metrics_text = urllib.request.urlopen(f"http://127.0.0.1:{env.op.metrics_port}/metrics", timeout=5).read().decode()
+    phases = {line.split('phase="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
+              if line.startswith("tracefleet_rolloutjobs{") and 'job="happy"' in line and 'namespace="rj-happy"' in line}
+    assert phases["Succeeded"] == 1.0 and phases["Running"] == 0.0, phases
+    assert urllib.request.urlopen(f"http://127.0.0.1:{env.op.liveness_port}/healthz", timeout=5).status == 200
+
+
+def test_restart_mid_job_no_duplicates(env: Env) -> None:
+    ns = new_namespace(env, "rj-restart")
+    rolloutjob(env, ns, "rs", tasks=4, samples=2, parallelism=3, per_batch=3)
+    done: list[str] = []
+
+    def half_then_kill() -> bool:
+        return len(done) >= 3
+
+    wait_for("harness pods", lambda: env.pods(ns, "rs"), 90)
+
+    def outcome(p: Any) -> str:
+        done.append(p.metadata.name)
+        return "Succeeded"
+
+    drive(env, ns, "rs", parallelism=3, outcome=outcome, stop_when=half_then_kill)
+    env.op.kill()
+    time.sleep(2)
+    env.op.start()
+    drive(env, ns, "rs", parallelism=3)
+    st = env.status(ns, "rs")
+    assert st["phase"] == "Succeeded" and st["counters"]["succeeded"] == 8
+    pods = env.pods(ns, "rs")
+    sessions = Counter(p.metadata.labels[n.LABEL_SESSION] for p in pods)
+    assert len(pods) == 8 and set(sessions.values()) == {1}, sessions  # no duplicate pods
+    sealers = env.jobs(ns, "rs", n.COMPONENT_SEALER)
+    covered = [s for j in sealers for s in n.decode_ranges(j.metadata.annotations[n.ANNOTATION_SESSIONS])]
+    assert sorted(covered) == list(range(8))  # every session in exactly one batch
+    bucket = open_bucket(env.bucket_uri(ns), **env.s3.bucket_options())
+    manifests = [o.key for o in bucket.list("rs/batches/") if o.key.endswith("manifest.json")]
+    assert len(manifests) == len(sealers) == 3 == st["batchesCompleted"]
+
+
+def test_failed_sessions_are_retried_then_counted(env: Env) -> None:
+    ns = new_namespace(env, "rj-retry")
+    rolloutjob(env, ns, "rt", tasks=2, samples=2, parallelism=4, per_batch=4, max_retries=1)
+    # session 0 always fails; session 1 fails once then succeeds
+    fails: Counter = Counter()
+
+    def outcome(p: Any) -> str:
+        s = int(p.metadata.labels[n.LABEL_SESSION])
+        if s == 0 or (s == 1 and fails[s] == 0):
+            fails[s] += 1
+            return "Failed"
+        return "Succeeded"
+
+    drive(env, ns, "rt", parallelism=4, outcome=outcome)
+    st = env.status(ns, "rt")
+    assert st["phase"] == "Succeeded"
+    assert (st["counters"]["succeeded"], st["counters"]["failed"]) == (3, 1)
+    attempts = sorted((p.metadata.labels[n.LABEL_SESSION], p.metadata.labels[n.LABEL_ATTEMPT]) for p in env.pods(ns, "rt"))
+    assert attempts == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1"), ("2", "0"), ("3", "0")]
+    assert st["batchesCompleted"] == 1 and st["recentBatches"][0]["traces"] == 3  # the failed session is not sealed
+
+
+def test_suspend_resume_then_delete_cascades(env: Env) -> None:
+    ns = new_namespace(env, "rj-suspend")
+    rolloutjob(env, ns, "sp", tasks=3, samples=1, parallelism=2, per_batch=3)
+    wait_for("2 running pods", lambda: len([p for p in alive(env.pods(ns, "sp")) if p.status.phase == "Running"]) == 2)
+    env.custom.patch_namespaced_custom_object(n.GROUP, n.VERSION, ns, n.PLURAL, "sp", {"spec": {"suspend": True}})
+    wait_for("phase Suspended", lambda: env.status(ns, "sp").get("phase") == "Suspended")
+    wait_for("harness pods gone", lambda: not env.pods(ns, "sp"), 60)
+    assert env.apps.read_namespaced_deployment("sp-inference", ns).spec.replicas == 0
+    time.sleep(3)
+    assert not env.pods(ns, "sp")  # suspended: nothing new is created
+    env.custom.patch_namespaced_custom_object(n.GROUP, n.VERSION, ns, n.PLURAL, "sp", {"spec": {"suspend": False}})
+    drive(env, ns, "sp", parallelism=2)
+    assert env.status(ns, "sp")["counters"]["succeeded"] == 3
+    # deleting the RolloutJob removes every child (ownerReferences + the real garbage collector)
+    env.custom.delete_namespaced_custom_object(n.GROUP, n.VERSION, ns, n.PLURAL, "sp")
+    wait_for("RolloutJob gone (finalizer released)", lambda: _get(env.custom.get_namespaced_custom_object, n.GROUP, n.VERSION, ns, n.PLURAL, "sp") is None, 60)
+    wait_for("children garbage-collected", lambda: not env.pods(ns, "sp") and not env.batch.list_namespaced_job(ns).items
+             and not env.apps.list_namespaced_deployment(ns).items, 90)
+
+
+def test_ttl_after_finished_deletes_job_and_children(env: Env) -> None:
+    ns = new_namespace(env, "rj-ttl")
+    rolloutjob(env, ns, "tt", tasks=1, samples=1, parallelism=1, per_batch=1, ttlSecondsAfterFinished=2)
+    drive(env, ns, "tt", parallelism=1)
+    wait_for("TTL deletion", lambda: _get(env.custom.get_namespaced_custom_object, n.GROUP, n.VERSION, ns, n.PLURAL, "tt") is None, 90)
+    wait_for("children garbage-collected", lambda: not env.pods(ns, "tt") and not env.batch.list_namespaced_job(ns).items, 90)
+
+
+def test_immutable_spec_change_is_refused_by_condition(env: Env) -> None:
+    ns = new_namespace(env, "rj-immutable")
+    rolloutjob(env, ns, "im", tasks=2, samples=1, parallelism=1, per_batch=2)
+    wait_for("first pod", lambda: env.pods(ns, "im"))
+    env.custom.patch_namespaced_custom_object(n.GROUP, n.VERSION, ns, n.PLURAL, "im",
+                                              {"spec": {"tasks": {"samplesPerTask": 3}}})
+    cond = wait_for("SpecAccepted=False", lambda: next((c for c in env.status(ns, "im").get("conditions") or []
+                                                        if c["type"] == "SpecAccepted" and c["status"] == "False"), None))
+    assert cond["reason"] == "ImmutableFieldChanged" and "tasks" in cond["message"]
+    assert cond["observedGeneration"] == 2
+    assert any(e.reason == "ImmutableFieldChanged" and e.type == "Warning" for e in events(env, ns, "im"))
+    for p in alive(env.pods(ns, "im")):
+        if p.status.phase == "Running":
+            play_harness(env, ns, p)
+    time.sleep(3)
+    assert len(env.pods(ns, "im")) == 1  # no new sessions under a changed spec
+    # reverting the change lets the job go on
+    env.custom.patch_namespaced_custom_object(n.GROUP, n.VERSION, ns, n.PLURAL, "im",
+                                              {"spec": {"tasks": {"samplesPerTask": 1}}})
+    drive(env, ns, "im", parallelism=1)
+    assert env.status(ns, "im")["counters"]["succeeded"] == 2
+
+
+class EngineStub(http.server.BaseHTTPRequestHandler):
+    """An engine's model list: the external engine the trainer owns (only its reachability matters here)."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        body = json.dumps({"object": "list", "data": [{"id": "policy", "object": "model"}]}).encode()
+        self.send_response(200 if self.path == "/v1/models" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a: object) -> None:
+        pass
+
+
+def test_external_engine_reachability_gates_sessions(env: Env) -> None:
+    ns = new_namespace(env, "rj-external")
+    dead = f"http://127.0.0.1:{free_port()}"
+    rolloutjob(env, ns, "down", tasks=1, samples=1, parallelism=1, per_batch=1,
+               inference={"external": {"baseUrl": dead, "model": "policy"}})
+    cond = wait_for("InferenceReady=False", lambda: next((c for c in env.status(ns, "down").get("conditions") or []
+                                                          if c["type"] == "InferenceReady" and c["status"] == "False"), None))
+    assert cond["reason"] == "EndpointUnreachable"
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EngineStub)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        rolloutjob(env, ns, "up", tasks=1, samples=2, parallelism=2, per_batch=2,
+                   inference={"external": {"baseUrl": url, "model": "policy"}})
+        drive(env, ns, "up", parallelism=2)
+        st = env.status(ns, "up")
+        assert st["phase"] == "Succeeded" and st["counters"]["succeeded"] == 2
+        assert not env.apps.list_namespaced_deployment(ns).items  # no managed inference
+        proxy = env.pods(ns, "up")[0].spec.init_containers[0]
+        assert proxy.args[proxy.args.index("--engine") + 1] == url
+        assert not env.pods(ns, "down")  # unreachable engine: no session was started
+    finally:
+        srv.shutdown()
+
+
+@pytest.mark.parametrize(
+    "mutate,expect",
+    [
+        (lambda s: s["inference"].update(external={"baseUrl": "http://e:8000"}), "exactly one of managed or external"),
+        (lambda s: s.update(parallelism=0), "parallelism"),
+        (lambda s: s["harness"].pop("preset"), "one of preset or command"),
+        (lambda s: s["output"].update(uri="gs://nope"), "must be s3://BUCKET"),
+    ],
+)
+def test_invalid_rolloutjobs_rejected_by_apiserver(env: Env, mutate: Callable, expect: str) -> None:
+    body = {
+        "apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": "bad", "namespace": "default"},
+        "spec": {"inference": {"managed": {"model": "m"}}, "harness": {"preset": "codex", "image": "i"},
+                 "tasks": {"inline": [{"id": "a", "prompt": "p"}]}, "output": {"uri": "s3://bucket/x"}},
+    }
+    mutate(body["spec"])
+    with pytest.raises(ApiException) as e:
+        env.custom.create_namespaced_custom_object(n.GROUP, n.VERSION, "default", n.PLURAL, body)
+    assert e.value.status == 422 and expect in e.value.body
+
+
+def _get(fn: Callable, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise

@@ -1,0 +1,69 @@
+"""The k8s data path against the real S3 server: session folders → sealer entrypoint → the batch the
+operator finds by batch_id (what KWOK cannot run, run here with the same code the pods run)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tracefleet.bucket import open_bucket
+from tracefleet.operator import bucketio, podmain
+from tracefleet.traces.synthetic import SyntheticSession
+
+
+def write_session(bucket, job: str, s: int, tmp: Path, reward: float | None, turns: int = 2) -> None:
+    path = tmp / f"{job}-s{s}.jsonl"
+    sess = SyntheticSession(path, f"{job}-s{s}", seed=s)
+    call = sess.call(sess.tokens(20))
+    for _ in range(turns - 1):
+        call = sess.call(sess.extend(call, sess.tokens(5)), parent=call)
+    sess.close()
+    bucket.put(bucketio.session_prefix(job, s) + "capture.jsonl", path.read_bytes())
+    if reward is not None:
+        bucket.put(bucketio.session_prefix(job, s) + "reward.json", json.dumps({"reward": reward, "status": "ok"}).encode())
+
+
+def test_sealer_entrypoint_seals_once_and_operator_finds_batch(s3, tmp_path: Path) -> None:
+    name = s3.create_bucket()
+    uri = f"s3://{name}/runs"
+    bucket = open_bucket(uri, **s3.bucket_options())
+    job = "demo"
+    for s in range(4):
+        write_session(bucket, job, s, tmp_path, reward=float(s % 2))
+    creds = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key, "AWS_ENDPOINT_URL": s3.endpoint}
+
+    # the pod's entrypoint, as the sealer Job runs it (env from children.sealer_job)
+    env = {**s3.env(), "TRACEFLEET_BUCKET": uri, "TRACEFLEET_JOB": job, "TRACEFLEET_BATCH_SEQ": "1",
+           "TRACEFLEET_SESSIONS": "0-1", "TRACEFLEET_BUILDER": "prefix-merge", "PATH": "/usr/bin:/bin",
+           "TRACEFLEET_SPOOL": str(tmp_path / "spool")}
+    r = subprocess.run([sys.executable, "-m", "tracefleet.operator.podmain", "seal"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    first = json.loads(r.stdout.strip().splitlines()[-1])
+    assert first["batch_id"] == "k8s-000001" and first["traces"] == 2 and first["sessions"] == 2
+
+    found = bucketio.find_batch(uri, job, "k8s-000001", set(), creds)
+    assert found is not None and found["traces"] == 2 and found["seq"] == first["seq"]
+    assert found["uri"] == f"{uri}/{job}/batches/{first['seq']:06d}/"
+    assert found["meanReward"] == 0.5
+    assert bucketio.find_batch(uri, job, "k8s-000002", set(), creds) is None
+
+    # a rerun of the same Job (lost completion) finds its batch instead of sealing it twice
+    again = podmain.seal(bucket, job, 1, [0, 1])
+    assert again["seq"] == first["seq"]
+    second = podmain.seal(bucket, job, 2, [2, 3])
+    assert second["seq"] == first["seq"] + 1
+    found2 = bucketio.find_batch(uri, job, "k8s-000002", {found["seq"]}, creds)
+    assert found2 is not None and found2["seq"] == second["seq"]
+
+
+def test_evaluator_entrypoint_writes_reward(s3, tmp_path: Path) -> None:
+    uri = f"s3://{s3.create_bucket()}"
+    bucket = open_bucket(uri, **s3.bucket_options())
+    bucket.put("j/sessions/3/artifacts/patch.diff", b"+fixed\n")
+    cmd = [sys.executable, "-c", "import pathlib,json; print(json.dumps({'reward': 0.25 if pathlib.Path('patch.diff').read_text() else 0}))"]
+    out = podmain.evaluate(bucket, "j", 3, cmd)
+    assert out == {"reward": 0.25, "status": "ok", "exit_code": 0}
+    assert json.loads(bucket.get("j/sessions/3/reward.json"))["reward"] == 0.25
