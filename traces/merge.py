@@ -75,6 +75,17 @@ def _extends(prompt: np.ndarray, parent: Call) -> bool:
     )
 
 
+def _re_rendered(prompt: np.ndarray, parent: Call) -> bool:
+    """The prompt continues the parent's prompt but not with the tokens the parent sampled: the history was
+    re-rendered (server-mode drift). A retry (identical prompt) is not drift."""
+    np_ = parent.prompt.shape[0]
+    return (
+        parent.completion.shape[0] > 0
+        and prompt.shape[0] > np_
+        and bool(np.array_equal(prompt[:np_], parent.prompt))
+    )
+
+
 @dataclass
 class Tree:
     calls: list[Call]  # kept calls, log order
@@ -114,6 +125,8 @@ def build_tree(calls: Sequence[Call], stats: ReconstructionStats, dropped_ids: d
                 break
             if n == 0 and call.hint_parent is not None and h == pos.get(call.hint_parent):
                 hint_drift = True  # the proxy's parent is not an exact prefix: drift
+            elif _re_rendered(prompt, calls[h]):
+                hint_drift = True  # server mode: the engine re-rendered what it had sampled
         if base >= 0:
             lo = calls[base].full_len
             start_hash = full_hash[base]
