@@ -217,9 +217,10 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         "--policy-version", str(job.policy_version),
         # the kubelet expands $(VAR) from the container's env: the secret stays out of the args
         "--session", f"{session_id}:$(TRACEFLEET_SESSION_SECRET)",
-        # not in `tracefleet proxy` yet: on SIGTERM (the pod stopping after the harness exits) flush
-        # the capture and upload capture.jsonl + /artifacts to this prefix.
+        # on SIGTERM (the pod stopping after the harness exits) upload capture.jsonl + the harness's
+        # artifacts to the session's prefix (tracefleet.proxy.upload)
         "--upload-to", f"{job.bucket_uri.rstrip('/')}/{job.name}/sessions/{session}/",
+        "--artifacts-dir", "/artifacts",
     ]
     proxy = {
         "name": "proxy",
@@ -267,17 +268,10 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         {"name": "home", "mountPath": "/home/harness"},
         {"name": "artifacts", "mountPath": "/artifacts"},
     ]
-    if job.tasks_inline is not None:
-        # Inline tasks travel in the pod itself: the harness needs no API access to find its task.
-        import json
-
-        harness_env["TRACEFLEET_TASK_JSON"] = json.dumps(job.tasks_inline[task], sort_keys=True)
-    elif job.tasks_configmap:
-        volumes.append({"name": "tasks", "configMap": {"name": job.tasks_configmap[0]}})
-        mounts.append({"name": "tasks", "mountPath": "/tasks", "readOnly": True})
-        harness_env["TRACEFLEET_TASKS_FILE"] = f"/tasks/{job.tasks_configmap[1]}"
-    elif job.tasks_uri:
-        harness_env["TRACEFLEET_TASKS_URI"] = job.tasks_uri
+    task_env, task_volumes, task_mounts = _task_source(job, task)
+    harness_env.update(task_env)
+    volumes += task_volumes
+    mounts += task_mounts
     if h.command:
         harness_env["TRACEFLEET_COMMAND_JSON"] = __import__("json").dumps(list(h.command))
     harness_env.update({k: str(v) for k, v in h.env.items()})
@@ -320,6 +314,25 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         "metadata": _metadata(job, name, n.COMPONENT_HARNESS, **labels),
         "spec": spec,
     }
+
+
+def _task_source(job: JobView, task: int) -> tuple[dict[str, str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(env, volumes, mounts) that give a pod its task; the harness pod and the evaluator Job read it
+    the same way (tracefleet.runner.pod.task_from_env), and neither needs API access for it."""
+    if job.tasks_inline is not None:
+        # Inline tasks travel in the pod itself.
+        import json
+
+        return {"TRACEFLEET_TASK_JSON": json.dumps(job.tasks_inline[task], sort_keys=True)}, [], []
+    if job.tasks_configmap:
+        return (
+            {"TRACEFLEET_TASKS_FILE": f"/tasks/{job.tasks_configmap[1]}"},
+            [{"name": "tasks", "configMap": {"name": job.tasks_configmap[0]}}],
+            [{"name": "tasks", "mountPath": "/tasks", "readOnly": True}],
+        )
+    if job.tasks_uri:
+        return {"TRACEFLEET_TASKS_URI": job.tasks_uri}, [], []
+    return {}, [], []
 
 
 def _endpoint_peer(url: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -410,12 +423,19 @@ def evaluator_job(job: JobView, cfg: OperatorConfig, session: int) -> Manifest:
         "TRACEFLEET_JOB": job.name,
         "TRACEFLEET_SESSION": str(session),
         "TRACEFLEET_TASK_INDEX": str(task),
+        "TRACEFLEET_SAMPLE_INDEX": str(sample),
         "TRACEFLEET_SESSION_PREFIX": f"{job.bucket_uri.rstrip('/')}/{job.name}/sessions/{session}/",
     }
     if e.preset:
         env["TRACEFLEET_EVALUATOR"] = e.preset
     if e.command:
         env["TRACEFLEET_COMMAND_JSON"] = __import__("json").dumps(list(e.command))
+    if e.entry_point:
+        env["TRACEFLEET_EVALUATOR_ENTRYPOINT"] = e.entry_point
+    env["TRACEFLEET_TIMEOUT_S"] = str(e.timeout_s)
+    # The evaluator judges against the task the operator knows, never one the harness could rewrite.
+    task_env, task_volumes, task_mounts = _task_source(job, task)
+    env.update(task_env)
     container = {
         "name": "evaluator",
         "image": e.image or cfg.evaluator_image,
@@ -423,7 +443,11 @@ def evaluator_job(job: JobView, cfg: OperatorConfig, session: int) -> Manifest:
         "env": _env(env) + _bucket_env(job),
         "envFrom": _bucket_env_from(job),
         "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        **({"volumeMounts": task_mounts} if task_mounts else {}),
     }
+    pod_spec = _batch_pod_spec(job, container)
+    if task_volumes:
+        pod_spec["volumes"] = task_volumes
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -443,7 +467,7 @@ def evaluator_job(job: JobView, cfg: OperatorConfig, session: int) -> Manifest:
             },
             "template": {
                 "metadata": {"labels": child_labels(job, n.COMPONENT_EVALUATOR, **labels)},
-                "spec": _batch_pod_spec(job, container),
+                "spec": pod_spec,
             },
         },
     }

@@ -59,6 +59,7 @@ class EvaluatorView:
     preset: str | None = None
     command: tuple[str, ...] = ()
     timeout_s: int = 600
+    entry_point: str | None = None  # preset hook: module:function
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,8 @@ class JobView:
         )
         e = s.evaluator
         evaluator = (
-            EvaluatorView(image=e.image or h.image, preset=e.preset, command=tuple(e.command or ()), timeout_s=e.timeout_seconds)
+            EvaluatorView(image=e.image or h.image, preset=e.preset, command=tuple(e.command or ()), timeout_s=e.timeout_seconds,
+                          entry_point=e.entry_point)
             if e is not None
             else None
         )

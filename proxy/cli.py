@@ -23,7 +23,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", required=True, metavar="URL", help="engine base URL, e.g. http://127.0.0.1:8000 (no /v1)")
     parser.add_argument("--capture-dir", required=True, type=Path, metavar="DIR", help="where <session_id>.jsonl capture logs go")
     parser.add_argument("--admin-token", default=os.environ.get("TRACEFLEET_ADMIN_TOKEN"), metavar="T",
-                        help="bearer token for /admin/* (default: $TRACEFLEET_ADMIN_TOKEN)")
+                        help="bearer token for /admin/* (default: $TRACEFLEET_ADMIN_TOKEN; sidecar mode with --session and "
+                        "no token: a random one, the admin API stays closed)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=4000, help="port (0 = pick a free one; default 4000)")
     parser.add_argument("--port-file", type=Path, metavar="FILE", help="write the bound port here once listening")
@@ -38,6 +39,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-timeout-s", type=float, default=600.0, help="per-call engine timeout")
     parser.add_argument("--policy-version", type=int, default=0, help="initial policy version recorded on calls")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    parser.add_argument("--upload-to", metavar="PREFIX",
+                        help="when the proxy stops (SIGTERM, as a pod sidecar), upload each --session's capture log as "
+                        "PREFIX/capture.jsonl and the files under --artifacts-dir as PREFIX/artifacts/...; PREFIX is "
+                        "s3://BUCKET/PREFIX/ (credentials from the AWS_* env) or a directory")
+    parser.add_argument("--artifacts-dir", type=Path, default=Path("/artifacts"), metavar="DIR",
+                        help="the harness's artifacts folder uploaded with --upload-to (default /artifacts; skipped if absent)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -48,6 +55,12 @@ def main(args: argparse.Namespace) -> int:
     from .app import create_app
     from .config import PresetSession, ProxyConfig
 
+    if not args.admin_token and args.session:
+        # Sidecar mode: its sessions are given on the command line; nobody needs the admin API, so it
+        # gets a token no one knows instead of being open.
+        import secrets
+
+        args.admin_token = secrets.token_urlsafe(32)
     if not args.admin_token:
         print("tracefleet proxy: --admin-token (or TRACEFLEET_ADMIN_TOKEN) is required")
         return 2
@@ -63,6 +76,7 @@ def main(args: argparse.Namespace) -> int:
         served_model=args.served_model, max_body_bytes=int(args.max_body_mb * 1024 * 1024), keepalive_s=args.keepalive_s,
         pause_max_wait_s=args.pause_max_wait_s, engine_timeout_s=args.engine_timeout_s,
         policy_version=args.policy_version, sessions=sessions,
+        upload_to=args.upload_to, artifacts_dir=args.artifacts_dir,
     )
     app = create_app(config)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
@@ -76,5 +90,10 @@ def main(args: argparse.Namespace) -> int:
     print(f"tracefleet proxy listening on http://{args.host}:{port} -> engine {args.engine}, capture {args.capture_dir}",
           flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_keep_alive=75))
+    if config.upload_to:
+        from .upload import serve_then_upload
+
+        return serve_then_upload(server, [sock], prefix=config.upload_to, capture_dir=config.capture_dir,
+                                 session_ids=[s.session_id for s in sessions], artifacts_dir=config.artifacts_dir)
     server.run(sockets=[sock])
     return 0

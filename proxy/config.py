@@ -31,3 +31,5 @@ class ProxyConfig(BaseModel):
     retry_after_s: int = 5
     policy_version: int = 0
     sessions: list[PresetSession] = Field(default_factory=list)
+    upload_to: str | None = None  # sidecar: bucket prefix (s3://... or a directory) for capture + artifacts on stop
+    artifacts_dir: Path | None = None  # uploaded under <upload_to>/artifacts/

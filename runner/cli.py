@@ -25,7 +25,12 @@ finished is sealed. Inspect the result with `tracefleet traces ls OUTPUT/JOB`.
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
-    parser.add_argument("job", type=Path, metavar="JOB.yaml", help="a RolloutJob manifest (see `tracefleet validate`)")
+    parser.add_argument("job", type=Path, metavar="JOB.yaml", nargs="?",
+                        help="a RolloutJob manifest (see `tracefleet validate`)")
+    parser.add_argument("--in-pod", action="store_true",
+                        help="run ONE session inside a harness pod the operator created (no JOB.yaml: task, preset, "
+                        "proxy URL and secret come from the TRACEFLEET_* env it sets; artifacts go to "
+                        "$TRACEFLEET_ARTIFACTS_DIR for the proxy sidecar to upload); see tracefleet.runner.pod")
     parser.add_argument("--output", "-o", metavar="URI",
                         help="where batches go: a local directory or s3://BUCKET/PREFIX (default: spec.output.uri)")
     parser.add_argument("--engine-url", metavar="URL",
@@ -43,8 +48,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.in_pod:
+        from tracefleet.runner.pod import main as pod_main
+
+        return pod_main()
     from tracefleet.runner.local import LocalOptions, run_local
 
+    if args.job is None:
+        print("tracefleet run: JOB.yaml is required (or --in-pod inside an operator-created pod)", file=sys.stderr)
+        return 2
     if not args.job.is_file():
         print(f"tracefleet run: {args.job}: no such file", file=sys.stderr)
         return 2

@@ -93,19 +93,20 @@ class LocalBucket:
         if not self.root.is_dir():
             raise BucketNotFound(f"bucket directory {self.root} does not exist")
 
-    def _tmp_for(self, path: Path) -> Path:
+    def _durable_tmp(self, path: Path, data: bytes) -> Path:
+        """`data` written and fsync'd to a hidden sibling of `path`, ready to be renamed or linked in."""
         self.check()
         path.parent.mkdir(parents=True, exist_ok=True)
-        return path.parent / f".tmp-{uuid.uuid4().hex}-{path.name}"
-
-    def put(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-        tmp = self._tmp_for(path)
+        tmp = path.parent / f".tmp-{uuid.uuid4().hex}-{path.name}"
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        return tmp
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        os.replace(self._durable_tmp(path, data), path)
 
     def put_file(self, key: str, path: Path) -> None:
         self.put(key, Path(path).read_bytes())
@@ -114,11 +115,7 @@ class LocalBucket:
         """Create `key` only if it does not exist; True if this call created it. link(2) is atomic and
         fails when the name exists, so of N racing writers exactly one wins and the content is complete."""
         path = self._path(key)
-        tmp = self._tmp_for(path)
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        tmp = self._durable_tmp(path, data)
         try:
             os.link(tmp, path)
             return True

@@ -1,0 +1,301 @@
+"""The pods a RolloutJob becomes, run for real as local processes (what KWOK cannot run).
+
+The containers come from the objects `operator/children.py` builds for a real RolloutJob: their
+command, args and env are used as they are, with only what a kubelet does applied here (envFrom the
+credentials Secret, `$(VAR)` expansion in args, volume mount paths mapped to local folders, the pod's
+fixed proxy port mapped to a free loopback port). Real parts: the scripted engine, the S3 server,
+the quickstart agent (`command` preset) and its task's tests.
+
+harness pod (proxy sidecar + `tracefleet run --in-pod`) → SIGTERM the sidecar → capture + artifacts
+in S3 → evaluator Job (`tests` preset) writes reward.json → sealer Job seals a batch → trace reader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tracefleet.api.model import RolloutJob
+from tracefleet.bucket import open_bucket
+from tracefleet.capture import read_capture_log
+from tracefleet.operator import children
+from tracefleet.operator.view import JobView, OperatorConfig
+from tracefleet.proxy.upload import upload_outputs
+from tracefleet.traces.reader import BatchReader
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "examples" / "quickstart"
+VENV_BIN = Path(sys.executable).parent
+FIXED_CALC = "```python\ndef add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n```"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rollout_job(engine: Any, bucket_uri: str, samples: int = 1) -> RolloutJob:
+    calc = yaml.safe_load((QUICKSTART / "job.yaml").read_text())["spec"]["tasks"]["inline"][0]
+    calc["workspace"]["repo"] = str(QUICKSTART / "tasks" / "calc")  # the path the task has in the image
+    manifest = {
+        "apiVersion": "tracefleet.io/v1alpha1",
+        "kind": "RolloutJob",
+        "metadata": {"name": "podpath", "namespace": "default", "uid": "0c1d2e3f-podpath"},
+        "spec": {
+            "inference": {"external": {"baseUrl": engine.url, "model": engine.model}, "capture": {"mode": "server"}},
+            "harness": {
+                "preset": "command",
+                "image": "ghcr.io/tracefleet/tracefleet:test",
+                "command": ["python", str(QUICKSTART / "agent.py"), "{prompt}"],
+                "env": {"AGENT_MAX_TURNS": "1", "AGENT_MAX_TOKENS": "256"},
+                "sessionTimeoutSeconds": 180,
+            },
+            "tasks": {"inline": [calc], "samplesPerTask": samples},
+            "evaluator": {"preset": "tests", "timeoutSeconds": 120},
+            "output": {"uri": bucket_uri, "credentialsSecretRef": {"name": "bucket-credentials"}, "tracesPerBatch": 1},
+        },
+    }
+    return RolloutJob.model_validate(manifest)
+
+
+class Kubelet:
+    """What the kubelet does to a container spec before exec, for one pod on this machine."""
+
+    def __init__(self, root: Path, secrets: dict[str, dict[str, str]], volumes: list[dict[str, Any]]) -> None:
+        self.root, self.secrets = root, secrets
+        self.port = free_port()
+        (root / "image-home").mkdir(parents=True, exist_ok=True)
+        for v in volumes:
+            (root / v["name"]).mkdir(parents=True, exist_ok=True)
+
+    def _map(self, value: str, mounts: dict[str, Path]) -> str:
+        for mount, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+            if value == mount or value.startswith(mount + "/"):
+                return str(local) + value[len(mount):]
+        value = value.replace(f"127.0.0.1:{children.PROXY_PORT}", f"127.0.0.1:{self.port}")
+        return value
+
+    def process(self, container: dict[str, Any]) -> tuple[list[str], dict[str, str], Path]:
+        # /tmp is only scratch space (nothing names it), and this machine's own paths live under it
+        mounts = {m["mountPath"]: self.root / m["name"] for m in container.get("volumeMounts", []) if m["mountPath"] != "/tmp"}
+        env = {"PATH": f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(self.root / "image-home")}
+        for src in container.get("envFrom", []):
+            env.update(self.secrets[src["secretRef"]["name"]])
+        for item in container.get("env", []):
+            env[item["name"]] = self._map(item["value"], mounts)  # env wins over envFrom, as in Kubernetes
+        argv = [*container["command"], *container.get("args", [])]
+        argv = [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in argv]
+        argv = [self._map(a, mounts) for a in argv]
+        # the pod's own network namespace: bind loopback, on a port free on this machine
+        argv = ["127.0.0.1" if a == "0.0.0.0" else str(self.port) if a == str(children.PROXY_PORT) else a for a in argv]
+        cwd = Path(self._map(container["workingDir"], mounts)) if "workingDir" in container else self.root
+        return argv, env, cwd
+
+
+def run_job_container(manifest: dict[str, Any], kubelet: Kubelet, tmp: Path) -> subprocess.CompletedProcess[str]:
+    spec = manifest["spec"]["template"]["spec"]
+    argv, env, _ = kubelet.process(spec["containers"][0])
+    return subprocess.run(argv, env=env, cwd=tmp, capture_output=True, text=True, timeout=300)
+
+
+def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tmp_path: Path) -> None:
+    scripted_engine.configure(no_tools_text=FIXED_CALC)
+    bucket_uri = f"s3://{s3.create_bucket()}/runs"
+    rj = rollout_job(scripted_engine, bucket_uri)
+    job = JobView.from_model(rj, bucket_endpoint=s3.endpoint)
+    cfg = OperatorConfig()
+    creds = {"bucket-credentials": {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}}
+    bucket = open_bucket(bucket_uri, **s3.bucket_options())
+
+    # ---- the harness pod: proxy sidecar (native, starts first) + the harness container
+    pod = children.harness_pod(job, cfg, session=0, attempt=0)
+    kubelet = Kubelet(tmp_path / "pod", creds, pod["spec"]["volumes"])
+    (proxy_c,) = pod["spec"]["initContainers"]
+    (harness_c,) = pod["spec"]["containers"]
+    assert proxy_c["restartPolicy"] == "Always" and harness_c["command"] == ["tracefleet", "run", "--in-pod"]
+    argv, env, cwd = kubelet.process(proxy_c)
+    assert "--upload-to" in argv and "AWS_ACCESS_KEY_ID" in env and "AWS_ACCESS_KEY_ID" not in kubelet.process(harness_c)[1]
+    proxy = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        argv, env, cwd = kubelet.process(harness_c)
+        harness = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=240)
+        assert harness.returncode == 0, harness.stdout + harness.stderr
+        summary = json.loads(harness.stdout.strip().splitlines()[-1])
+        assert summary["status"] == "completed" and summary["patch_bytes"] > 0
+        # the harness exited: the kubelet stops the sidecar
+        os.killpg(proxy.pid, signal.SIGTERM)
+        out, _ = proxy.communicate(timeout=60)
+    finally:
+        if proxy.poll() is None:
+            os.killpg(proxy.pid, signal.SIGKILL)
+            proxy.wait(timeout=10)
+    assert proxy.returncode == 0, out
+    assert "uploaded" in out
+
+    prefix = "podpath/sessions/0/"
+    keys = {o.key for o in bucket.list(prefix)}
+    assert {prefix + k for k in ("capture.jsonl", "upload.json", "artifacts/session.patch", "artifacts/result.json",
+                                 "artifacts/harness.stdout", "artifacts/exit_code")} <= keys, keys
+    capture = tmp_path / "capture.jsonl"
+    capture.write_bytes(bucket.get(prefix + "capture.jsonl"))
+    log = read_capture_log(capture)
+    assert len(log.records) == 1 and not log.torn_tail
+    rec = log.records[0]
+    assert rec.status == "ok" and rec.completion_ids and len(rec.logprobs) == len(rec.completion_ids)
+    assert rec.session_id == "podpath-s0"
+    patch = bucket.get(prefix + "artifacts/session.patch").decode()
+    assert "+    return a + b" in patch and "-    return a - b" in patch
+    result = json.loads(bucket.get(prefix + "artifacts/result.json"))
+    assert result["status"] == "completed" and result["harness_exit_code"] == 0 and result["task_id"] == "calc-add"
+    manifest = json.loads(bucket.get(prefix + "upload.json"))
+    assert manifest["objects"]["capture.jsonl"]["bytes"] == capture.stat().st_size
+
+    # ---- the evaluator Job (tests preset: FAIL_TO_PASS / PASS_TO_PASS on a fresh patched copy)
+    ev = children.evaluator_job(job, cfg, 0)
+    done = run_job_container(ev, Kubelet(tmp_path / "eval", creds, []), tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    reward = json.loads(bucket.get(prefix + "reward.json"))
+    assert reward["status"] == "ok" and reward["reward"] == 1.0, reward
+    assert reward["details"]["fail_to_pass"] == {"test_calc.py::test_add": True}
+    assert reward["details"]["pass_to_pass"] == {"test_calc.py::test_mul": True}
+    assert reward["task_id"] == "calc-add" and reward["sample_index"] == 0
+
+    # ---- the sealer Job, then what a trainer reads
+    seal = children.sealer_job(job, cfg, 1, [0])
+    done = run_job_container(seal, Kubelet(tmp_path / "seal", creds, []), tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sealed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sealed["batch_id"] == "k8s-000001" and sealed["traces"] == 1
+    reader = BatchReader(open_bucket(bucket_uri, **s3.bucket_options()), "podpath")
+    batch = reader.read(reader.seqs()[-1])
+    (trace,) = batch.traces()
+    trainable = int(trace.loss_mask.sum())
+    assert trainable == len(rec.completion_ids) > 0
+    assert list(trace.tokens[trace.loss_mask == 1]) == list(rec.completion_ids)
+    assert trace.meta.reward == 1.0
+
+
+def test_evaluator_fails_closed_when_the_harness_uploaded_nothing(scripted_engine, s3, tmp_path: Path) -> None:
+    bucket_uri = f"s3://{s3.create_bucket()}/runs"
+    job = JobView.from_model(rollout_job(scripted_engine, bucket_uri), bucket_endpoint=s3.endpoint)
+    creds = {"bucket-credentials": {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}}
+    done = run_job_container(children.evaluator_job(job, OperatorConfig(), 0), Kubelet(tmp_path, creds, []), tmp_path)
+    assert done.returncode == children.EVALUATOR_FATAL_EXIT_CODE, done.stdout + done.stderr
+    reward = json.loads(open_bucket(bucket_uri, **s3.bucket_options()).get("podpath/sessions/0/reward.json"))
+    assert reward["reward"] == 0.0 and reward["status"] == "error" and "session.patch" in reward["message"]
+
+
+def test_upload_is_idempotent_skips_links_and_keeps_files_on_failure(s3, tmp_path: Path, monkeypatch) -> None:
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    capture_dir, artifacts = tmp_path / "capture", tmp_path / "artifacts"
+    (artifacts / "logs").mkdir(parents=True)
+    capture_dir.mkdir()
+    (capture_dir / "s1.jsonl").write_text('{"x": 1}\n')
+    (artifacts / "session.patch").write_text("diff\n")
+    (artifacts / "logs" / "harness.stdout").write_text("hello\n")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("do not upload")
+    (artifacts / "leak").symlink_to(secret)
+    (artifacts / "leakdir").symlink_to(tmp_path / "capture", target_is_directory=True)
+    prefix = f"s3://{s3.create_bucket()}/j/sessions/7/"
+    first = upload_outputs(prefix, capture_dir, ["s1"], artifacts)
+    again = upload_outputs(prefix, capture_dir, ["s1"], artifacts)
+    assert first.ok and again.ok and first.uploaded == again.uploaded
+    assert set(first.uploaded) == {"capture.jsonl", "artifacts/session.patch", "artifacts/logs/harness.stdout"}
+    assert sorted(Path(p).name for p in first.skipped) == ["leak", "leakdir"]
+    bucket = open_bucket(prefix.rstrip("/"), **s3.bucket_options())
+    assert sorted(o.key for o in bucket.list()) == sorted([*first.uploaded, "upload.json"])
+    assert bucket.get("capture.jsonl") == b'{"x": 1}\n'
+
+    # a session without calls still gets an (empty) capture.jsonl; refused credentials are an error, files stay
+    assert upload_outputs(str(tmp_path / "local-bucket"), capture_dir, ["s2"], None).uploaded["capture.jsonl"]["bytes"] == 0
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-" + s3.secret_key)
+    failed = upload_outputs(prefix, capture_dir, ["s1"], artifacts)
+    assert not failed.ok and "capture.jsonl" in (failed.error or "") and "denied" in (failed.error or ""), failed.error
+    assert (capture_dir / "s1.jsonl").exists() and (artifacts / "session.patch").exists()
+
+
+def test_kwok_finishes_annotated_harness_pods_with_their_sidecar(kube, scripted_engine, tmp_path: Path) -> None:
+    """hack/controlplane/kwok-stages.yaml: a harness pod as the operator builds it, annotated with
+    tracefleet.io/kwok-delay, stays Running that long, then finishes (Succeeded, or Failed with the
+    annotated exit code) and its native proxy sidecar is stopped with it."""
+    import time
+    import uuid
+
+    from kubernetes import client
+
+    ns = f"podpath-{uuid.uuid4().hex[:6]}"
+    assert kube.kubectl("create", "namespace", ns).returncode == 0
+    core = client.CoreV1Api(kube.api_client())
+    job = JobView.from_model(rollout_job(scripted_engine, "s3://kwok-bucket/runs", samples=2))
+    try:
+        for session, annotations in ((0, {"tracefleet.io/kwok-delay": "2s"}),
+                                     (1, {"tracefleet.io/kwok-delay": "0s", "tracefleet.io/kwok-outcome": "failed",
+                                          "tracefleet.io/kwok-exit-code": "124"})):
+            pod = children.harness_pod(job, OperatorConfig(), session=session, attempt=0)
+            pod["metadata"].update(namespace=ns, annotations=annotations)
+            pod["metadata"].pop("ownerReferences")  # no RolloutJob here: the garbage collector would take it
+            r = kube.kubectl("apply", "-f", "-", input=json.dumps(pod))
+            assert r.returncode == 0, r.stderr
+        started = time.monotonic()
+        name0 = children.harness_pod(job, OperatorConfig(), 0, 0)["metadata"]["name"]
+        name1 = children.harness_pod(job, OperatorConfig(), 1, 0)["metadata"]["name"]
+        seen_running = False
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            phases = {p.metadata.name: p.status.phase for p in core.list_namespaced_pod(ns).items}
+            seen_running |= phases.get(name0) == "Running"
+            if phases.get(name0) == "Succeeded" and phases.get(name1) == "Failed":
+                break
+            time.sleep(0.3)
+        assert phases == {name0: "Succeeded", name1: "Failed"}, phases
+        assert seen_running and time.monotonic() - started > 1.5
+        ok, failed = core.read_namespaced_pod(name0, ns), core.read_namespaced_pod(name1, ns)
+        assert ok.status.container_statuses[0].state.terminated.exit_code == 0
+        assert failed.status.container_statuses[0].state.terminated.exit_code == 124
+        for p in (ok, failed):
+            (sidecar,) = p.status.init_container_statuses
+            assert sidecar.name == "proxy" and sidecar.state.terminated is not None
+    finally:
+        kube.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_in_pod_exit_code_reflects_a_failed_harness_and_artifacts_still_upload(scripted_engine, tmp_path: Path) -> None:
+    """A harness that exits 3 after editing a file: `tracefleet run --in-pod` exits 1 (status error), the
+    diff is still collected, and the sidecar uploads it (here to a local-directory bucket)."""
+    rj = rollout_job(scripted_engine, str(tmp_path / "bucket"))
+    rj.spec.harness.command = ["python", "-c", "import sys; open('x.txt', 'w').write('partial'); sys.exit(3)"]
+    job = JobView.from_model(rj)
+    pod = children.harness_pod(job, OperatorConfig(), session=0, attempt=0)
+    kubelet = Kubelet(tmp_path / "pod", {"bucket-credentials": {}}, pod["spec"]["volumes"])
+    argv, env, cwd = kubelet.process(pod["spec"]["initContainers"][0])
+    proxy = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        argv, env, cwd = kubelet.process(pod["spec"]["containers"][0])
+        harness = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
+        os.killpg(proxy.pid, signal.SIGTERM)
+        out, _ = proxy.communicate(timeout=60)
+    finally:
+        if proxy.poll() is None:
+            os.killpg(proxy.pid, signal.SIGKILL)
+            proxy.wait(timeout=10)
+    assert harness.returncode == 1, harness.stdout + harness.stderr
+    assert proxy.returncode == 0, out
+    session = tmp_path / "bucket" / "podpath" / "sessions" / "0"
+    result = json.loads((session / "artifacts" / "result.json").read_text())
+    assert result["status"] == "error" and result["stage"] == "harness" and result["harness_exit_code"] == 3
+    assert "+partial" in (session / "artifacts" / "session.patch").read_text()
+    assert (session / "capture.jsonl").read_bytes() == b""  # no model calls: an explicit empty log
