@@ -82,3 +82,13 @@ def test_validate_exit_codes(tmp_path: Path) -> None:
     syntax.write_text("spec: [unclosed\n")
     proc = run("validate", str(syntax))
     assert proc.returncode == 1 and "invalid YAML" in proc.stdout
+
+
+@pytest.mark.parametrize("name", ["run", "proxy", "engine", "operator", "traces", "crd", "validate"])
+def test_every_subcommand_answers_help(name: str) -> None:
+    """Each subcommand imports only its own component and explains itself: `--help` works without a
+    cluster, an engine or a bucket, and shows the usage line and its options."""
+    proc = run(name, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: tracefleet {name}"), proc.stdout
+    assert "options:" in proc.stdout and "-h, --help" in proc.stdout, proc.stdout
