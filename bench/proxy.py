@@ -5,14 +5,26 @@
 Starts (as separate processes, loopback only) a zero-latency fake engine (bench/fake_engine.py, the
 vLLM API subset), `tracefleet proxy` in front of it, and optionally LiteLLM's proxy in front of the
 same engine; then drives Chat Completions calls at each concurrency, streaming and not, and prints
-added latency p50/p99 (target minus direct) and calls/s, with ratios. Capture logs go to a tmpfs
-directory by default (--capture-dir to measure a real disk's fsync).
+added latency p50/p99 (target minus direct), calls/s and server CPU per call, with ratios. Capture
+logs go to a tmpfs directory by default (--capture-dir to measure a real disk's fsync).
+
+Keeping the LiteLLM comparison fair (its defaults are not what a tuned deployment runs):
+- the same shape: one process each (`--num_workers 1`), loopback, the same engine, the same client,
+  keep-alive connections, the same calls; each target gets a warm-up round before any cell is timed;
+- LiteLLM's cheapest configuration: no database (so no spend logs, budgets or key lookups), only the
+  master key check (we check a session secret), `set_verbose: false`, `json_logs: false`,
+  `turn_off_message_logging: true`, no callbacks, no telemetry, `LITELLM_LOG=ERROR`, the bundled
+  model-cost map (no fetch at start), uvloop (its default) and httptools when installed in its
+  environment (`pip install httptools`; without it uvicorn falls back to the pure-Python h11 parser);
+- our proxy does strictly more per call: it parses into the canonical model, records prompt/sampled
+  token ids and logprobs, and appends + fsyncs a capture record before the last byte.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import secrets
 import shutil
@@ -99,6 +111,20 @@ async def drive(url: str, key: str, concurrency: int, calls: int, stream: bool) 
     return lat, calls / elapsed
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads) and its children, from /proc."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = [pid]
+    with contextlib.suppress(OSError):
+        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    for p in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -111,6 +137,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=16, help="tokens per fake answer")
     ap.add_argument("--litellm", default=str(Path.home() / ".cache/tracefleet/litellm-venv/bin/litellm"),
                     help="litellm proxy executable ('' to skip); install with pip install 'litellm[proxy]'")
+    ap.add_argument("--proxy-launcher", default=None, metavar="SCRIPT",
+                    help="run the proxy as `python SCRIPT proxy ...` instead of `python -m tracefleet proxy ...` "
+                    "(to bench another build of it, e.g. a checkout of an older commit)")
     ap.add_argument("--capture-dir", default=None, help="capture dir (default: a fresh dir under /dev/shm)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the servers we started
@@ -128,7 +157,8 @@ def main() -> int:
                            log=tmp / "engine.log"))
         wait_http(engine + "/health")
         admin, sid, secret = secrets.token_hex(8), "bench", "tfs-" + secrets.token_hex(16)
-        procs.append(start([PY, "-m", "tracefleet", "proxy", "--engine", engine, "--capture-dir", str(capture),
+        launcher = [args.proxy_launcher] if args.proxy_launcher else ["-m", "tracefleet"]
+        procs.append(start([PY, *launcher, "proxy", "--engine", engine, "--capture-dir", str(capture),
                             "--admin-token", admin, "--port", str(pport), "--session", f"{sid}:{secret}"],
                            log=tmp / "proxy.log"))
         wait_http(f"http://127.0.0.1:{pport}/health")
@@ -136,40 +166,54 @@ def main() -> int:
         if args.litellm and Path(args.litellm).exists():
             lport = free_port()
             cfg = tmp / "litellm.yaml"
-            cfg.write_text(
+            cfg.write_text(  # its cheapest setup: see the module docstring
                 "model_list:\n  - model_name: fake-model\n    litellm_params:\n      model: openai/fake-model\n"
                 f"      api_base: {engine}/v1\n      api_key: none\n"
-                "litellm_settings:\n  telemetry: false\n  drop_params: true\n"
-                "general_settings:\n  master_key: sk-bench\n")
+                "litellm_settings:\n  telemetry: false\n  drop_params: true\n  set_verbose: false\n"
+                "  json_logs: false\n  turn_off_message_logging: true\n  callbacks: []\n"
+                "general_settings:\n  master_key: sk-bench\n  disable_spend_logs: true\n"
+                "  disable_error_logs: true\n")
             procs.append(start([args.litellm, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(lport),
                                 "--num_workers", "1"],
                                env={"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "NO_DOCS": "True",
-                                    "DISABLE_SCHEMA_UPDATE": "True"}, log=tmp / "litellm.log"))
+                                    "DISABLE_SCHEMA_UPDATE": "True", "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+                               log=tmp / "litellm.log"))
             wait_http(f"http://127.0.0.1:{lport}/health/liveliness", timeout=180)
             targets["litellm"] = (f"http://127.0.0.1:{lport}", "sk-bench")
         else:
             print(f"# litellm not found at {args.litellm!r}: LiteLLM columns skipped")
 
-        print(f"# fake engine: {args.tokens} tokens/answer, {args.calls} calls per cell; capture dir {capture}")
-        print(f"{'stream':>6} {'conc':>4} | {'direct p50':>10} {'p99':>7} {'calls/s':>8} | "
-              f"{'proxy +p50':>10} {'+p99':>7} {'calls/s':>8} | {'litellm +p50':>12} {'+p99':>7} {'calls/s':>8} | "
-              f"{'proxy/litellm calls/s':>21}")
+        pids = {"direct": procs[0].pid, "proxy": procs[1].pid, "litellm": procs[-1].pid}
+        for name, (base, key) in targets.items():  # warm-up: lazy imports, pools, caches
+            for stream in (False, True):
+                asyncio.run(drive(base + "/v1/chat/completions", key, 8, 200, stream))
+        print(f"# fake engine: {args.tokens} tokens/answer, {args.calls} calls per cell; capture dir {capture}; "
+              f"one server process each; +p50/+p99 = added latency vs direct; cpu = server CPU ms per call")
+        print(f"{'stream':>6} {'conc':>4} | {'direct p50':>10} {'calls/s':>8} | "
+              f"{'proxy +p50':>10} {'+p99':>7} {'calls/s':>8} {'cpu':>5} | "
+              f"{'litellm +p50':>12} {'+p99':>7} {'calls/s':>8} {'cpu':>5} | "
+              f"{'calls/s ratio':>13} {'+p50 ratio':>10} {'cpu ratio':>9}")
         for stream in (False, True):
             for conc in args.concurrency:
                 res = {}
                 for name, (base, key) in targets.items():
+                    c0 = cpu_s(pids[name])
                     lat, rate = asyncio.run(drive(base + "/v1/chat/completions", key, conc, args.calls, stream))
-                    res[name] = (pct(lat, 0.5), pct(lat, 0.99), rate, statistics.mean(lat))
+                    cpu = (cpu_s(pids[name]) - c0) / (args.calls + min(args.calls, conc * 2))
+                    res[name] = (pct(lat, 0.5), pct(lat, 0.99), rate, cpu)
                 d = res["direct"]
                 p = res["proxy"]
-                line = (f"{str(stream):>6} {conc:>4} | {d[0]*1e3:9.2f}ms {d[1]*1e3:6.2f} {d[2]:8.0f} | "
-                        f"{(p[0]-d[0])*1e3:+9.2f}ms {(p[1]-d[1])*1e3:+6.2f} {p[2]:8.0f} | ")
+                line = (f"{str(stream):>6} {conc:>4} | {d[0]*1e3:8.2f}ms {d[2]:8.0f} | "
+                        f"{(p[0]-d[0])*1e3:+8.2f}ms {(p[1]-d[1])*1e3:+7.2f} {p[2]:8.0f} {p[3]*1e3:5.2f} | ")
                 if "litellm" in res:
                     lt = res["litellm"]
-                    line += f"{(lt[0]-d[0])*1e3:+11.2f}ms {(lt[1]-d[1])*1e3:+6.2f} {lt[2]:8.0f} | {p[2]/lt[2]:20.2f}x"
+                    ratio_lat = (lt[0] - d[0]) / max(p[0] - d[0], 1e-6)
+                    line += (f"{(lt[0]-d[0])*1e3:+10.2f}ms {(lt[1]-d[1])*1e3:+7.2f} {lt[2]:8.0f} {lt[3]*1e3:5.2f} | "
+                             f"{p[2]/lt[2]:12.1f}x {ratio_lat:9.1f}x {lt[3]/max(p[3], 1e-9):8.1f}x")
                 else:
-                    line += f"{'n/a':>12} {'':>7} {'':>8} | {'n/a':>21}"
+                    line += f"{'n/a':>12} {'':>7} {'':>8} {'':>5} | {'n/a':>13}"
                 print(line, flush=True)
+        print("# ratios: proxy calls/s ÷ litellm calls/s; litellm added p50 ÷ proxy added p50; litellm cpu ÷ proxy cpu")
         records = sum(1 for _ in (capture / f"{sid}.jsonl").open("rb"))
         print(f"# proxy capture log: {records} records fsync'd")
     finally:

@@ -19,8 +19,19 @@ KEPT_HEADERS = ("user-agent", "session-id", "x-session-id", "x-codex-turn-metada
                 "anthropic-beta", "x-stainless-package-version", "x-goog-api-client", "openai-beta")
 
 
+_KEPT = frozenset(KEPT_HEADERS)
+
+
 def kept_headers(headers: Any) -> dict[str, str]:
-    return {h: headers[h] for h in KEPT_HEADERS if h in headers}
+    raw = getattr(headers, "raw", None)  # Starlette Headers: one pass over the ASGI pairs (names lowercase)
+    if raw is None:
+        return {h: headers[h] for h in KEPT_HEADERS if h in headers}
+    out: dict[str, str] = {}
+    for key, value in raw:
+        name = key.decode("latin-1")
+        if name in _KEPT and name not in out:  # the first one wins, as headers[name] would
+            out[name] = value.decode("latin-1")
+    return out
 
 
 def build_record(
@@ -38,7 +49,9 @@ def build_record(
         status = "ok"
     else:
         status = "partial" if state.completion_ids or state.text else "error"
-    return CaptureRecord(
+    # model_construct: every field is built here from typed state, so re-validating (which walks the
+    # token-id lists, ~13 us per 1k prompt tokens) buys nothing; serialization is unchanged.
+    return CaptureRecord.model_construct(
         call_id=state.call_id,
         session_id=state.session_id,
         dialect=state.dialect,  # type: ignore[arg-type]

@@ -1,0 +1,119 @@
+"""The engine client's own HTTP/1.1 transport against a raw TCP server on loopback: chunked SSE split
+at awkward byte boundaries, keep-alive reuse, and each failure mapped to its ProxyError kind."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+
+import orjson
+import pytest
+
+from tracefleet.proxy.engine_client import EngineClient
+from tracefleet.proxy.errors import ProxyError
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, bytes]:
+    head = (await reader.readuntil(b"\r\n\r\n")).decode()
+    length = next((int(line.split(":")[1]) for line in head.split("\r\n") if line.lower().startswith("content-length")), 0)
+    return head.split(" ")[1], await reader.readexactly(length)
+
+
+def _sse_wire(events: list[dict]) -> bytes:
+    body = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    chunks, pos = [], 0
+    for size in (1, 7, 30, 3, 100000):  # chunk sizes that cut events, lines and the [DONE] apart
+        part = body[pos:pos + size]
+        if part:
+            chunks.append(b"%x\r\n" % len(part) + part + b"\r\n")
+        pos += size
+    return b"".join(chunks) + b"0\r\n\r\n"
+
+
+async def _serve(handler: Handler) -> tuple[asyncio.AbstractServer, str, list[int]]:
+    conns: list[int] = []
+
+    async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conns.append(1)
+        try:
+            await handler(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}", conns
+
+
+async def test_chunked_sse_and_json_over_one_kept_alive_connection() -> None:
+    events = [{"choices": [{"index": 0, "delta": {"content": f"w{i}\r\n"}, "token_ids": [i]}]} for i in range(5)]
+    seen_paths: list[str] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            path, body = await _read_request(reader)
+            seen_paths.append(path)
+            if orjson.loads(body).get("stream"):
+                wire = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n" + _sse_wire(events)
+                for i in range(0, len(wire), 5):  # tiny TCP writes
+                    writer.write(wire[i:i + 5])
+                    await writer.drain()
+            else:
+                data = orjson.dumps({"ok": True, "echo": orjson.loads(body)})
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(data) + data)
+                await writer.drain()
+
+    server, url, conns = await _serve(handler)
+    async with server:
+        client = EngineClient(url + "/prefix")
+        got = [c async for c in client.chat_stream({"stream": True})]
+        assert got == events
+        assert (await client.chat({"stream": False, "x": 1}))["echo"] == {"stream": False, "x": 1}
+        got = [c async for c in client.chat_stream({"stream": True})]
+        assert got == events
+        await client.aclose()
+    assert seen_paths == ["/prefix/v1/chat/completions"] * 3
+    assert len(conns) == 1  # one connection, reused
+
+
+async def test_engine_failures_map_to_error_kinds() -> None:
+    async def dies_mid_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + _sse_wire([{"choices": []}])[:20])
+        await writer.drain()
+
+    async def hangs(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        await asyncio.sleep(5)
+
+    async def rejects(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        data = b'{"error": {"message": "This model\'s maximum context length is 64 tokens"}}'
+        writer.write(b"HTTP/1.1 400 Bad Request\r\ncontent-length: %d\r\n\r\n" % len(data) + data)
+        await writer.drain()
+
+    for handler, kind, stream in ((dies_mid_stream, "engine_disconnect", True), (dies_mid_stream, "engine_disconnect", False),
+                                  (hangs, "engine_timeout", True), (rejects, "context_length", False),
+                                  (rejects, "context_length", True)):
+        server, url, _ = await _serve(handler)
+        async with server:
+            client = EngineClient(url, timeout_s=0.5)
+            with pytest.raises(ProxyError) as exc:
+                if stream:
+                    [c async for c in client.chat_stream({"stream": True})]
+                else:
+                    await client.chat({})
+            assert exc.value.kind == kind, (handler.__name__, stream, exc.value)
+            await client.aclose()
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ProxyError) as exc:
+        await EngineClient(f"http://127.0.0.1:{port}").chat({})
+    assert exc.value.kind == "engine_unavailable"
