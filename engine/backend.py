@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol
 
-from .tokenizer import Tokenizer
+from tracefleet.formats.tokenizer import Tokenizer
 
 
 @dataclass

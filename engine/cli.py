@@ -65,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from .models import ModelMissing
+    from tracefleet.formats.models import ModelMissing
     from .server import create_app
 
     try:

@@ -19,7 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from .backend import GenerationRequest, PromptLogprob, SampledToken
-from .tokenizer import HFTokenizer, Tokenizer
+from tracefleet.formats.tokenizer import HFTokenizer, Tokenizer
 
 
 def logsumexp(logits: np.ndarray) -> float:
@@ -162,7 +162,7 @@ class LlamaBackend:
 
 def llama_backend_for(model: str = "smollm2", *, n_threads: int = 1, max_model_len: int = 4096,
                       served_name: str | None = None) -> LlamaBackend:
-    from .models import ensure_tokenizer_json, resolve_model, template_source
+    from tracefleet.formats.models import ensure_tokenizer_json, resolve_model, template_source
 
     spec = resolve_model(model, served_name)
     tok = HFTokenizer(ensure_tokenizer_json(spec.gguf_path), add_bos=spec.add_bos)

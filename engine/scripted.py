@@ -20,7 +20,7 @@ from typing import Any, Iterator
 from pydantic import BaseModel, Field
 
 from .backend import ChatContext, GenerationRequest, PromptLogprob, SampledToken
-from .tokenizer import Tokenizer
+from tracefleet.formats.tokenizer import Tokenizer
 
 # Names of shell-like tools across the harnesses (Codex `shell`/`exec_command`, Claude Code `Bash`,
 # Qwen/Gemini `run_shell_command`, OpenCode `bash`, Pi `bash`, ...), best first; then substrings.
@@ -260,8 +260,8 @@ class ScriptedBackend:
 def scripted_backend_for(model: str = "smollm2", script: Script | None = None, max_model_len: int = 131072,
                          served_name: str | None = None) -> ScriptedBackend:
     """A scripted backend with the real tokenizer and chat template of a shipped model."""
-    from .models import ensure_tokenizer_json, resolve_model, template_source
-    from .tokenizer import HFTokenizer
+    from tracefleet.formats.models import ensure_tokenizer_json, resolve_model, template_source
+    from tracefleet.formats.tokenizer import HFTokenizer
 
     spec = resolve_model(model, served_name)
     tok = HFTokenizer(ensure_tokenizer_json(spec.gguf_path), add_bos=spec.add_bos)

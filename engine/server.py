@@ -25,11 +25,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .backend import Backend, ChatContext, GenerationRequest, PromptLogprob, SampledToken, SamplingParams
-from .chat_template import TemplateError, render_chat
+from tracefleet.formats.chat_template import TemplateError, render_chat
 from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EngineError,
                        TokenizeRequest)
-from .tokenizer import IncrementalDetokenizer
-from .tool_parser import StreamingToolParser
+from tracefleet.formats.tokenizer import IncrementalDetokenizer
+from tracefleet.formats.tool_parser import StreamingToolParser
 
 
 @dataclass

@@ -32,6 +32,8 @@ from .engine_client import EngineClient
 from .errors import ProxyError
 from .metrics import ProxyMetrics
 from .sessions import Session, SessionStore
+from .exact.engine import ExactTokenEngine, exact_engine_for
+from .exact.metrics import register_exact_metrics
 from .token_engine import CallState, ServerTokenEngine, TokenEngine
 
 PATH_SESSION = "tracefleet.path_session"
@@ -87,9 +89,12 @@ class Proxy:
         self.client = EngineClient(config.engine_url, timeout_s=config.engine_timeout_s,
                                    connect_timeout_s=config.engine_connect_timeout_s)
         if token_engine is None:
-            if config.mode != "server":
-                raise ValueError(f"capture mode {config.mode!r} is not available in this build; use 'server'")
-            token_engine = ServerTokenEngine(self.client, config.served_model)
+            if config.mode == "exact":
+                token_engine = exact_engine_for(config, self.client)
+            else:
+                token_engine = ServerTokenEngine(self.client, config.served_model)
+        if isinstance(token_engine, ExactTokenEngine):
+            register_exact_metrics(self.metrics.registry, token_engine)
         self.engine = token_engine
         self.persist = Persister()
 
@@ -154,8 +159,10 @@ class Proxy:
 
     def _record(self, state: CallState, ctx: tuple[Any, ...]):  # -> CaptureRecord
         _, conv, body, ref, headers = ctx
-        return build_record(state, conv=conv, request=body, request_ref=ref, headers=headers,
-                            mode=self.engine.mode, engine_url=self.config.engine_url)
+        record = build_record(state, conv=conv, request=body, request_ref=ref, headers=headers,
+                              mode=self.engine.mode, engine_url=self.config.engine_url)
+        record.splice = self.engine.splice_info(state.call_id)
+        return record
 
     def _observe(self, dialect: Dialect, state: CallState, status: str) -> None:
         m = self.metrics

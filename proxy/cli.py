@@ -28,8 +28,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=4000, help="port (0 = pick a free one; default 4000)")
     parser.add_argument("--port-file", type=Path, metavar="FILE", help="write the bound port here once listening")
-    parser.add_argument("--mode", choices=["server"], default="server",
-                        help="capture mode: 'server' = the engine renders prompts and returns token ids")
+    parser.add_argument("--mode", choices=["server", "exact"], default="server",
+                        help="capture mode: 'server' = the engine renders prompts and returns token ids; 'exact' = the "
+                             "proxy renders with the model's own chat template, reuses the exact ids it served for "
+                             "the history, and sends token ids to the engine (needs --model-path)")
+    parser.add_argument("--model-path", metavar="REF",
+                        help="exact mode: a shipped model name (smollm2, gemma3-270m), a .gguf file or a Hugging Face "
+                             "model directory (tokenizer.json + tokenizer_config.json); default: --served-model")
+    parser.add_argument("--model-family", metavar="NAME", help="exact mode: override the detected model family")
     parser.add_argument("--served-model", metavar="NAME", help="engine model name (default: first from the engine's /v1/models)")
     parser.add_argument("--session", action="append", default=[], metavar="ID:SECRET",
                         help="create this session at startup (sidecar mode); repeatable")
@@ -73,6 +79,7 @@ def main(args: argparse.Namespace) -> int:
         sessions.append(PresetSession(session_id=sid, secret=secret))
     config = ProxyConfig(
         engine_url=args.engine, capture_dir=args.capture_dir, admin_token=args.admin_token, mode=args.mode,
+        model_path=args.model_path, model_family=args.model_family,
         served_model=args.served_model, max_body_bytes=int(args.max_body_mb * 1024 * 1024), keepalive_s=args.keepalive_s,
         pause_max_wait_s=args.pause_max_wait_s, engine_timeout_s=args.engine_timeout_s,
         policy_version=args.policy_version, sessions=sessions,

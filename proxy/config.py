@@ -21,6 +21,12 @@ class ProxyConfig(BaseModel):
     capture_dir: Path
     admin_token: str
     mode: Literal["server", "exact"] = "server"
+    # exact mode: where the model's tokenizer and chat template come from (a shipped model name, a .gguf
+    # file or a Hugging Face model directory; never downloaded), and optional family/parser overrides
+    model_path: str | None = None
+    model_family: str | None = None
+    tool_parser: str | None = None
+    chat_template_file: Path | None = None
     served_model: str | None = None  # the engine's model name; None = the first one /v1/models lists
     max_body_bytes: int = 32 * 1024 * 1024  # larger requests get 413 in the dialect's shape
     inline_body_bytes: int = 4 * 1024 * 1024  # larger bodies are written next to the log, not inlined

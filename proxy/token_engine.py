@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from tracefleet.capture import SpliceInfo
+
 from .canonical import Conversation, Message, ToolCall
 from .engine_client import EngineClient
 from .errors import ProxyError
@@ -80,6 +82,10 @@ class TokenEngine(Protocol):
     async def count_tokens(self, conv: Conversation) -> int: ...
 
     async def served_model(self) -> str: ...
+
+    def splice_info(self, call_id: str) -> SpliceInfo | None:
+        """How this call's prompt was assembled (exact mode); None when the engine rendered it."""
+        ...
 
 
 def new_tool_call_id() -> str:
@@ -158,6 +164,9 @@ class ServerTokenEngine:
     """Server capture mode: the engine renders the prompt; we record its ids."""
 
     mode = "server"
+
+    def splice_info(self, call_id: str) -> SpliceInfo | None:
+        return None  # the engine renders the prompt; drift is found when traces are built
 
     def __init__(self, client: EngineClient, served_model: str | None = None) -> None:
         self.client = client

@@ -1,1 +1,1 @@
-"""Chat templates shipped with the engine (package data: the .jinja files beside this module)."""
+"""The engine's chat templates moved to `tracefleet.formats.templates` (shared with the proxy)."""

@@ -1,0 +1,210 @@
+"""`ExactTokenEngine`: the exact token-in implementation of the proxy's `TokenEngine` protocol.
+
+Per call: plan the prompt ids (splice the session's served ids + render only the new messages), send
+them as a token-id prompt to the engine's `/v1/completions` (`return_token_ids`, sampled-token
+`logprobs`, streamed), parse the sampled text with the model family's parser as it arrives (content
+and reasoning deltas at once, a tool call when complete), and remember the served call for the
+session's next request. How the prompt was built goes to `splice_info(call_id)` for the capture log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+from tracefleet.capture import SpliceInfo
+from tracefleet.formats.families import ModelFormat, load_model_format
+from tracefleet.formats.parsers import make_parser
+
+from ..canonical import Conversation, ToolCall
+from ..engine_client import EngineClient
+from ..errors import ProxyError
+from ..token_engine import CallState, Event, new_tool_call_id
+from .render import render_conversation
+from .splice import SessionSplicer
+
+def _size(conv: Conversation) -> int:
+    return sum(len(p.text or "") + len(p.arguments or "") for m in conv.messages for p in m.parts)
+
+
+class ExactTokenEngine:
+    """Exact capture mode: the proxy renders and splices; the engine only sees token ids."""
+
+    mode = "exact"
+
+    def __init__(self, client: EngineClient, fmt: ModelFormat, served_model: str | None = None,
+                 max_sessions: int = 4096, verify_full: bool = False) -> None:
+        self.verify_full = verify_full
+        self.client = client
+        self.fmt = fmt
+        self._model = served_model
+        self.sessions: OrderedDict[str, SessionSplicer] = OrderedDict()
+        self.max_sessions = max_sessions
+        self._splices: OrderedDict[str, SpliceInfo] = OrderedDict()
+        self.stats = {"calls": 0, "spliced": 0, "new_roots": 0, "retries": 0, "reused_tokens": 0,
+                      "rendered_tokens": 0, "parse_failures": 0, "drift_avoided": 0}
+        self.new_root_reasons: dict[str, int] = {}
+
+    async def served_model(self) -> str:
+        if self._model is None:
+            models = await self.client.models()
+            if not models:
+                raise ProxyError("engine_5xx", "engine serves no model")
+            self._model = models[0]
+        return self._model
+
+    def splicer(self, session_id: str) -> SessionSplicer:
+        sp = self.sessions.get(session_id)
+        if sp is None:
+            sp = self.sessions[session_id] = SessionSplicer(self.fmt, verify_full=self.verify_full)
+            while len(self.sessions) > self.max_sessions:
+                self.sessions.popitem(last=False)
+        else:
+            self.sessions.move_to_end(session_id)
+        return sp
+
+    def splice_info(self, call_id: str) -> SpliceInfo | None:
+        """How the call's prompt was built (taken once, for its capture record)."""
+        return self._splices.pop(call_id, None)
+
+    async def count_tokens(self, conv: Conversation) -> int:
+        return len(self.fmt.encode(render_conversation(self.fmt, conv).text))
+
+    def _body(self, conv: Conversation, model: str, prompt_ids: list[int]) -> dict[str, Any]:
+        s = conv.sampling
+        body: dict[str, Any] = {
+            "model": model, "prompt": prompt_ids, "max_tokens": s.max_tokens, "return_token_ids": True,
+            "logprobs": 0, "stream": True, "stream_options": {"include_usage": True},
+        }
+        for key in ("temperature", "top_p", "top_k", "seed"):
+            if getattr(s, key) is not None:
+                body[key] = getattr(s, key)
+        if s.stop:
+            body["stop"] = s.stop
+        return body
+
+    async def generate(self, conv: Conversation, state: CallState) -> AsyncIterator[Event]:
+        splicer = self.splicer(state.session_id)
+        try:
+            if _size(conv) > 20_000:  # long histories: render + tokenize off the event loop
+                plan = await asyncio.to_thread(splicer.plan, conv)
+            else:
+                plan = splicer.plan(conv)
+        except ValueError as exc:  # TemplateError: the conversation does not fit the template
+            raise ProxyError("invalid_request", str(exc)) from exc
+        self._note_plan(state.call_id, plan)
+        state.prompt_ids = plan.prompt_ids
+        model = await self.served_model()
+        state.engine_model = model
+        body = self._body(conv, model, plan.prompt_ids)
+        kinds = {t.name: t.kind for t in conv.tools}
+        parser = make_parser(self.fmt.parser_name, plan.rendered.tools, prompt_text=plan.rendered.tail)
+        state.engine_sent_at = time.time()
+        started = False
+        finish: str | None = None
+        raw: list[str] = []
+        async for chunk in self.client.completions_stream(body):
+            if not started:
+                started = True
+                yield ("start", None)
+            usage = chunk.get("usage")
+            if usage:
+                state.prompt_tokens = usage.get("prompt_tokens", 0)
+                state.completion_tokens = usage.get("completion_tokens", 0)
+            for choice in chunk.get("choices") or ():
+                echoed = choice.get("prompt_token_ids")
+                if echoed is not None and echoed != plan.prompt_ids:
+                    raise ProxyError("engine_5xx", "engine reports a prompt other than the token ids sent")
+                tids = choice.get("token_ids")
+                if tids:
+                    if state.first_token_at is None:
+                        state.first_token_at = time.time()
+                    state.completion_ids.extend(tids)
+                lp = choice.get("logprobs")
+                if lp and lp.get("token_logprobs"):
+                    state.logprobs.extend(float(x) for x in lp["token_logprobs"])
+                text = choice.get("text") or ""
+                if text:
+                    raw.append(text)
+                    for ev in self._events(parser.feed(text), kinds, state):
+                        yield ev
+                if choice.get("finish_reason"):
+                    finish = choice["finish_reason"]
+        for ev in self._events(parser.finish(), kinds, state):
+            yield ev
+        state.tool_parse_errors.extend(parser.errors)
+        if parser.errors:
+            self.stats["parse_failures"] += 1
+        if state.tool_calls:
+            state.finish_reason = "tool_calls"
+        else:
+            state.finish_reason = "length" if finish == "length" else "stop"
+        state.prompt_tokens = state.prompt_tokens or len(state.prompt_ids)
+        state.completion_tokens = state.completion_tokens or len(state.completion_ids)
+        out_calls = [(tc.name, tc.arguments if tc.kind == "function" else orjson.dumps({"input": tc.arguments}).decode())
+                     for tc in state.tool_calls]
+        splicer.record(state.call_id, plan, state.completion_ids, state.output_text, out_calls)
+
+    def _note_plan(self, call_id: str, plan: Any) -> None:
+        st = self.stats
+        st["calls"] += 1
+        info = plan.info
+        if plan.retry_of is not None:
+            st["retries"] += 1
+        elif info.parent_call_id is not None:
+            st["spliced"] += 1
+        else:
+            st["new_roots"] += 1
+            reason = info.new_root_reason or "unknown"
+            self.new_root_reasons[reason] = self.new_root_reasons.get(reason, 0) + 1
+        st["reused_tokens"] += info.reused_tokens
+        st["rendered_tokens"] += info.rendered_tokens
+        full = plan.checked_full_ids
+        if full is not None and full != plan.prompt_ids:
+            st["drift_avoided"] += 1  # a re-render would have conditioned on other tokens
+        self._splices[call_id] = info
+        while len(self._splices) > 4096:
+            self._splices.popitem(last=False)
+
+    def _events(self, events: list[Any], kinds: dict[str, str], state: CallState) -> list[Event]:
+        out: list[Event] = []
+        for ev in events:
+            if ev.kind == "text":
+                state.text.append(ev.text)
+                out.append(("text", ev.text))
+            elif ev.kind == "reasoning":
+                state.reasoning.append(ev.text)
+                out.append(("reasoning", ev.text))
+            elif ev.call is not None:
+                out.append(("tool_call", self._tool_call(ev.call.name, ev.call.arguments, kinds, state)))
+        return out
+
+    def _tool_call(self, name: str, args: str, kinds: dict[str, str], state: CallState) -> ToolCall:
+        kind = kinds.get(name, "function")
+        if kind == "custom":
+            try:
+                args = str(orjson.loads(args).get("input", ""))
+            except (ValueError, AttributeError):
+                state.tool_parse_errors.append(f"custom tool {name!r}: arguments are not a JSON object with 'input'")
+        tc = ToolCall(id=new_tool_call_id(), name=name, arguments=args, kind=kind)  # type: ignore[arg-type]
+        state.tool_calls.append(tc)
+        return tc
+
+
+def exact_engine_for(config: Any, client: EngineClient) -> ExactTokenEngine:
+    """The exact engine a `ProxyConfig` asks for (mode=exact): the model's tokenizer and chat template come
+    from `model_path` (a shipped model name, a .gguf file or a Hugging Face model directory; local only),
+    falling back to `served_model` when that names a shipped model."""
+    ref = getattr(config, "model_path", None) or config.served_model
+    if not ref:
+        raise ValueError("exact mode needs model_path: a shipped model name (smollm2, gemma3-270m), "
+                         "a .gguf file or a Hugging Face model directory with tokenizer.json + tokenizer_config.json")
+    fmt = load_model_format(ref, family=getattr(config, "model_family", None),
+                            template_file=getattr(config, "chat_template_file", None),
+                            tool_parser=getattr(config, "tool_parser", None))
+    return ExactTokenEngine(client, fmt, config.served_model)
