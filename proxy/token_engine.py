@@ -160,17 +160,11 @@ def engine_tool_choice(choice: str | dict[str, Any] | None) -> Any:
     return {"type": "function", "function": {"name": choice.get("name", "")}}
 
 
-class ServerTokenEngine:
-    """Server capture mode: the engine renders the prompt; we record its ids."""
+class ServedModelName:
+    """Mixin for token engines: the configured model name, else the first one the engine lists (asked once)."""
 
-    mode = "server"
-
-    def splice_info(self, call_id: str) -> SpliceInfo | None:
-        return None  # the engine renders the prompt; drift is found when traces are built
-
-    def __init__(self, client: EngineClient, served_model: str | None = None) -> None:
-        self.client = client
-        self._model = served_model
+    client: EngineClient
+    _model: str | None
 
     async def served_model(self) -> str:
         if self._model is None:
@@ -179,6 +173,19 @@ class ServerTokenEngine:
                 raise ProxyError("engine_5xx", "engine serves no model")
             self._model = models[0]
         return self._model
+
+
+class ServerTokenEngine(ServedModelName):
+    """Server capture mode: the engine renders the prompt; we record its ids."""
+
+    mode = "server"
+
+    def __init__(self, client: EngineClient, served_model: str | None = None) -> None:
+        self.client = client
+        self._model = served_model
+
+    def splice_info(self, call_id: str) -> SpliceInfo | None:
+        return None  # the engine renders the prompt; drift is found when traces are built
 
     async def _body(self, conv: Conversation, stream: bool) -> dict[str, Any]:
         s = conv.sampling

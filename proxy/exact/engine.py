@@ -24,7 +24,7 @@ from tracefleet.formats.parsers import make_parser
 from ..canonical import Conversation, ToolCall
 from ..engine_client import EngineClient
 from ..errors import ProxyError
-from ..token_engine import CallState, Event, new_tool_call_id
+from ..token_engine import CallState, Event, ServedModelName, new_tool_call_id
 from .render import render_conversation
 from .splice import SessionSplicer
 
@@ -32,7 +32,7 @@ def _size(conv: Conversation) -> int:
     return sum(len(p.text or "") + len(p.arguments or "") for m in conv.messages for p in m.parts)
 
 
-class ExactTokenEngine:
+class ExactTokenEngine(ServedModelName):
     """Exact capture mode: the proxy renders and splices; the engine only sees token ids."""
 
     mode = "exact"
@@ -49,14 +49,6 @@ class ExactTokenEngine:
         self.stats = {"calls": 0, "spliced": 0, "new_roots": 0, "retries": 0, "reused_tokens": 0,
                       "rendered_tokens": 0, "parse_failures": 0, "drift_avoided": 0}
         self.new_root_reasons: dict[str, int] = {}
-
-    async def served_model(self) -> str:
-        if self._model is None:
-            models = await self.client.models()
-            if not models:
-                raise ProxyError("engine_5xx", "engine serves no model")
-            self._model = models[0]
-        return self._model
 
     def splicer(self, session_id: str) -> SessionSplicer:
         sp = self.sessions.get(session_id)

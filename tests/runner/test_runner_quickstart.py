@@ -32,6 +32,9 @@ def test_quickstart_produces_a_readable_batch(tmp_path: Path) -> None:
     assert batches and traces
     assert sum(t.num_trainable for t in traces) > 0
     sessions = {t.meta.session_id for t in traces}
+    # Exact capture (the default): the example agent only appends to its history, so every session's
+    # calls extend each other token for token and merge into one trace.
+    assert len(traces) == len(sessions), [t.call_ids for t in traces]
     assert len(sessions) == 6 and {t.meta.task_id for t in traces} == {"calc-add", "textutil-shout", "inventory-total"}
     # Every session was judged by the tests evaluator: a reward (0 or 1), no fail-closed marks.
     assert all(t.meta.reward in (0.0, 1.0) and t.meta.outcome == "ok" for t in traces)
