@@ -3,6 +3,7 @@ engine results back as that provider's JSON, SSE event sequence and error shape.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import orjson
@@ -54,6 +55,18 @@ _TYPE_NAMES: dict[type, str] = {
 
 def type_name(value: Any) -> str:
     return _TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def object_entries(value: Any, field: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The entries of an optional array-of-objects field (tools, ...) with their paths; None is empty.
+    A wrong type is a 400 naming the field, in the caller's dialect."""
+    if value is None:
+        return
+    expect(isinstance(value, list), f"invalid type for '{field}': expected array, got {type_name(value)}", field)
+    for i, entry in enumerate(value):
+        path = f"{field}[{i}]"
+        expect(isinstance(entry, dict), f"invalid type for '{path}': expected object, got {type_name(entry)}", path)
+        yield path, entry
 
 
 def want(body: dict[str, Any], key: str, kinds: tuple[type, ...], where: str = "", required: bool = False) -> Any:

@@ -13,7 +13,7 @@ import orjson
 from ..canonical import Conversation, Message, Part, Sampling, Tool, ToolCall
 from ..errors import ProxyError
 from ..token_engine import CallState
-from . import expect, parse_arguments, require_object, sse, type_name, want
+from . import expect, object_entries, parse_arguments, require_object, sse, type_name, want
 
 TRACEFLEET_SIGNATURE = "tracefleet-unsigned"
 
@@ -137,13 +137,8 @@ def parse_system(system: Any) -> list[Part]:
 
 
 def parse_tools(tools: Any) -> list[Tool]:
-    if tools is None:
-        return []
-    expect(isinstance(tools, list), f"invalid type for 'tools': expected array, got {type_name(tools)}", "tools")
     out = []
-    for i, t in enumerate(tools):
-        p = f"tools[{i}]"
-        expect(isinstance(t, dict), f"invalid type for '{p}': expected object", p)
+    for p, t in object_entries(tools, "tools"):
         if t.get("type") not in (None, "custom") and "input_schema" not in t:
             continue  # Anthropic-hosted server tools (web search, ...) cannot run here
         expect(isinstance(t.get("name"), str) and bool(t["name"]), f"missing required field '{p}.name'", p + ".name")

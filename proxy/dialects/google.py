@@ -15,7 +15,7 @@ import orjson
 from ..canonical import Conversation, Message, Part, Sampling, Tool, ToolCall
 from ..errors import ProxyError
 from ..token_engine import CallState
-from . import expect, parse_arguments, require_object, type_name, want
+from . import expect, object_entries, parse_arguments, require_object, type_name, want
 
 _STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
            405: "INVALID_ARGUMENT", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL",
@@ -102,14 +102,10 @@ def parse_contents(contents: Any) -> list[Message]:
 
 
 def parse_tools(tools: Any) -> list[Tool]:
-    if tools is None:
-        return []
-    expect(isinstance(tools, list), f"invalid type for 'tools': expected array, got {type_name(tools)}", "tools")
     out = []
-    for i, t in enumerate(tools):
-        expect(isinstance(t, dict), f"invalid type for 'tools[{i}]': expected object", f"tools[{i}]")
+    for path, t in object_entries(tools, "tools"):
         for j, fd in enumerate(t.get("functionDeclarations") or t.get("function_declarations") or []):
-            p = f"tools[{i}].functionDeclarations[{j}]"
+            p = f"{path}.functionDeclarations[{j}]"
             expect(isinstance(fd, dict) and isinstance(fd.get("name"), str), f"missing required field '{p}.name'", p + ".name")
             params = fd.get("parametersJsonSchema") or _lower_types(fd.get("parameters")) or {"type": "object", "properties": {}}
             out.append(Tool(name=fd["name"], description=fd.get("description"), parameters=params))

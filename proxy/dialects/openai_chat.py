@@ -9,7 +9,7 @@ import orjson
 from ..canonical import Conversation, Message, Part, Sampling, Tool, ToolCall
 from ..errors import ProxyError
 from ..token_engine import CallState
-from . import SSE_COMMENT_PING, expect, require_object, type_name, want
+from . import SSE_COMMENT_PING, expect, object_entries, require_object, type_name, want
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool", "function": "tool"}
 
@@ -60,13 +60,8 @@ def content_parts(content: Any, where: str) -> list[Part]:
 
 
 def parse_tools(tools: Any) -> list[Tool]:
-    if tools is None:
-        return []
-    expect(isinstance(tools, list), f"invalid type for 'tools': expected array, got {type_name(tools)}", "tools")
     out: list[Tool] = []
-    for i, t in enumerate(tools):
-        p = f"tools[{i}]"
-        expect(isinstance(t, dict), f"invalid type for '{p}': expected object, got {type_name(t)}", p)
+    for p, t in object_entries(tools, "tools"):
         fn = t.get("function") if t.get("type", "function") == "function" else None
         expect(isinstance(fn, dict), f"'{p}': only function tools are supported (with a 'function' object)", p)
         name = fn.get("name")

@@ -17,7 +17,7 @@ import orjson
 from ..canonical import Conversation, Message, Part, Sampling, Tool, ToolCall
 from ..errors import ProxyError
 from ..token_engine import CallState
-from . import SSE_COMMENT_PING, expect, require_object, type_name, want
+from . import SSE_COMMENT_PING, expect, object_entries, require_object, type_name, want
 from .openai_chat import openai_error
 
 REASONING_PREFIX = "tfr1."
@@ -118,13 +118,8 @@ def parse_input(items: Any) -> list[Message]:
 
 
 def parse_tools(tools: Any) -> list[Tool]:
-    if tools is None:
-        return []
-    expect(isinstance(tools, list), f"invalid type for 'tools': expected array, got {type_name(tools)}", "tools")
     out = []
-    for i, t in enumerate(tools):
-        p = f"tools[{i}]"
-        expect(isinstance(t, dict), f"invalid type for '{p}': expected object", p)
+    for p, t in object_entries(tools, "tools"):
         kind = t.get("type")
         if kind not in ("function", "custom"):
             continue  # hosted tools (web_search, file_search, local_shell, ...) cannot run here
