@@ -65,6 +65,17 @@ class CallState:
     completion_tokens: int = 0
     error: ProxyError | None = None
 
+    def take_usage(self, usage: dict[str, Any] | None) -> None:
+        """The engine's own token counts, when a response or stream chunk carries them."""
+        if usage:
+            self.prompt_tokens = usage.get("prompt_tokens", 0)
+            self.completion_tokens = usage.get("completion_tokens", 0)
+
+    def settle_usage(self) -> None:
+        """Counts the engine did not report are the lengths of the ids recorded for the call."""
+        self.prompt_tokens = self.prompt_tokens or len(self.prompt_ids)
+        self.completion_tokens = self.completion_tokens or len(self.completion_ids)
+
     @property
     def output_text(self) -> str:
         return "".join(self.text)
@@ -245,10 +256,7 @@ class ServerTokenEngine(ServedModelName):
             if not started:
                 started = True
                 yield ("start", None)
-            usage = chunk.get("usage")
-            if usage:
-                state.prompt_tokens = usage.get("prompt_tokens", 0)
-                state.completion_tokens = usage.get("completion_tokens", 0)
+            state.take_usage(chunk.get("usage"))
             choices = chunk.get("choices")
             if not choices:
                 continue
@@ -302,16 +310,11 @@ class ServerTokenEngine(ServedModelName):
             state.finish_reason = "tool_calls"
         elif state.finish_reason not in ("stop", "length", "tool_calls", "content_filter"):
             state.finish_reason = "stop" if state.finish_reason in (None, "eos", "abort") else state.finish_reason
-        if not state.completion_tokens:
-            state.completion_tokens = len(state.completion_ids)
-        if not state.prompt_tokens:
-            state.prompt_tokens = len(state.prompt_ids)
+        state.settle_usage()
 
     async def _from_response(self, data: dict[str, Any], state: CallState, kinds: dict[str, str]) -> AsyncIterator[Event]:
         state.prompt_ids = data.get("prompt_token_ids") or []
-        usage = data.get("usage") or {}
-        state.prompt_tokens = usage.get("prompt_tokens", 0)
-        state.completion_tokens = usage.get("completion_tokens", 0)
+        state.take_usage(data.get("usage"))
         yield ("start", None)
         choices = data.get("choices") or []
         if not choices:

@@ -104,10 +104,7 @@ class ExactTokenEngine(ServedModelName):
             if not started:
                 started = True
                 yield ("start", None)
-            usage = chunk.get("usage")
-            if usage:
-                state.prompt_tokens = usage.get("prompt_tokens", 0)
-                state.completion_tokens = usage.get("completion_tokens", 0)
+            state.take_usage(chunk.get("usage"))
             for choice in chunk.get("choices") or ():
                 echoed = choice.get("prompt_token_ids")
                 if echoed is not None and echoed != plan.prompt_ids:
@@ -136,8 +133,7 @@ class ExactTokenEngine(ServedModelName):
             state.finish_reason = "tool_calls"
         else:
             state.finish_reason = "length" if finish == "length" else "stop"
-        state.prompt_tokens = state.prompt_tokens or len(state.prompt_ids)
-        state.completion_tokens = state.completion_tokens or len(state.completion_ids)
+        state.settle_usage()
         out_calls = [(tc.name, tc.arguments if tc.kind == "function" else orjson.dumps({"input": tc.arguments}).decode())
                      for tc in state.tool_calls]
         splicer.record(state.call_id, plan, state.completion_ids, state.output_text, out_calls)

@@ -218,6 +218,22 @@ class Workspace(WireModel):
     )
 
 
+# Harness and evaluator both run either a preset or a command: the same two rules, the same messages.
+PRESET_OR_COMMAND: tuple[Rule, ...] = (
+        Rule(
+            cel="has(self.preset) || has(self.command)",
+            message="one of preset or command must be set",
+            check=lambda m: has(m.preset) or has(m.command),
+        ),
+        Rule(
+            cel="!has(self.preset) || (self.preset == 'command') == has(self.command)",
+            message="command goes with preset 'command' (or no preset); other presets take no command",
+            check=lambda m: m.preset is None or (m.preset == "command") == has(m.command),
+            field_path=".command",
+        ),
+)
+
+
 class Harness(WireModel):
     preset: Literal[HARNESS_PRESETS] | None = Field(  # type: ignore[valid-type]
         default=None,
@@ -242,19 +258,7 @@ class Harness(WireModel):
     )
     workspace: Workspace = _object(Workspace, "Workspace preparation before the harness starts.")
 
-    x_rules = (
-        Rule(
-            cel="has(self.preset) || has(self.command)",
-            message="one of preset or command must be set",
-            check=lambda m: has(m.preset) or has(m.command),
-        ),
-        Rule(
-            cel="!has(self.preset) || (self.preset == 'command') == has(self.command)",
-            message="command goes with preset 'command' (or no preset); other presets take no command",
-            check=lambda m: m.preset is None or (m.preset == "command") == has(m.command),
-            field_path=".command",
-        ),
-    )
+    x_rules = PRESET_OR_COMMAND
 
 
 # ---------------------------------------------------------------- tasks
@@ -356,17 +360,7 @@ class Evaluator(WireModel):
     timeout_seconds: int = Field(default=600, ge=1, le=86400, description="Evaluator time limit; a timeout scores 0.")
 
     x_rules = (
-        Rule(
-            cel="has(self.preset) || has(self.command)",
-            message="one of preset or command must be set",
-            check=lambda m: has(m.preset) or has(m.command),
-        ),
-        Rule(
-            cel="!has(self.preset) || (self.preset == 'command') == has(self.command)",
-            message="command goes with preset 'command' (or no preset); other presets take no command",
-            check=lambda m: m.preset is None or (m.preset == "command") == has(m.command),
-            field_path=".command",
-        ),
+        *PRESET_OR_COMMAND,
         Rule(
             cel="!has(self.preset) || (self.preset == 'hook') == has(self.entryPoint)",
             message="entryPoint is required by preset 'hook' and only used by it",
