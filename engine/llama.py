@@ -6,10 +6,20 @@ this backend drives the context directly: it decodes batches itself, reads the l
 position, takes log-softmax with numpy, and samples there (greedy = argmax; no repeat penalty, as
 vLLM). The KV cache keeps the longest common prefix with the previous request, so an agent's
 growing conversation only evaluates its new tokens.
+
+Token fidelity: a token's logprob must not depend on how the engine happened to batch the sequence
+(sampling evaluates one token at a time after a batched prefill; a re-score with `prompt_logprobs`
+evaluates the whole sequence in batches), otherwise the logprobs recorded for training disagree with
+a re-score of the same tokens. Three llama.cpp settings break that, and `LlamaBackend` pins all three:
+flash attention (off: batched and single-token attention round differently), weight repacking
+(`use_extra_bufts`: Q4_K tensors are repacked for 8x8 kernels whose batched gemm and single-row gemv
+accumulate in different orders) and the full-size sliding-window cache (`swa_full`: with the small
+SWA cache, rewinding to an older prefix silently attends over a window that was already evicted).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -52,6 +62,36 @@ def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.
     return int(rng.choice(len(probs), p=probs))
 
 
+_MODEL_PARAMS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def without_weight_repacking() -> Iterator[None]:
+    """Models loaded inside keep their weights in the GGUF layout (`use_extra_bufts = false`, llama.cpp's
+    `--no-repack`). llama-cpp-python's `Llama()` has no argument for it, so the model-params default it
+    starts from is swapped for the duration of the load.
+
+    Why: repacked Q4_K weights (Gemma 3's q4_k_m) run a 4-row gemm for batches and a gemv for single
+    tokens, which sum in different orders; measured on Gemma 3 270M, sampled logprobs then differ from a
+    re-score of the same sequence by up to 0.69 nats (exactly 0 without repacking), at no measurable
+    cost on this model (1 thread, CPU time: decode 27.1 vs 27.3 tok/s, prefill 159-171 vs 163-164 tok/s)."""
+    import llama_cpp.llama_cpp as capi
+
+    with _MODEL_PARAMS_LOCK:
+        default = capi.llama_model_default_params
+
+        def no_repack():  # type: ignore[no-untyped-def]
+            params = default()
+            params.use_extra_bufts = False
+            return params
+
+        capi.llama_model_default_params = no_repack
+        try:
+            yield
+        finally:
+            capi.llama_model_default_params = default
+
+
 class LlamaStream:
     def __init__(self, backend: "LlamaBackend", request: GenerationRequest) -> None:
         self.backend = backend
@@ -71,12 +111,18 @@ class LlamaBackend:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         from llama_cpp import Llama
 
-        self.llm = Llama(model_path=str(gguf_path), n_ctx=max_model_len, n_batch=n_batch, n_ubatch=n_batch,
-                         n_threads=n_threads, n_threads_batch=n_threads, logits_all=False, verbose=False,
-                         # Flash attention makes a position's logits independent of how the tokens were
-                         # batched (measured: without it a 13-token batch and 13 single steps disagree by
-                         # ~0.1 nats), so re-scoring a sequence reproduces its sampling logprobs exactly.
-                         flash_attn=True)
+        with without_weight_repacking():
+            self.llm = Llama(model_path=str(gguf_path), n_ctx=max_model_len, n_batch=n_batch, n_ubatch=n_batch,
+                             n_threads=n_threads, n_threads_batch=n_threads, logits_all=False, verbose=False,
+                             # Flash attention makes a position's logits independent of how the tokens were
+                             # batched (measured: without it a 13-token batch and 13 single steps disagree
+                             # by ~0.1 nats), so re-scoring a sequence reproduces its sampling logprobs.
+                             flash_attn=True,
+                             # Gemma 3's sliding-window layers: keep every position so the prefix cache
+                             # can rewind anywhere (measured: with the small SWA cache, a rewind to 600 of
+                             # 1014 tokens gives logprobs off by 0.11 nats, silently).
+                             swa_full=True)
+        assert self.llm.model_params.use_extra_bufts is False
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.model_name = model_name
@@ -95,7 +141,6 @@ class LlamaBackend:
         """Evaluate tokens after the cached prefix; yield the logits rows llama.cpp returns per batch
         (every position when all_logits, else only the last position of the last batch)."""
         llm = self.llm
-        llm._ctx.kv_cache_seq_rm(-1, llm.n_tokens, -1)
         for start in range(0, len(tokens), self.n_batch):
             batch = tokens[start:start + self.n_batch]
             n_past = llm.n_tokens
@@ -112,6 +157,16 @@ class LlamaBackend:
             if all_logits or last:
                 yield np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(rows, self.n_vocab)).copy()
 
+    def _rewind(self, n_keep: int) -> None:
+        """Keep the first n_keep cached positions (none if the cache cannot drop just its tail)."""
+        from llama_cpp import llama_cpp as capi
+
+        memory = self.llm._ctx.memory
+        if not capi.llama_memory_seq_rm(memory, -1, n_keep, -1):
+            capi.llama_memory_clear(memory, True)
+            n_keep = 0
+        self.llm.n_tokens = n_keep
+
     def _prefill(self, prompt: list[int], want_prompt_logprobs: int | None, stream: LlamaStream) -> np.ndarray:
         llm = self.llm
         if want_prompt_logprobs is None:
@@ -121,10 +176,10 @@ class LlamaBackend:
                 if a != b:
                     break
                 common += 1
-            llm.n_tokens = min(common, len(prompt) - 1)  # the last prompt token is always re-evaluated
+            self._rewind(min(common, len(prompt) - 1))  # the last prompt token is always re-evaluated
             *_, last = self._decode(prompt[llm.n_tokens:], all_logits=False)
             return last[-1]
-        llm.n_tokens = 0
+        self._rewind(0)
         out: list[PromptLogprob | None] = [None]
         k = want_prompt_logprobs
         pos = 0
