@@ -9,15 +9,11 @@ ids + new tokens, and the recorded logprobs equal a re-score of the exact sequen
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from tracefleet.capture import read_capture_log
 from tracefleet.formats.families import load_model_format
@@ -27,22 +23,11 @@ from tracefleet.proxy.engine_client import EngineClient
 from tracefleet.proxy.exact.engine import ExactTokenEngine
 from tracefleet.proxy.exact.metrics import register_exact_metrics
 
+from fixtures.servers import serving
+
 TURNS = 10
 SECRET = "exact-secret"
 SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
-
-
-def _serve(app: Any) -> tuple[uvicorn.Server, str]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        assert time.time() < deadline and thread.is_alive(), "proxy did not start"
-        time.sleep(0.01)
-    return server, f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def _sse_data(r: httpx.Response) -> list[dict[str, Any]]:
@@ -145,6 +130,16 @@ CLIENTS = {"openai-chat": ChatClient, "openai-responses": ResponsesClient, "anth
            "google": GoogleClient}
 
 
+def converse(app: Any, dialect: str) -> tuple[list[list[tuple[str, str, str]]], str]:
+    """TURNS turns of `dialect`'s client against `app` (served on a free port); the tool calls each turn got,
+    and the proxy's /metrics text at the end."""
+    client = CLIENTS[dialect]()
+    with serving(app) as proxy, httpx.Client(base_url=proxy.url, timeout=60, headers={
+            "authorization": f"Bearer {SECRET}", "x-goog-api-key": SECRET}) as http:
+        calls = [client.send(http, turn) for turn in range(TURNS)]
+        return calls, http.get("/metrics").text
+
+
 @pytest.fixture(scope="module")
 def smollm2_format():
     return load_model_format("smollm2")
@@ -158,17 +153,8 @@ def test_ten_turn_tool_conversation_is_one_exact_chain(dialect, scripted_engine,
     engine = ExactTokenEngine(EngineClient(scripted_engine.url), smollm2_format)
     app = create_app(config, token_engine=engine)
     register_exact_metrics(app.state.proxy.metrics.registry, engine)
-    server, url = _serve(app)
-    client = CLIENTS[dialect]()
-    try:
-        with httpx.Client(base_url=url, timeout=60, headers={"authorization": f"Bearer {SECRET}",
-                                                                  "x-goog-api-key": SECRET}) as http:
-            for turn in range(TURNS):
-                calls = client.send(http, turn)
-                assert len(calls) == (1 if turn < TURNS - 1 else 0), (turn, calls)
-            metrics = http.get("/metrics").text
-    finally:
-        server.should_exit = True
+    calls, metrics = converse(app, dialect)
+    assert [len(c) for c in calls] == [1] * (TURNS - 1) + [0], calls
     log = read_capture_log(tmp_path / "s1.jsonl")
     recs = log.records
     assert len(recs) == TURNS and not log.torn_tail
@@ -203,16 +189,7 @@ def test_config_selects_exact_mode_and_records_splices(dialect, scripted_engine,
                          model_path="smollm2", sessions=[PresetSession(session_id="s1", secret=SECRET)])
     app = create_app(config)
     assert app.state.proxy.engine.mode == "exact"
-    server, url = _serve(app)
-    client = CLIENTS[dialect]()
-    try:
-        with httpx.Client(base_url=url, timeout=60, headers={"authorization": f"Bearer {SECRET}",
-                                                                  "x-goog-api-key": SECRET}) as http:
-            for turn in range(TURNS):
-                client.send(http, turn)
-            metrics = http.get("/metrics").text
-    finally:
-        server.should_exit = True
+    _, metrics = converse(app, dialect)
     recs = read_capture_log(tmp_path / "s1.jsonl").records
     assert len(recs) == TURNS and all(r.mode == "exact" for r in recs)
     assert recs[0].splice.new_root_reason == "new_conversation" and recs[0].splice.parent_call_id is None
