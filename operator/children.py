@@ -213,6 +213,7 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         "--engine", inference_service_url(job),
         "--capture-dir", "/capture",
         "--mode", job.capture_mode,
+        *_exact_mode_args(job),
         *(["--served-model", job.served_model] if job.served_model else []),
         "--policy-version", str(job.policy_version),
         # the kubelet expands $(VAR) from the container's env: the secret stays out of the args
@@ -228,12 +229,14 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         "command": ["tracefleet"],
         "args": proxy_args,
         "restartPolicy": "Always",
-        "env": _env({"TRACEFLEET_SESSION_SECRET": secret}) + _bucket_env(job),
+        "env": _env({"TRACEFLEET_SESSION_SECRET": secret, **_tokenizer_env(job)}) + _bucket_env(job),
         "envFrom": _bucket_env_from(job),
         "ports": [{"name": "proxy", "containerPort": PROXY_PORT}],
         "startupProbe": {"httpGet": {"path": "/health", "port": "proxy"}, "periodSeconds": 1, "failureThreshold": 60},
         "readinessProbe": {"httpGet": {"path": "/health", "port": "proxy"}, "periodSeconds": 5},
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        # exact mode holds the model's tokenizer (a large vocabulary is ~100-200 MiB) and the served ids
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi" if job.capture_mode == "server" else "256Mi"},
+                      "limits": {"memory": "512Mi" if job.capture_mode == "server" else "1Gi"}},
         "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
         "volumeMounts": [
             {"name": "capture", "mountPath": "/capture"},
@@ -241,6 +244,9 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
             {"name": "proxy-tmp", "mountPath": "/tmp"},
         ],
     }
+    if _mounts_tokenizer(job):
+        assert job.tokenizer_cache is not None
+        proxy["volumeMounts"].append({"name": "tokenizer-cache", "mountPath": job.tokenizer_cache[1], "readOnly": True})
     harness_env = {
         "TRACEFLEET_JOB": job.name,
         "TRACEFLEET_SESSION": str(session),
@@ -268,6 +274,10 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         {"name": "home", "mountPath": "/home/harness"},
         {"name": "artifacts", "mountPath": "/artifacts"},
     ]
+    if _mounts_tokenizer(job):
+        assert job.tokenizer_cache is not None
+        volumes.append({"name": "tokenizer-cache",
+                        "persistentVolumeClaim": {"claimName": job.tokenizer_cache[0], "readOnly": True}})
     task_env, task_volumes, task_mounts = _task_source(job, task)
     harness_env.update(task_env)
     volumes += task_volumes
@@ -314,6 +324,37 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         "metadata": _metadata(job, name, n.COMPONENT_HARNESS, **labels),
         "spec": spec,
     }
+
+
+def _mounts_tokenizer(job: JobView) -> bool:
+    return job.capture_mode != "server" and job.tokenizer_cache is not None
+
+
+def _exact_mode_args(job: JobView) -> list[str]:
+    """The proxy's exact-mode flags: where to read the tokenizer (a hub id resolves in the mounted
+    model cache, the layout vLLM downloads into) and the family/parser overrides."""
+    if job.capture_mode == "server":
+        return []
+    return [*(["--model-path", job.capture_tokenizer] if job.capture_tokenizer else []),
+            *(["--model-family", job.capture_family] if job.capture_family else []),
+            *(["--tool-parser", job.capture_tool_parser] if job.capture_tool_parser else [])]
+
+
+def _tokenizer_env(job: JobView) -> dict[str, str]:
+    if not _mounts_tokenizer(job):
+        return {}
+    assert job.tokenizer_cache is not None
+    # never download in the sandbox: the tokenizer is in the mounted cache or exact mode is off
+    return {"HF_HOME": job.tokenizer_cache[1], "HF_HUB_OFFLINE": "1"}
+
+
+def exact_mode_problem(job: JobView) -> str | None:
+    """Why `capture.mode: exact` cannot work on the cluster, or None (auto falls back to server instead)."""
+    if job.capture_mode == "exact" and job.tokenizer_cache is None:
+        return ("spec.inference.capture.mode exact needs the model's tokenizer inside every proxy sidecar: set "
+                "spec.inference.managed.modelCache or spec.inference.capture.tokenizerCache (a claim holding it), "
+                "or use mode auto, which falls back to server capture")
+    return None
 
 
 def _task_source(job: JobView, task: int) -> tuple[dict[str, str], list[dict[str, Any]], list[dict[str, Any]]]:

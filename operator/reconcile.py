@@ -121,6 +121,8 @@ class Reconciler:
             problems.append("spec.harness.image is required on Kubernetes")
         if job.evaluator is not None and not job.evaluator.image:
             problems.append("spec.evaluator.image (or spec.harness.image) is required on Kubernetes")
+        if (problem := children.exact_mode_problem(job)) is not None:
+            problems.append(problem)
         if problems:
             res.status = self._fail_status(old_status, generation, "InvalidSpec", "; ".join(problems), now)
             return res

@@ -72,7 +72,7 @@ class JobView:
     managed: ManagedView | None
     external_url: str | None
     served_model: str
-    capture_mode: str
+    capture_mode: str  # auto | exact | server
     policy_version: int
     harness: HarnessView
     evaluator: EvaluatorView | None
@@ -93,6 +93,12 @@ class JobView:
     ttl_after_finished_s: int | None
     priority_class: str | None = None
     managed_by: str | None = None
+    # exact mode in the proxy sidecar: where it reads the tokenizer (--model-path), the family/parser
+    # overrides, and the volume (claim, mount path) holding it, mounted read-only
+    capture_tokenizer: str | None = None
+    capture_family: str | None = None
+    capture_tool_parser: str | None = None
+    tokenizer_cache: tuple[str, str] | None = None
 
     @property
     def inline_task_count(self) -> int | None:
@@ -122,6 +128,8 @@ class JobView:
                 replicas=m.replicas,
                 extra_args=tuple(m.extra_args or ()),
                 resources=res,
+                # vLLM downloads into $HF_HOME/hub: the claim is that cache, wherever it is mounted
+                env={"HF_HOME": m.model_cache.mount_path} if m.model_cache else {},
                 cache_claim=m.model_cache.claim_name if m.model_cache else None,
                 cache_path=m.model_cache.mount_path if m.model_cache else None,
             )
@@ -143,6 +151,8 @@ class JobView:
             if e is not None
             else None
         )
+        cap = inf.capture
+        cache = cap.tokenizer_cache or (inf.managed.model_cache if inf.managed else None)
         t = s.tasks
         hook = s.trainer.webhook if s.trainer and s.trainer.webhook else None
         return cls(
@@ -175,6 +185,10 @@ class JobView:
             ttl_after_finished_s=s.ttl_seconds_after_finished,
             priority_class=(meta.labels or {}).get("kueue.x-k8s.io/priority-class"),
             managed_by=s.managed_by,
+            capture_tokenizer=cap.tokenizer or (managed.model if managed else served or None),
+            capture_family=cap.model_family,
+            capture_tool_parser=cap.tool_parser,
+            tokenizer_cache=(cache.claim_name, cache.mount_path) if cache else None,
         )
 
 

@@ -32,9 +32,10 @@ from .engine_client import EngineClient
 from .errors import ProxyError
 from .metrics import ProxyMetrics
 from .sessions import Session, SessionStore
-from .exact.engine import ExactTokenEngine, exact_engine_for
+from .exact.engine import ExactTokenEngine
 from .exact.metrics import register_exact_metrics
-from .token_engine import CallState, ServerTokenEngine, TokenEngine
+from .mode import ModeDecision, register_mode_metric, select_token_engine
+from .token_engine import CallState, TokenEngine
 
 PATH_SESSION = "tracefleet.path_session"
 CHAT, RESPONSES, ANTHROPIC, GOOGLE = OpenAIChat(), OpenAIResponses(), Anthropic(), Google()
@@ -88,11 +89,10 @@ class Proxy:
         self.metrics = ProxyMetrics()
         self.client = EngineClient(config.engine_url, timeout_s=config.engine_timeout_s,
                                    connect_timeout_s=config.engine_connect_timeout_s)
+        self.mode_decision: ModeDecision | None = None
         if token_engine is None:
-            if config.mode == "exact":
-                token_engine = exact_engine_for(config, self.client)
-            else:
-                token_engine = ServerTokenEngine(self.client, config.served_model)
+            token_engine, self.mode_decision = select_token_engine(config, self.client)
+            register_mode_metric(self.metrics.registry, self.mode_decision)
         if isinstance(token_engine, ExactTokenEngine):
             register_exact_metrics(self.metrics.registry, token_engine)
         self.engine = token_engine
@@ -329,9 +329,13 @@ def create_app(config: ProxyConfig, *, token_engine: TokenEngine | None = None) 
     async def root() -> Response:
         return Response(b'{"status":"ok","service":"tracefleet-proxy"}', media_type="application/json")
 
+    decision = proxy.mode_decision
+    health_body = orjson.dumps({"status": "ok", "capture_mode": decision.as_dict() if decision else
+                                {"mode": proxy.engine.mode, "reason": "token engine given by the caller"}})
+
     @app.get("/health")
     async def health() -> Response:
-        return Response(b'{"status":"ok"}', media_type="application/json")
+        return Response(health_body, media_type="application/json")
 
     @app.get("/metrics")
     async def metrics() -> Response:

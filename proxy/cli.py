@@ -28,14 +28,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=4000, help="port (0 = pick a free one; default 4000)")
     parser.add_argument("--port-file", type=Path, metavar="FILE", help="write the bound port here once listening")
-    parser.add_argument("--mode", choices=["server", "exact"], default="server",
-                        help="capture mode: 'server' = the engine renders prompts and returns token ids; 'exact' = the "
-                             "proxy renders with the model's own chat template, reuses the exact ids it served for "
-                             "the history, and sends token ids to the engine (needs --model-path)")
+    parser.add_argument("--mode", choices=["auto", "server", "exact"], default="auto",
+                        help="capture mode: 'exact' = the proxy renders with the model's own chat template, reuses the "
+                             "exact ids it served for the history and sends token ids to the engine (refuses to start "
+                             "when it cannot read the tokenizer); 'server' = the engine renders prompts and returns "
+                             "token ids; 'auto' (default) = exact where the model's family is supported, server "
+                             "otherwise (the choice and its reason are printed, on /health and in the metrics)")
     parser.add_argument("--model-path", metavar="REF",
-                        help="exact mode: a shipped model name (smollm2, gemma3-270m), a .gguf file or a Hugging Face "
-                             "model directory (tokenizer.json + tokenizer_config.json); default: --served-model")
+                        help="exact mode: a shipped model name (smollm2, gemma3-270m), a .gguf file, a Hugging Face "
+                             "model directory (tokenizer.json + tokenizer_config.json) or a hub id already in the local "
+                             "Hugging Face cache ($HF_HOME/hub, e.g. a mounted vLLM model cache); default: --served-model")
     parser.add_argument("--model-family", metavar="NAME", help="exact mode: override the detected model family")
+    parser.add_argument("--tool-parser", metavar="NAME", help="exact mode: override the tool-call output parser")
     parser.add_argument("--served-model", metavar="NAME", help="engine model name (default: first from the engine's /v1/models)")
     parser.add_argument("--session", action="append", default=[], metavar="ID:SECRET",
                         help="create this session at startup (sidecar mode); repeatable")
@@ -79,13 +83,19 @@ def main(args: argparse.Namespace) -> int:
         sessions.append(PresetSession(session_id=sid, secret=secret))
     config = ProxyConfig(
         engine_url=args.engine, capture_dir=args.capture_dir, admin_token=args.admin_token, mode=args.mode,
-        model_path=args.model_path, model_family=args.model_family,
+        model_path=args.model_path, model_family=args.model_family, tool_parser=args.tool_parser,
         served_model=args.served_model, max_body_bytes=int(args.max_body_mb * 1024 * 1024), keepalive_s=args.keepalive_s,
         pause_max_wait_s=args.pause_max_wait_s, engine_timeout_s=args.engine_timeout_s,
         policy_version=args.policy_version, sessions=sessions,
         upload_to=args.upload_to, artifacts_dir=args.artifacts_dir,
     )
-    app = create_app(config)
+    try:
+        app = create_app(config)
+    except ValueError as exc:  # exact mode asked for but impossible, an unknown family, ...
+        print(f"tracefleet proxy: {exc}", flush=True)
+        return 2
+    decision = app.state.proxy.mode_decision
+    print(f"tracefleet proxy: capture mode {decision.mode} ({decision.reason})", flush=True)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))

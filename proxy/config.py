@@ -20,9 +20,12 @@ class ProxyConfig(BaseModel):
     engine_url: str
     capture_dir: Path
     admin_token: str
-    mode: Literal["server", "exact"] = "server"
+    # server: the engine renders prompts; exact: the proxy renders and splices served ids (fails to start
+    # when it cannot); auto: exact where the model's family is supported, server otherwise (proxy/mode.py)
+    mode: Literal["auto", "server", "exact"] = "server"
     # exact mode: where the model's tokenizer and chat template come from (a shipped model name, a .gguf
-    # file or a Hugging Face model directory; never downloaded), and optional family/parser overrides
+    # file, a Hugging Face model directory or a hub id in the local HF cache; never downloaded), and
+    # optional family/parser overrides
     model_path: str | None = None
     model_family: str | None = None
     tool_parser: str | None = None

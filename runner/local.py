@@ -254,15 +254,21 @@ class LocalRun:
             self._summary(Progress(total=len(keys), skipped=len(keys)), sink, False)
             return 0
         engine_url, engine, model_hint = self._engine()
+        capture = spec.inference.capture
         proxy = bridge = None
         try:
             proxy = InProcessProxy(
                 engine_url=engine_url,
                 capture_dir=self.work_dir / "capture",
-                mode=spec.inference.capture.mode,
+                mode=capture.mode,
                 served_model=model_hint,
+                model_path=capture.tokenizer or model_hint,
+                model_family=capture.model_family,
+                tool_parser=capture.tool_parser,
                 policy_version=spec.inference.policy_version,
             ).start()
+            decision = proxy.mode_decision
+            self._say(f"capture mode {decision.mode} ({decision.reason})")
             harness = HarnessConfig(
                 preset=spec.harness.preset or "command",
                 # {job_dir} lets a job ship its own harness script next to the manifest.

@@ -96,7 +96,8 @@ class InProcessProxy:
     """The capture proxy (`tracefleet.proxy.app.create_app`) served by uvicorn on a thread."""
 
     def __init__(self, *, engine_url: str, capture_dir: Path, mode: str, served_model: str | None,
-                 policy_version: int = 0) -> None:
+                 policy_version: int = 0, model_path: str | None = None, model_family: str | None = None,
+                 tool_parser: str | None = None) -> None:
         from tracefleet.proxy.app import create_app
         from tracefleet.proxy.config import ProxyConfig
 
@@ -109,10 +110,14 @@ class InProcessProxy:
             admin_token=self.admin_token,
             mode=mode,  # type: ignore[arg-type]
             served_model=served_model,
+            model_path=model_path,
+            model_family=model_family,
+            tool_parser=tool_parser,
             policy_version=policy_version,
         )
         self.port = free_port()
         app = create_app(self.config)
+        self.mode_decision = app.state.proxy.mode_decision
         self._server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
                            timeout_keep_alive=30, access_log=False)

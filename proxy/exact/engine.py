@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from tracefleet.capture import SpliceInfo
-from tracefleet.formats.families import ModelFormat, load_model_format
+from tracefleet.formats.families import ModelFormat
 from tracefleet.formats.parsers import make_parser
 
 from ..canonical import Conversation, ToolCall
@@ -182,17 +182,3 @@ class ExactTokenEngine(ServedModelName):
         tc = ToolCall(id=new_tool_call_id(), name=name, arguments=args, kind=kind)  # type: ignore[arg-type]
         state.tool_calls.append(tc)
         return tc
-
-
-def exact_engine_for(config: Any, client: EngineClient) -> ExactTokenEngine:
-    """The exact engine a `ProxyConfig` asks for (mode=exact): the model's tokenizer and chat template come
-    from `model_path` (a shipped model name, a .gguf file or a Hugging Face model directory; local only),
-    falling back to `served_model` when that names a shipped model."""
-    ref = getattr(config, "model_path", None) or config.served_model
-    if not ref:
-        raise ValueError("exact mode needs model_path: a shipped model name (smollm2, gemma3-270m), "
-                         "a .gguf file or a Hugging Face model directory with tokenizer.json + tokenizer_config.json")
-    fmt = load_model_format(ref, family=getattr(config, "model_family", None),
-                            template_file=getattr(config, "chat_template_file", None),
-                            tool_parser=getattr(config, "tool_parser", None))
-    return ExactTokenEngine(client, fmt, config.served_model)

@@ -69,7 +69,7 @@ def test_snake_case_attributes_and_camel_case_wire() -> None:
 def test_defaults_are_filled() -> None:
     job = RolloutJob.from_file(REPO / "examples" / "local-command.yaml")
     spec = job.spec
-    assert spec.inference.capture.mode == "exact"
+    assert spec.inference.capture.mode == "auto"
     assert spec.inference.policy_version == 0
     assert spec.harness.workspace.workdir == "/workspace"
     assert spec.output.builder == "prefix-merge"

@@ -82,7 +82,7 @@ def test_schema_carries_defaults_enums_and_rules() -> None:
     assert inference["properties"]["capture"]["default"] == {}
     assert inference["properties"]["capture"]["properties"]["mode"] == {
         "type": "string", "description": inference["properties"]["capture"]["properties"]["mode"]["description"],
-        "default": "exact", "enum": ["exact", "server"],
+        "default": "auto", "enum": ["auto", "exact", "server"],
     }
     assert spec["properties"]["parallelism"]["minimum"] == 1
     assert [v["message"] for v in inference["x-kubernetes-validations"]] == ["exactly one of managed or external must be set"]

@@ -138,6 +138,45 @@ def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: JobView) -> Non
     assert any(m["name"] == "artifacts" for m in harness["volumeMounts"])
 
 
+def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: JobView) -> None:
+    """Default capture mode (auto) on a managed model with a cache claim: the sidecar mounts the claim
+    read-only where vLLM has it ($HF_HOME), offline, and is told the hub id to resolve there."""
+    spec = c.harness_pod(job, CFG, session=0, attempt=0)["spec"]
+    (proxy,) = spec["initContainers"]
+    args = proxy["args"]
+    assert args[args.index("--mode") + 1] == "auto" and args[args.index("--model-path") + 1] == "Qwen/Qwen3-4B"
+    assert {"name": "tokenizer-cache", "mountPath": "/root/.cache/huggingface", "readOnly": True} in proxy["volumeMounts"]
+    assert {"name": "tokenizer-cache", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in spec["volumes"]
+    env = {e["name"]: e["value"] for e in proxy["env"]}
+    assert env["HF_HOME"] == "/root/.cache/huggingface" and env["HF_HUB_OFFLINE"] == "1"
+    (harness,) = spec["containers"]
+    assert not any(m["name"] == "tokenizer-cache" for m in harness["volumeMounts"])  # the sandbox never sees it
+    (vllm,) = c.inference_deployment(job)["spec"]["template"]["spec"]["containers"]
+    assert {"name": "HF_HOME", "value": "/root/.cache/huggingface"} in vllm["env"]  # where vLLM downloads to
+    assert c.exact_mode_problem(job) is None
+
+    body = yaml.safe_load(MANAGED)
+    body["spec"]["inference"]["capture"] = {"mode": "server"}
+    server = c.harness_pod(JobView.from_body(body), CFG, 0, 0)["spec"]
+    assert "--model-path" not in server["initContainers"][0]["args"]
+    assert not any(v["name"] == "tokenizer-cache" for v in server["volumes"])
+
+    # external engine: the tokenizer comes from a claim named in capture, with overrides passed through
+    body = external_body()
+    body["spec"]["inference"]["capture"] = {"mode": "exact", "tokenizer": "/models/qwen3", "toolParser": "qwen3_coder",
+                                            "tokenizerCache": {"claimName": "tok", "mountPath": "/models"}}
+    ext = JobView.from_body(body)
+    spec = c.harness_pod(ext, CFG, 0, 0)["spec"]
+    args = spec["initContainers"][0]["args"]
+    assert args[args.index("--model-path") + 1] == "/models/qwen3" and args[args.index("--tool-parser") + 1] == "qwen3_coder"
+    assert {"name": "tokenizer-cache", "persistentVolumeClaim": {"claimName": "tok", "readOnly": True}} in spec["volumes"]
+    assert c.exact_mode_problem(ext) is None
+    # exact asked for with nothing to read a tokenizer from: refused up front, with what to set
+    del body["spec"]["inference"]["capture"]["tokenizerCache"]
+    problem = c.exact_mode_problem(JobView.from_body(body))
+    assert problem is not None and "tokenizerCache" in problem and "mode auto" in problem
+
+
 def test_network_policy_allows_only_inference_bucket_and_dns(job: JobView) -> None:
     np = c.harness_network_policy(job)
     _owner_ok(np, job)

@@ -500,6 +500,18 @@ def test_external_engine_reachability_gates_sessions(env: Env) -> None:
         srv.shutdown()
 
 
+def test_exact_capture_without_a_tokenizer_source_fails_with_invalid_spec(env: Env) -> None:
+    """`capture.mode: exact` where no proxy sidecar could read the tokenizer (no model cache, no tokenizer
+    claim): the job fails up front with what to set, instead of crash-looping sidecars."""
+    ns = new_namespace(env, "rj-exact")
+    rolloutjob(env, ns, "ex", tasks=1, samples=1, parallelism=1, per_batch=1,
+               inference={"managed": {"model": "Qwen/Qwen3-4B", "gpusPerReplica": 1}, "capture": {"mode": "exact"}})
+    cond = wait_for("Failed=True", lambda: next((c for c in env.status(ns, "ex").get("conditions") or []
+                                                 if c["type"] == "Failed" and c["status"] == "True"), None))
+    assert cond["reason"] == "InvalidSpec" and "tokenizerCache" in cond["message"]
+    assert env.status(ns, "ex")["phase"] == "Failed" and not env.pods(ns, "ex")
+
+
 @pytest.mark.parametrize(
     "mutate,expect",
     [

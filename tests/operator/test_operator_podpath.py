@@ -24,13 +24,15 @@ from typing import Any
 
 import yaml
 
-from tracefleet.api.model import RolloutJob
+from tracefleet.api.model import Capture, RolloutJob
 from tracefleet.bucket import open_bucket
 from tracefleet.capture import read_capture_log
 from tracefleet.operator import children
 from tracefleet.operator.view import JobView, OperatorConfig
 from tracefleet.proxy.upload import upload_outputs
 from tracefleet.traces.reader import BatchReader
+
+from fixtures.hub_cache import write_hub_model
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart"
@@ -299,3 +301,36 @@ def test_in_pod_exit_code_reflects_a_failed_harness_and_artifacts_still_upload(s
     assert result["status"] == "error" and result["stage"] == "harness" and result["harness_exit_code"] == 3
     assert "+partial" in (session / "artifacts" / "session.patch").read_text()
     assert (session / "capture.jsonl").read_bytes() == b""  # no model calls: an explicit empty log
+
+
+def test_sidecar_renders_exactly_with_the_tokenizer_from_its_mounted_cache(scripted_engine, tmp_path: Path) -> None:
+    """The default capture mode (auto) in a pod: the sidecar resolves the job's hub model id in the claim
+    the operator mounts read-only (laid out as vLLM leaves it), offline, and captures in exact mode."""
+    scripted_engine.configure(no_tools_text=FIXED_CALC)
+    rj = rollout_job(scripted_engine, str(tmp_path / "bucket"))
+    rj.spec.inference.capture = Capture.model_validate(
+        {"tokenizer": "acme/tiny-chat", "tokenizerCache": {"claimName": "tok", "mountPath": "/models"}})
+    job = JobView.from_model(rj)
+    assert job.capture_mode == "auto"
+    pod = children.harness_pod(job, OperatorConfig(), session=0, attempt=0)
+    kubelet = Kubelet(tmp_path / "pod", {"bucket-credentials": {}}, pod["spec"]["volumes"])
+    write_hub_model(tmp_path / "pod" / "tokenizer-cache", "acme/tiny-chat")  # what the claim holds
+    argv, env, cwd = kubelet.process(pod["spec"]["initContainers"][0])
+    assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"] == str(tmp_path / "pod" / "tokenizer-cache")
+    proxy = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        argv, env, cwd = kubelet.process(pod["spec"]["containers"][0])
+        harness = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=240)
+        os.killpg(proxy.pid, signal.SIGTERM)
+        out, _ = proxy.communicate(timeout=60)
+    finally:
+        if proxy.poll() is None:
+            os.killpg(proxy.pid, signal.SIGKILL)
+            proxy.wait(timeout=10)
+    assert harness.returncode == 0, harness.stdout + harness.stderr
+    assert proxy.returncode == 0 and "capture mode exact" in out, out
+    log = read_capture_log(tmp_path / "bucket" / "podpath" / "sessions" / "0" / "capture.jsonl")
+    (rec,) = log.records
+    assert rec.status == "ok" and rec.mode == "exact" and rec.splice is not None
+    assert rec.splice.new_root_reason == "new_conversation" and rec.completion_ids

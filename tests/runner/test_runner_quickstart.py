@@ -26,13 +26,15 @@ def test_quickstart_produces_a_readable_batch(tmp_path: Path) -> None:
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     assert "status         completed 6" in output, output
+    # capture mode auto (the default) picks exact for Gemma 3 and says so
+    assert "capture mode exact (the model's family is supported)" in output, output
     reader = BatchReader(tmp_path / "tracefleet-output", "quickstart")
     batches = [reader.read(seq) for seq in reader.seqs()]
     traces = [t for b in batches for t in b.traces()]
     assert batches and traces
     assert sum(t.num_trainable for t in traces) > 0
     sessions = {t.meta.session_id for t in traces}
-    # Exact capture (the default): the example agent only appends to its history, so every session's
+    # Exact capture: the example agent only appends to its history, so every session's
     # calls extend each other token for token and merge into one trace.
     assert len(traces) == len(sessions), [t.call_ids for t in traces]
     assert len(sessions) == 6 and {t.meta.task_id for t in traces} == {"calc-add", "textutil-shout", "inventory-total"}

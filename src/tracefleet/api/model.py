@@ -117,7 +117,9 @@ class ResourceRequirements(WireModel):
 class ModelCache(WireModel):
     claim_name: Name = Field(description="PersistentVolumeClaim holding downloaded model weights, shared by replicas.")
     mount_path: Annotated[str, StringConstraints(min_length=1, max_length=1024)] = Field(
-        default="/root/.cache/huggingface", description="Where the claim is mounted in the vLLM container."
+        default="/root/.cache/huggingface",
+        description="Where the claim is mounted: $HF_HOME of the vLLM container, and the same path, read-only, in "
+        "proxy sidecars that read the tokenizer from it.",
     )
     read_only: bool = Field(default=False, description="Mount the cache read-only (weights pre-loaded).")
 
@@ -172,10 +174,22 @@ class ExternalInference(WireModel):
 
 
 class Capture(WireModel):
-    mode: Literal["exact", "server"] = Field(
-        default="exact",
-        description="exact: the proxy renders prompts and sends the exact served token ids back (one trace per "
-        "linear session); server: the engine renders prompts and drift splits traces.",
+    mode: Literal["auto", "exact", "server"] = Field(
+        default="auto",
+        description="exact: the proxy renders prompts with the model's chat template and sends the exact served "
+        "token ids back (one trace per linear session; the proxy refuses to start if it cannot read the tokenizer); "
+        "server: the engine renders prompts and drift splits traces; auto: exact where the model's family is "
+        "supported and its tokenizer readable, server otherwise (the choice is in every capture record).",
+    )
+    tokenizer: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = Field(
+        default=None,
+        description="Where the proxy reads the tokenizer and chat template in exact mode: a hub id in the model "
+        "cache, a model directory or .gguf path; defaults to the inference model.",
+    )
+    tokenizer_cache: ModelCache | None = Field(
+        default=None,
+        description="Volume holding the tokenizer, mounted read-only into every proxy sidecar; defaults to "
+        "inference.managed.modelCache.",
     )
     tool_parser: Annotated[str, StringConstraints(min_length=1, max_length=63)] | None = Field(
         default=None, description="Tool-call format override (e.g. hermes, qwen3_coder); detected from the model otherwise."

@@ -119,6 +119,9 @@ def load_model_format(ref: str, *, family: str | None = None, template_file: str
 
     path = Path(ref).expanduser()
     model_type = arch = None
+    if not path.exists() and ref not in MODELS and not ref.endswith(".gguf"):
+        path = cached_snapshot(ref)
+        name = name or ref
     if path.is_dir():
         tok, template, tvars, model_type = _hf_dir(path)
         served = name or path.name
@@ -139,6 +142,28 @@ def load_model_format(ref: str, *, family: str | None = None, template_file: str
         if tool_parser not in FAMILY_PARSERS:
             raise ValueError(f"unknown tool parser {tool_parser!r}; known: {sorted(FAMILY_PARSERS)}")
     return ModelFormat(served, tok, template, FAMILIES[fam], tvars, tool_parser)
+
+
+def cached_snapshot(repo_id: str) -> Path:
+    """The directory of a hub model already in the local Hugging Face cache (`$HF_HOME/hub`, the layout
+    vLLM downloads into): how a proxy sidecar finds the tokenizer in the mounted model cache. Offline."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError, OSError) as exc:
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        raise FileNotFoundError(
+            f"model {repo_id!r} is not a shipped model ({', '.join(_shipped())}), a .gguf file, a model directory, "
+            f"or a hub model in the local cache {HF_HUB_CACHE} ({type(exc).__name__})") from None
+
+
+def _shipped() -> list[str]:
+    from .models import MODELS
+
+    return sorted(MODELS)
 
 
 def _hf_dir(path: Path) -> tuple[Any, str, dict[str, Any], str | None]:
