@@ -284,6 +284,8 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
     mounts += task_mounts
     if h.command:
         harness_env["TRACEFLEET_COMMAND_JSON"] = __import__("json").dumps(list(h.command))
+    if h.workspace_setup:
+        harness_env["TRACEFLEET_WORKSPACE_SETUP_JSON"] = __import__("json").dumps(list(h.workspace_setup))
     harness_env.update({k: str(v) for k, v in h.env.items()})
     harness = {
         "name": "harness",

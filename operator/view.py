@@ -51,6 +51,7 @@ class HarnessView:
     resources: dict[str, Any] = field(default_factory=dict)
     runtime_class: str | None = None
     timeout_s: int = 1800
+    workspace_setup: tuple[str, ...] = ()  # spec.harness.workspace.setup, run before the harness starts
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ class JobView:
             resources=h.resources.model_dump(mode="json", exclude_none=True) if h.resources else {},
             runtime_class=h.runtime_class_name,
             timeout_s=h.session_timeout_seconds,
+            workspace_setup=tuple(h.workspace.setup or ()),
         )
         e = s.evaluator
         evaluator = (

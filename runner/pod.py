@@ -7,6 +7,8 @@ the environment it sets:
     TRACEFLEET_TASK_JSON | TRACEFLEET_TASKS_FILE | TRACEFLEET_TASKS_URI   the task (inline / ConfigMap / JSONL URI;
                                        the latter two pick line TRACEFLEET_TASK_INDEX)
     TRACEFLEET_PRESET, TRACEFLEET_COMMAND_JSON   the harness preset and, for `command`, its argv
+    TRACEFLEET_WORKSPACE_SETUP_JSON (optional)   spec.harness.workspace.setup: shell commands run after the
+                                       task's own setup, before the harness starts
     TRACEFLEET_BASE_URL, TRACEFLEET_API_KEY, TRACEFLEET_MODEL   the sidecar proxy, the session secret, the model
     TRACEFLEET_SESSION_ID, TRACEFLEET_JOB, TRACEFLEET_SAMPLE_INDEX, TRACEFLEET_TIMEOUT_S, TRACEFLEET_ARTIFACTS_DIR
     TRACEFLEET_JOB_DIR (optional; default: the working directory)   base of relative task paths and `{job_dir}`
@@ -83,7 +85,8 @@ def task_from_env(env: Mapping[str, str]) -> Task:
         raw = _task_line(_read_uri(uri, job_dir(env)), int(_required(env, "TRACEFLEET_TASK_INDEX")), uri)
     else:
         raise PodConfigError("no task: set TRACEFLEET_TASK_JSON, TRACEFLEET_TASKS_FILE or TRACEFLEET_TASKS_URI")
-    return task_from_api(ApiTask.model_validate(raw), job_dir(env))
+    extra_setup = json.loads(env["TRACEFLEET_WORKSPACE_SETUP_JSON"]) if env.get("TRACEFLEET_WORKSPACE_SETUP_JSON") else None
+    return task_from_api(ApiTask.model_validate(raw), job_dir(env), extra_setup)
 
 
 def plan_from_env(env: Mapping[str, str]) -> SessionPlan:

@@ -60,6 +60,7 @@ def rollout_job(engine: Any, bucket_uri: str, samples: int = 1) -> RolloutJob:
                 "image": "ghcr.io/tracefleet/tracefleet:test",
                 "command": ["python", str(QUICKSTART / "agent.py"), "{prompt}"],
                 "env": {"AGENT_MAX_TURNS": "1", "AGENT_MAX_TOKENS": "256"},
+                "workspace": {"setup": ["echo prepared > SETUP_DONE"]},
                 "sessionTimeoutSeconds": 180,
             },
             "tasks": {"inline": [calc], "samplesPerTask": samples},
@@ -104,6 +105,24 @@ class Kubelet:
         return argv, env, cwd
 
 
+def run_pod(pod: dict[str, Any], kubelet: Kubelet, timeout_s: float = 240) -> tuple[subprocess.CompletedProcess[str], int, str]:
+    """The proxy sidecar first, then the harness; when the harness exits, SIGTERM the sidecar as the kubelet
+    does. (harness result, sidecar exit code, sidecar output)."""
+    argv, env, cwd = kubelet.process(pod["spec"]["initContainers"][0])
+    proxy = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        argv, env, cwd = kubelet.process(pod["spec"]["containers"][0])
+        harness = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
+        os.killpg(proxy.pid, signal.SIGTERM)
+        out, _ = proxy.communicate(timeout=60)
+    finally:
+        if proxy.poll() is None:
+            os.killpg(proxy.pid, signal.SIGKILL)
+            proxy.wait(timeout=10)
+    return harness, proxy.returncode, out
+
+
 def run_job_container(manifest: dict[str, Any], kubelet: Kubelet, tmp: Path) -> subprocess.CompletedProcess[str]:
     spec = manifest["spec"]["template"]["spec"]
     argv, env, _ = kubelet.process(spec["containers"][0])
@@ -127,22 +146,11 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
     assert proxy_c["restartPolicy"] == "Always" and harness_c["command"] == ["tracefleet", "run", "--in-pod"]
     argv, env, cwd = kubelet.process(proxy_c)
     assert "--upload-to" in argv and "AWS_ACCESS_KEY_ID" in env and "AWS_ACCESS_KEY_ID" not in kubelet.process(harness_c)[1]
-    proxy = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
-    try:
-        argv, env, cwd = kubelet.process(harness_c)
-        harness = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=240)
-        assert harness.returncode == 0, harness.stdout + harness.stderr
-        summary = json.loads(harness.stdout.strip().splitlines()[-1])
-        assert summary["status"] == "completed" and summary["patch_bytes"] > 0
-        # the harness exited: the kubelet stops the sidecar
-        os.killpg(proxy.pid, signal.SIGTERM)
-        out, _ = proxy.communicate(timeout=60)
-    finally:
-        if proxy.poll() is None:
-            os.killpg(proxy.pid, signal.SIGKILL)
-            proxy.wait(timeout=10)
-    assert proxy.returncode == 0, out
+    harness, proxy_rc, out = run_pod(pod, kubelet)
+    assert harness.returncode == 0, harness.stdout + harness.stderr
+    summary = json.loads(harness.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "completed" and summary["patch_bytes"] > 0
+    assert proxy_rc == 0, out
     assert "uploaded" in out
 
     prefix = "podpath/sessions/0/"
@@ -158,6 +166,9 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
     assert rec.session_id == "podpath-s0"
     patch = bucket.get(prefix + "artifacts/session.patch").decode()
     assert "+    return a + b" in patch and "-    return a - b" in patch
+    # spec.harness.workspace.setup ran in the pod before the harness, into the base the patch is taken from
+    assert "$ echo prepared > SETUP_DONE" in bucket.get(prefix + "artifacts/setup.log").decode()
+    assert "SETUP_DONE" not in patch
     result = json.loads(bucket.get(prefix + "artifacts/result.json"))
     assert result["status"] == "completed" and result["harness_exit_code"] == 0 and result["task_id"] == "calc-add"
     manifest = json.loads(bucket.get(prefix + "upload.json"))
@@ -282,20 +293,9 @@ def test_in_pod_exit_code_reflects_a_failed_harness_and_artifacts_still_upload(s
     job = JobView.from_model(rj)
     pod = children.harness_pod(job, OperatorConfig(), session=0, attempt=0)
     kubelet = Kubelet(tmp_path / "pod", {"bucket-credentials": {}}, pod["spec"]["volumes"])
-    argv, env, cwd = kubelet.process(pod["spec"]["initContainers"][0])
-    proxy = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
-    try:
-        argv, env, cwd = kubelet.process(pod["spec"]["containers"][0])
-        harness = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
-        os.killpg(proxy.pid, signal.SIGTERM)
-        out, _ = proxy.communicate(timeout=60)
-    finally:
-        if proxy.poll() is None:
-            os.killpg(proxy.pid, signal.SIGKILL)
-            proxy.wait(timeout=10)
+    harness, proxy_rc, out = run_pod(pod, kubelet, timeout_s=120)
     assert harness.returncode == 1, harness.stdout + harness.stderr
-    assert proxy.returncode == 0, out
+    assert proxy_rc == 0, out
     session = tmp_path / "bucket" / "podpath" / "sessions" / "0"
     result = json.loads((session / "artifacts" / "result.json").read_text())
     assert result["status"] == "error" and result["stage"] == "harness" and result["harness_exit_code"] == 3
@@ -315,21 +315,11 @@ def test_sidecar_renders_exactly_with_the_tokenizer_from_its_mounted_cache(scrip
     pod = children.harness_pod(job, OperatorConfig(), session=0, attempt=0)
     kubelet = Kubelet(tmp_path / "pod", {"bucket-credentials": {}}, pod["spec"]["volumes"])
     write_hub_model(tmp_path / "pod" / "tokenizer-cache", "acme/tiny-chat")  # what the claim holds
-    argv, env, cwd = kubelet.process(pod["spec"]["initContainers"][0])
+    env = kubelet.process(pod["spec"]["initContainers"][0])[1]
     assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"] == str(tmp_path / "pod" / "tokenizer-cache")
-    proxy = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
-    try:
-        argv, env, cwd = kubelet.process(pod["spec"]["containers"][0])
-        harness = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=240)
-        os.killpg(proxy.pid, signal.SIGTERM)
-        out, _ = proxy.communicate(timeout=60)
-    finally:
-        if proxy.poll() is None:
-            os.killpg(proxy.pid, signal.SIGKILL)
-            proxy.wait(timeout=10)
+    harness, proxy_rc, out = run_pod(pod, kubelet)
     assert harness.returncode == 0, harness.stdout + harness.stderr
-    assert proxy.returncode == 0 and "capture mode exact" in out, out
+    assert proxy_rc == 0 and "capture mode exact" in out, out
     log = read_capture_log(tmp_path / "bucket" / "podpath" / "sessions" / "0" / "capture.jsonl")
     (rec,) = log.records
     assert rec.status == "ok" and rec.mode == "exact" and rec.splice is not None
