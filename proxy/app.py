@@ -16,11 +16,11 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .canonical import Conversation
-from .capture import Persister, build_record, kept_headers, spill_body
+from .capture import Persister, build_record, kept_headers, precompute_canonical, spill_body
 from .config import ProxyConfig
 from .controls import Controls
 from .dialects import Dialect, StreamWriter
@@ -39,7 +39,6 @@ from .token_engine import CallState, TokenEngine
 
 PATH_SESSION = "tracefleet.path_session"
 CHAT, RESPONSES, ANTHROPIC, GOOGLE = OpenAIChat(), OpenAIResponses(), Anthropic(), Google()
-_DONE = object()
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
@@ -97,6 +96,7 @@ class Proxy:
             register_exact_metrics(self.metrics.registry, token_engine)
         self.engine = token_engine
         self.persist = Persister()
+        self.in_flight = 0  # admitted calls not yet answered (the persister inlines fsync when alone)
 
     # -- responses -------------------------------------------------------------------------------
 
@@ -153,9 +153,14 @@ class Proxy:
             body = None
         del raw
         ctx = (session, conv, body, request_ref, kept_headers(request.headers))
-        if not conv.stream:
+        asyncio.get_running_loop().call_soon(precompute_canonical, state, conv)
+        if conv.stream:
+            return EventStream(self, dialect, state, ctx)  # counts itself out of in_flight when done
+        self.in_flight += 1
+        try:
             return await self._call_whole(dialect, state, ctx)
-        return await self._call_stream(dialect, state, ctx)
+        finally:
+            self.in_flight -= 1
 
     def _record(self, state: CallState, ctx: tuple[Any, ...]):  # -> CaptureRecord
         _, conv, body, ref, headers = ctx
@@ -186,114 +191,183 @@ class Proxy:
         except Exception as exc:  # a proxy bug must still leave a record and a well-formed answer
             state.error = ProxyError("internal", f"proxy error: {type(exc).__name__}: {exc}")
         state.done_at = time.time()
-        await self.persist(session, self._record(state, ctx))
+        await self.persist(session, self._record(state, ctx), alone=self.in_flight <= 1)
         if state.error is not None:
             self._observe(dialect, state, str(state.error.status))
             return self.error_response(dialect, state.error, count=False)
         self._observe(dialect, state, "200")
         return Response(payload, media_type="application/json")
 
-    async def _call_stream(self, dialect: Dialect, state: CallState, ctx: tuple[Any, ...]) -> Response:
-        session, conv = ctx[0], ctx[1]
-        queue: asyncio.Queue[Any] = asyncio.Queue()
 
-        async def pump() -> None:
-            try:
-                async for ev in self.engine.generate(conv, state):
-                    queue.put_nowait(ev)
-                queue.put_nowait(_DONE)
-            except ProxyError as err:
-                queue.put_nowait(err)
-            except Exception as exc:
-                queue.put_nowait(ProxyError("internal", f"proxy error: {type(exc).__name__}: {exc}"))
+class EventStream(Response):
+    """A streamed answer: the token engine's events become the dialect's SSE as they arrive.
 
-        task = asyncio.create_task(pump())
+    The engine's generator is iterated in the request's own task, and events that arrived in one
+    read (a `("batch", ...)`) go out in one write. (A pump task + queue per call and Starlette's
+    StreamingResponse, with its task group per response, cost ~0.3 ms of CPU per streamed call.)
+    What the task group did is done here with less: a watcher task turns the client's disconnect
+    into a cancellation, and a timer sends keep-alive pings while the engine is silent.
+
+    An error before any output is a plain HTTP error in the dialect's shape; after that, an error
+    event. Either way the capture record is fsync'd before the final event is sent.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, proxy: Proxy, dialect: Dialect, state: CallState, ctx: tuple[Any, ...]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers(_SSE_HEADERS)
+        self.proxy, self.dialect, self.state, self.ctx = proxy, dialect, state, ctx
+        self.writer: StreamWriter = dialect.writer(ctx[1], state)
+        self._send: Any = None
+        self._opened = False  # SSE headers sent
+        self._started = False  # the dialect's opening event sent
+        self._closing = False  # the final event is being sent: no more pings, a disconnect is no longer one
+        self._disconnected = False
+        self._last = 0.0  # loop time of the last write
+        self._ping: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        proxy = self.proxy
+        proxy.in_flight += 1
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._send = send
+        self._last = loop.time()
+        self._timer = loop.call_at(self._last + proxy.config.keepalive_s, self._tick)
+        watcher = loop.create_task(self._watch(receive, task))
+        events = proxy.engine.generate(self.ctx[1], self.state)
         try:
-            async with asyncio.timeout(self.config.keepalive_s):
-                first = await queue.get()
-        except TimeoutError:
-            first = None  # slow prefill: open the stream now and keep it alive with pings
-        if isinstance(first, ProxyError):  # refused before any output: a plain HTTP error
-            state.error = first
-            state.done_at = time.time()
-            await self.persist(session, self._record(state, ctx))
-            self._observe(dialect, state, str(first.status))
-            return self.error_response(dialect, first, count=False)
-        writer = dialect.writer(conv, state)
-        return StreamingResponse(self._sse(dialect, state, ctx, writer, queue, task, first),
-                                 media_type="text/event-stream", headers=_SSE_HEADERS)
-
-    async def _sse(self, dialect: Dialect, state: CallState, ctx: tuple[Any, ...], writer: StreamWriter,
-                   queue: asyncio.Queue[Any], task: asyncio.Task[None], first: Any) -> AsyncIterator[bytes]:
-        session = ctx[0]
-        keepalive = self.config.keepalive_s
-        started = False
-        pending = [first] if first is not None else []
-        if first is None:
-            started = True
-            yield writer.start()
-        try:
-            while True:
-                if not pending:
-                    try:
-                        async with asyncio.timeout(keepalive):
-                            pending.append(await queue.get())
-                    except TimeoutError:
-                        ping = writer.ping()
-                        if ping:
-                            yield ping
-                        continue
-                while not queue.empty():  # coalesce what is already here into one write
-                    pending.append(queue.get_nowait())
-                out = []
-                finished = False
-                for ev in pending:
-                    if not started and not isinstance(ev, ProxyError) and (ev is _DONE or ev[0] != "start"):
-                        started = True  # the engine skipped its opening chunk: open the message anyway
-                        out.append(writer.start())
-                    if ev is _DONE:
-                        finished = True
-                        break
-                    if isinstance(ev, ProxyError):
-                        raise ev
-                    kind, value = ev
-                    if kind == "text":
-                        out.append(writer.text(value))
-                    elif kind == "reasoning":
-                        out.append(writer.reasoning(value))
-                    elif kind == "tool_call":
-                        out.append(writer.tool_call(value))
-                    elif kind == "start" and not started:
-                        started = True
-                        out.append(writer.start())
-                pending.clear()
-                if out:
-                    yield b"".join(out)
-                if finished:
-                    break
-            state.done_at = time.time()
-            await self.persist(session, self._record(state, ctx))  # durable before the final event
-            self._observe(dialect, state, "200")
-            yield writer.end()
-        except ProxyError as err:
-            state.error = err
-            state.done_at = time.time()
-            await self.persist(session, self._record(state, ctx))
-            self._observe(dialect, state, str(err.status))
-            yield writer.error(err)
-        except BaseException:
-            # the harness went away (cancellation) or a bug: the partial call is still recorded
+            await self._stream(events, scope, receive)
+        except asyncio.CancelledError:
+            # the harness went away (or the server is stopping): the partial call is still recorded
+            state = self.state
             if state.done_at is None:
                 state.error = ProxyError("client_disconnect", "the client disconnected before the answer completed")
                 state.done_at = time.time()
-                session.append(self._record(state, ctx))
-                self._observe(dialect, state, "499")
-            raise
+                self.ctx[0].append(proxy._record(state, self.ctx))
+                proxy._observe(self.dialect, state, "499")
+            if not self._disconnected or task.uncancel() > 0:
+                raise
         finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+            proxy.in_flight -= 1
+            self._closing = True
+            self._timer.cancel()
+            watcher.cancel()
+            if self._ping is not None and not self._ping.done():
+                self._ping.cancel()
+            with contextlib.suppress(BaseException):
+                await events.aclose()  # a stream left early (error, disconnect) closes its engine request
+
+    async def _watch(self, receive: Any, task: asyncio.Task[Any]) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not self._closing:
+            self._disconnected = True
+            task.cancel()
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        keepalive = self.proxy.config.keepalive_s
+        due = self._last + keepalive
+        if loop.time() >= due - 0.001 and not self._closing and (self._ping is None or self._ping.done()):
+            self._ping = loop.create_task(self._keepalive())
+            due = loop.time() + keepalive
+        self._timer = loop.call_at(due, self._tick)
+
+    async def _keepalive(self) -> None:
+        """Engine silence: open the stream (slow prefill) or ping; runs only while the main task waits."""
+        try:
+            if not self._opened:
+                await self._open(b"")
+            else:
+                ping = self.writer.ping()
+                if ping:
+                    await self._send({"type": "http.response.body", "body": ping, "more_body": True})
+            self._last = asyncio.get_running_loop().time()
+        except Exception:  # noqa: BLE001 - the client is gone; the watcher reports it
+            pass
+
+    async def _open(self, body: bytes) -> None:
+        self._opened = True
+        if not self._started:
+            self._started = True
+            body = self.writer.start() + body
+        await self._send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await self._send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def _write(self, body: bytes, final: bool = False) -> None:
+        if self._ping is not None and not self._ping.done():
+            await self._ping  # never interleave with (or overtake) a keep-alive write
+        if final:
+            self._closing = True
+        if not self._opened:
+            if final:
+                self._opened = True
+                body = (b"" if self._started else self.writer.start()) + body
+                self._started = True
+                await self._send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            else:
+                await self._open(body)
+                self._last = asyncio.get_running_loop().time()
+                return
+        await self._send({"type": "http.response.body", "body": body, "more_body": not final})
+        self._last = asyncio.get_running_loop().time()
+
+    def _render(self, ev: Any, out: list[bytes]) -> None:
+        kind, value = ev
+        writer = self.writer
+        if kind == "batch":
+            for sub in value:
+                self._render(sub, out)
+            return
+        if not self._started:
+            self._started = True  # the engine may skip its opening event: open the message anyway
+            out.append(writer.start())
+            if kind == "start":
+                return
+        if kind == "text":
+            out.append(writer.text(value))
+        elif kind == "reasoning":
+            out.append(writer.reasoning(value))
+        elif kind == "tool_call":
+            out.append(writer.tool_call(value))
+
+    async def _stream(self, events: AsyncIterator[Any], scope: dict[str, Any], receive: Any) -> None:
+        proxy, dialect, state, session = self.proxy, self.dialect, self.state, self.ctx[0]
+        out: list[bytes] = []
+        try:
+            async for ev in events:
+                self._render(ev, out)
+                if out:
+                    await self._write(out[0] if len(out) == 1 else b"".join(out))
+                    out.clear()
+        except ProxyError as err:
+            error = err
+        except Exception as exc:  # a proxy bug must still leave a record and a well-formed answer
+            error = ProxyError("internal", f"proxy error: {type(exc).__name__}: {exc}")
+        else:
+            state.done_at = time.time()
+            await proxy.persist(session, proxy._record(state, self.ctx), alone=proxy.in_flight <= 1)
+            try:
+                await self._write(self.writer.end(), final=True)  # durable before the final event
+            finally:
+                proxy._observe(dialect, state, "200")  # off the answer's critical path
+            return
+        state.error = error
+        state.done_at = time.time()
+        await proxy.persist(session, proxy._record(state, self.ctx), alone=proxy.in_flight <= 1)
+        proxy._observe(dialect, state, str(error.status))
+        if self._ping is not None and not self._ping.done():
+            await self._ping
+        if not self._opened:  # refused before any output: a plain HTTP error
+            self._closing = self._opened = True
+            await proxy.error_response(dialect, error, count=False)(scope, receive, self._send)
+            return
+        await self._write(self.writer.error(error), final=True)
 
 
 def create_app(config: ProxyConfig, *, token_engine: TokenEngine | None = None) -> FastAPI:
@@ -302,6 +376,7 @@ def create_app(config: ProxyConfig, *, token_engine: TokenEngine | None = None) 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
+        proxy.persist.close()
         await proxy.client.aclose()
         proxy.sessions.close_all()
 
@@ -322,6 +397,24 @@ def create_app(config: ProxyConfig, *, token_engine: TokenEngine | None = None) 
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> Response:
         return proxy.error_response(dialect_for_path(request.url.path), exc)
+
+    # -- generation routes -----------------------------------------------------------------------
+    # Plain routes on FastAPI's router (same routing, exception handlers and 405s): they take the
+    # Request and return a Response, so FastAPI's per-call dependency solving (~30 us) buys nothing;
+    # registered first because the router tries routes in order.
+
+    async def chat(request: Request) -> Response:
+        return await proxy.call(request, CHAT)
+
+    async def responses(request: Request) -> Response:
+        return await proxy.call(request, RESPONSES)
+
+    async def messages(request: Request) -> Response:
+        return await proxy.call(request, ANTHROPIC)
+
+    app.add_route("/v1/chat/completions", chat, methods=["POST"])
+    app.add_route("/v1/responses", responses, methods=["POST"])
+    app.add_route("/v1/messages", messages, methods=["POST"])
 
     # -- probes ----------------------------------------------------------------------------------
 
@@ -373,19 +466,7 @@ def create_app(config: ProxyConfig, *, token_engine: TokenEngine | None = None) 
                                                   "supportedGenerationMethods": ["generateContent", "countTokens"]}
                                                  for i in ids]}), media_type="application/json")
 
-    # -- dialects --------------------------------------------------------------------------------
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await proxy.call(request, CHAT)
-
-    @app.post("/v1/responses")
-    async def responses(request: Request) -> Response:
-        return await proxy.call(request, RESPONSES)
-
-    @app.post("/v1/messages")
-    async def messages(request: Request) -> Response:
-        return await proxy.call(request, ANTHROPIC)
+    # -- dialects (the generation routes are registered first, above) ---------------------------
 
     async def count(request: Request, dialect: Dialect, path_model: str | None) -> int:
         _, conv, _, _ = await proxy.admit(request, dialect, path_model)

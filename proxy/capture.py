@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import queue
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from tracefleet.capture import CallError, CaptureRecord, Timings
+from tracefleet.capture import CallError, CaptureRecord, Timings, encode_record
 
 from .canonical import Conversation
 from .sessions import Session
@@ -66,7 +69,7 @@ def build_record(
                         first_token_at=state.first_token_at, done_at=state.done_at),
         request=request,
         request_ref=request_ref,
-        canonical=conv.model_dump(mode="json", exclude_defaults=True) if conv is not None else None,
+        canonical=state.canonical if state.canonical is not None else canonical_dump(conv),
         headers=headers,
         prompt_ids=state.prompt_ids,
         completion_ids=state.completion_ids,
@@ -80,6 +83,17 @@ def build_record(
         prompt_tokens=state.prompt_tokens,
         completion_tokens=state.completion_tokens,
     )
+
+
+def canonical_dump(conv: Conversation | None) -> dict[str, Any] | None:
+    return conv.model_dump(mode="json", exclude_defaults=True) if conv is not None else None
+
+
+def precompute_canonical(state: CallState, conv: Conversation) -> None:
+    """Scheduled with call_soon when a call starts: it then runs while the engine is working (the
+    task's first wait), instead of between the engine's last byte and the harness's."""
+    if state.canonical is None and state.done_at is None:
+        state.canonical = canonical_dump(conv)
 
 
 def spill_body(capture_dir: Path, session_id: str, call_id: str, body: bytes) -> str:
@@ -101,24 +115,77 @@ def spill_body(capture_dir: Path, session_id: str, call_id: str, body: bytes) ->
 class Persister:
     """Makes records durable (append + fsync) before the caller answers.
 
-    An fsync on a fast device (tmpfs, NVMe) costs tens of microseconds, less than handing the work
-    to a thread (~250 us on a busy box); on a slow disk it can take milliseconds, which must not
-    stall every other stream on the event loop. So: measure, and append inline while the running
-    average stays under `inline_below_s`, in a worker thread otherwise (re-probing inline now and
-    then so a disk that got faster is noticed).
+    Inline, on the event loop, whenever that stalls nobody for long: on a fast device (tmpfs, NVMe:
+    tens of microseconds, less than any thread handoff), and on a slower one while this is the only
+    call in flight (`alone`: a handoff would only add two thread wake-ups to the fsync). Otherwise one
+    writer thread per proxy takes the appends and group-commits: the records of a session that queued
+    up while it was busy go down in one write and one fsync, each caller resumed only after that.
     """
 
-    def __init__(self, inline_below_s: float = 0.0003) -> None:
+    def __init__(self, inline_below_s: float = 0.0003, alone_below_s: float = 0.005) -> None:
         self.inline_below_s = inline_below_s
-        self.avg_s = 0.0
-        self._offloaded = 0
+        self.alone_below_s = alone_below_s
+        self.avg_s = 0.0  # running average of write + fsync (encoding excluded)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
 
-    async def __call__(self, session: Session, record: CaptureRecord) -> None:
-        if self.avg_s < self.inline_below_s or self._offloaded >= 256:
-            self._offloaded = 0
+    async def __call__(self, session: Session, record: CaptureRecord, alone: bool = False) -> None:
+        data = encode_record(record)
+        failed = int(record.status != "ok")
+        avg = self.avg_s
+        if avg < self.inline_below_s or (alone and avg < self.alone_below_s):
             t0 = time.perf_counter()
-            session.append(record)
-            self.avg_s = 0.8 * self.avg_s + 0.2 * (time.perf_counter() - t0)
-        else:
-            self._offloaded += 1
-            await asyncio.to_thread(session.append, record)
+            session.append_encoded(data, 1, failed)
+            self.avg_s = 0.8 * avg + 0.2 * (time.perf_counter() - t0)
+            return
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._writer, name="tracefleet-capture-writer", daemon=True)
+            self._thread.start()
+        self._queue.put((session, data, failed, loop, done))
+        await done
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread = None
+
+    def _writer(self) -> None:
+        q = self._queue
+        while True:
+            items = [q.get()]
+            while True:
+                try:
+                    items.append(q.get_nowait())
+                except queue.Empty:
+                    break
+            groups: dict[int, list[Any]] = {}
+            for item in items:
+                if item is not None:
+                    groups.setdefault(id(item[0]), []).append(item)
+            for group in groups.values():
+                t0 = time.perf_counter()
+                err: BaseException | None = None
+                try:
+                    group[0][0].append_encoded(b"".join(it[1] for it in group), len(group), sum(it[2] for it in group))
+                except BaseException as exc:  # the callers get it, as they would inline
+                    err = exc
+                self.avg_s = 0.8 * self.avg_s + 0.2 * (time.perf_counter() - t0)
+                by_loop: dict[int, tuple[Any, list[Any]]] = {}
+                for it in group:
+                    by_loop.setdefault(id(it[3]), (it[3], []))[1].append(it[4])
+                for loop, futures in by_loop.values():
+                    with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                        loop.call_soon_threadsafe(_settle, futures, err)
+            if None in items:
+                return
+
+
+def _settle(futures: list[asyncio.Future[None]], err: BaseException | None) -> None:
+    for fut in futures:
+        if not fut.done():  # a caller cancelled meanwhile still had its record written
+            if err is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(err)

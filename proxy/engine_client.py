@@ -79,7 +79,8 @@ class EngineClient:
             self._http = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=self._max_connections,
                                                keepalive_timeout=60),
-                timeout=self._timeout, auto_decompress=False, skip_auto_headers=("User-Agent",))
+                timeout=self._timeout, auto_decompress=False, skip_auto_headers=("User-Agent",),
+                cookie_jar=aiohttp.DummyCookieJar())  # the engine sets none: skip the per-request cookie filtering
         return self._http
 
     async def aclose(self) -> None:
@@ -119,6 +120,9 @@ class EngineClient:
     def chat_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         return self.sse_stream("/v1/chat/completions", body)
 
+    def chat_stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
+        return self.sse_batches("/v1/chat/completions", body)
+
     def completions_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """/v1/completions streamed (token-id prompts: the exact mode's route)."""
         return self.sse_stream("/v1/completions", body)
@@ -126,8 +130,16 @@ class EngineClient:
     async def sse_stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Yield the engine's SSE chunks as dicts; raise ProxyError on any failure, including a
         stream that ends without `[DONE]` (the engine died)."""
+        async for batch in self.sse_batches(path, body):
+            for chunk in batch:
+                yield chunk
+
+    async def sse_batches(self, path: str, body: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
+        """The engine's SSE chunks, one list per network read: what arrived together can be
+        forwarded to the harness in one write (a fast engine sends many chunks per read)."""
         started = False
         done = False
+        loads = orjson.loads
         try:
             async with self._session().post(self.base_url + path, data=orjson.dumps(body), headers=_SSE) as resp:
                 if resp.status >= 400:
@@ -135,25 +147,39 @@ class EngineClient:
                 started = True
                 buf = b""
                 async for data in resp.content.iter_any():
-                    buf += data
+                    buf = buf + data if buf else data
                     if b"\n\n" not in buf:
-                        continue
-                    *events, buf = buf.replace(b"\r\n", b"\n").split(b"\n\n")
+                        if b"\r" not in buf or b"\n\n" not in buf.replace(b"\r\n", b"\n"):
+                            continue
+                    if b"\r" in buf:
+                        buf = buf.replace(b"\r\n", b"\n")
+                    *events, buf = buf.split(b"\n\n")
+                    if done:
+                        continue  # keep reading to the end so the connection is reused
+                    batch: list[dict[str, Any]] = []
                     for event in events:
-                        for line in event.split(b"\n"):
-                            if not line.startswith(b"data:") or done:
+                        for line in event.split(b"\n") if b"\n" in event else (event,):
+                            if line[:5] != b"data:":
                                 continue
                             payload = line[5:].strip()
                             if payload == b"[DONE]":
-                                done = True  # keep reading to the end so the connection is reused
-                                continue
+                                done = True
+                                break
                             try:
-                                chunk = orjson.loads(payload)
+                                chunk = loads(payload)
                             except ValueError as exc:
+                                if batch:
+                                    yield batch
                                 raise ProxyError("engine_5xx", f"engine sent an invalid stream chunk: {exc}") from exc
                             if "choices" not in chunk and ("error" in chunk or chunk.get("object") == "error"):
+                                if batch:
+                                    yield batch
                                 raise _engine_error(_error_status(chunk), payload)
-                            yield chunk
+                            batch.append(chunk)
+                        if done:
+                            break
+                    if batch:
+                        yield batch
         except _TRANSPORT_ERRORS as exc:
             raise _transport_error(exc, started=started) from exc
         if not done:

@@ -39,6 +39,16 @@ class Session:
             if record.status != "ok":
                 self.errors += 1
 
+    def append_encoded(self, data: bytes, records: int = 1, failed: int = 0) -> None:
+        """Append + fsync `records` already-encoded lines (`encode_record` output, joined), `failed` of
+        them not ok: one fsync for a group of calls that finished together."""
+        with self._lock:
+            if self._writer is None:
+                self._writer = CaptureWriter(self.capture_path)
+            self._writer.append_encoded(data)
+            self.calls += records
+            self.errors += failed
+
     def close(self) -> None:
         with self._lock:
             self.active = False

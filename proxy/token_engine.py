@@ -11,6 +11,7 @@ accumulates on the `CallState` the caller passed in:
   ("text", str)          a content delta, forwarded to the harness as it arrives
   ("reasoning", str)     a reasoning delta
   ("tool_call", ToolCall) a complete tool call (emitted once its arguments are complete)
+  ("batch", [events])    several of the above that arrived from the engine together (one write)
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class CallState:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: ProxyError | None = None
+    canonical: dict[str, Any] | None = None  # the record's dump of the conversation, made while the engine works
 
     def take_usage(self, usage: dict[str, Any] | None) -> None:
         """The engine's own token counts, when a response or stream chunk carries them."""
@@ -101,6 +103,21 @@ class TokenEngine(Protocol):
 
 def new_tool_call_id() -> str:
     return "call_" + secrets.token_hex(12)
+
+
+def record_tool_call(state: "CallState", name: str, args: str, kinds: dict[str, str], call_id: str = "") -> ToolCall:
+    """A sampled tool call in the shape the harness declared the tool (`kinds`: name -> function | custom),
+    appended to the call's state. A custom tool's raw input travels as JSON {"input": ...} through the
+    engine; when it does not parse, the call is kept and flagged (the evaluator fails it closed)."""
+    kind = kinds.get(name, "function")
+    if kind == "custom":
+        try:
+            args = str(orjson.loads(args).get("input", ""))
+        except (ValueError, AttributeError):
+            state.tool_parse_errors.append(f"custom tool {name!r}: arguments are not a JSON object with 'input'")
+    tc = ToolCall(id=call_id or new_tool_call_id(), name=name, arguments=args or "{}", kind=kind)  # type: ignore[arg-type]
+    state.tool_calls.append(tc)
+    return tc
 
 
 def engine_messages(conv: Conversation) -> list[dict[str, Any]]:
@@ -249,61 +266,64 @@ class ServerTokenEngine(ServedModelName):
             return
         pending: dict[int, list[str]] = {}  # index -> [id, name, arguments]
         started = False
-        async for chunk in self.client.chat_stream(body):
-            ptids = chunk.get("prompt_token_ids")
-            if ptids:
-                state.prompt_ids = ptids
+        completion_ids, logprobs, text, reasoning_parts = state.completion_ids, state.logprobs, state.text, state.reasoning
+        async for batch in self.client.chat_stream_batches(body):
+            # what arrived in one read becomes one ("batch", events) so the app writes it in one go
+            events: list[Event] = []
             if not started:
                 started = True
-                yield ("start", None)
-            state.take_usage(chunk.get("usage"))
-            choices = chunk.get("choices")
-            if not choices:
-                continue
-            choice = choices[0]
-            tids = choice.get("token_ids")
-            if tids:
-                if state.first_token_at is None:
-                    state.first_token_at = time.time()
-                state.completion_ids.extend(tids)
-            lp = choice.get("logprobs")
-            if lp and lp.get("content"):
-                state.logprobs.extend(c["logprob"] for c in lp["content"])
-            delta = choice.get("delta") or {}
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-            if reasoning:
-                state.reasoning.append(reasoning)
-                yield ("reasoning", reasoning)
-            content = delta.get("content")
-            if content:
-                state.text.append(content)
-                yield ("text", content)
-            for tc in delta.get("tool_calls") or ():
-                slot = pending.setdefault(tc.get("index", len(pending)), ["", "", ""])
-                if tc.get("id"):
-                    slot[0] = tc["id"]
-                fn = tc.get("function") or {}
-                if fn.get("name"):
-                    slot[1] += fn["name"]
-                if fn.get("arguments"):
-                    slot[2] += fn["arguments"]
-            if choice.get("finish_reason"):
-                state.finish_reason = choice["finish_reason"]
+                events.append(("start", None))
+            for chunk in batch:
+                ptids = chunk.get("prompt_token_ids")
+                if ptids:
+                    state.prompt_ids = ptids
+                usage = chunk.get("usage")
+                if usage:
+                    state.take_usage(usage)
+                choices = chunk.get("choices")
+                if not choices:
+                    continue
+                choice = choices[0]
+                tids = choice.get("token_ids")
+                if tids:
+                    if state.first_token_at is None:
+                        state.first_token_at = time.time()
+                    completion_ids.extend(tids)
+                lp = choice.get("logprobs")
+                if lp:
+                    content = lp.get("content")
+                    if content:
+                        logprobs.extend([c["logprob"] for c in content])
+                delta = choice.get("delta")
+                if delta:
+                    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                    if reasoning:
+                        reasoning_parts.append(reasoning)
+                        events.append(("reasoning", reasoning))
+                    content = delta.get("content")
+                    if content:
+                        text.append(content)
+                        events.append(("text", content))
+                    for tc in delta.get("tool_calls") or ():
+                        slot = pending.setdefault(tc.get("index", len(pending)), ["", "", ""])
+                        if tc.get("id"):
+                            slot[0] = tc["id"]
+                        fn = tc.get("function") or {}
+                        if fn.get("name"):
+                            slot[1] += fn["name"]
+                        if fn.get("arguments"):
+                            slot[2] += fn["arguments"]
+                finish = choice.get("finish_reason")
+                if finish:
+                    state.finish_reason = finish
+            if len(events) == 1:
+                yield events[0]
+            elif events:
+                yield ("batch", events)
         for index in sorted(pending):
             cid, name, args = pending[index]
-            yield ("tool_call", self._tool_call(cid, name, args, kinds, state))
+            yield ("tool_call", record_tool_call(state, name, args, kinds, cid))
         self._finish(state)
-
-    def _tool_call(self, cid: str, name: str, args: str, kinds: dict[str, str], state: CallState) -> ToolCall:
-        kind = kinds.get(name, "function")
-        if kind == "custom":
-            try:
-                args = str(orjson.loads(args).get("input", ""))
-            except (ValueError, AttributeError):
-                state.tool_parse_errors.append(f"custom tool {name!r}: arguments are not a JSON object with 'input'")
-        tc = ToolCall(id=cid or new_tool_call_id(), name=name, arguments=args or "{}", kind=kind)  # type: ignore[arg-type]
-        state.tool_calls.append(tc)
-        return tc
 
     def _finish(self, state: CallState) -> None:
         if state.tool_calls:
@@ -336,5 +356,5 @@ class ServerTokenEngine(ServedModelName):
         state.finish_reason = choice.get("finish_reason")
         for tc in msg.get("tool_calls") or ():
             fn = tc.get("function") or {}
-            yield ("tool_call", self._tool_call(tc.get("id", ""), fn.get("name", ""), fn.get("arguments", ""), kinds, state))
+            yield ("tool_call", record_tool_call(state, fn.get("name", ""), fn.get("arguments", ""), kinds, tc.get("id", "")))
         self._finish(state)

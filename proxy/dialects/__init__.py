@@ -71,6 +71,9 @@ def object_entries(value: Any, field: str) -> Iterator[tuple[str, dict[str, Any]
 
 def want(body: dict[str, Any], key: str, kinds: tuple[type, ...], where: str = "", required: bool = False) -> Any:
     """body[key] if it has one of `kinds` (or is absent and not required), else a 400 naming the field."""
+    value = body.get(key)
+    if value is not None and type(value) in kinds and (type(value) is not bool or bool in kinds):
+        return value  # the common case, without building the error text
     path = f"{where}{key}"
     if key not in body or body[key] is None:
         expect(not required, f"missing required field '{path}'", path)

@@ -77,12 +77,23 @@ def parse_messages(messages: Any) -> list[Message]:
     expect(len(messages) > 0, "'messages' must contain at least one message", "messages")
     out: list[Message] = []
     for i, m in enumerate(messages):
+        if type(m) is not dict or (role := _ROLES.get(m.get("role"))) is None:  # type: ignore[arg-type]
+            w = f"messages[{i}]"
+            expect(isinstance(m, dict), f"invalid type for '{w}': expected object, got {type_name(m)}", w)
+            role = _ROLES.get(m.get("role"))  # type: ignore[arg-type]
+            expect(role is not None, f"invalid value for '{w}.role': {m.get('role')!r} (expected system, developer, user, assistant or tool)", w + ".role")
+        content = m.get("content")
+        if role != "assistant" and type(content) is str:
+            if role == "tool":
+                call_id = m.get("tool_call_id") or m.get("name")
+                if type(call_id) is str:
+                    out.append(Message(role="tool", parts=[Part(type="tool_result", id=call_id, text=content)]))
+                    continue
+            else:
+                out.append(Message(role=role, parts=[Part(type="text", text=content)]))
+                continue
         w = f"messages[{i}]"
-        expect(isinstance(m, dict), f"invalid type for '{w}': expected object, got {type_name(m)}", w)
-        role = _ROLES.get(m.get("role"))  # type: ignore[arg-type]
-        expect(role is not None, f"invalid value for '{w}.role': {m.get('role')!r} (expected system, developer, user, assistant or tool)", w + ".role")
         if role == "tool":
-            content = m.get("content")
             text = content if isinstance(content, str) else "".join(p.text or "" for p in content_parts(content, w + ".content"))
             call_id = m.get("tool_call_id") or m.get("name")
             expect(isinstance(call_id, str), f"missing required field '{w}.tool_call_id'", w + ".tool_call_id")
@@ -188,9 +199,12 @@ class ChatStream:
             "created": int(state.received_at),
             "model": conv.model or state.engine_model,
         }
+        self._prefix = b"data: " + orjson.dumps(self._head)[:-1] + b',"choices":[{"index":0,"delta":'
         self._tools = 0
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        if finish is None:  # the per-token case: the same bytes orjson would write for the whole chunk
+            return self._prefix + orjson.dumps(delta) + b',"logprobs":null,"finish_reason":null}]}\n\n'
         data = dict(self._head)
         data["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
         return b"data: " + orjson.dumps(data) + b"\n\n"

@@ -21,10 +21,10 @@ from tracefleet.capture import SpliceInfo
 from tracefleet.formats.families import ModelFormat
 from tracefleet.formats.parsers import make_parser
 
-from ..canonical import Conversation, ToolCall
+from ..canonical import Conversation
 from ..engine_client import EngineClient
 from ..errors import ProxyError
-from ..token_engine import CallState, Event, ServedModelName, new_tool_call_id
+from ..token_engine import CallState, Event, ServedModelName, record_tool_call
 from .render import render_conversation
 from .splice import SessionSplicer
 
@@ -169,16 +169,5 @@ class ExactTokenEngine(ServedModelName):
                 state.reasoning.append(ev.text)
                 out.append(("reasoning", ev.text))
             elif ev.call is not None:
-                out.append(("tool_call", self._tool_call(ev.call.name, ev.call.arguments, kinds, state)))
+                out.append(("tool_call", record_tool_call(state, ev.call.name, ev.call.arguments, kinds)))
         return out
-
-    def _tool_call(self, name: str, args: str, kinds: dict[str, str], state: CallState) -> ToolCall:
-        kind = kinds.get(name, "function")
-        if kind == "custom":
-            try:
-                args = str(orjson.loads(args).get("input", ""))
-            except (ValueError, AttributeError):
-                state.tool_parse_errors.append(f"custom tool {name!r}: arguments are not a JSON object with 'input'")
-        tc = ToolCall(id=new_tool_call_id(), name=name, arguments=args, kind=kind)  # type: ignore[arg-type]
-        state.tool_calls.append(tc)
-        return tc
