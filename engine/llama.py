@@ -19,6 +19,7 @@ SWA cache, rewinding to an older prefix silently attends over a window that was 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import os
@@ -132,6 +133,11 @@ class LlamaBackend:
         self.template_vars = dict(template_vars or {})
         self.stop_token_ids = stop_token_ids or tokenizer.eos_token_ids
         self.lock = threading.Lock()
+        # Teacher forcing for tests and benches (`PUT /forced/replies`): each of the next generations emits
+        # one of these texts token by token instead of sampling, and reports the model's own logprobs for
+        # those tokens (as vLLM does under structured outputs with a single `choice`). A 135M model will not
+        # call tools on cue; this scripts what it says while keeping every logprob real.
+        self.forced_replies: collections.deque[str] = collections.deque()
 
     def generate(self, request: GenerationRequest) -> LlamaStream:
         return LlamaStream(self, request)
@@ -203,9 +209,10 @@ class LlamaBackend:
         rng = np.random.default_rng(p.seed)
         logits = self._prefill(list(request.prompt_ids), p.prompt_logprobs, stream)
         room = self.max_model_len - len(request.prompt_ids)
+        forced = self._next_forced() if p.max_tokens > 0 else []
         for i in range(min(p.max_tokens, room)):
             lse = logsumexp(logits)
-            tid = sample(logits, p.temperature, p.top_p, rng)
+            tid = forced[i] if i < len(forced) else sample(logits, p.temperature, p.top_p, rng)
             yield SampledToken(tid, float(logits[tid]) - lse, top_k(logits, lse, p.top_logprobs))
             if (tid in self.stop_token_ids and not p.ignore_eos) or i + 1 >= min(p.max_tokens, room):
                 return
@@ -213,6 +220,13 @@ class LlamaBackend:
                 return
             *_, rows = self._decode([tid], all_logits=False)
             logits = rows[-1]
+
+
+    def _next_forced(self) -> list[int]:
+        try:
+            return self.tokenizer.encode(self.forced_replies.popleft())  # special-token text -> its id
+        except IndexError:
+            return []
 
 
 def llama_backend_for(model: str = "smollm2", *, n_threads: int = 1, max_model_len: int = 4096,

@@ -86,6 +86,12 @@ class DetokenizeRequest(_Base):
 ErrorType = Literal["BadRequestError", "NotFoundError", "InternalServerError"]
 
 
+class ForcedReplies(_Base):
+    """`PUT /forced/replies` (CPU engine, tests and benches): the texts the next generations emit."""
+
+    replies: list[str]
+
+
 class EngineError(Exception):
     """An error the client caused or should see, rendered as vLLM's error body."""
 

@@ -13,6 +13,7 @@ tool-call tag or stop string): such chunks carry token ids and logprobs with an 
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 import time
 import uuid
@@ -27,7 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from .backend import Backend, ChatContext, GenerationRequest, PromptLogprob, SampledToken, SamplingParams
 from tracefleet.formats.chat_template import TemplateError, render_chat
 from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EngineError,
-                       TokenizeRequest)
+                       ForcedReplies, TokenizeRequest)
 from tracefleet.formats.tokenizer import IncrementalDetokenizer
 from tracefleet.formats.tool_parser import StreamingToolParser
 
@@ -579,6 +580,19 @@ def create_app(backend: Backend, *, served_model_names: list[str] | None = None,
         async def put_script(request: Request) -> dict[str, Any]:
             backend.script = await parse(request, Script)  # type: ignore[attr-defined]
             return backend.script.model_dump()  # type: ignore[attr-defined]
+
+    if isinstance(getattr(backend, "forced_replies", None), collections.deque):
+        # Test/bench control of a real model's next replies (teacher forcing; see LlamaBackend).
+        @app.get("/forced/replies")
+        async def get_forced() -> dict[str, Any]:
+            return {"replies": list(backend.forced_replies)}  # type: ignore[attr-defined]
+
+        @app.put("/forced/replies")
+        async def put_forced(request: Request) -> dict[str, Any]:
+            body = await parse(request, ForcedReplies)
+            backend.forced_replies.clear()  # type: ignore[attr-defined]
+            backend.forced_replies.extend(body.replies)  # type: ignore[attr-defined]
+            return {"replies": body.replies}
 
     return app
 

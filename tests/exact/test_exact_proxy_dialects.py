@@ -8,9 +8,7 @@ ids + new tokens, and the recorded logprobs equal a re-score of the exact sequen
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -23,122 +21,7 @@ from tracefleet.proxy.engine_client import EngineClient
 from tracefleet.proxy.exact.engine import ExactTokenEngine
 from tracefleet.proxy.exact.metrics import register_exact_metrics
 
-from fixtures.servers import serving
-
-TURNS = 10
-SECRET = "exact-secret"
-SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
-
-
-def _sse_data(r: httpx.Response) -> list[dict[str, Any]]:
-    return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
-
-
-class ChatClient:
-    def __init__(self) -> None:
-        self.messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
-                                               {"role": "user", "content": [{"type": "text", "text": "Write a note."}]}]
-
-    def send(self, http: httpx.Client, turn: int) -> list[tuple[str, str, str]]:
-        body = {"model": "smollm2", "messages": self.messages, "stream": True, "tools": [
-            {"type": "function", "function": {"name": "bash", "parameters": SCHEMA}}]}
-        with http.stream("POST", "/v1/chat/completions", json=body) as r:
-            assert r.status_code == 200, r.read()
-            chunks = _sse_data(r)
-        text = "".join((c["choices"][0]["delta"].get("content") or "") for c in chunks if c.get("choices"))
-        calls = [tc for c in chunks if c.get("choices") for tc in c["choices"][0]["delta"].get("tool_calls") or ()]
-        out = [(tc["id"], tc["function"]["name"], tc["function"]["arguments"]) for tc in calls]
-        self.messages.append({"role": "assistant", "content": text or None, "tool_calls": [
-            {"id": i, "type": "function", "function": {"name": n, "arguments": json.dumps(json.loads(a), separators=(",", ":"))}}
-            for i, n, a in out] or None})
-        for i, _, _ in out:
-            self.messages.append({"role": "tool", "tool_call_id": i, "content": f"result {turn}"})
-        return out
-
-
-class ResponsesClient:
-    def __init__(self) -> None:
-        self.items: list[dict[str, Any]] = [{"type": "message", "role": "developer", "content": "You are a coding agent."},
-                                            {"type": "message", "role": "user",
-                                             "content": [{"type": "input_text", "text": "Write a note."}]}]
-
-    def send(self, http: httpx.Client, turn: int) -> list[tuple[str, str, str]]:
-        body = {"model": "smollm2", "input": self.items, "stream": False,
-                "tools": [{"type": "function", "name": "shell", "parameters": SCHEMA}]}
-        r = http.post("/v1/responses", json=body)
-        assert r.status_code == 200, r.text
-        out = []
-        for item in r.json()["output"]:
-            if item["type"] == "function_call":
-                out.append((item["call_id"], item["name"], item["arguments"]))
-                self.items.append({"type": "function_call", "call_id": item["call_id"], "name": item["name"],
-                                   "arguments": json.dumps(json.loads(item["arguments"]), indent=1)})
-            elif item["type"] == "message":
-                self.items.append({"type": "message", "role": "assistant", "content": item["content"]})
-            elif item["type"] == "reasoning":
-                self.items.append(item)  # reasoning echoed back
-        for i, _, _ in out:
-            self.items.append({"type": "function_call_output", "call_id": i, "output": f"result {turn}"})
-        return out
-
-
-class AnthropicClient:
-    def __init__(self) -> None:
-        self.messages: list[dict[str, Any]] = [{"role": "user", "content": "Write a note."}]
-
-    def send(self, http: httpx.Client, turn: int) -> list[tuple[str, str, str]]:
-        # Claude Code moves its cache marker to the newest block each turn
-        msgs = json.loads(json.dumps(self.messages))
-        last = msgs[-1]["content"]
-        if isinstance(last, list):
-            last[-1]["cache_control"] = {"type": "ephemeral"}
-        body = {"model": "smollm2", "max_tokens": 256, "messages": msgs, "stream": False,
-                "system": [{"type": "text", "text": "You are a coding agent."}],
-                "tools": [{"name": "Bash", "input_schema": SCHEMA}]}
-        r = http.post("/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"})
-        assert r.status_code == 200, r.text
-        content = r.json()["content"]
-        self.messages.append({"role": "assistant", "content": content})
-        out = [(b["id"], b["name"], json.dumps(b["input"])) for b in content if b["type"] == "tool_use"]
-        if out:
-            self.messages.append({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": i, "content": [{"type": "text", "text": f"result {turn}"}]}
-                for i, _, _ in out]})
-        return out
-
-
-class GoogleClient:
-    def __init__(self) -> None:
-        self.contents: list[dict[str, Any]] = [{"role": "user", "parts": [{"text": "Write a note."}]}]
-
-    def send(self, http: httpx.Client, turn: int) -> list[tuple[str, str, str]]:
-        body = {"contents": self.contents, "systemInstruction": {"parts": [{"text": "You are a coding agent."}]},
-                "tools": [{"functionDeclarations": [{"name": "run_shell_command", "parameters": SCHEMA}]}]}
-        r = http.post("/v1beta/models/smollm2:generateContent", json=body)
-        assert r.status_code == 200, r.text
-        parts = r.json()["candidates"][0]["content"]["parts"]
-        self.contents.append({"role": "model", "parts": parts})
-        out = [(p["functionCall"].get("id", ""), p["functionCall"]["name"], json.dumps(p["functionCall"]["args"]))
-               for p in parts if "functionCall" in p]
-        if out:
-            self.contents.append({"role": "user", "parts": [
-                {"functionResponse": {"name": n, "response": {"output": f"result {turn}"}}} for _, n, _ in out]})
-        return out
-
-
-CLIENTS = {"openai-chat": ChatClient, "openai-responses": ResponsesClient, "anthropic": AnthropicClient,
-           "google": GoogleClient}
-
-
-def converse(app: Any, dialect: str) -> tuple[list[list[tuple[str, str, str]]], str]:
-    """TURNS turns of `dialect`'s client against `app` (served on a free port); the tool calls each turn got,
-    and the proxy's /metrics text at the end."""
-    client = CLIENTS[dialect]()
-    with serving(app) as proxy, httpx.Client(base_url=proxy.url, timeout=60, headers={
-            "authorization": f"Bearer {SECRET}", "x-goog-api-key": SECRET}) as http:
-        calls = [client.send(http, turn) for turn in range(TURNS)]
-        return calls, http.get("/metrics").text
-
+from fixtures.dialect_clients import CLIENTS, SECRET, TURNS, converse
 
 @pytest.fixture(scope="module")
 def smollm2_format():
