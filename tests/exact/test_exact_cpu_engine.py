@@ -100,27 +100,33 @@ async def test_multi_turn_conversation_is_one_exact_chain(engine_fixture, model,
         await client.aclose()
 
 
+TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+
+
+def _tool_round(tc: Any, content: str | None, result: str) -> list[dict[str, Any]]:
+    """The assistant turn that made tool call `tc`, as a Chat client echoes it, and the tool's result."""
+    return [{"role": "assistant", "content": content, "tool_calls": [
+        {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}]},
+        {"role": "tool", "tool_call_id": tc.id, "content": result}]
+
+
 async def test_tool_call_turn_is_parsed_and_the_result_turn_splices(scripted_engine):
     """The scripted engine answers token-id prompts with hermes tool calls (real SmolLM2 ids)."""
     fmt = load_model_format("smollm2")
     client = EngineClient(scripted_engine.url)
     engine = ExactTokenEngine(client, fmt)
-    tools = [{"type": "function", "function": {"name": "bash", "parameters": {
-        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
     try:
         messages: list[dict[str, Any]] = [{"role": "user", "content": "Write a note."}]
         states = []
         for n in range(3):
-            state, events = await _turn(engine, {"model": "smollm2", "messages": messages, "tools": tools, "stream": True}, n)
+            state, events = await _turn(engine, {"model": "smollm2", "messages": messages, "tools": TOOLS, "stream": True}, n)
             states.append(state)
             assert not state.tool_parse_errors
             if n < 2:
                 assert state.finish_reason == "tool_calls" and [k for k, _ in events if k == "tool_call"]
                 tc = state.tool_calls[0]
-                messages = messages + [
-                    {"role": "assistant", "content": None, "tool_calls": [
-                        {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}]},
-                    {"role": "tool", "tool_call_id": tc.id, "content": f"ok {n}"}]
+                messages = messages + _tool_round(tc, None, f"ok {n}")
             else:
                 assert state.finish_reason == "stop" and state.output_text
         for prev, cur in zip(states, states[1:]):
@@ -136,19 +142,15 @@ async def test_malformed_tool_call_is_text_flagged_and_the_chain_continues(scrip
     fmt = load_model_format("smollm2")
     client = EngineClient(scripted_engine.url)
     engine = ExactTokenEngine(client, fmt)
-    tools = [{"type": "function", "function": {"name": "bash", "parameters": {
-        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
     try:
         messages: list[dict[str, Any]] = [{"role": "user", "content": "Write a note."}]
-        state, events = await _turn(engine, {"model": "smollm2", "messages": messages, "tools": tools}, 0)
+        state, events = await _turn(engine, {"model": "smollm2", "messages": messages, "tools": TOOLS}, 0)
         assert state.tool_parse_errors and "not valid JSON" in state.tool_parse_errors[0]
         assert '<tool_call>{"name": oops}</tool_call>' in state.output_text  # returned as text, not dropped
         assert [tc.name for tc in state.tool_calls] == ["bash"] and engine.stats["parse_failures"] == 1
         tc = state.tool_calls[0]
-        messages += [{"role": "assistant", "content": state.output_text, "tool_calls": [
-            {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}]},
-                     {"role": "tool", "tool_call_id": tc.id, "content": "ok"}]
-        nxt, _ = await _turn(engine, {"model": "smollm2", "messages": messages, "tools": tools}, 1)
+        messages += _tool_round(tc, state.output_text, "ok")
+        nxt, _ = await _turn(engine, {"model": "smollm2", "messages": messages, "tools": TOOLS}, 1)
         assert nxt.prompt_ids[:len(state.prompt_ids) + len(state.completion_ids)] == state.prompt_ids + state.completion_ids
         assert engine.splice_info("call1").parent_call_id == "call0"
     finally:
