@@ -244,9 +244,8 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
             {"name": "proxy-tmp", "mountPath": "/tmp"},
         ],
     }
-    if _mounts_tokenizer(job):
-        assert job.tokenizer_cache is not None
-        proxy["volumeMounts"].append({"name": "tokenizer-cache", "mountPath": job.tokenizer_cache[1], "readOnly": True})
+    if (cache := _sidecar_tokenizer_cache(job)) is not None:
+        proxy["volumeMounts"].append({"name": "tokenizer-cache", "mountPath": cache[1], "readOnly": True})
     harness_env = {
         "TRACEFLEET_JOB": job.name,
         "TRACEFLEET_SESSION": str(session),
@@ -274,10 +273,9 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         {"name": "home", "mountPath": "/home/harness"},
         {"name": "artifacts", "mountPath": "/artifacts"},
     ]
-    if _mounts_tokenizer(job):
-        assert job.tokenizer_cache is not None
+    if (cache := _sidecar_tokenizer_cache(job)) is not None:
         volumes.append({"name": "tokenizer-cache",
-                        "persistentVolumeClaim": {"claimName": job.tokenizer_cache[0], "readOnly": True}})
+                        "persistentVolumeClaim": {"claimName": cache[0], "readOnly": True}})
     task_env, task_volumes, task_mounts = _task_source(job, task)
     harness_env.update(task_env)
     volumes += task_volumes
@@ -328,8 +326,9 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
     }
 
 
-def _mounts_tokenizer(job: JobView) -> bool:
-    return job.capture_mode != "server" and job.tokenizer_cache is not None
+def _sidecar_tokenizer_cache(job: JobView) -> tuple[str, str] | None:
+    """(claim, mount path) the proxy sidecar mounts read-only to read the tokenizer; None in server mode."""
+    return None if job.capture_mode == "server" else job.tokenizer_cache
 
 
 def _exact_mode_args(job: JobView) -> list[str]:
@@ -343,11 +342,10 @@ def _exact_mode_args(job: JobView) -> list[str]:
 
 
 def _tokenizer_env(job: JobView) -> dict[str, str]:
-    if not _mounts_tokenizer(job):
+    if (cache := _sidecar_tokenizer_cache(job)) is None:
         return {}
-    assert job.tokenizer_cache is not None
     # never download in the sandbox: the tokenizer is in the mounted cache or exact mode is off
-    return {"HF_HOME": job.tokenizer_cache[1], "HF_HUB_OFFLINE": "1"}
+    return {"HF_HOME": cache[1], "HF_HUB_OFFLINE": "1"}
 
 
 def exact_mode_problem(job: JobView) -> str | None:
