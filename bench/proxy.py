@@ -3,8 +3,8 @@
     .venv/bin/python bench/proxy.py [--calls 400] [--concurrency 1 64 256] [--litellm PATH/TO/litellm]
 
 Starts (as separate processes, loopback only) a zero-latency fake engine (bench/fake_engine.py, the
-vLLM API subset), `tracefleet proxy` in front of it, and optionally LiteLLM's proxy in front of the
-same engine; then drives Chat Completions calls at each concurrency, streaming and not, and prints
+vLLM API subset), `tracefleet proxy` in front of it, a bare pass-through in front of it (the floor:
+bench/passthrough.py), and optionally LiteLLM's proxy in front of the same engine; then drives Chat Completions calls at each concurrency, streaming and not, and prints
 added latency p50/p99 (target minus direct), calls/s and server CPU per call, with ratios. Capture
 logs go to a tmpfs directory by default (--capture-dir to measure a real disk's fsync).
 
@@ -30,7 +30,6 @@ import secrets
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -162,7 +161,12 @@ def main() -> int:
                             "--admin-token", admin, "--port", str(pport), "--session", f"{sid}:{secret}"],
                            log=tmp / "proxy.log"))
         wait_http(f"http://127.0.0.1:{pport}/health")
-        targets = {"direct": (engine, "none"), "proxy": (f"http://127.0.0.1:{pport}", secret)}
+        fport = free_port()
+        procs.append(start([PY, str(ROOT / "bench" / "passthrough.py"), "--engine", engine, "--port", str(fport)],
+                           log=tmp / "floor.log"))
+        wait_http(f"http://127.0.0.1:{fport}/health")
+        targets = {"direct": (engine, "none"), "floor": (f"http://127.0.0.1:{fport}", "none"),
+                   "proxy": (f"http://127.0.0.1:{pport}", secret)}
         if args.litellm and Path(args.litellm).exists():
             lport = free_port()
             cfg = tmp / "litellm.yaml"
@@ -183,13 +187,14 @@ def main() -> int:
         else:
             print(f"# litellm not found at {args.litellm!r}: LiteLLM columns skipped")
 
-        pids = {"direct": procs[0].pid, "proxy": procs[1].pid, "litellm": procs[-1].pid}
+        pids = {"direct": procs[0].pid, "proxy": procs[1].pid, "floor": procs[2].pid, "litellm": procs[-1].pid}
         for name, (base, key) in targets.items():  # warm-up: lazy imports, pools, caches
             for stream in (False, True):
                 asyncio.run(drive(base + "/v1/chat/completions", key, 8, 200, stream))
         print(f"# fake engine: {args.tokens} tokens/answer, {args.calls} calls per cell; capture dir {capture}; "
-              f"one server process each; +p50/+p99 = added latency vs direct; cpu = server CPU ms per call")
-        print(f"{'stream':>6} {'conc':>4} | {'direct p50':>10} {'calls/s':>8} | "
+              f"one server process each; +p50/+p99 = added latency vs direct; cpu = server CPU ms per call; "
+              f"floor = bench/passthrough.py (a bare uvicorn + aiohttp relay: the hop's own cost on this machine)")
+        print(f"{'stream':>6} {'conc':>4} | {'direct p50':>10} {'calls/s':>8} | {'floor +p50':>10} {'cpu':>5} | "
               f"{'proxy +p50':>10} {'+p99':>7} {'calls/s':>8} {'cpu':>5} | "
               f"{'litellm +p50':>12} {'+p99':>7} {'calls/s':>8} {'cpu':>5} | "
               f"{'calls/s ratio':>13} {'+p50 ratio':>10} {'cpu ratio':>9}")
@@ -201,9 +206,9 @@ def main() -> int:
                     lat, rate = asyncio.run(drive(base + "/v1/chat/completions", key, conc, args.calls, stream))
                     cpu = (cpu_s(pids[name]) - c0) / (args.calls + min(args.calls, conc * 2))
                     res[name] = (pct(lat, 0.5), pct(lat, 0.99), rate, cpu)
-                d = res["direct"]
-                p = res["proxy"]
+                d, f, p = res["direct"], res["floor"], res["proxy"]
                 line = (f"{str(stream):>6} {conc:>4} | {d[0]*1e3:8.2f}ms {d[2]:8.0f} | "
+                        f"{(f[0]-d[0])*1e3:+8.2f}ms {f[3]*1e3:5.2f} | "
                         f"{(p[0]-d[0])*1e3:+8.2f}ms {(p[1]-d[1])*1e3:+7.2f} {p[2]:8.0f} {p[3]*1e3:5.2f} | ")
                 if "litellm" in res:
                     lt = res["litellm"]

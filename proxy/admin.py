@@ -31,7 +31,7 @@ def add_admin_routes(app: FastAPI, proxy: Proxy) -> None:
             raise ProxyError("permission", "wrong admin token")
 
     async def body_of(request: Request) -> dict[str, Any]:
-        raw = await proxy.read_body(request)
+        raw = await proxy.read_body(request.scope, request.receive)
         if not raw.strip():
             return {}
         try:

@@ -17,10 +17,11 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.datastructures import QueryParams
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .canonical import Conversation
-from .capture import Persister, build_record, kept_headers, precompute_canonical, spill_body
+from .capture import Persister, RecordHead, encode_record_line, kept_headers, precompute_head, spill_body
 from .config import ProxyConfig
 from .controls import Controls
 from .dialects import Dialect, StreamWriter
@@ -67,12 +68,30 @@ class SessionPrefix:
         await self.app(scope, receive, send)
 
 
-def api_key(request: Request) -> str | None:
-    h = request.headers
-    auth = h.get("authorization")
-    if auth and auth[:7].lower() == "bearer ":
-        return auth[7:].strip()
-    return h.get("x-api-key") or h.get("x-goog-api-key") or request.query_params.get("key")
+_CREDENTIALS = frozenset((b"authorization", b"x-api-key", b"x-goog-api-key"))
+
+
+def api_key(scope: dict[str, Any]) -> str | None:
+    """The session secret, wherever the harness's SDK puts it (the first of each header counts)."""
+    found: dict[bytes, bytes] = {}
+    for name, value in scope["headers"]:
+        if name in _CREDENTIALS and name not in found:
+            found[name] = value
+    auth = found.get(b"authorization")
+    if auth and auth[:7].lower() == b"bearer ":
+        return auth[7:].strip().decode("latin-1")
+    key = found.get(b"x-api-key") or found.get(b"x-goog-api-key")
+    if key:
+        return key.decode("latin-1")
+    query = scope.get("query_string")
+    return QueryParams(query).get("key") if query else None
+
+
+def header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
 
 
 class Proxy:
@@ -107,22 +126,28 @@ class Proxy:
         return Response(orjson.dumps(dialect.error_body(err)), status_code=err.status,
                         media_type="application/json", headers=headers)
 
-    async def read_body(self, request: Request) -> bytes:
+    async def read_body(self, scope: dict[str, Any], receive: Any) -> bytes:
         limit = self.config.max_body_bytes
-        length = request.headers.get("content-length")
+        length = header(scope, b"content-length")
         if length and length.isdigit() and int(length) > limit:
             raise ProxyError("too_large", f"request body is {length} bytes; the limit is {limit} bytes")
         chunks, size = [], 0
-        async for chunk in request.stream():
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # http.disconnect
+                raise ProxyError("client_disconnect", "the client disconnected while sending the request body")
+            chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
                 raise ProxyError("too_large", f"request body exceeds the limit of {limit} bytes")
             chunks.append(chunk)
-        return b"".join(chunks)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def admit(self, request: Request, dialect: Dialect, path_model: str | None) -> tuple[Session, Conversation, Any, bytes]:
-        session = self.sessions.authenticate(api_key(request), request.scope.get(PATH_SESSION))
-        raw = await self.read_body(request)
+    async def admit(self, scope: dict[str, Any], receive: Any, dialect: Dialect,
+                    path_model: str | None) -> tuple[Session, Conversation, Any, bytes]:
+        session = self.sessions.authenticate(api_key(scope), scope.get(PATH_SESSION))
+        raw = await self.read_body(scope, receive)
         if not raw.strip():
             raise ProxyError("invalid_request", "request body is empty; expected a JSON object")
         try:
@@ -134,11 +159,12 @@ class Proxy:
 
     # -- the call pipeline -----------------------------------------------------------------------
 
-    async def call(self, request: Request, dialect: Dialect, path_model: str | None = None,
+    async def call(self, scope: dict[str, Any], receive: Any, dialect: Dialect, path_model: str | None = None,
                    stream: bool | None = None) -> Response:
+        """One model call, answered with an ASGI response (a streamed one is an EventStream)."""
         received = time.time()
         try:
-            session, conv, body, raw = await self.admit(request, dialect, path_model)
+            session, conv, body, raw = await self.admit(scope, receive, dialect, path_model)
             if stream is not None:
                 conv.stream = stream
             policy = await self.controls.admit()
@@ -152,8 +178,10 @@ class Proxy:
             request_ref = await asyncio.to_thread(spill_body, self.config.capture_dir, session.session_id, state.call_id, raw)
             body = None
         del raw
-        ctx = (session, conv, body, request_ref, kept_headers(request.headers))
-        asyncio.get_running_loop().call_soon(precompute_canonical, state, conv)
+        head = RecordHead(state, conv=conv, request=body, request_ref=request_ref, headers=kept_headers(scope["headers"]),
+                          mode=self.engine.mode, engine_url=self.config.engine_url)
+        ctx = (session, conv, head)
+        asyncio.get_running_loop().call_soon(precompute_head, head)
         if conv.stream:
             return EventStream(self, dialect, state, ctx)  # counts itself out of in_flight when done
         self.in_flight += 1
@@ -162,12 +190,9 @@ class Proxy:
         finally:
             self.in_flight -= 1
 
-    def _record(self, state: CallState, ctx: tuple[Any, ...]):  # -> CaptureRecord
-        _, conv, body, ref, headers = ctx
-        record = build_record(state, conv=conv, request=body, request_ref=ref, headers=headers,
-                              mode=self.engine.mode, engine_url=self.config.engine_url)
-        record.splice = self.engine.splice_info(state.call_id)
-        return record
+    def _record(self, state: CallState, ctx: tuple[Any, ...]) -> bytes:
+        """The call's capture-log line."""
+        return encode_record_line(ctx[2], state, self.engine.splice_info(state.call_id))
 
     def _observe(self, dialect: Dialect, state: CallState, status: str) -> None:
         m = self.metrics
@@ -191,11 +216,12 @@ class Proxy:
         except Exception as exc:  # a proxy bug must still leave a record and a well-formed answer
             state.error = ProxyError("internal", f"proxy error: {type(exc).__name__}: {exc}")
         state.done_at = time.time()
-        await self.persist(session, self._record(state, ctx), alone=self.in_flight <= 1)
+        await self.persist(session, self._record(state, ctx), state.error is not None, alone=self.in_flight <= 1)
         if state.error is not None:
             self._observe(dialect, state, str(state.error.status))
             return self.error_response(dialect, state.error, count=False)
-        self._observe(dialect, state, "200")
+        # metrics are observed once the answer is on its way (the next loop turn), as for streams
+        asyncio.get_running_loop().call_soon(self._observe, dialect, state, "200")
         return Response(payload, media_type="application/json")
 
 
@@ -248,7 +274,7 @@ class EventStream(Response):
             if state.done_at is None:
                 state.error = ProxyError("client_disconnect", "the client disconnected before the answer completed")
                 state.done_at = time.time()
-                self.ctx[0].append(proxy._record(state, self.ctx))
+                self.ctx[0].append_encoded(proxy._record(state, self.ctx), 1, True)
                 proxy._observe(self.dialect, state, "499")
             if not self._disconnected or task.uncancel() > 0:
                 raise
@@ -351,7 +377,7 @@ class EventStream(Response):
             error = ProxyError("internal", f"proxy error: {type(exc).__name__}: {exc}")
         else:
             state.done_at = time.time()
-            await proxy.persist(session, proxy._record(state, self.ctx), alone=proxy.in_flight <= 1)
+            await proxy.persist(session, proxy._record(state, self.ctx), False, alone=proxy.in_flight <= 1)
             try:
                 await self._write(self.writer.end(), final=True)  # durable before the final event
             finally:
@@ -359,7 +385,7 @@ class EventStream(Response):
             return
         state.error = error
         state.done_at = time.time()
-        await proxy.persist(session, proxy._record(state, self.ctx), alone=proxy.in_flight <= 1)
+        await proxy.persist(session, proxy._record(state, self.ctx), True, alone=proxy.in_flight <= 1)
         proxy._observe(dialect, state, str(error.status))
         if self._ping is not None and not self._ping.done():
             await self._ping
@@ -368,6 +394,43 @@ class EventStream(Response):
             await proxy.error_response(dialect, error, count=False)(scope, receive, self._send)
             return
         await self._write(self.writer.error(error), final=True)
+
+
+class Generate:
+    """POST /v1/chat/completions, /v1/responses, /v1/messages: one dialect's model call."""
+
+    def __init__(self, proxy: Proxy, dialect: Dialect) -> None:
+        self.proxy, self.dialect = proxy, dialect
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        response = await self.proxy.call(scope, receive, self.dialect)
+        await response(scope, receive, send)
+
+
+class GoogleModelAction:
+    """POST /v1beta/models/<model>:<action>: generateContent, streamGenerateContent, countTokens."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        proxy = self.proxy
+        target = scope["path_params"]["target"]
+        model_name, _, action = target.rpartition(":")
+        response: Response
+        if action in ("generateContent", "streamGenerateContent"):
+            response = await proxy.call(scope, receive, GOOGLE, model_name, stream=action == "streamGenerateContent")
+        elif action == "countTokens":
+            try:
+                _, conv, _, _ = await proxy.admit(scope, receive, GOOGLE, model_name)
+                n = await proxy.engine.count_tokens(conv)
+            except ProxyError as err:
+                response = proxy.error_response(GOOGLE, err)
+            else:
+                response = Response(orjson.dumps({"totalTokens": n}), media_type="application/json")
+        else:
+            response = proxy.error_response(GOOGLE, ProxyError("not_found", f"unknown model action {action!r} in {target!r}"))
+        await response(scope, receive, send)
 
 
 def create_app(config: ProxyConfig, *, token_engine: TokenEngine | None = None) -> FastAPI:
@@ -399,22 +462,14 @@ def create_app(config: ProxyConfig, *, token_engine: TokenEngine | None = None) 
         return proxy.error_response(dialect_for_path(request.url.path), exc)
 
     # -- generation routes -----------------------------------------------------------------------
-    # Plain routes on FastAPI's router (same routing, exception handlers and 405s): they take the
-    # Request and return a Response, so FastAPI's per-call dependency solving (~30 us) buys nothing;
-    # registered first because the router tries routes in order.
+    # Plain ASGI endpoints on FastAPI's router: matched like any route (404s, 405s and the exception
+    # handlers still apply), without the Request object and exception-wrapping layer FastAPI puts around
+    # function endpoints on every model call. Registered first because the router tries routes in order.
 
-    async def chat(request: Request) -> Response:
-        return await proxy.call(request, CHAT)
-
-    async def responses(request: Request) -> Response:
-        return await proxy.call(request, RESPONSES)
-
-    async def messages(request: Request) -> Response:
-        return await proxy.call(request, ANTHROPIC)
-
-    app.add_route("/v1/chat/completions", chat, methods=["POST"])
-    app.add_route("/v1/responses", responses, methods=["POST"])
-    app.add_route("/v1/messages", messages, methods=["POST"])
+    app.add_route("/v1/chat/completions", Generate(proxy, CHAT), methods=["POST"])
+    app.add_route("/v1/responses", Generate(proxy, RESPONSES), methods=["POST"])
+    app.add_route("/v1/messages", Generate(proxy, ANTHROPIC), methods=["POST"])
+    app.add_route("/v1beta/models/{target:path}", GoogleModelAction(proxy), methods=["POST"])
 
     # -- probes ----------------------------------------------------------------------------------
 
@@ -441,7 +496,7 @@ def create_app(config: ProxyConfig, *, token_engine: TokenEngine | None = None) 
     # -- models ----------------------------------------------------------------------------------
 
     async def model_list(request: Request) -> list[str]:
-        proxy.sessions.authenticate(api_key(request), request.scope.get(PATH_SESSION))
+        proxy.sessions.authenticate(api_key(request.scope), request.scope.get(PATH_SESSION))
         return [await proxy.engine.served_model()]
 
     @app.get("/v1/models")
@@ -468,17 +523,12 @@ def create_app(config: ProxyConfig, *, token_engine: TokenEngine | None = None) 
 
     # -- dialects (the generation routes are registered first, above) ---------------------------
 
-    async def count(request: Request, dialect: Dialect, path_model: str | None) -> int:
-        _, conv, _, _ = await proxy.admit(request, dialect, path_model)
-        return await proxy.engine.count_tokens(conv)
-
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:
         try:
             # count_tokens bodies carry no max_tokens
-            session = proxy.sessions.authenticate(api_key(request), request.scope.get(PATH_SESSION))
-            del session
-            raw = await proxy.read_body(request)
+            proxy.sessions.authenticate(api_key(request.scope), request.scope.get(PATH_SESSION))
+            raw = await proxy.read_body(request.scope, request.receive)
             try:
                 body = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
@@ -488,21 +538,6 @@ def create_app(config: ProxyConfig, *, token_engine: TokenEngine | None = None) 
         except ProxyError as err:
             return proxy.error_response(ANTHROPIC, err)
         return Response(orjson.dumps({"input_tokens": n}), media_type="application/json")
-
-    @app.post("/v1beta/models/{target:path}")
-    async def google(request: Request, target: str) -> Response:
-        model_name, _, action = target.rpartition(":")
-        if action == "generateContent":
-            return await proxy.call(request, GOOGLE, model_name, stream=False)
-        if action == "streamGenerateContent":
-            return await proxy.call(request, GOOGLE, model_name, stream=True)
-        if action == "countTokens":
-            try:
-                n = await count(request, GOOGLE, model_name)
-            except ProxyError as err:
-                return proxy.error_response(GOOGLE, err)
-            return Response(orjson.dumps({"totalTokens": n}), media_type="application/json")
-        return proxy.error_response(GOOGLE, ProxyError("not_found", f"unknown model action {action!r} in {target!r}"))
 
     # -- admin -----------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import queue
 import threading
@@ -11,7 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tracefleet.capture import CallError, CaptureRecord, Timings, encode_record
+import orjson
+
+from tracefleet.capture import CAPTURE_SCHEMA_VERSION, SpliceInfo
 
 from .canonical import Conversation
 from .sessions import Session
@@ -25,75 +28,92 @@ KEPT_HEADERS = ("user-agent", "session-id", "x-session-id", "x-codex-turn-metada
 _KEPT = frozenset(KEPT_HEADERS)
 
 
-def kept_headers(headers: Any) -> dict[str, str]:
-    raw = getattr(headers, "raw", None)  # Starlette Headers: one pass over the ASGI pairs (names lowercase)
-    if raw is None:
-        return {h: headers[h] for h in KEPT_HEADERS if h in headers}
+def kept_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The kept headers from an ASGI scope's header pairs (lowercase names; the first one wins)."""
     out: dict[str, str] = {}
     for key, value in raw:
         name = key.decode("latin-1")
-        if name in _KEPT and name not in out:  # the first one wins, as headers[name] would
+        if name in _KEPT and name not in out:
             out[name] = value.decode("latin-1")
     return out
 
 
-def build_record(
-    state: CallState,
-    *,
-    conv: Conversation | None,
-    request: dict[str, Any] | None,
-    request_ref: str | None,
-    headers: dict[str, str],
-    mode: str,
-    engine_url: str,
-) -> CaptureRecord:
+class RecordHead:
+    """The part of a call's capture record known once the request is admitted (ids, the request, its
+    canonical form, headers), encoded while the engine works. `encode_record_line` adds what the
+    engine produced and writes the line a `CaptureRecord` reads back (tests/proxy/test_capture_encoding.py
+    checks the two agree). orjson rather than `CaptureRecord.model_dump_json`: this runs before the
+    answer's last byte on every call, and building the pydantic model only to serialize it cost ~3x."""
+
+    __slots__ = ("fields", "encoded")
+
+    def __init__(self, state: CallState, *, conv: Conversation | None, request: dict[str, Any] | None,
+                 request_ref: str | None, headers: dict[str, str], mode: str, engine_url: str) -> None:
+        self.fields: dict[str, Any] | None = _without_none({
+            "schema_version": CAPTURE_SCHEMA_VERSION, "type": "call", "call_id": state.call_id,
+            "session_id": state.session_id, "dialect": state.dialect, "mode": mode, "stream": state.stream,
+            "requested_model": state.requested_model, "engine_url": engine_url,
+            "policy_version": state.policy_version, "request": request, "request_ref": request_ref,
+            "canonical": conv, "headers": headers,
+        })
+        self.encoded: bytes | None = None
+
+    def encode(self) -> bytes:
+        """The head as a JSON object (idempotent; the first call dumps the canonical conversation)."""
+        if self.encoded is None:
+            fields = self.fields
+            assert fields is not None
+            if fields.get("canonical") is not None:
+                fields["canonical"] = canonical_dump(fields["canonical"])
+            self.encoded = _dumps(fields)
+            self.fields = None  # the request dicts are no longer needed in memory
+        return self.encoded
+
+
+def encode_record_line(head: RecordHead, state: CallState, splice: SpliceInfo | None) -> bytes:
+    """One capture-log line: the head's fields, then the outcome (status, timings, token ids, ...)."""
     err = state.error
-    if err is None:
-        status = "ok"
-    else:
-        status = "partial" if state.completion_ids or state.text else "error"
-    # model_construct: every field is built here from typed state, so re-validating (which walks the
-    # token-id lists, ~13 us per 1k prompt tokens) buys nothing; serialization is unchanged.
-    return CaptureRecord.model_construct(
-        call_id=state.call_id,
-        session_id=state.session_id,
-        dialect=state.dialect,  # type: ignore[arg-type]
-        mode=mode,  # type: ignore[arg-type]
-        status=status,  # type: ignore[arg-type]
-        stream=state.stream,
-        requested_model=state.requested_model,
-        engine_model=state.engine_model,
-        engine_url=engine_url,
-        policy_version=state.policy_version,
-        timings=Timings(received_at=state.received_at, engine_sent_at=state.engine_sent_at,
-                        first_token_at=state.first_token_at, done_at=state.done_at),
-        request=request,
-        request_ref=request_ref,
-        canonical=state.canonical if state.canonical is not None else canonical_dump(conv),
-        headers=headers,
-        prompt_ids=state.prompt_ids,
-        completion_ids=state.completion_ids,
-        logprobs=state.logprobs,
-        finish_reason=state.finish_reason,
-        output_text=state.output_text or None,
-        reasoning_text=state.reasoning_text or None,
-        tool_calls=[tc.model_dump() for tc in state.tool_calls],
-        tool_parse_errors=state.tool_parse_errors,
-        error=CallError(kind=err.kind, message=err.message, status_code=err.status) if err else None,
-        prompt_tokens=state.prompt_tokens,
-        completion_tokens=state.completion_tokens,
-    )
+    tail = _without_none({
+        "status": "ok" if err is None else "partial" if state.completion_ids or state.text else "error",
+        "engine_model": state.engine_model,
+        "timings": _without_none({"received_at": state.received_at, "engine_sent_at": state.engine_sent_at,
+                                  "first_token_at": state.first_token_at, "done_at": state.done_at}),
+        "prompt_ids": state.prompt_ids,
+        "completion_ids": state.completion_ids,
+        "logprobs": state.logprobs,
+        "finish_reason": state.finish_reason,
+        "output_text": state.output_text or None,
+        "reasoning_text": state.reasoning_text or None,
+        "tool_calls": [{"id": tc.id, "name": tc.name, "arguments": tc.arguments, "kind": tc.kind}
+                       for tc in state.tool_calls],
+        "tool_parse_errors": state.tool_parse_errors,
+        "splice": splice.model_dump(exclude_none=True) if splice is not None else None,
+        "error": _without_none({"kind": err.kind, "message": err.message, "status_code": err.status}) if err else None,
+        "prompt_tokens": state.prompt_tokens,
+        "completion_tokens": state.completion_tokens,
+    })
+    return head.encode()[:-1] + b"," + _dumps(tail)[1:] + b"\n"
+
+
+def _without_none(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _dumps(obj: Any) -> bytes:
+    try:
+        return orjson.dumps(obj)
+    except TypeError:  # what orjson refuses (an integer beyond 64 bits in a request body): the stdlib writes it
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=str).encode()
 
 
 def canonical_dump(conv: Conversation | None) -> dict[str, Any] | None:
     return conv.model_dump(mode="json", exclude_defaults=True) if conv is not None else None
 
 
-def precompute_canonical(state: CallState, conv: Conversation) -> None:
+def precompute_head(head: RecordHead) -> None:
     """Scheduled with call_soon when a call starts: it then runs while the engine is working (the
     task's first wait), instead of between the engine's last byte and the harness's."""
-    if state.canonical is None and state.done_at is None:
-        state.canonical = canonical_dump(conv)
+    head.encode()
 
 
 def spill_body(capture_dir: Path, session_id: str, call_id: str, body: bytes) -> str:
@@ -129,9 +149,8 @@ class Persister:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    async def __call__(self, session: Session, record: CaptureRecord, alone: bool = False) -> None:
-        data = encode_record(record)
-        failed = int(record.status != "ok")
+    async def __call__(self, session: Session, data: bytes, failed: bool, alone: bool = False) -> None:
+        """Append `data` (one encoded record line; `failed`: its call did not complete) durably."""
         avg = self.avg_s
         if avg < self.inline_below_s or (alone and avg < self.alone_below_s):
             t0 = time.perf_counter()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracefleet.capture import CaptureRecord, CaptureWriter
+from tracefleet.capture import CaptureWriter
 
 from .errors import ProxyError
 
@@ -28,16 +28,6 @@ class Session:
     active: bool = True
     _writer: CaptureWriter | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def append(self, record: CaptureRecord) -> None:
-        """Append + fsync one record (runs in a worker thread; the lock orders concurrent calls)."""
-        with self._lock:
-            if self._writer is None:
-                self._writer = CaptureWriter(self.capture_path)
-            self._writer.append(record)
-            self.calls += 1
-            if record.status != "ok":
-                self.errors += 1
 
     def append_encoded(self, data: bytes, records: int = 1, failed: int = 0) -> None:
         """Append + fsync `records` already-encoded lines (`encode_record` output, joined), `failed` of

@@ -65,7 +65,6 @@ class CallState:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: ProxyError | None = None
-    canonical: dict[str, Any] | None = None  # the record's dump of the conversation, made while the engine works
 
     def take_usage(self, usage: dict[str, Any] | None) -> None:
         """The engine's own token counts, when a response or stream chunk carries them."""

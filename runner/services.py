@@ -120,7 +120,7 @@ class InProcessProxy:
         self.mode_decision = app.state.proxy.mode_decision
         self._server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-                           timeout_keep_alive=30, access_log=False)
+                           timeout_keep_alive=30, access_log=False, proxy_headers=False)
         )
         # uvicorn installs no signal handlers off the main thread: Ctrl-C stays ours to handle.
         self._thread = threading.Thread(target=self._server.run, name="tracefleet-proxy", daemon=True)

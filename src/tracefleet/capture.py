@@ -84,6 +84,8 @@ class CaptureRecord(BaseModel):
 
     splice: SpliceInfo | None = None
     error: CallError | None = None
+    prompt_tokens: int = 0  # the engine's usage counts (the id list lengths when it reported none)
+    completion_tokens: int = 0
 
 
 class CaptureLog(BaseModel):
