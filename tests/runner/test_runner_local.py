@@ -88,7 +88,8 @@ def sealed_rows(out: Path, job: str) -> list[dict[str, Any]]:
         for obj in manifest["objects"]:
             data = (batch / obj["name"]).read_bytes()
             assert hashlib.sha256(data).hexdigest() == obj["sha256"] and len(data) == obj["size"]
-            table = pq.read_table(batch / obj["name"], columns=["task_id", "sample_index", "session_id", "reward", "num_trainable"])
+            table = pq.read_table(batch / obj["name"], columns=["task_id", "sample_index", "session_id", "reward", "num_trainable"],
+                                  use_threads=False)
             assert table.num_rows == obj["rows"]
             rows += table.to_pylist()
     return rows

@@ -61,7 +61,7 @@ def test_cli_on_directory_and_capture_log(tmp_path: Path) -> None:
     assert row["tokens"] == trace.tokens.tolist() and row["logprobs"][0] is None and row["meta"]["reward"] == 1.0
     pq_out = tmp_path / "x.parquet"
     assert tracefleet("export", str(log), "--format", "parquet", "--out", str(pq_out)).returncode == 0
-    assert pq.read_table(pq_out).num_rows == 1
+    assert pq.read_table(pq_out, use_threads=False).num_rows == 1
 
     missing = tracefleet("ls", str(tmp_path / "nope"))
     assert missing.returncode == 1 and "does not exist" in missing.stderr
