@@ -144,9 +144,13 @@ class Proxy:
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
+    def authenticate(self, scope: dict[str, Any]) -> Session:
+        """The session whose secret the request carries (and whose /s/<id>/ prefix it used, if any)."""
+        return self.sessions.authenticate(api_key(scope), scope.get(PATH_SESSION))
+
     async def admit(self, scope: dict[str, Any], receive: Any, dialect: Dialect,
                     path_model: str | None) -> tuple[Session, Conversation, Any, bytes]:
-        session = self.sessions.authenticate(api_key(scope), scope.get(PATH_SESSION))
+        session = self.authenticate(scope)
         raw = await self.read_body(scope, receive)
         if not raw.strip():
             raise ProxyError("invalid_request", "request body is empty; expected a JSON object")
@@ -194,6 +198,10 @@ class Proxy:
         """The call's capture-log line."""
         return encode_record_line(ctx[2], state, self.engine.splice_info(state.call_id))
 
+    async def _persist(self, state: CallState, ctx: tuple[Any, ...]) -> None:
+        """The call's record made durable in its session's log (before the answer's final byte)."""
+        await self.persist(ctx[0], self._record(state, ctx), state.error is not None, alone=self.in_flight <= 1)
+
     def _observe(self, dialect: Dialect, state: CallState, status: str) -> None:
         m = self.metrics
         m.calls.labels(dialect.name, status).inc()
@@ -206,7 +214,7 @@ class Proxy:
             m.errors.labels(state.error.kind).inc()
 
     async def _call_whole(self, dialect: Dialect, state: CallState, ctx: tuple[Any, ...]) -> Response:
-        session, conv = ctx[0], ctx[1]
+        conv = ctx[1]
         try:
             async for _ in self.engine.generate(conv, state):
                 pass
@@ -216,7 +224,7 @@ class Proxy:
         except Exception as exc:  # a proxy bug must still leave a record and a well-formed answer
             state.error = ProxyError("internal", f"proxy error: {type(exc).__name__}: {exc}")
         state.done_at = time.time()
-        await self.persist(session, self._record(state, ctx), state.error is not None, alone=self.in_flight <= 1)
+        await self._persist(state, ctx)
         if state.error is not None:
             self._observe(dialect, state, str(state.error.status))
             return self.error_response(dialect, state.error, count=False)
@@ -363,7 +371,7 @@ class EventStream(Response):
             out.append(writer.tool_call(value))
 
     async def _stream(self, events: AsyncIterator[Any], scope: dict[str, Any], receive: Any) -> None:
-        proxy, dialect, state, session = self.proxy, self.dialect, self.state, self.ctx[0]
+        proxy, dialect, state = self.proxy, self.dialect, self.state
         out: list[bytes] = []
         try:
             async for ev in events:
@@ -377,7 +385,7 @@ class EventStream(Response):
             error = ProxyError("internal", f"proxy error: {type(exc).__name__}: {exc}")
         else:
             state.done_at = time.time()
-            await proxy.persist(session, proxy._record(state, self.ctx), False, alone=proxy.in_flight <= 1)
+            await proxy._persist(state, self.ctx)
             try:
                 await self._write(self.writer.end(), final=True)  # durable before the final event
             finally:
@@ -385,7 +393,7 @@ class EventStream(Response):
             return
         state.error = error
         state.done_at = time.time()
-        await proxy.persist(session, proxy._record(state, self.ctx), True, alone=proxy.in_flight <= 1)
+        await proxy._persist(state, self.ctx)
         proxy._observe(dialect, state, str(error.status))
         if self._ping is not None and not self._ping.done():
             await self._ping
@@ -496,7 +504,7 @@ def create_app(config: ProxyConfig, *, token_engine: TokenEngine | None = None) 
     # -- models ----------------------------------------------------------------------------------
 
     async def model_list(request: Request) -> list[str]:
-        proxy.sessions.authenticate(api_key(request.scope), request.scope.get(PATH_SESSION))
+        proxy.authenticate(request.scope)
         return [await proxy.engine.served_model()]
 
     @app.get("/v1/models")
@@ -527,7 +535,7 @@ def create_app(config: ProxyConfig, *, token_engine: TokenEngine | None = None) 
     async def count_tokens(request: Request) -> Response:
         try:
             # count_tokens bodies carry no max_tokens
-            proxy.sessions.authenticate(api_key(request.scope), request.scope.get(PATH_SESSION))
+            proxy.authenticate(request.scope)
             raw = await proxy.read_body(request.scope, request.receive)
             try:
                 body = orjson.loads(raw)

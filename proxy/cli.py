@@ -110,14 +110,14 @@ def main(args: argparse.Namespace) -> int:
     # proxy_headers off: nothing here reads the client's address, so X-Forwarded-* rewriting per call buys nothing
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_keep_alive=75,
                                            proxy_headers=False))
+    # What start-up built (FastAPI, pydantic schemas, the tokenizer) lives as long as the process:
+    # frozen out of the collector, so periodic full collections stop walking it on the call path
+    gc.collect()
+    gc.freeze()
     if config.upload_to:
         from .upload import serve_then_upload
 
         return serve_then_upload(server, [sock], prefix=config.upload_to, capture_dir=config.capture_dir,
                                  session_ids=[s.session_id for s in sessions], artifacts_dir=config.artifacts_dir)
-    # What start-up built (FastAPI, pydantic schemas, the tokenizer) lives as long as the process:
-    # frozen out of the collector, so periodic full collections stop walking it on the call path
-    gc.collect()
-    gc.freeze()
     server.run(sockets=[sock])
     return 0

@@ -30,7 +30,7 @@ class Session:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def append_encoded(self, data: bytes, records: int = 1, failed: int = 0) -> None:
-        """Append + fsync `records` already-encoded lines (`encode_record` output, joined), `failed` of
+        """Append + fsync `records` already-encoded lines (`proxy.capture.encode_record_line` output, joined), `failed` of
         them not ok: one fsync for a group of calls that finished together."""
         with self._lock:
             if self._writer is None:
