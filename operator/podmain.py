@@ -122,7 +122,7 @@ def evaluate_session(bucket: Bucket, job: str, session: int, env: Any) -> tuple[
     from tracefleet.runner.pod import task_from_env
     from tracefleet.runner.workspace import WorkspaceError, prepare_workspace
 
-    from .children import EVALUATOR_FATAL_EXIT_CODE
+    from .children.jobs import EVALUATOR_FATAL_EXIT_CODE
 
     prefix = session_prefix(job, session)
     spec = evaluator_spec_from_env(env)

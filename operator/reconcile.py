@@ -21,7 +21,11 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from . import bucketio, children, metrics
+from . import bucketio, metrics
+from .children.harness import exact_mode_problem, harness_pod
+from .children.inference import inference_deployment, inference_service
+from .children.jobs import evaluator_job, sealer_job
+from .children.network_policy import harness_network_policy
 from . import names as n
 from .kube import Kube
 from .sessions import job_condition, observe, plan
@@ -121,7 +125,7 @@ class Reconciler:
             problems.append("spec.harness.image is required on Kubernetes")
         if job.evaluator is not None and not job.evaluator.image:
             problems.append("spec.evaluator.image (or spec.harness.image) is required on Kubernetes")
-        if (problem := children.exact_mode_problem(job)) is not None:
+        if (problem := exact_mode_problem(job)) is not None:
             problems.append(problem)
         if problems:
             res.status = self._fail_status(old_status, generation, "InvalidSpec", "; ".join(problems), now)
@@ -162,17 +166,17 @@ class Reconciler:
 
         # --- network policy once per job (per operator process)
         if "netpol" not in self._ensured.setdefault(job.uid, set()) and budget > 0:
-            self.kube.create(children.harness_network_policy(job))
+            self.kube.create(harness_network_policy(job))
             self._ensured[job.uid].add("netpol")
             budget -= 1
 
         # --- harness pods and evaluator Jobs
-        batch_pods = [children.harness_pod(job, self.cfg, s, a) for s, a in p.need_pod[: max(0, budget)]]
+        batch_pods = [harness_pod(job, self.cfg, s, a) for s, a in p.need_pod[: max(0, budget)]]
         budget -= len(batch_pods)
         created_pods = sum(self.kube.create_many(batch_pods))
         metrics.CHILDREN_CREATED.labels(n.COMPONENT_HARNESS).inc(created_pods)
         if job.evaluator is not None:
-            evals_new = [children.evaluator_job(job, self.cfg, s) for s in p.need_eval[: max(0, budget)]]
+            evals_new = [evaluator_job(job, self.cfg, s) for s in p.need_eval[: max(0, budget)]]
             budget -= len(evals_new)
             metrics.CHILDREN_CREATED.labels(n.COMPONENT_EVALUATOR).inc(sum(self.kube.create_many(evals_new)))
 
@@ -304,12 +308,12 @@ class Reconciler:
         ensured = self._ensured.setdefault(job.uid, set())
         name = n.inference_name(job.name)
         if "service" not in ensured:
-            self.kube.create(children.inference_service(job))
+            self.kube.create(inference_service(job))
             ensured.add("service")
             budget -= 1
         dep = self.kube.get_deployment(job.namespace, name)
         if dep is None:
-            self.kube.create(children.inference_deployment(job))
+            self.kube.create(inference_deployment(job))
             metrics.CHILDREN_CREATED.labels(n.COMPONENT_INFERENCE).inc()
             return False, "Creating", "inference Deployment created", budget - 1
         want = 0 if job.suspend else job.managed.replicas
@@ -381,7 +385,7 @@ class Reconciler:
         nxt = max(seqs) + 1 if seqs else 0
         while pool and budget > 0 and (len(pool) >= size or finished_all):
             group, pool = pool[:size], pool[size:]
-            if self.kube.create(children.sealer_job(job, self.cfg, nxt, group)):
+            if self.kube.create(sealer_job(job, self.cfg, nxt, group)):
                 metrics.CHILDREN_CREATED.labels(n.COMPONENT_SEALER).inc()
             budget -= 1
             nxt += 1

@@ -7,7 +7,10 @@ import textwrap
 import pytest
 import yaml
 
-from tracefleet.operator import children as c
+from tracefleet.operator.children.harness import PROXY_PORT, SESSION_DEADLINE_GRACE_S, exact_mode_problem, harness_pod
+from tracefleet.operator.children.inference import ENGINE_PORT, inference_deployment, inference_service
+from tracefleet.operator.children.jobs import evaluator_job, sealer_job
+from tracefleet.operator.children.network_policy import harness_network_policy
 from tracefleet.operator import names as n
 from tracefleet.operator.view import JobView, OperatorConfig
 
@@ -70,7 +73,7 @@ def _owner_ok(m: dict, job: JobView) -> None:
 
 
 def test_inference_deployment_has_gpus_probes_shm_and_cache(job: JobView) -> None:
-    d = c.inference_deployment(job)
+    d = inference_deployment(job)
     _owner_ok(d, job)
     pod = d["spec"]["template"]["spec"]
     (ctr,) = pod["containers"]
@@ -92,14 +95,14 @@ def test_inference_deployment_has_gpus_probes_shm_and_cache(job: JobView) -> Non
     mounts = {m["name"]: m["mountPath"] for m in ctr["volumeMounts"]}
     assert mounts["dshm"] == "/dev/shm"
     assert d["spec"]["selector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
-    svc = c.inference_service(job)
+    svc = inference_service(job)
     _owner_ok(svc, job)
     assert svc["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
-    assert svc["spec"]["ports"][0]["port"] == c.ENGINE_PORT
+    assert svc["spec"]["ports"][0]["port"] == ENGINE_PORT
 
 
 def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: JobView) -> None:
-    pod = c.harness_pod(job, CFG, session=5, attempt=1, secret="tfs_secret")
+    pod = harness_pod(job, CFG, session=5, attempt=1, secret="tfs_secret")
     _owner_ok(pod, job)
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["name"] == "demo-s5-a1"
@@ -109,7 +112,7 @@ def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: JobView) -> Non
     assert spec["automountServiceAccountToken"] is False
     assert spec["restartPolicy"] == "Never"
     assert spec["runtimeClassName"] == "gvisor"
-    assert spec["activeDeadlineSeconds"] == 600 + c.SESSION_DEADLINE_GRACE_S
+    assert spec["activeDeadlineSeconds"] == 600 + SESSION_DEADLINE_GRACE_S
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
     (proxy,) = spec["initContainers"]
     assert proxy["name"] == "proxy" and proxy["restartPolicy"] == "Always"  # native sidecar
@@ -124,7 +127,7 @@ def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: JobView) -> Non
     (harness,) = spec["containers"]
     assert harness["image"] == "ghcr.io/acme/codex:1"
     env = {e["name"]: e["value"] for e in harness["env"]}
-    assert env["TRACEFLEET_BASE_URL"] == f"http://127.0.0.1:{c.PROXY_PORT}"
+    assert env["TRACEFLEET_BASE_URL"] == f"http://127.0.0.1:{PROXY_PORT}"
     assert env["TRACEFLEET_API_KEY"] == "tfs_secret"
     assert env["TRACEFLEET_PRESET"] == "codex"
     assert yaml.safe_load(env["TRACEFLEET_TASK_JSON"])["id"] == "t2"
@@ -141,7 +144,7 @@ def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: JobView) -> Non
 def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: JobView) -> None:
     """Default capture mode (auto) on a managed model with a cache claim: the sidecar mounts the claim
     read-only where vLLM has it ($HF_HOME), offline, and is told the hub id to resolve there."""
-    spec = c.harness_pod(job, CFG, session=0, attempt=0)["spec"]
+    spec = harness_pod(job, CFG, session=0, attempt=0)["spec"]
     (proxy,) = spec["initContainers"]
     args = proxy["args"]
     assert args[args.index("--mode") + 1] == "auto" and args[args.index("--model-path") + 1] == "Qwen/Qwen3-4B"
@@ -151,13 +154,13 @@ def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: JobView) ->
     assert env["HF_HOME"] == "/root/.cache/huggingface" and env["HF_HUB_OFFLINE"] == "1"
     (harness,) = spec["containers"]
     assert not any(m["name"] == "tokenizer-cache" for m in harness["volumeMounts"])  # the sandbox never sees it
-    (vllm,) = c.inference_deployment(job)["spec"]["template"]["spec"]["containers"]
+    (vllm,) = inference_deployment(job)["spec"]["template"]["spec"]["containers"]
     assert {"name": "HF_HOME", "value": "/root/.cache/huggingface"} in vllm["env"]  # where vLLM downloads to
-    assert c.exact_mode_problem(job) is None
+    assert exact_mode_problem(job) is None
 
     body = yaml.safe_load(MANAGED)
     body["spec"]["inference"]["capture"] = {"mode": "server"}
-    server = c.harness_pod(JobView.from_body(body), CFG, 0, 0)["spec"]
+    server = harness_pod(JobView.from_body(body), CFG, 0, 0)["spec"]
     assert "--model-path" not in server["initContainers"][0]["args"]
     assert not any(v["name"] == "tokenizer-cache" for v in server["volumes"])
 
@@ -166,25 +169,25 @@ def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: JobView) ->
     body["spec"]["inference"]["capture"] = {"mode": "exact", "tokenizer": "/models/qwen3", "toolParser": "qwen3_coder",
                                             "tokenizerCache": {"claimName": "tok", "mountPath": "/models"}}
     ext = JobView.from_body(body)
-    spec = c.harness_pod(ext, CFG, 0, 0)["spec"]
+    spec = harness_pod(ext, CFG, 0, 0)["spec"]
     args = spec["initContainers"][0]["args"]
     assert args[args.index("--model-path") + 1] == "/models/qwen3" and args[args.index("--tool-parser") + 1] == "qwen3_coder"
     assert {"name": "tokenizer-cache", "persistentVolumeClaim": {"claimName": "tok", "readOnly": True}} in spec["volumes"]
-    assert c.exact_mode_problem(ext) is None
+    assert exact_mode_problem(ext) is None
     # exact asked for with nothing to read a tokenizer from: refused up front, with what to set
     del body["spec"]["inference"]["capture"]["tokenizerCache"]
-    problem = c.exact_mode_problem(JobView.from_body(body))
+    problem = exact_mode_problem(JobView.from_body(body))
     assert problem is not None and "tokenizerCache" in problem and "mode auto" in problem
 
 
 def test_network_policy_allows_only_inference_bucket_and_dns(job: JobView) -> None:
-    np = c.harness_network_policy(job)
+    np = harness_network_policy(job)
     _owner_ok(np, job)
     spec = np["spec"]
     assert spec["podSelector"]["matchLabels"] == {n.LABEL_JOB: "demo", n.LABEL_COMPONENT: "harness"}
     assert spec["policyTypes"] == ["Ingress", "Egress"] and spec["ingress"] == []
     to_inference = [r for r in spec["egress"] if any("podSelector" in t and n.LABEL_COMPONENT in t["podSelector"].get("matchLabels", {}) for t in r.get("to", []))]
-    assert to_inference and to_inference[0]["ports"] == [{"protocol": "TCP", "port": c.ENGINE_PORT}]
+    assert to_inference and to_inference[0]["ports"] == [{"protocol": "TCP", "port": ENGINE_PORT}]
     assert any(p["port"] == 53 for r in spec["egress"] for p in r["ports"])
     assert any(p["port"] == 443 for r in spec["egress"] for p in r["ports"])  # the s3 bucket
     assert len(spec["egress"]) == 3
@@ -194,17 +197,17 @@ def test_external_engine_gets_ip_block_and_no_deployment() -> None:
     job = JobView.from_body(external_body())
     assert job.managed is None
     with pytest.raises(AssertionError):
-        c.inference_deployment(job)
-    np = c.harness_network_policy(job)
+        inference_deployment(job)
+    np = harness_network_policy(job)
     rule = np["spec"]["egress"][1]
     assert rule == {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}], "ports": [{"protocol": "TCP", "port": 8000}]}
-    pod = c.harness_pod(job, CFG, 0, 0)
+    pod = harness_pod(job, CFG, 0, 0)
     args = pod["spec"]["initContainers"][0]["args"]
     assert args[args.index("--engine") + 1] == "http://10.1.2.3:8000"
 
 
 def test_evaluator_job_has_failure_policy_and_deadline(job: JobView) -> None:
-    j = c.evaluator_job(job, CFG, session=6)
+    j = evaluator_job(job, CFG, session=6)
     _owner_ok(j, job)
     assert j["metadata"]["name"] == "demo-eval-s6"
     spec = j["spec"]
@@ -222,7 +225,7 @@ def test_evaluator_job_has_failure_policy_and_deadline(job: JobView) -> None:
 
 
 def test_sealer_job_pins_its_sessions(job: JobView) -> None:
-    j = c.sealer_job(job, CFG, seq=3, sessions=[7, 1, 2, 3, 9])
+    j = sealer_job(job, CFG, seq=3, sessions=[7, 1, 2, 3, 9])
     _owner_ok(j, job)
     assert j["metadata"]["name"] == "demo-seal-000003"
     assert j["metadata"]["annotations"][n.ANNOTATION_SESSIONS] == "1-3,7,9"
@@ -232,7 +235,7 @@ def test_sealer_job_pins_its_sessions(job: JobView) -> None:
 def test_suspended_job_runs_no_inference(job: JobView) -> None:
     body = yaml.safe_load(MANAGED)
     body["spec"]["suspend"] = True
-    assert c.inference_deployment(JobView.from_body(body))["spec"]["replicas"] == 0
+    assert inference_deployment(JobView.from_body(body))["spec"]["replicas"] == 0
 
 
 def test_long_names_fit_dns_labels() -> None:

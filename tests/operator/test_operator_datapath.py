@@ -34,7 +34,7 @@ def test_sealer_entrypoint_seals_once_and_operator_finds_batch(s3, tmp_path: Pat
         write_session(bucket, job, s, tmp_path, reward=float(s % 2))
     creds = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key, "AWS_ENDPOINT_URL": s3.endpoint}
 
-    # the pod's entrypoint, as the sealer Job runs it (env from children.sealer_job)
+    # the pod's entrypoint, as the sealer Job runs it (env from children.jobs.sealer_job)
     env = {**s3.env(), "TRACEFLEET_BUCKET": uri, "TRACEFLEET_JOB": job, "TRACEFLEET_BATCH_SEQ": "1",
            "TRACEFLEET_SESSIONS": "0-1", "TRACEFLEET_BUILDER": "prefix-merge", "PATH": "/usr/bin:/bin",
            "TRACEFLEET_SPOOL": str(tmp_path / "spool")}

@@ -1,6 +1,6 @@
 """The pods a RolloutJob becomes, run for real as local processes (what KWOK cannot run).
 
-The containers come from the objects `operator/children.py` builds for a real RolloutJob: their
+The containers come from the objects `operator/children/` builds for a real RolloutJob: their
 command, args and env are used as they are, with only what a kubelet does applied here (envFrom the
 credentials Secret, `$(VAR)` expansion in args, volume mount paths mapped to local folders, the pod's
 fixed proxy port mapped to a free loopback port). Real parts: the scripted engine, the S3 server,
@@ -27,7 +27,8 @@ import yaml
 from tracefleet.api.model import Capture, RolloutJob
 from tracefleet.bucket import open_bucket
 from tracefleet.capture import read_capture_log
-from tracefleet.operator import children
+from tracefleet.operator.children.harness import PROXY_PORT, harness_pod
+from tracefleet.operator.children.jobs import EVALUATOR_FATAL_EXIT_CODE, evaluator_job, sealer_job
 from tracefleet.operator.view import JobView, OperatorConfig
 from tracefleet.proxy.upload import upload_outputs
 from tracefleet.traces.reader import BatchReader
@@ -85,7 +86,7 @@ class Kubelet:
         for mount, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
             if value == mount or value.startswith(mount + "/"):
                 return str(local) + value[len(mount):]
-        value = value.replace(f"127.0.0.1:{children.PROXY_PORT}", f"127.0.0.1:{self.port}")
+        value = value.replace(f"127.0.0.1:{PROXY_PORT}", f"127.0.0.1:{self.port}")
         return value
 
     def process(self, container: dict[str, Any]) -> tuple[list[str], dict[str, str], Path]:
@@ -100,7 +101,7 @@ class Kubelet:
         argv = [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in argv]
         argv = [self._map(a, mounts) for a in argv]
         # the pod's own network namespace: bind loopback, on a port free on this machine
-        argv = ["127.0.0.1" if a == "0.0.0.0" else str(self.port) if a == str(children.PROXY_PORT) else a for a in argv]
+        argv = ["127.0.0.1" if a == "0.0.0.0" else str(self.port) if a == str(PROXY_PORT) else a for a in argv]
         cwd = Path(self._map(container["workingDir"], mounts)) if "workingDir" in container else self.root
         return argv, env, cwd
 
@@ -139,7 +140,7 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
     bucket = open_bucket(bucket_uri, **s3.bucket_options())
 
     # ---- the harness pod: proxy sidecar (native, starts first) + the harness container
-    pod = children.harness_pod(job, cfg, session=0, attempt=0)
+    pod = harness_pod(job, cfg, session=0, attempt=0)
     kubelet = Kubelet(tmp_path / "pod", creds, pod["spec"]["volumes"])
     (proxy_c,) = pod["spec"]["initContainers"]
     (harness_c,) = pod["spec"]["containers"]
@@ -175,7 +176,7 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
     assert manifest["objects"]["capture.jsonl"]["bytes"] == capture.stat().st_size
 
     # ---- the evaluator Job (tests preset: FAIL_TO_PASS / PASS_TO_PASS on a fresh patched copy)
-    ev = children.evaluator_job(job, cfg, 0)
+    ev = evaluator_job(job, cfg, 0)
     done = run_job_container(ev, Kubelet(tmp_path / "eval", creds, []), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     reward = json.loads(bucket.get(prefix + "reward.json"))
@@ -185,7 +186,7 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
     assert reward["task_id"] == "calc-add" and reward["sample_index"] == 0
 
     # ---- the sealer Job, then what a trainer reads
-    seal = children.sealer_job(job, cfg, 1, [0])
+    seal = sealer_job(job, cfg, 1, [0])
     done = run_job_container(seal, Kubelet(tmp_path / "seal", creds, []), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     sealed = json.loads(done.stdout.strip().splitlines()[-1])
@@ -203,8 +204,8 @@ def test_evaluator_fails_closed_when_the_harness_uploaded_nothing(scripted_engin
     bucket_uri = f"s3://{s3.create_bucket()}/runs"
     job = JobView.from_model(rollout_job(scripted_engine, bucket_uri), bucket_endpoint=s3.endpoint)
     creds = {"bucket-credentials": {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}}
-    done = run_job_container(children.evaluator_job(job, OperatorConfig(), 0), Kubelet(tmp_path, creds, []), tmp_path)
-    assert done.returncode == children.EVALUATOR_FATAL_EXIT_CODE, done.stdout + done.stderr
+    done = run_job_container(evaluator_job(job, OperatorConfig(), 0), Kubelet(tmp_path, creds, []), tmp_path)
+    assert done.returncode == EVALUATOR_FATAL_EXIT_CODE, done.stdout + done.stderr
     reward = json.loads(open_bucket(bucket_uri, **s3.bucket_options()).get("podpath/sessions/0/reward.json"))
     assert reward["reward"] == 0.0 and reward["status"] == "error" and "session.patch" in reward["message"]
 
@@ -257,14 +258,14 @@ def test_kwok_finishes_annotated_harness_pods_with_their_sidecar(kube, scripted_
         for session, annotations in ((0, {"tracefleet.io/kwok-delay": "2s"}),
                                      (1, {"tracefleet.io/kwok-delay": "0s", "tracefleet.io/kwok-outcome": "failed",
                                           "tracefleet.io/kwok-exit-code": "124"})):
-            pod = children.harness_pod(job, OperatorConfig(), session=session, attempt=0)
+            pod = harness_pod(job, OperatorConfig(), session=session, attempt=0)
             pod["metadata"].update(namespace=ns, annotations=annotations)
             pod["metadata"].pop("ownerReferences")  # no RolloutJob here: the garbage collector would take it
             r = kube.kubectl("apply", "-f", "-", input=json.dumps(pod))
             assert r.returncode == 0, r.stderr
         started = time.monotonic()
-        name0 = children.harness_pod(job, OperatorConfig(), 0, 0)["metadata"]["name"]
-        name1 = children.harness_pod(job, OperatorConfig(), 1, 0)["metadata"]["name"]
+        name0 = harness_pod(job, OperatorConfig(), 0, 0)["metadata"]["name"]
+        name1 = harness_pod(job, OperatorConfig(), 1, 0)["metadata"]["name"]
         seen_running = False
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -291,7 +292,7 @@ def test_in_pod_exit_code_reflects_a_failed_harness_and_artifacts_still_upload(s
     rj = rollout_job(scripted_engine, str(tmp_path / "bucket"))
     rj.spec.harness.command = ["python", "-c", "import sys; open('x.txt', 'w').write('partial'); sys.exit(3)"]
     job = JobView.from_model(rj)
-    pod = children.harness_pod(job, OperatorConfig(), session=0, attempt=0)
+    pod = harness_pod(job, OperatorConfig(), session=0, attempt=0)
     kubelet = Kubelet(tmp_path / "pod", {"bucket-credentials": {}}, pod["spec"]["volumes"])
     harness, proxy_rc, out = run_pod(pod, kubelet, timeout_s=120)
     assert harness.returncode == 1, harness.stdout + harness.stderr
@@ -312,7 +313,7 @@ def test_sidecar_renders_exactly_with_the_tokenizer_from_its_mounted_cache(scrip
         {"tokenizer": "acme/tiny-chat", "tokenizerCache": {"claimName": "tok", "mountPath": "/models"}})
     job = JobView.from_model(rj)
     assert job.capture_mode == "auto"
-    pod = children.harness_pod(job, OperatorConfig(), session=0, attempt=0)
+    pod = harness_pod(job, OperatorConfig(), session=0, attempt=0)
     kubelet = Kubelet(tmp_path / "pod", {"bucket-credentials": {}}, pod["spec"]["volumes"])
     write_hub_model(tmp_path / "pod" / "tokenizer-cache", "acme/tiny-chat")  # what the claim holds
     env = kubelet.process(pod["spec"]["initContainers"][0])[1]

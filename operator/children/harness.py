@@ -1,0 +1,183 @@
+"""The harness pod: one session = the harness container plus the capture proxy as a native sidecar."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from .. import names as n
+from ..view import JobView, OperatorConfig
+from .inference import inference_service_url
+from .inputs import bucket_env, bucket_env_from, env_vars, task_source
+from .metadata import Manifest, metadata
+from .security import container_security_context, pod_security_context
+
+PROXY_PORT = 8100
+# Proxy needs a moment after the harness exits to flush and upload the capture.
+SESSION_DEADLINE_GRACE_S = 120
+
+
+def session_secret() -> str:
+    return "tfs_" + secrets.token_urlsafe(24)
+
+
+def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, secret: str | None = None) -> Manifest:
+    """One session = one pod: the harness container plus the proxy as a native sidecar.
+
+    The sidecar is an init container with `restartPolicy: Always`: it starts (and is probed ready)
+    before the harness, and the pod still completes when the harness exits.
+    """
+    task, sample = n.task_sample_of(session, job.samples_per_task)
+    name = n.harness_pod_name(job.name, session, attempt)
+    secret = secret or session_secret()
+    session_id = f"{job.name}-s{session}"
+    h = job.harness
+    proxy_args = [
+        "proxy",
+        "--host", "0.0.0.0",
+        "--port", str(PROXY_PORT),
+        "--engine", inference_service_url(job),
+        "--capture-dir", "/capture",
+        "--mode", job.capture_mode,
+        *_exact_mode_args(job),
+        *(["--served-model", job.served_model] if job.served_model else []),
+        "--policy-version", str(job.policy_version),
+        # the kubelet expands $(VAR) from the container's env: the secret stays out of the args
+        "--session", f"{session_id}:$(TRACEFLEET_SESSION_SECRET)",
+        # on SIGTERM (the pod stopping after the harness exits) upload capture.jsonl + the harness's
+        # artifacts to the session's prefix (tracefleet.proxy.upload)
+        "--upload-to", f"{job.bucket_uri.rstrip('/')}/{job.name}/sessions/{session}/",
+        "--artifacts-dir", "/artifacts",
+    ]
+    proxy = {
+        "name": "proxy",
+        "image": cfg.proxy_image,
+        "command": ["tracefleet"],
+        "args": proxy_args,
+        "restartPolicy": "Always",
+        "env": env_vars({"TRACEFLEET_SESSION_SECRET": secret, **_tokenizer_env(job)}) + bucket_env(job),
+        "envFrom": bucket_env_from(job),
+        "ports": [{"name": "proxy", "containerPort": PROXY_PORT}],
+        "startupProbe": {"httpGet": {"path": "/health", "port": "proxy"}, "periodSeconds": 1, "failureThreshold": 60},
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "proxy"}, "periodSeconds": 5},
+        # exact mode holds the model's tokenizer (a large vocabulary is ~100-200 MiB) and the served ids
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi" if job.capture_mode == "server" else "256Mi"},
+                      "limits": {"memory": "512Mi" if job.capture_mode == "server" else "1Gi"}},
+        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
+        "volumeMounts": [
+            {"name": "capture", "mountPath": "/capture"},
+            {"name": "artifacts", "mountPath": "/artifacts", "readOnly": True},
+            {"name": "proxy-tmp", "mountPath": "/tmp"},
+        ],
+    }
+    if (cache := _sidecar_tokenizer_cache(job)) is not None:
+        proxy["volumeMounts"].append({"name": "tokenizer-cache", "mountPath": cache[1], "readOnly": True})
+    harness_env = {
+        "TRACEFLEET_JOB": job.name,
+        "TRACEFLEET_SESSION": str(session),
+        "TRACEFLEET_SESSION_ID": session_id,
+        "TRACEFLEET_TASK_INDEX": str(task),
+        "TRACEFLEET_SAMPLE_INDEX": str(sample),
+        "TRACEFLEET_ATTEMPT": str(attempt),
+        "TRACEFLEET_BASE_URL": f"http://127.0.0.1:{PROXY_PORT}",
+        "TRACEFLEET_API_KEY": secret,
+        "TRACEFLEET_MODEL": job.served_model,
+        "TRACEFLEET_PRESET": h.preset or "command",
+        "TRACEFLEET_TIMEOUT_S": str(h.timeout_s),
+        "TRACEFLEET_ARTIFACTS_DIR": "/artifacts",
+        "HOME": "/home/harness",
+    }
+    volumes: list[dict[str, Any]] = [
+        {"name": "capture", "emptyDir": {}},
+        {"name": "artifacts", "emptyDir": {}},
+        {"name": "workspace", "emptyDir": {}},
+        {"name": "home", "emptyDir": {}},
+        {"name": "proxy-tmp", "emptyDir": {}},
+    ]
+    mounts = [
+        {"name": "workspace", "mountPath": "/workspace"},
+        {"name": "home", "mountPath": "/home/harness"},
+        {"name": "artifacts", "mountPath": "/artifacts"},
+    ]
+    if (cache := _sidecar_tokenizer_cache(job)) is not None:
+        volumes.append({"name": "tokenizer-cache",
+                        "persistentVolumeClaim": {"claimName": cache[0], "readOnly": True}})
+    task_env, task_volumes, task_mounts = task_source(job, task)
+    harness_env.update(task_env)
+    volumes += task_volumes
+    mounts += task_mounts
+    if h.command:
+        harness_env["TRACEFLEET_COMMAND_JSON"] = __import__("json").dumps(list(h.command))
+    if h.workspace_setup:
+        harness_env["TRACEFLEET_WORKSPACE_SETUP_JSON"] = __import__("json").dumps(list(h.workspace_setup))
+    harness_env.update({k: str(v) for k, v in h.env.items()})
+    harness = {
+        "name": "harness",
+        "image": h.image,
+        # The runner's in-pod entrypoint: prepares /workspace, launches the preset's CLI against
+        # the sidecar proxy, and writes artifacts (e.g. git diff) to /artifacts.
+        "command": ["tracefleet", "run", "--in-pod"],
+        "workingDir": "/workspace",
+        "env": env_vars(harness_env),
+        "resources": dict(h.resources) if h.resources else {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+        "securityContext": container_security_context(),
+        "volumeMounts": mounts,
+    }
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security_context(),
+        "activeDeadlineSeconds": h.timeout_s + SESSION_DEADLINE_GRACE_S,
+        "terminationGracePeriodSeconds": 30,
+        "initContainers": [proxy],
+        "containers": [harness],
+        "volumes": volumes,
+    }
+    if h.runtime_class:
+        spec["runtimeClassName"] = h.runtime_class
+    if job.priority_class:
+        spec["priorityClassName"] = job.priority_class
+    labels = {
+        n.LABEL_SESSION: str(session),
+        n.LABEL_TASK: str(task),
+        n.LABEL_SAMPLE: str(sample),
+        n.LABEL_ATTEMPT: str(attempt),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata(job, name, n.COMPONENT_HARNESS, **labels),
+        "spec": spec,
+    }
+
+
+def _sidecar_tokenizer_cache(job: JobView) -> tuple[str, str] | None:
+    """(claim, mount path) the proxy sidecar mounts read-only to read the tokenizer; None in server mode."""
+    return None if job.capture_mode == "server" else job.tokenizer_cache
+
+
+def _exact_mode_args(job: JobView) -> list[str]:
+    """The proxy's exact-mode flags: where to read the tokenizer (a hub id resolves in the mounted
+    model cache, the layout vLLM downloads into) and the family/parser overrides."""
+    if job.capture_mode == "server":
+        return []
+    return [*(["--model-path", job.capture_tokenizer] if job.capture_tokenizer else []),
+            *(["--model-family", job.capture_family] if job.capture_family else []),
+            *(["--tool-parser", job.capture_tool_parser] if job.capture_tool_parser else [])]
+
+
+def _tokenizer_env(job: JobView) -> dict[str, str]:
+    if (cache := _sidecar_tokenizer_cache(job)) is None:
+        return {}
+    # never download in the sandbox: the tokenizer is in the mounted cache or exact mode is off
+    return {"HF_HOME": cache[1], "HF_HUB_OFFLINE": "1"}
+
+
+def exact_mode_problem(job: JobView) -> str | None:
+    """Why `capture.mode: exact` cannot work on the cluster, or None (auto falls back to server instead)."""
+    if job.capture_mode == "exact" and job.tokenizer_cache is None:
+        return ("spec.inference.capture.mode exact needs the model's tokenizer inside every proxy sidecar: set "
+                "spec.inference.managed.modelCache or spec.inference.capture.tokenizerCache (a claim holding it), "
+                "or use mode auto, which falls back to server capture")
+    return None

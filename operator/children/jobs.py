@@ -1,0 +1,122 @@
+"""Evaluator and sealer Jobs: batch pods that score one session or seal one batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import names as n
+from ..view import JobView, OperatorConfig
+from .inputs import bucket_env, bucket_env_from, env_vars, task_source
+from .metadata import Manifest, child_labels, metadata
+from .security import container_security_context, pod_security_context
+
+# Exit code an evaluator uses for "this session's artifacts are unusable": retrying cannot help.
+EVALUATOR_FATAL_EXIT_CODE = 3
+
+
+def _batch_pod_spec(job: JobView, container: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security_context(),
+        "containers": [{**container, "securityContext": container_security_context()}],
+    }
+    if job.priority_class:
+        spec["priorityClassName"] = job.priority_class
+    return spec
+
+
+def evaluator_job(job: JobView, cfg: OperatorConfig, session: int) -> Manifest:
+    """Scores one finished session in a fresh pod: reads `sessions/<s>/` and writes `reward.json`."""
+    e = job.evaluator
+    assert e is not None, "a job without an evaluator has no evaluator Jobs"
+    task, sample = n.task_sample_of(session, job.samples_per_task)
+    labels = {n.LABEL_SESSION: str(session), n.LABEL_TASK: str(task), n.LABEL_SAMPLE: str(sample)}
+    env = {
+        "TRACEFLEET_JOB": job.name,
+        "TRACEFLEET_SESSION": str(session),
+        "TRACEFLEET_TASK_INDEX": str(task),
+        "TRACEFLEET_SAMPLE_INDEX": str(sample),
+        "TRACEFLEET_SESSION_PREFIX": f"{job.bucket_uri.rstrip('/')}/{job.name}/sessions/{session}/",
+    }
+    if e.preset:
+        env["TRACEFLEET_EVALUATOR"] = e.preset
+    if e.command:
+        env["TRACEFLEET_COMMAND_JSON"] = __import__("json").dumps(list(e.command))
+    if e.entry_point:
+        env["TRACEFLEET_EVALUATOR_ENTRYPOINT"] = e.entry_point
+    env["TRACEFLEET_TIMEOUT_S"] = str(e.timeout_s)
+    # The evaluator judges against the task the operator knows, never one the harness could rewrite.
+    task_env, task_volumes, task_mounts = task_source(job, task)
+    env.update(task_env)
+    container = {
+        "name": "evaluator",
+        "image": e.image or cfg.evaluator_image,
+        "command": ["python", "-m", "tracefleet.operator.podmain", "evaluate"],
+        "env": env_vars(env) + bucket_env(job),
+        "envFrom": bucket_env_from(job),
+        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        **({"volumeMounts": task_mounts} if task_mounts else {}),
+    }
+    pod_spec = _batch_pod_spec(job, container)
+    if task_volumes:
+        pod_spec["volumes"] = task_volumes
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(job, n.evaluator_job_name(job.name, session), n.COMPONENT_EVALUATOR, **labels),
+        "spec": {
+            "backoffLimit": 2,
+            "activeDeadlineSeconds": e.timeout_s,
+            # Evictions and preemptions are not the evaluator's fault; a known-bad exit code is final.
+            "podFailurePolicy": {
+                "rules": [
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {"containerName": "evaluator", "operator": "In", "values": [EVALUATOR_FATAL_EXIT_CODE]},
+                    },
+                ]
+            },
+            "template": {
+                "metadata": {"labels": child_labels(job, n.COMPONENT_EVALUATOR, **labels)},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def sealer_job(job: JobView, cfg: OperatorConfig, seq: int, sessions: list[int]) -> Manifest:
+    """Builds and seals batch `seq` from exactly `sessions` (fixed at creation: Jobs are immutable,
+    so a restarted operator sees the same assignment and never seals a session twice)."""
+    ranges = n.encode_ranges(sessions)
+    env = {
+        "TRACEFLEET_JOB": job.name,
+        "TRACEFLEET_BATCH_SEQ": str(seq),
+        "TRACEFLEET_SESSIONS": ranges,
+        "TRACEFLEET_BUILDER": job.builder,
+    }
+    container = {
+        "name": "sealer",
+        "image": cfg.proxy_image,
+        "command": ["python", "-m", "tracefleet.operator.podmain", "seal"],
+        "env": env_vars(env) + bucket_env(job),
+        "envFrom": bucket_env_from(job),
+        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+    }
+    manifest = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(job, n.sealer_job_name(job.name, seq), n.COMPONENT_SEALER, **{n.LABEL_BATCH: str(seq)}),
+        "spec": {
+            "backoffLimit": 4,
+            "activeDeadlineSeconds": 3600,
+            "template": {
+                "metadata": {"labels": child_labels(job, n.COMPONENT_SEALER, **{n.LABEL_BATCH: str(seq)})},
+                "spec": _batch_pod_spec(job, container),
+            },
+        },
+    }
+    manifest["metadata"]["annotations"] = {n.ANNOTATION_SESSIONS: ranges}
+    return manifest
