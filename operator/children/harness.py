@@ -5,10 +5,13 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from tracefleet import podenv
+from tracefleet.podenv import HarnessEnv, ProxySidecarEnv
+
 from .. import names as n
 from ..view import JobView, OperatorConfig
 from .inference import inference_service_url
-from .inputs import bucket_env, bucket_env_from, env_vars, task_source
+from .inputs import bucket_env_from, env_ref, env_vars, task_source
 from .metadata import Manifest, metadata
 from .security import container_security_context, pod_security_context
 
@@ -42,8 +45,7 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         *_exact_mode_args(job),
         *(["--served-model", job.served_model] if job.served_model else []),
         "--policy-version", str(job.policy_version),
-        # the kubelet expands $(VAR) from the container's env: the secret stays out of the args
-        "--session", f"{session_id}:$(TRACEFLEET_SESSION_SECRET)",
+        "--session", f"{session_id}:{env_ref(podenv.SESSION_SECRET)}",
         # on SIGTERM (the pod stopping after the harness exits) upload capture.jsonl + the harness's
         # artifacts to the session's prefix (tracefleet.proxy.upload)
         "--upload-to", f"{job.bucket_uri.rstrip('/')}/{job.name}/sessions/{session}/",
@@ -55,7 +57,7 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         "command": ["tracefleet"],
         "args": proxy_args,
         "restartPolicy": "Always",
-        "env": env_vars({"TRACEFLEET_SESSION_SECRET": secret, **_tokenizer_env(job)}) + bucket_env(job),
+        "env": env_vars({**ProxySidecarEnv(session_secret=secret, endpoint=job.bucket_endpoint or None).to_env(), **_tokenizer_env(job)}),
         "envFrom": bucket_env_from(job),
         "ports": [{"name": "proxy", "containerPort": PROXY_PORT}],
         "startupProbe": {"httpGet": {"path": "/health", "port": "proxy"}, "periodSeconds": 1, "failureThreshold": 60},
@@ -72,21 +74,6 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
     }
     if (cache := _sidecar_tokenizer_cache(job)) is not None:
         proxy["volumeMounts"].append({"name": "tokenizer-cache", "mountPath": cache[1], "readOnly": True})
-    harness_env = {
-        "TRACEFLEET_JOB": job.name,
-        "TRACEFLEET_SESSION": str(session),
-        "TRACEFLEET_SESSION_ID": session_id,
-        "TRACEFLEET_TASK_INDEX": str(task),
-        "TRACEFLEET_SAMPLE_INDEX": str(sample),
-        "TRACEFLEET_ATTEMPT": str(attempt),
-        "TRACEFLEET_BASE_URL": f"http://127.0.0.1:{PROXY_PORT}",
-        "TRACEFLEET_API_KEY": secret,
-        "TRACEFLEET_MODEL": job.served_model,
-        "TRACEFLEET_PRESET": h.preset or "command",
-        "TRACEFLEET_TIMEOUT_S": str(h.timeout_s),
-        "TRACEFLEET_ARTIFACTS_DIR": "/artifacts",
-        "HOME": "/home/harness",
-    }
     volumes: list[dict[str, Any]] = [
         {"name": "capture", "emptyDir": {}},
         {"name": "artifacts", "emptyDir": {}},
@@ -102,15 +89,27 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
     if (cache := _sidecar_tokenizer_cache(job)) is not None:
         volumes.append({"name": "tokenizer-cache",
                         "persistentVolumeClaim": {"claimName": cache[0], "readOnly": True}})
-    task_env, task_volumes, task_mounts = task_source(job, task)
-    harness_env.update(task_env)
+    task_fields, task_volumes, task_mounts = task_source(job, task)
     volumes += task_volumes
     mounts += task_mounts
-    if h.command:
-        harness_env["TRACEFLEET_COMMAND_JSON"] = __import__("json").dumps(list(h.command))
-    if h.workspace_setup:
-        harness_env["TRACEFLEET_WORKSPACE_SETUP_JSON"] = __import__("json").dumps(list(h.workspace_setup))
-    harness_env.update({k: str(v) for k, v in h.env.items()})
+    pod_env = HarnessEnv(
+        job=job.name,
+        session=session,
+        session_id=session_id,
+        task_index=task,
+        sample_index=sample,
+        **task_fields,
+        base_url=f"http://127.0.0.1:{PROXY_PORT}",
+        api_key=secret,
+        model=job.served_model or None,
+        preset=h.preset or "command",
+        timeout_s=h.timeout_s,
+        artifacts_dir="/artifacts",
+        command=list(h.command) or None,
+        workspace_setup=list(h.workspace_setup) or None,
+    )
+    # spec.harness.env last: what the job sets wins, as it always has
+    harness_env = {**pod_env.to_env(), "HOME": "/home/harness", **{k: str(v) for k, v in h.env.items()}}
     harness = {
         "name": "harness",
         "image": h.image,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from tracefleet.podenv import EvaluatorEnv, SealerEnv
+
 from .. import names as n
 from ..view import JobView, OperatorConfig
-from .inputs import bucket_env, bucket_env_from, env_vars, task_source
+from .inputs import bucket_env_from, env_vars, task_source
 from .metadata import Manifest, child_labels, metadata
 from .security import container_security_context, pod_security_context
 
@@ -33,28 +35,26 @@ def evaluator_job(job: JobView, cfg: OperatorConfig, session: int) -> Manifest:
     assert e is not None, "a job without an evaluator has no evaluator Jobs"
     task, sample = n.task_sample_of(session, job.samples_per_task)
     labels = {n.LABEL_SESSION: str(session), n.LABEL_TASK: str(task), n.LABEL_SAMPLE: str(sample)}
-    env = {
-        "TRACEFLEET_JOB": job.name,
-        "TRACEFLEET_SESSION": str(session),
-        "TRACEFLEET_TASK_INDEX": str(task),
-        "TRACEFLEET_SAMPLE_INDEX": str(sample),
-        "TRACEFLEET_SESSION_PREFIX": f"{job.bucket_uri.rstrip('/')}/{job.name}/sessions/{session}/",
-    }
-    if e.preset:
-        env["TRACEFLEET_EVALUATOR"] = e.preset
-    if e.command:
-        env["TRACEFLEET_COMMAND_JSON"] = __import__("json").dumps(list(e.command))
-    if e.entry_point:
-        env["TRACEFLEET_EVALUATOR_ENTRYPOINT"] = e.entry_point
-    env["TRACEFLEET_TIMEOUT_S"] = str(e.timeout_s)
     # The evaluator judges against the task the operator knows, never one the harness could rewrite.
-    task_env, task_volumes, task_mounts = task_source(job, task)
-    env.update(task_env)
+    task_fields, task_volumes, task_mounts = task_source(job, task)
+    env = EvaluatorEnv(
+        bucket=job.bucket_uri,
+        endpoint=job.bucket_endpoint or None,
+        job=job.name,
+        session=session,
+        task_index=task,
+        sample_index=sample,
+        **task_fields,
+        evaluator=e.preset or None,
+        command=list(e.command) or None,
+        entrypoint=e.entry_point or None,
+        timeout_s=e.timeout_s,
+    )
     container = {
         "name": "evaluator",
         "image": e.image or cfg.evaluator_image,
         "command": ["python", "-m", "tracefleet.operator.podmain", "evaluate"],
-        "env": env_vars(env) + bucket_env(job),
+        "env": env_vars(env.to_env()),
         "envFrom": bucket_env_from(job),
         "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
         **({"volumeMounts": task_mounts} if task_mounts else {}),
@@ -91,17 +91,13 @@ def sealer_job(job: JobView, cfg: OperatorConfig, seq: int, sessions: list[int])
     """Builds and seals batch `seq` from exactly `sessions` (fixed at creation: Jobs are immutable,
     so a restarted operator sees the same assignment and never seals a session twice)."""
     ranges = n.encode_ranges(sessions)
-    env = {
-        "TRACEFLEET_JOB": job.name,
-        "TRACEFLEET_BATCH_SEQ": str(seq),
-        "TRACEFLEET_SESSIONS": ranges,
-        "TRACEFLEET_BUILDER": job.builder,
-    }
+    env = SealerEnv(bucket=job.bucket_uri, endpoint=job.bucket_endpoint or None, job=job.name, batch_seq=seq, sessions=sessions,
+                    builder=job.builder)
     container = {
         "name": "sealer",
         "image": cfg.proxy_image,
         "command": ["python", "-m", "tracefleet.operator.podmain", "seal"],
-        "env": env_vars(env) + bucket_env(job),
+        "env": env_vars(env.to_env()),
         "envFrom": bucket_env_from(job),
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
     }

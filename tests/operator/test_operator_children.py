@@ -12,6 +12,7 @@ from tracefleet.operator.children.inference import ENGINE_PORT, inference_deploy
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.operator.children.network_policy import harness_network_policy
 from tracefleet.operator import names as n
+from tracefleet.podenv import EvaluatorEnv
 from tracefleet.operator.view import JobView, OperatorConfig
 
 MANAGED = textwrap.dedent(
@@ -219,8 +220,8 @@ def test_evaluator_job_has_failure_policy_and_deadline(job: JobView) -> None:
     assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
     (ctr,) = pod["containers"]
     assert ctr["image"] == "ghcr.io/acme/eval:1"
-    env = {e["name"]: e.get("value") for e in ctr["env"]}
-    assert env["TRACEFLEET_SESSION_PREFIX"] == "s3://traces/runs/demo/sessions/6/"
+    env = EvaluatorEnv.from_env({e["name"]: e.get("value") for e in ctr["env"]})
+    assert env.session_uri == "s3://traces/runs/demo/sessions/6/"
     assert spec["template"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
 
 

@@ -1,0 +1,203 @@
+"""The environment the operator writes into the pods it creates and the pod programs read.
+
+One typed model per container the operator builds; the builders call `to_env()`, the programs in
+the pods call `from_env()`. Every `TRACEFLEET_*` name of this contract is a constant here and
+nowhere else.
+
+    HarnessEnv       harness container (`tracefleet run --in-pod`)
+    ProxySidecarEnv  the harness pod's proxy sidecar (its other inputs are flags)
+    EvaluatorEnv     evaluator Job (`python -m tracefleet.operator.podmain evaluate`)
+    SealerEnv        sealer Job (`python -m tracefleet.operator.podmain seal`)
+
+Values are text, as in a pod spec: numbers in decimal, lists and the inline task as JSON, the
+sealer's sessions as ranges ("1-3,7"). An empty value counts as unset. Bucket credentials are not
+here: they come from the job's Secret as `AWS_*` variables (`envFrom`), which `tracefleet.bucket`
+reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Self
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, model_validator
+
+from tracefleet.operator.names import decode_ranges, encode_ranges
+
+# What a pod program treats as its own input, never the harness's business (the harness container's
+# environment minus these is what the harness process gets).
+PREFIX = "TRACEFLEET_"
+
+# ---- the bucket (evaluator and sealer Jobs)
+BUCKET = "TRACEFLEET_BUCKET"  # bucket URI, `s3://bucket/prefix` or a local path
+AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"  # S3 endpoint (boto3 reads it too); the proxy sidecar's upload uses it
+
+# ---- the session (harness pod and evaluator Job)
+JOB = "TRACEFLEET_JOB"
+SESSION = "TRACEFLEET_SESSION"  # the session's index within the job
+TASK_INDEX = "TRACEFLEET_TASK_INDEX"
+SAMPLE_INDEX = "TRACEFLEET_SAMPLE_INDEX"
+# the task: one of the three; the file and the URI hold JSONL, line TASK_INDEX is the session's task
+TASK_JSON = "TRACEFLEET_TASK_JSON"
+TASKS_FILE = "TRACEFLEET_TASKS_FILE"
+TASKS_URI = "TRACEFLEET_TASKS_URI"
+COMMAND_JSON = "TRACEFLEET_COMMAND_JSON"  # argv of the `command` harness or evaluator
+TIMEOUT_S = "TRACEFLEET_TIMEOUT_S"
+
+# ---- the harness container
+SESSION_ID = "TRACEFLEET_SESSION_ID"
+BASE_URL = "TRACEFLEET_BASE_URL"  # the proxy sidecar
+API_KEY = "TRACEFLEET_API_KEY"  # the session secret the sidecar accepts
+MODEL = "TRACEFLEET_MODEL"
+PRESET = "TRACEFLEET_PRESET"
+WORKSPACE_SETUP_JSON = "TRACEFLEET_WORKSPACE_SETUP_JSON"  # spec.harness.workspace.setup
+ARTIFACTS_DIR = "TRACEFLEET_ARTIFACTS_DIR"  # what the sidecar uploads when the pod stops
+# Not written by the operator: an image or a test sets them.
+JOB_DIR = "TRACEFLEET_JOB_DIR"  # base of relative task paths and `{job_dir}` (default: working directory)
+WORK_DIR = "TRACEFLEET_WORK_DIR"  # where the workspace is prepared (default: working directory)
+
+# ---- the proxy sidecar
+SESSION_SECRET = "TRACEFLEET_SESSION_SECRET"  # expanded by the kubelet into `--session ID:SECRET`
+
+# ---- the evaluator Job
+EVALUATOR = "TRACEFLEET_EVALUATOR"  # spec.evaluator.preset
+EVALUATOR_ENTRYPOINT = "TRACEFLEET_EVALUATOR_ENTRYPOINT"
+
+# ---- the sealer Job
+BATCH_SEQ = "TRACEFLEET_BATCH_SEQ"
+SESSIONS = "TRACEFLEET_SESSIONS"
+BUILDER = "TRACEFLEET_BUILDER"
+
+
+class PodEnvError(ValueError):
+    """A pod's environment is incomplete or invalid: a problem of the manifest, not of the session."""
+
+
+def _from_json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _from_ranges(value: Any) -> Any:
+    return decode_ranges(value) if isinstance(value, str) else value
+
+
+# A value carried as JSON text (sorted keys: the same task always gives the same pod spec).
+JsonList = Annotated[list[str], BeforeValidator(_from_json), PlainSerializer(lambda v: json.dumps(v, sort_keys=True))]
+JsonObject = Annotated[dict[str, Any], BeforeValidator(_from_json), PlainSerializer(lambda v: json.dumps(v, sort_keys=True))]
+Ranges = Annotated[list[int], BeforeValidator(_from_ranges), PlainSerializer(encode_ranges)]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+class PodEnv(BaseModel):
+    """One container's environment: fields are aliased by their variable names."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+    # Where the operator sets it, for the error a pod program prints.
+    container: ClassVar[str] = "pod"
+
+    def to_env(self) -> dict[str, str]:
+        """The variables, as the operator writes them into the container spec; unset ones left out."""
+        return {name: _text(v) for name, v in self.model_dump(by_alias=True, exclude_none=True).items()}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Self:
+        """Read from `env` (default: this process's environment); a missing or invalid variable is a
+        PodEnvError whose one-line message names it."""
+        env = os.environ if env is None else env
+        names = {f.alias for f in cls.model_fields.values()}
+        try:
+            return cls.model_validate({k: v for k, v in env.items() if k in names and v != ""})
+        except ValidationError as exc:
+            raise PodEnvError(cls._problem(exc, env)) from None
+
+    @classmethod
+    def _problem(cls, exc: ValidationError, env: Mapping[str, str]) -> str:
+        err = exc.errors(include_url=False)[0]
+        where = f"(the operator sets it on the {cls.container})"
+        if not err["loc"]:  # a rule across variables
+            return f"{err['msg'].removeprefix('Value error, ')} (the operator sets these on the {cls.container})"
+        name = str(err["loc"][0])
+        if err["type"] == "missing":
+            return f"{name} is not set {where}"
+        return f"{name}={env.get(name, '')!r} is invalid: {err['msg'].removeprefix('Value error, ')} {where}"
+
+
+class BucketEnv(PodEnv):
+    bucket: str = Field(alias=BUCKET)
+    endpoint: str | None = Field(default=None, alias=AWS_ENDPOINT_URL)
+
+
+class SessionEnv(PodEnv):
+    """Which session of which job, and its task: the harness pod and the evaluator Job read the task
+    the same way, and neither needs API access for it."""
+
+    job: str = Field(alias=JOB)
+    session: int = Field(ge=0, alias=SESSION)
+    task_index: int = Field(ge=0, alias=TASK_INDEX)
+    sample_index: int = Field(ge=0, alias=SAMPLE_INDEX)
+    task_json: JsonObject | None = Field(default=None, alias=TASK_JSON)
+    tasks_file: str | None = Field(default=None, alias=TASKS_FILE)
+    tasks_uri: str | None = Field(default=None, alias=TASKS_URI)
+
+    @property
+    def has_task(self) -> bool:
+        return any(v is not None for v in (self.task_json, self.tasks_file, self.tasks_uri))
+
+
+class HarnessEnv(SessionEnv):
+    container: ClassVar[str] = "harness container"
+
+    session_id: str = Field(alias=SESSION_ID)
+    base_url: str = Field(alias=BASE_URL)
+    api_key: str = Field(alias=API_KEY)
+    model: str | None = Field(default=None, alias=MODEL)
+    preset: str | None = Field(default=None, alias=PRESET)
+    timeout_s: float = Field(gt=0, alias=TIMEOUT_S)
+    artifacts_dir: str = Field(default="/artifacts", alias=ARTIFACTS_DIR)
+    command: JsonList | None = Field(default=None, alias=COMMAND_JSON)
+    workspace_setup: JsonList | None = Field(default=None, alias=WORKSPACE_SETUP_JSON)
+    job_dir: str | None = Field(default=None, alias=JOB_DIR)
+    work_dir: str | None = Field(default=None, alias=WORK_DIR)
+
+    @model_validator(mode="after")
+    def _needs_a_task(self) -> Self:
+        if not self.has_task:
+            raise ValueError(f"no task: set {TASK_JSON}, {TASKS_FILE} or {TASKS_URI}")
+        return self
+
+
+class ProxySidecarEnv(PodEnv):
+    container: ClassVar[str] = "proxy sidecar"
+
+    session_secret: str = Field(alias=SESSION_SECRET)
+    endpoint: str | None = Field(default=None, alias=AWS_ENDPOINT_URL)
+
+
+class EvaluatorEnv(SessionEnv, BucketEnv):
+    container: ClassVar[str] = "evaluator Job"
+
+    evaluator: str | None = Field(default=None, alias=EVALUATOR)
+    entrypoint: str | None = Field(default=None, alias=EVALUATOR_ENTRYPOINT)
+    command: JsonList | None = Field(default=None, alias=COMMAND_JSON)
+    timeout_s: float = Field(gt=0, alias=TIMEOUT_S)
+
+    @property
+    def session_uri(self) -> str:
+        """The session's folder in the bucket: what the sidecar uploaded, where reward.json goes."""
+        return f"{self.bucket.rstrip('/')}/{self.job}/sessions/{self.session}/"
+
+
+class SealerEnv(BucketEnv):
+    container: ClassVar[str] = "sealer Job"
+
+    job: str = Field(alias=JOB)
+    batch_seq: int = Field(ge=0, alias=BATCH_SEQ)
+    sessions: Ranges = Field(alias=SESSIONS)
+    builder: str = Field(alias=BUILDER)
