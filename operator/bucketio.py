@@ -1,11 +1,7 @@
 """The operator's bucket reads: tasks JSONL and sealed batch manifests.
 
-Session layout written by the pods (the operator never writes the bucket):
-
-    <uri>/<job>/sessions/<session>/capture.jsonl   the proxy sidecar uploads it when its pod stops
-    <uri>/<job>/sessions/<session>/artifacts/…     the harness's artifacts (git diff, logs), same upload
-    <uri>/<job>/sessions/<session>/reward.json     the evaluator Job: {"reward": float, "status": "ok"|…}
-    <uri>/<job>/batches/<seq:06d>/…                the sealer Job through tracefleet.traces.seal
+The pods write the bucket (the operator never does), where tracefleet.layout says: the proxy sidecar
+each session's capture and artifacts, the evaluator Job its reward, the sealer Job the batches.
 
 A sealer Job seals with `batch_id = k8s-<job seq>`; the bucket seq is whatever the Sealer claims, so
 the operator finds a Job's batch by its batch_id (a manifest's presence is what "sealed" means).
@@ -17,6 +13,8 @@ import json
 from typing import Any
 
 from tracefleet.bucket import ObjectNotFound, open_bucket
+from tracefleet.layout import batch_uri, manifest_key
+from tracefleet.layout import session_prefix as session_prefix  # operator/podmain.py's import (issue 12)
 
 
 def bucket_options(creds: dict[str, str] | None, endpoint: str | None = None) -> dict[str, Any]:
@@ -36,10 +34,6 @@ def batch_id_for(seq: int) -> str:
     return f"k8s-{seq:06d}"
 
 
-def session_prefix(job: str, session: int) -> str:
-    return f"{job}/sessions/{session}/"
-
-
 def read_text(uri: str, creds: dict[str, str] | None = None, endpoint: str | None = None) -> str | None:
     """Text of one object given by its full URI (tasks JSONL), or None when missing."""
     base, _, key = uri.rstrip("/").rpartition("/")
@@ -55,7 +49,7 @@ def find_batch(
     """The sealed batch with `batch_id`: {seq, uri, traces, tokens, meanReward, sealedAt}, or None.
 
     One listing of the job's batches, then manifest reads only for seqs not yet attributed."""
-    from tracefleet.traces.seal import manifest_key, sealed_seqs
+    from tracefleet.traces.seal import sealed_seqs
 
     bucket = open_bucket(uri, **bucket_options(creds, endpoint))
     seqs, _ = sealed_seqs(bucket, job)
@@ -68,7 +62,7 @@ def find_batch(
             return {
                 "seq": seq,
                 "batchId": batch_id,
-                "uri": f"{uri.rstrip('/')}/{job}/batches/{seq:06d}/",
+                "uri": batch_uri(uri, job, seq),
                 "traces": int(m.get("traces") or 0),
                 "tokens": int(m.get("tokens") or 0),
                 "meanReward": reward.get("mean"),

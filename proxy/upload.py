@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracefleet import layout
 from tracefleet.bucket import BucketError, open_bucket
 
 # Native sidecars get terminationGracePeriodSeconds (30 s by default) for all of this.
@@ -36,7 +37,6 @@ UPLOAD_ATTEMPTS = 3
 # On pod deletion harness and sidecar get SIGTERM together; the harness entrypoint writes result.json
 # last (tracefleet.runner.pod), so wait this long for it before taking the artifacts.
 ARTIFACTS_WAIT_S = 10.0
-RESULT_FILE = "result.json"
 
 
 @dataclass
@@ -108,11 +108,11 @@ def upload_outputs(prefix: str, capture_dir: Path, session_ids: list[str], artif
         log = capture_dir / f"{sid}.jsonl"
         # A session without calls has no log file: upload an empty one, so "no calls" is explicit.
         data = _read_regular(log) if log.exists() else b""
-        objects.append((f"{folder}capture.jsonl", data or b""))
+        objects.append((folder + layout.CAPTURE_LOG, data or b""))
         bodies = capture_dir / f"{sid}.bodies"
         files, skipped = _artifact_files(bodies)
         report.skipped += skipped
-        objects += [(f"{folder}bodies/{rel}", data) for rel, path in files if (data := _read_regular(path)) is not None]
+        objects += [(f"{folder}{layout.BODIES}{rel}", data) for rel, path in files if (data := _read_regular(path)) is not None]
     if artifacts_dir is not None:
         files, skipped = _artifact_files(artifacts_dir)
         report.skipped += skipped
@@ -121,7 +121,7 @@ def upload_outputs(prefix: str, capture_dir: Path, session_ids: list[str], artif
             if data is None:
                 report.skipped.append(str(path))
             else:
-                objects.append((f"artifacts/{rel}", data))
+                objects.append((layout.ARTIFACTS + rel, data))
     deadline = time.monotonic() + UPLOAD_DEADLINE_S
     for key, data in objects:
         for attempt in range(1, UPLOAD_ATTEMPTS + 1):
@@ -136,9 +136,9 @@ def upload_outputs(prefix: str, capture_dir: Path, session_ids: list[str], artif
                 time.sleep(min(2.0 ** attempt / 2, max(0.0, deadline - time.monotonic())))
     manifest = {"sessions": session_ids, "objects": report.uploaded, "skipped": report.skipped, "uploaded_at": time.time()}
     try:
-        bucket.put("upload.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
+        bucket.put(layout.UPLOAD_MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     except BucketError as exc:
-        report.error = f"uploading upload.json to {prefix} failed: {exc}"
+        report.error = f"uploading {layout.UPLOAD_MANIFEST} to {prefix} failed: {exc}"
     return report
 
 
@@ -157,12 +157,12 @@ def serve_then_upload(server: Any, sockets: list[Any], *, prefix: str, capture_d
     try:
         server.run(sockets=sockets)
     finally:
-        if artifacts_dir is not None and artifacts_dir.is_dir() and not (artifacts_dir / RESULT_FILE).exists():
+        if artifacts_dir is not None and artifacts_dir.is_dir() and not (artifacts_dir / layout.RESULT).exists():
             deadline = time.monotonic() + ARTIFACTS_WAIT_S
-            while time.monotonic() < deadline and not (artifacts_dir / RESULT_FILE).exists():
+            while time.monotonic() < deadline and not (artifacts_dir / layout.RESULT).exists():
                 time.sleep(0.1)
-            if not (artifacts_dir / RESULT_FILE).exists():
-                _log(f"no {artifacts_dir / RESULT_FILE} after {ARTIFACTS_WAIT_S:.0f}s: uploading the artifacts as they are")
+            if not (artifacts_dir / layout.RESULT).exists():
+                _log(f"no {artifacts_dir / layout.RESULT} after {ARTIFACTS_WAIT_S:.0f}s: uploading the artifacts as they are")
         report = upload_outputs(prefix, capture_dir, session_ids, artifacts_dir)
         for s, handler in previous.items():
             signal.signal(s, handler)

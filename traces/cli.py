@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tracefleet.layout import batches_prefix
+
 EXAMPLES = """examples:
   tracefleet traces ls ./batches                         # jobs in a directory bucket
   tracefleet traces ls s3://rl/runs --job swe-1          # that job's sealed batches
@@ -73,7 +75,7 @@ def _bucket(args: argparse.Namespace) -> Any:
 
 
 def _jobs(bucket: Any) -> list[str]:
-    return [d for d in bucket.list_dirs("") if bucket.list_dirs(f"{d}/batches")]
+    return [d for d in bucket.list_dirs("") if bucket.list_dirs(batches_prefix(d))]
 
 
 def _job(args: argparse.Namespace, bucket: Any) -> str:

@@ -27,11 +27,12 @@ import numpy as np
 import pyarrow as pa
 
 from tracefleet.bucket import Bucket, BucketError, ObjectNotFound, open_bucket
+from tracefleet.layout import batch_object_key, cursor_key, job_root, manifest_key
 
 from .advantages import group_advantages
 from .batch import BatchManifest, list_values, parquet_to_table, table_to_traces
 from .schema import Trace
-from .seal import batch_dir, job_root, manifest_key, sealed_seqs
+from .seal import sealed_seqs
 
 
 class CorruptBatch(BucketError):
@@ -151,7 +152,7 @@ class BatchReader:
         manifest = self.manifest(batch) if isinstance(batch, int) else batch
         tables = []
         for obj in manifest.objects:
-            data = self.bucket.get(f"{batch_dir(self.job, manifest.seq)}/{obj.name}")
+            data = self.bucket.get(batch_object_key(self.job, manifest.seq, obj.name))
             if self.verify and (len(data) != obj.size or hashlib.sha256(data).hexdigest() != obj.sha256):
                 raise CorruptBatch(f"batch {manifest.seq} object {obj.name}: size/sha256 differ from the manifest")
             tables.append(parquet_to_table(data))
@@ -165,7 +166,7 @@ class BatchReader:
     def _cursor_key(self) -> str:
         if self.consumer is None:
             raise ValueError("a cursor needs a consumer name: BatchReader(..., consumer='trainer-0')")
-        return f"{self.job}/consumers/{self.consumer}.json"
+        return cursor_key(self.job, self.consumer)
 
     def cursor(self) -> int:
         """The next seq this consumer has not committed (0 for a new consumer)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from tracefleet import podenv
+from tracefleet import layout, podenv
 from tracefleet.podenv import HarnessEnv, ProxySidecarEnv
 
 from .. import names as n
@@ -48,7 +48,7 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         "--session", f"{session_id}:{env_ref(podenv.SESSION_SECRET)}",
         # on SIGTERM (the pod stopping after the harness exits) upload capture.jsonl + the harness's
         # artifacts to the session's prefix (tracefleet.proxy.upload)
-        "--upload-to", f"{job.bucket_uri.rstrip('/')}/{job.name}/sessions/{session}/",
+        "--upload-to", layout.session_uri(job.bucket_uri, job.name, session),
         "--artifacts-dir", "/artifacts",
     ]
     proxy = {

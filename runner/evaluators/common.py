@@ -7,6 +7,7 @@ import shlex
 import time
 from pathlib import Path
 
+from tracefleet.layout import PATCH
 from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, EvaluatorSpec
 from tracefleet.runner.sandbox import ProcessResult, run_sandboxed
 from tracefleet.runner.workspace import WorkspaceError, apply_patch, fresh_copy, restore_paths
@@ -23,7 +24,7 @@ def patched_copy(ctx: EvalContext, name: str = "eval") -> Path:
 
 
 def eval_env(ctx: EvalContext, spec: EvaluatorSpec, cwd: Path) -> dict[str, str]:
-    patch_file = ctx.session_dir / "session.patch"
+    patch_file = ctx.session_dir / PATCH
     if not patch_file.exists():
         patch_file.write_text(ctx.patch)
     env = {

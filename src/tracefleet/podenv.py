@@ -24,6 +24,7 @@ from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, model_validator
 
+from tracefleet.layout import session_uri
 from tracefleet.operator.names import decode_ranges, encode_ranges
 
 # What a pod program treats as its own input, never the harness's business (the harness container's
@@ -191,7 +192,7 @@ class EvaluatorEnv(SessionEnv, BucketEnv):
     @property
     def session_uri(self) -> str:
         """The session's folder in the bucket: what the sidecar uploaded, where reward.json goes."""
-        return f"{self.bucket.rstrip('/')}/{self.job}/sessions/{self.session}/"
+        return session_uri(self.bucket, self.job, self.session)
 
 
 class SealerEnv(BucketEnv):

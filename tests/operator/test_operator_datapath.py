@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tracefleet import layout
 from tracefleet.bucket import open_bucket
 from tracefleet.operator import bucketio, podmain
 from tracefleet.traces.synthetic import SyntheticSession
@@ -20,9 +21,9 @@ def write_session(bucket, job: str, s: int, tmp: Path, reward: float | None, tur
     for _ in range(turns - 1):
         call = sess.call(sess.extend(call, sess.tokens(5)), parent=call)
     sess.close()
-    bucket.put(bucketio.session_prefix(job, s) + "capture.jsonl", path.read_bytes())
+    bucket.put(layout.capture_key(job, s), path.read_bytes())
     if reward is not None:
-        bucket.put(bucketio.session_prefix(job, s) + "reward.json", json.dumps({"reward": reward, "status": "ok"}).encode())
+        bucket.put(layout.reward_key(job, s), json.dumps({"reward": reward, "status": "ok"}).encode())
 
 
 def test_sealer_entrypoint_seals_once_and_operator_finds_batch(s3, tmp_path: Path) -> None:

@@ -1,0 +1,112 @@
+"""Every key of a job's bucket: where each process writes and each reader looks (pure; no I/O).
+
+Keys are relative to the bucket URI (`s3://bucket/prefix` or a directory); `*_uri` functions prefix
+them with it. Stable: trainers and reruns rely on it.
+
+    <job>/batches/<seq:06d>/traces-<batch_id>.parquet  a sealed batch's data (written first)
+    <job>/batches/<seq:06d>/manifest.json              written last, conditional create: a batch
+                                                       exists iff its manifest does
+    <job>/consumers/<consumer>.json                    a trainer's cursor {"next_seq": N}
+    <job>/sessions/<session>/capture.jsonl             on Kubernetes, per session: the proxy sidecar's
+    <job>/sessions/<session>/bodies/<call>.json          upload when its pod stops (capture log,
+    <job>/sessions/<session>/artifacts/<path>            oversized request bodies, the harness's
+    <job>/sessions/<session>/upload.json                 artifacts; upload.json written last)
+    <job>/sessions/<session>/reward.json               the evaluator Job's verdict
+
+The harness's artifacts (`artifacts/<name>`, and the same names in a local session folder) are named
+below too: the harness entrypoint writes them, the sidecar waits for RESULT, the evaluator reads them.
+"""
+
+from __future__ import annotations
+
+import re
+
+BATCHES = "batches"
+CONSUMERS = "consumers"
+SESSIONS = "sessions"
+MANIFEST = "manifest.json"
+
+# A session folder's objects (relative to the session prefix: the sidecar's --upload-to).
+CAPTURE_LOG = "capture.jsonl"
+BODIES = "bodies/"
+ARTIFACTS = "artifacts/"
+UPLOAD_MANIFEST = "upload.json"
+REWARD = "reward.json"
+
+# The harness's artifacts.
+PATCH = "session.patch"  # git diff of the workspace against the task's base commit
+RESULT = "result.json"  # the harness entrypoint's SessionResult, written last
+HARNESS_STDOUT = "harness.stdout"
+HARNESS_STDERR = "harness.stderr"
+SETUP_LOG = "setup.log"
+EXIT_CODE = "exit_code"
+
+_SEQ = re.compile(r"^(\d{6,})$")
+
+
+def job_root(job: str) -> str:
+    """The job's folder (its name, checked: one path segment)."""
+    if not job or "/" in job or job in (".", ".."):
+        raise ValueError(f"invalid job name {job!r}")
+    return job
+
+
+def batches_prefix(job: str) -> str:
+    return f"{job_root(job)}/{BATCHES}/"
+
+
+def batch_dir(job: str, seq: int) -> str:
+    return f"{batches_prefix(job)}{seq:06d}"
+
+
+def batch_object_key(job: str, seq: int, name: str) -> str:
+    return f"{batch_dir(job, seq)}/{name}"
+
+
+def manifest_key(job: str, seq: int) -> str:
+    return batch_object_key(job, seq, MANIFEST)
+
+
+def data_object_name(batch_id: str) -> str:
+    """A batch's data object: named by its batch_id, so sealers racing for one seq never overwrite
+    each other's data."""
+    return f"traces-{batch_id}.parquet"
+
+
+def batch_key_parts(job: str, key: str) -> tuple[int, str] | None:
+    """(seq, object name) of a key under the job's batches, or None for any other key. A key may carry
+    the bucket's own prefix in front (a listing of a prefixed bucket)."""
+    root = batches_prefix(job)
+    rest = key[len(root):] if key.startswith(root) else key.split(f"/{BATCHES}/", 1)[-1]
+    seq_part, _, name = rest.partition("/")
+    return (int(seq_part), name) if _SEQ.match(seq_part) and name else None
+
+
+def cursor_key(job: str, consumer: str) -> str:
+    return f"{job_root(job)}/{CONSUMERS}/{consumer}.json"
+
+
+def session_prefix(job: str, session: int) -> str:
+    return f"{job_root(job)}/{SESSIONS}/{session}/"
+
+
+def capture_key(job: str, session: int) -> str:
+    return session_prefix(job, session) + CAPTURE_LOG
+
+
+def reward_key(job: str, session: int) -> str:
+    return session_prefix(job, session) + REWARD
+
+
+def artifacts_prefix(job: str, session: int) -> str:
+    return session_prefix(job, session) + ARTIFACTS
+
+
+def session_uri(bucket_uri: str, job: str, session: int) -> str:
+    """The session's folder as a URI, with the trailing slash: the sidecar's --upload-to."""
+    return f"{bucket_uri.rstrip('/')}/{session_prefix(job, session)}"
+
+
+def batch_uri(bucket_uri: str, job: str, seq: int) -> str:
+    """A sealed batch's folder as a URI, with the trailing slash (RolloutJob status.recentBatches)."""
+    return f"{bucket_uri.rstrip('/')}/{batch_dir(job, seq)}/"
