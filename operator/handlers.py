@@ -1,9 +1,14 @@
 """kopf wiring: one timer per RolloutJob runs the level-based reconcile; nothing else does work.
 
-kopf is edge-triggered and has no Lease-based leader election, so (per the anchors) every decision
-is made by `Reconciler.reconcile` from observed state, kopf's own bookkeeping lives in
-`tracefleet.io/*` annotations, the finalizer is domain-named, and status is written through
-`patch.status` (never via handler return values, which the CRD schema would prune).
+kopf is edge-triggered and has no Lease-based leader election, so every decision is made by
+`Reconciler.reconcile` from observed state, kopf's own bookkeeping lives in `tracefleet.io/*`
+annotations, the finalizer is domain-named, and status is written through `patch.status` (never via
+handler return values, which the CRD schema would prune).
+
+Retry intent (the kube helpers raise it): a `kopf.TemporaryError` retries the pass after its delay; a
+`kopf.PermanentError` - the API server refused a child built from the spec - fails the job with that
+reason instead of stopping the timer (a stopped timer would leave the job Running forever, its
+inference never scaled down and its TTL never honoured).
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import kopf
 
 from . import metrics
 from . import names as n
-from .reconcile import Reconciler
+from .reconcile import Reconciler, Result
+from .status import REASON_CHILD_REJECTED, WARNING, failed_status
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +31,19 @@ log = logging.getLogger(__name__)
 class OperatorState:
     reconciler: Reconciler
     interval_s: float = 5.0
+
+
+def run_pass(reconciler: Reconciler, body: Any) -> Result:
+    """One reconcile pass; a PermanentError from it becomes the job's Failed status (a TemporaryError
+    goes to kopf, which retries after its delay)."""
+    try:
+        return reconciler.reconcile(body)
+    except kopf.PermanentError as e:
+        log.error("%s/%s: failing the job: %s", body["metadata"].get("namespace"), body["metadata"].get("name"), e)
+        status = failed_status(dict(body.get("status") or {}), int(body["metadata"].get("generation") or 0),
+                               REASON_CHILD_REJECTED, str(e), reconciler.cfg.recent_batches)
+        events = [(WARNING, REASON_CHILD_REJECTED, str(e)[:1024])] if status is not None else []
+        return Result(status=status, events=events)
 
 
 def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
@@ -56,7 +75,7 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
     @kopf.timer(n.GROUP, n.VERSION, n.PLURAL, interval=state.interval_s, backoff=max(1.0, state.interval_s),
                 registry=registry)
     def reconcile(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, **_: Any) -> None:
-        res = state.reconciler.reconcile(body)
+        res = run_pass(state.reconciler, body)
         if res.annotations:
             for k, v in res.annotations.items():
                 patch.metadata.annotations[k] = v

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from .status import PHASES
+
 REGISTRY = CollectorRegistry()
 
 JOBS_BY_PHASE = Gauge(
@@ -34,19 +36,18 @@ WEBHOOKS = Counter(
     "tracefleet_webhook_deliveries_total", "Trainer webhook deliveries", ["outcome"], registry=REGISTRY
 )
 
-_PHASES = ("Pending", "Running", "Suspended", "Succeeded", "Failed")
 _STATES = ("pending", "running", "succeeded", "failed")
 
 
 def record_job(namespace: str, job: str, phase: str, counters: dict[str, int]) -> None:
-    for p in _PHASES:
+    for p in PHASES:
         JOBS_BY_PHASE.labels(namespace, job, p).set(1 if p == phase else 0)
     for s in _STATES:
         SESSIONS.labels(namespace, job, s).set(counters.get(s, 0))
 
 
 def forget_job(namespace: str, job: str) -> None:
-    for p in _PHASES:
+    for p in PHASES:
         try:
             JOBS_BY_PHASE.remove(namespace, job, p)
         except KeyError:

@@ -1,7 +1,9 @@
 """Phase, conditions and counters of a RolloutJob, computed from observed children (pure).
 
-Status is bounded (design §6 and the Argo lesson): counters and the last few batches only,
-never per-session lists. Conditions are keyed by type; `lastTransitionTime` only moves when a
+The names a platform team sees - phases, condition types, reasons - are the constants below, and
+`calculate_status` is the one place that turns what a reconcile observed (`Progress`) into phase and
+conditions (after KubeRay's calculateStatus). Status is bounded: counters and the last few batches
+only, never per-session lists. Conditions are keyed by type; `lastTransitionTime` only moves when a
 condition's status flips.
 """
 
@@ -11,7 +13,52 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-CONDITION_TYPES = ("InferenceReady", "Running", "Complete", "Failed", "Suspended")
+# Phases (tracefleet.api.model.Phase).
+PENDING = "Pending"
+RUNNING = "Running"
+SUSPENDED = "Suspended"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+PHASES = (PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED)
+FINISHED_PHASES = (SUCCEEDED, FAILED)
+STARTED_PHASES = (RUNNING, SUCCEEDED, FAILED)
+
+# Condition types.
+COND_INFERENCE_READY = "InferenceReady"
+COND_SPEC_ACCEPTED = "SpecAccepted"  # only present (False) while an immutable field change is refused
+COND_RUNNING = "Running"
+COND_COMPLETE = "Complete"
+COND_FAILED = "Failed"
+COND_SUSPENDED = "Suspended"
+
+# Reasons of the job's conditions.
+REASON_INVALID_SPEC = "InvalidSpec"
+REASON_CHILD_REJECTED = "ChildRejected"  # the API server refused a child built from the spec
+REASON_IMMUTABLE_FIELD_CHANGED = "ImmutableFieldChanged"
+REASON_SEAL_FAILED = "SealFailed"
+REASON_FINISHED = "Finished"
+REASON_ALL_SESSIONS_FINISHED = "AllSessionsFinished"
+REASON_ALL_SESSIONS_FAILED = "AllSessionsFailed"
+REASON_SOME_SESSIONS_SUCCEEDED = "SomeSessionsSucceeded"
+REASON_SUSPENDED = "Suspended"
+REASON_SPEC_SUSPEND = "SpecSuspend"
+REASON_NOT_SUSPENDED = "NotSuspended"
+REASON_NOT_FAILED = "NotFailed"
+REASON_IN_PROGRESS = "InProgress"
+REASON_SESSIONS_RUNNING = "SessionsRunning"
+REASON_WAITING_FOR_INFERENCE = "WaitingForInference"
+REASON_STARTING = "Starting"
+# Reasons of InferenceReady.
+REASON_CREATING = "Creating"
+REASON_DEPLOYMENT_AVAILABLE = "DeploymentAvailable"
+REASON_DEPLOYMENT_UNAVAILABLE = "DeploymentUnavailable"
+REASON_ENDPOINT_REACHABLE = "EndpointReachable"
+REASON_ENDPOINT_UNREACHABLE = "EndpointUnreachable"
+
+# Event reasons beside the conditions'.
+EVENT_BATCH_SEALED = "BatchSealed"
+NORMAL = "Normal"
+WARNING = "Warning"
 
 
 def now_iso(now: datetime | None = None) -> str:
@@ -75,6 +122,96 @@ def merge_conditions(old: list[dict[str, Any]] | None, new: list[Cond], generati
             }
         )
     return out
+
+
+@dataclass
+class Progress:
+    """What one reconcile observed, all that phase and conditions depend on."""
+
+    generation: int
+    counts: SessionCounts
+    inference: Cond  # InferenceReady, as the inference step found it
+    batches: list[dict[str, Any]] = field(default_factory=list)  # recorded batches, ascending seq
+    spec_rejected: str = ""  # why a spec change is refused; "" when the spec is accepted
+    seal_failed: str = ""  # which sealer Job failed; "" when none did
+    unsealed: bool = False  # finished sessions or sealer Jobs whose batch is not recorded yet
+    suspended: bool = False
+    terminating: int = 0  # harness pods deleted by suspend, still going away
+
+
+def calculate_status(p: Progress) -> Observed:
+    """Phase and conditions from what was observed: the job is finished when every session finished
+    and every batch is recorded, failed when a sealer failed or no session succeeded."""
+    counts, total = p.counts, p.counts.total
+    finished = counts.finished == total and not p.unsealed and not p.seal_failed
+    conds = [p.inference]
+    if p.spec_rejected:
+        conds.append(Cond(COND_SPEC_ACCEPTED, False, REASON_IMMUTABLE_FIELD_CHANGED, p.spec_rejected))
+    if p.seal_failed:
+        phase = FAILED
+        conds += [Cond(COND_RUNNING, False, REASON_SEAL_FAILED, p.seal_failed), Cond(COND_COMPLETE, False, REASON_SEAL_FAILED),
+                  Cond(COND_FAILED, True, REASON_SEAL_FAILED, p.seal_failed), Cond(COND_SUSPENDED, False, REASON_NOT_SUSPENDED)]
+        finished = True
+    elif finished:
+        ok = counts.succeeded > 0 or total == 0
+        phase = SUCCEEDED if ok else FAILED
+        msg = f"{counts.succeeded}/{total} sessions succeeded, {counts.failed} failed, {len(p.batches)} batches sealed"
+        conds += [
+            Cond(COND_RUNNING, False, REASON_FINISHED, msg),
+            Cond(COND_COMPLETE, ok, REASON_ALL_SESSIONS_FINISHED if ok else REASON_ALL_SESSIONS_FAILED, msg),
+            Cond(COND_FAILED, not ok, REASON_ALL_SESSIONS_FAILED if not ok else REASON_SOME_SESSIONS_SUCCEEDED, msg),
+            Cond(COND_SUSPENDED, False, REASON_NOT_SUSPENDED),
+        ]
+    elif p.suspended:
+        phase = SUSPENDED
+        conds += [
+            Cond(COND_RUNNING, False, REASON_SUSPENDED, "spec.suspend is true"),
+            Cond(COND_COMPLETE, False, REASON_SUSPENDED),
+            Cond(COND_FAILED, False, REASON_NOT_FAILED),
+            Cond(COND_SUSPENDED, True, REASON_SPEC_SUSPEND, "running sessions were stopped; they rerun on resume"),
+        ]
+    else:
+        active = counts.running > 0 or counts.finished > 0 or p.terminating > 0
+        phase = RUNNING if active else PENDING
+        why = REASON_SESSIONS_RUNNING if active else (REASON_WAITING_FOR_INFERENCE if not p.inference.status else REASON_STARTING)
+        conds += [
+            Cond(COND_RUNNING, active, why, f"{counts.running} running, {counts.finished}/{total} finished"),
+            Cond(COND_COMPLETE, False, REASON_IN_PROGRESS),
+            Cond(COND_FAILED, False, REASON_NOT_FAILED),
+            Cond(COND_SUSPENDED, False, REASON_NOT_SUSPENDED),
+        ]
+    return Observed(generation=p.generation, counts=counts, conditions=conds, phase=phase, batches=p.batches,
+                    started=phase in STARTED_PHASES, finished=finished)
+
+
+def failed_status(old: dict[str, Any], generation: int, reason: str, message: str, recent: int,
+                  now: datetime | None = None) -> dict[str, Any] | None:
+    """The status of a job that cannot run (an invalid spec, a child the API server refuses): Failed
+    with `reason`, counters kept; None when `old` already says so."""
+    obs = Observed(
+        generation=generation,
+        counts=SessionCounts(**{k: v for k, v in (old.get("counters") or {}).items() if k in SessionCounts.__dataclass_fields__}),
+        conditions=[Cond(COND_FAILED, True, reason, message), Cond(COND_RUNNING, False, reason), Cond(COND_COMPLETE, False, reason)],
+        phase=FAILED,
+        finished=True,
+    )
+    new = build_status(old, obs, recent, now)
+    return new if status_changed(old, new) else None
+
+
+def condition_events(old: list[dict[str, Any]] | None, new: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(type, reason, message) of the Events for conditions that became True - Warning for Failed - and
+    for a spec change that became refused."""
+    by_type = {c.get("type"): c for c in old or []}
+    events = []
+    for c in new:
+        prev = by_type.get(c["type"])
+        if c["status"] == "True" and (prev is None or prev.get("status") != "True"):
+            kind = WARNING if c["type"] in (COND_FAILED, COND_SPEC_ACCEPTED) else NORMAL
+            events.append((kind, c["reason"], f"{c['type']}: {c['message']}".strip(": ")))
+        if c["type"] == COND_SPEC_ACCEPTED and c["status"] == "False" and (prev is None or prev.get("status") != "False"):
+            events.append((WARNING, c["reason"], c["message"]))
+    return events
 
 
 def build_status(old: dict[str, Any], obs: Observed, recent: int, now: datetime | None = None) -> dict[str, Any]:
