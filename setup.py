@@ -1,4 +1,4 @@
-"""Package layout (design §1): the component folders at the top of the repository install under the
+"""Package layout: the component folders at the top of the repository install under the
 `tracefleet` namespace. `operator/` must never be importable as a top-level `operator` (stdlib), so
 each folder is mapped explicitly instead of putting the repository root on the path, and `operator/`
 has no `__init__.py`: `python -m …` run from the repository root puts the root first on sys.path, and a

@@ -31,7 +31,6 @@ MANAGED_BY = "tracefleet-operator"
 
 ANNOTATION_SESSIONS = "tracefleet.io/sessions"  # on a sealer Job: the session indices it seals
 ANNOTATION_NOTIFIED = "tracefleet.io/notified"  # on a sealer Job: the trainer webhook was delivered
-ANNOTATION_EVENTED = "tracefleet.io/evented"  # on a sealer Job: the BatchSealed Event was emitted
 
 # Labels copied from the RolloutJob to every pod so Kueue and priority classes see them.
 PROPAGATED_LABEL_PREFIXES = ("kueue.x-k8s.io/",)

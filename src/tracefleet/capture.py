@@ -2,7 +2,7 @@
 
 This is the contract between the proxy (writer) and the trace builders (reader). One file per
 session, append-only. A record is written, flushed and fsync'd before the answer's last byte
-reaches the harness (design §2, invariant 3), so a crash can leave at most one torn final line,
+reaches the harness (nothing a harness was answered is lost), so a crash can leave at most one torn final line,
 which `read_capture_log` reports instead of dropping silently.
 """
 
