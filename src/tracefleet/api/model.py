@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StringConstra
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from ..vllm import DEFAULT_VLLM_IMAGE
 from .rules import BUCKET_URI_MESSAGE, Rule, bucket_uri_cel, bucket_uri_ok, exactly_one, has
 
 GROUP = "tracefleet.io"
@@ -30,7 +31,6 @@ SHORT_NAMES = ("rj",)
 CATEGORIES = ("tracefleet",)
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
-DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
 # How many sealed batches status keeps; the full list lives in the bucket (etcd objects stay small).
 RECENT_BATCHES_MAX = 10
 
