@@ -39,8 +39,6 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 # vLLM reads its API key from this variable (same as --api-key, but kept out of the pod's command line).
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
-# The engine's API key as the proxy sidecar (and `tracefleet proxy`) reads it.
-ENGINE_API_KEY_ENV = "TRACEFLEET_ENGINE_API_KEY"
 HEALTH_PATH = "/health"  # never behind --api-key, unlike /v1/models
 
 # Model family (tracefleet.formats.families) -> vLLM tool-call parser that reads the same output format.

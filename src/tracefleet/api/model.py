@@ -146,6 +146,10 @@ class ManagedInference(WireModel):
     resources: ResourceRequirements | None = Field(
         default=None, description="Container resources; GPU limits are added from gpusPerReplica."
     )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="API key vLLM requires on its OpenAI routes (VLLM_API_KEY); the proxy sidecars get "
+        "it too. /health stays open, so probes need none.",
+    )
 
     x_rules = (
         Rule(
