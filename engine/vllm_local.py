@@ -184,6 +184,7 @@ def launch(*, log: Path, host: str = "127.0.0.1", port: int = 0, served_name: st
            max_model_len: int = SMOLLM2_MAX_MODEL_LEN, extra_args: list[str] | None = None,
            timeout_s: float = STARTUP_TIMEOUT_S) -> LocalVllm:
     """SmolLM2 on vLLM with `vllm_server(local_inference(...))`'s arguments; returns once /health answers."""
+    venv_python()  # raises VllmMissing with the setup command
     model = model_dir()
     if not (model / "config.json").is_file():
         raise VllmMissing(f"SmolLM2 is not converted for vLLM ({model}): {SETUP_HINT}")
