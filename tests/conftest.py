@@ -5,4 +5,5 @@ pytest_plugins = [
     "fixtures.s3",
     "fixtures.engines",
     "fixtures.harnesses",
+    "fixtures.vllm",
 ]

@@ -10,7 +10,7 @@ from tracefleet.podenv import HarnessEnv, ProxySidecarEnv
 
 from .. import names as n
 from ..view import JobView, OperatorConfig
-from .inference import inference_service_url
+from .inference import engine_api_key_env, inference_service_url
 from .inputs import bucket_env_from, env_ref, env_vars, task_source
 from .metadata import Manifest, metadata
 from .security import container_security_context, pod_security_context
@@ -57,7 +57,8 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         "command": ["tracefleet"],
         "args": proxy_args,
         "restartPolicy": "Always",
-        "env": env_vars({**ProxySidecarEnv(session_secret=secret, endpoint=job.bucket_endpoint or None).to_env(), **_tokenizer_env(job)}),
+        "env": env_vars({**ProxySidecarEnv(session_secret=secret, endpoint=job.bucket_endpoint or None).to_env(), **_tokenizer_env(job)})
+        + engine_api_key_env(job, podenv.ENGINE_API_KEY),
         "envFrom": bucket_env_from(job),
         "ports": [{"name": "proxy", "containerPort": PROXY_PORT}],
         "startupProbe": {"httpGet": {"path": "/health", "port": "proxy"}, "periodSeconds": 1, "failureThreshold": 60},

@@ -61,6 +61,9 @@ WORK_DIR = "TRACEFLEET_WORK_DIR"  # where the workspace is prepared (default: wo
 
 # ---- the proxy sidecar
 SESSION_SECRET = "TRACEFLEET_SESSION_SECRET"  # expanded by the kubelet into `--session ID:SECRET`
+# The inference engine's API key (spec.inference.{managed,external}.apiKeySecretRef), sent by the proxy as
+# `Authorization: Bearer`. The operator sets it from the Secret (valueFrom), never as a value.
+ENGINE_API_KEY = "TRACEFLEET_ENGINE_API_KEY"
 
 # ---- the evaluator Job
 EVALUATOR = "TRACEFLEET_EVALUATOR"  # spec.evaluator.preset

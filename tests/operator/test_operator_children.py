@@ -12,7 +12,10 @@ from tracefleet.operator.children.inference import ENGINE_PORT, inference_deploy
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.operator.children.network_policy import harness_network_policy
 from tracefleet.operator import names as n
+from tracefleet import podenv
+from tracefleet.api import DEFAULT_VLLM_IMAGE
 from tracefleet.podenv import EvaluatorEnv
+from tracefleet.vllm import vllm_server
 from tracefleet.operator.view import JobView, OperatorConfig
 
 MANAGED = textwrap.dedent(
@@ -85,10 +88,18 @@ def test_inference_deployment_has_gpus_probes_shm_and_cache(job: JobView) -> Non
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
     assert args[args.index("--model") + 1] == "Qwen/Qwen3-4B"
     assert args[-2:] == ["--max-model-len", "32768"]
-    assert ctr["startupProbe"]["httpGet"]["path"] == "/v1/models"
+    # the one command line the tests run real vLLM with: tools and reasoning parsed for Qwen3, dev mode on
+    job_inference = JobView.from_body(yaml.safe_load(MANAGED)).inference
+    assert job_inference is not None and args == vllm_server(job_inference, host="0.0.0.0", port=ENGINE_PORT).args
+    assert "--enable-auto-tool-choice" in args and args[args.index("--tool-call-parser") + 1] == "hermes"
+    assert args[args.index("--reasoning-parser") + 1] == "qwen3" and "--enable-prompt-tokens-details" in args
+    assert {"name": "VLLM_SERVER_DEV_MODE", "value": "1"} in ctr["env"]
+    assert ctr["image"] == DEFAULT_VLLM_IMAGE
+    # /health answers without the API key (/v1/models does not)
+    assert ctr["startupProbe"]["httpGet"]["path"] == "/health"
     # 10-15 minutes for download + load before liveness may kill it
     assert 600 <= ctr["startupProbe"]["periodSeconds"] * ctr["startupProbe"]["failureThreshold"] <= 900
-    assert ctr["readinessProbe"]["httpGet"]["path"] == "/v1/models"
+    assert ctr["readinessProbe"]["httpGet"]["path"] == "/health"
     assert ctr["livenessProbe"]["httpGet"]["path"] == "/health"
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols["dshm"]["emptyDir"]["medium"] == "Memory"
@@ -100,6 +111,29 @@ def test_inference_deployment_has_gpus_probes_shm_and_cache(job: JobView) -> Non
     _owner_ok(svc, job)
     assert svc["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
     assert svc["spec"]["ports"][0]["port"] == ENGINE_PORT
+    assert "sessionAffinity" not in svc["spec"]  # one replica
+
+
+def test_inference_service_keeps_a_session_on_one_replica_when_there_are_several() -> None:
+    body = yaml.safe_load(MANAGED)
+    body["spec"]["inference"]["managed"]["replicas"] = 3
+    assert inference_service(JobView.from_body(body))["spec"]["sessionAffinity"] == "ClientIP"
+
+
+@pytest.mark.parametrize("kind", ["managed", "external"])
+def test_engine_api_key_reaches_vllm_and_the_proxy_sidecar_from_the_secret(kind: str) -> None:
+    body = yaml.safe_load(MANAGED) if kind == "managed" else external_body()
+    body["spec"]["inference"][kind]["apiKeySecretRef"] = {"name": "engine-key", "key": "token"}
+    job = JobView.from_body(body)
+    from_secret = {"secretKeyRef": {"name": "engine-key", "key": "token"}}
+    pod = harness_pod(job, CFG, session=0, attempt=1, secret="tfs_secret")
+    proxy = pod["spec"]["initContainers"][0]
+    assert {"name": podenv.ENGINE_API_KEY, "valueFrom": from_secret} in proxy["env"]
+    harness = pod["spec"]["containers"][0]
+    assert not any(e["name"] == podenv.ENGINE_API_KEY for e in harness.get("env", []))  # only the sidecar
+    if kind == "managed":
+        (vllm,) = inference_deployment(job)["spec"]["template"]["spec"]["containers"]
+        assert {"name": "VLLM_API_KEY", "valueFrom": from_secret} in vllm["env"]
 
 
 def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: JobView) -> None:

