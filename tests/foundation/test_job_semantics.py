@@ -29,6 +29,8 @@ def test_failure_reason_names_status_and_stage() -> None:
     assert sem.session_failure_reason("completed", None) is None
     assert sem.session_failure_reason("timeout", "harness") == "session_timeout:harness"
     assert sem.session_failure_reason("error", None) == "session_error:unknown"
+    # a judging that failed is the evaluator's reason (evaluator_error), not the session's
+    assert sem.session_failure_reason("error", "evaluate") is None
 
 
 @pytest.mark.parametrize("per_batch,samples,groups", [(1, 3, 1), (3, 3, 1), (4, 3, 2), (6, 3, 2), (64, 8, 8), (5, 1, 5)])
