@@ -16,6 +16,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tracefleet import layout
 from tracefleet.runner.task import Task, is_remote
 
 GIT_IDENTITY = {
