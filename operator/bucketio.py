@@ -13,8 +13,7 @@ import json
 from typing import Any
 
 from tracefleet.bucket import ObjectNotFound, open_bucket
-from tracefleet.layout import batch_uri, manifest_key
-from tracefleet.layout import session_prefix as session_prefix  # operator/podmain.py's import (issue 12)
+from tracefleet.layout import batch_uri, capture_key, manifest_key
 
 
 def bucket_options(creds: dict[str, str] | None, endpoint: str | None = None) -> dict[str, Any]:
@@ -32,6 +31,14 @@ def bucket_options(creds: dict[str, str] | None, endpoint: str | None = None) ->
 
 def batch_id_for(seq: int) -> str:
     return f"k8s-{seq:06d}"
+
+
+def session_made_calls(uri: str, job: str, session: int, creds: dict[str, str] | None = None,
+                       endpoint: str | None = None) -> bool:
+    """Whether the session's uploaded capture log holds a model call (a missing or empty log: none)."""
+    key = capture_key(job, session)
+    bucket = open_bucket(uri, **bucket_options(creds, endpoint))
+    return any(obj.key.endswith(key) and obj.size > 0 for obj in bucket.list(key))
 
 
 def read_text(uri: str, creds: dict[str, str] | None = None, endpoint: str | None = None) -> str | None:

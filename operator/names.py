@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 
+from tracefleet.api.semantics import session_index, task_and_sample
+
 GROUP = "tracefleet.io"
 VERSION = "v1alpha1"
 KIND = "RolloutJob"
@@ -34,6 +36,9 @@ ANNOTATION_NOTIFIED = "tracefleet.io/notified"  # on a sealer Job: the trainer w
 
 # Labels copied from the RolloutJob to every pod so Kueue and priority classes see them.
 PROPAGATED_LABEL_PREFIXES = ("kueue.x-k8s.io/",)
+
+# The module the evaluator and sealer Jobs run (`python -m POD_PROGRAMS seal|evaluate`): named, never imported.
+POD_PROGRAMS = "tracefleet.runner.pod"
 
 COMPONENT_INFERENCE = "inference"
 COMPONENT_HARNESS = "harness"
@@ -78,12 +83,9 @@ def job_selector(job: str, component: str | None = None) -> str:
     return ",".join(parts)
 
 
-def session_of(task: int, sample: int, samples_per_task: int) -> int:
-    return task * samples_per_task + sample
-
-
-def task_sample_of(session: int, samples_per_task: int) -> tuple[int, int]:
-    return divmod(session, samples_per_task)
+# The session numbering is the job's meaning, not a naming scheme: one definition for both drivers.
+session_of = session_index
+task_sample_of = task_and_sample
 
 
 def encode_ranges(indices: list[int]) -> str:

@@ -21,10 +21,14 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from tracefleet import podenv
+from tracefleet.api.semantics import PlannedSession, encode_sessions, groups_per_batch, next_batches, session_plan
+
 from . import bucketio, metrics
 from .children.harness import exact_mode_problem, harness_pod
 from .children.inference import inference_deployment, inference_service
-from .children.jobs import evaluator_job, sealer_job
+from .children.jobs import evaluator_job
+from .children.jobs import sealer_job as sealer_job_of_indices
 from .children.network_policy import harness_network_policy
 from . import names as n
 from .kube import Kube
@@ -65,13 +69,23 @@ def immutable_hash(spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(part, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def sealer_job(job: JobView, cfg: OperatorConfig, seq: int, sessions: list[PlannedSession]) -> dict[str, Any]:
+    """The sealer Job for `sessions` (whole groups), told their tasks and samples: it seals failed
+    sessions too, whose pods may have left nothing that says which task they ran."""
+    manifest = sealer_job_of_indices(job, cfg, seq, [p.index for p in sessions])
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    container["env"].append({"name": podenv.SESSION_PLAN, "value": encode_sessions(sessions)})
+    return manifest
+
+
 @dataclass
 class Reconciler:
     kube: Kube
     cfg: OperatorConfig = field(default_factory=OperatorConfig)
     notifier: WebhookNotifier | None = None
     _ensured: dict[str, set[str]] = field(default_factory=dict)
-    _task_counts: dict[str, int] = field(default_factory=dict)
+    _task_ids: dict[str, list[str]] = field(default_factory=dict)
+    _made_calls: dict[tuple[str, int, int], bool] = field(default_factory=dict)
     _secrets: dict[tuple[str, str], dict[str, str] | None] = field(default_factory=dict)
     _reach: dict[str, tuple[float, bool, str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -92,7 +106,9 @@ class Reconciler:
 
     def forget(self, uid: str) -> None:
         self._ensured.pop(uid, None)
-        self._task_counts.pop(uid, None)
+        self._task_ids.pop(uid, None)
+        for key in [k for k in self._made_calls if k[0] == uid]:
+            del self._made_calls[key]
 
     # ------------------------------------------------------------------ the pass
 
@@ -131,7 +147,8 @@ class Reconciler:
             res.status = self._fail_status(old_status, generation, "InvalidSpec", "; ".join(problems), now)
             return res
 
-        total = self._session_total(job)
+        task_ids = self._task_ids_of(job)
+        total = len(task_ids) * job.samples_per_task
         budget = self.cfg.max_creates_per_reconcile
 
         # --- inference
@@ -153,6 +170,7 @@ class Reconciler:
             backoff_base_s=self.cfg.retry_backoff_s,
             backoff_cap_s=self.cfg.retry_backoff_max_s,
             may_start=may_start,
+            made_calls=lambda s: self._session_made_calls(job, s, table.failures.get(s, 0)),
         )
 
         # --- suspend: running sessions go away (Kueue preemption semantics); they rerun on resume
@@ -181,7 +199,7 @@ class Reconciler:
             metrics.CHILDREN_CREATED.labels(n.COMPONENT_EVALUATOR).inc(sum(self.kube.create_many(evals_new)))
 
         # --- sealing: fixed session sets per batch, recorded on the sealer Job itself
-        batches, seal_failed, unsealed, budget = self._batches(job, sealers, p.succeeded, p.failed, total, budget, res)
+        batches, seal_failed, unsealed, budget = self._batches(job, task_ids, sealers, p.succeeded, p.failed, budget, res)
 
         # --- counters, phase, conditions
         counts = SessionCounts(
@@ -279,11 +297,12 @@ class Reconciler:
         self._resend_undelivered(job, res)
         return res
 
-    def _session_total(self, job: JobView) -> int:
-        if job.inline_task_count is not None:
-            return job.inline_task_count * job.samples_per_task
+    def _task_ids_of(self, job: JobView) -> list[str]:
+        """The job's task ids, in order (tasks from a ConfigMap or URI are read once per operator process)."""
+        if job.tasks_inline is not None:
+            return [str(t["id"]) for t in job.tasks_inline]
         key = f"{job.uid}"
-        if key not in self._task_counts:
+        if key not in self._task_ids:
             text: str | None = None
             if job.tasks_configmap:
                 cm = self.kube.get_configmap(job.namespace, job.tasks_configmap[0])
@@ -293,8 +312,17 @@ class Reconciler:
                 text = bucketio.read_text(job.tasks_uri, creds)
             if text is None:
                 raise RuntimeError(f"tasks of {job.namespace}/{job.name} not found")
-            self._task_counts[key] = sum(1 for line in text.splitlines() if line.strip())
-        return self._task_counts[key] * job.samples_per_task
+            self._task_ids[key] = [str(json.loads(line)["id"]) for line in text.splitlines() if line.strip()]
+        return self._task_ids[key]
+
+    def _session_made_calls(self, job: JobView, session: int, failures: int) -> bool:
+        """Whether the session's latest failed attempt made a model call (its uploaded capture log is not
+        empty): then the failure is data and is not retried. Read once per failure."""
+        key = (job.uid, session, failures)
+        if key not in self._made_calls:
+            creds = self._secret(job.namespace, job.credentials_secret) if job.credentials_secret else None
+            self._made_calls[key] = bucketio.session_made_calls(job.bucket_uri, job.name, session, creds, job.bucket_endpoint)
+        return self._made_calls[key]
 
     def _secret(self, ns: str, name: str) -> dict[str, str] | None:
         key = (ns, name)
@@ -342,14 +370,15 @@ class Reconciler:
     def _batches(
         self,
         job: JobView,
+        task_ids: list[str],
         sealers: list[dict[str, Any]],
         succeeded: list[int],
         failed: list[int],
-        total: int,
         budget: int,
         res: Result,
     ) -> tuple[list[dict[str, Any]], str, bool, int]:
-        """Create sealer Jobs for full (or final) groups of evaluated sessions; record sealed batches."""
+        """Create sealer Jobs for batches of whole finished groups (tracefleet.api.semantics: every finished
+        session is sealed, failed ones fail-closed); record sealed batches."""
         assigned: set[int] = set()
         seqs: list[int] = []
         recorded: list[dict[str, Any]] = []
@@ -377,15 +406,18 @@ class Reconciler:
                 metrics.BATCHES_SEALED.inc()
                 res.events.append(("Normal", "BatchSealed", f"batch {seq} sealed: {batch['traces']} traces at {batch['uri']}"))
                 self._notify(job, batch, sj["metadata"]["name"])
-        # new batches
-        pool = sorted(set(succeeded) - assigned)
-        unsealed = bool(pool) or len(recorded) < len(sealers)
-        size = job.traces_per_batch
-        finished_all = len(succeeded) + len(failed) == total
+        # new batches: whole groups whose sessions have all finished, in task order
+        finished = set(succeeded) | set(failed)
+        plan = session_plan(job.name, task_ids, job.samples_per_task)
+        groups = [plan[t * job.samples_per_task : (t + 1) * job.samples_per_task] for t in range(len(task_ids))]
+        ready = [t for t, g in enumerate(groups) if all(p.index in finished and p.index not in assigned for p in g)]
+        unsealed = bool(finished - assigned) or len(recorded) < len(sealers)
         nxt = max(seqs) + 1 if seqs else 0
-        while pool and budget > 0 and (len(pool) >= size or finished_all):
-            group, pool = pool[:size], pool[size:]
-            if self.kube.create(sealer_job(job, self.cfg, nxt, group)):
+        per_batch = groups_per_batch(job.traces_per_batch, job.samples_per_task)
+        for batch in next_batches(ready, per_batch, final=len(finished) == len(plan)):
+            if budget <= 0:
+                break
+            if self.kube.create(sealer_job(job, self.cfg, nxt, [p for t in batch for p in groups[t]])):
                 metrics.CHILDREN_CREATED.labels(n.COMPONENT_SEALER).inc()
             budget -= 1
             nxt += 1

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
+
+from tracefleet.api.semantics import should_retry
 
 from . import names as n
 
@@ -105,7 +107,10 @@ def plan(
     backoff_base_s: float,
     backoff_cap_s: float,
     may_start: bool,
+    made_calls: Callable[[int], bool] = lambda s: False,
 ) -> Plan:
+    """`made_calls(s)`: whether session s's latest failed attempt made a model call; such a failure is
+    data and is not retried (tracefleet.api.semantics.should_retry)."""
     succeeded: list[int] = []
     failed: list[int] = []
     need_eval: list[int] = []
@@ -128,7 +133,7 @@ def plan(
             running += 1
             continue
         fails = t.failures.get(s, 0)
-        if fails > max_retries:
+        if fails and not should_retry(model_calls=int(made_calls(s)), retries_done=fails - 1, max_retries=max_retries):
             failed.append(s)
             continue
         if fails and now < t.last_failure.get(s, 0.0) + backoff_s(fails, backoff_base_s, backoff_cap_s):

@@ -30,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--in-pod", action="store_true",
                         help="run ONE session inside a harness pod the operator created (no JOB.yaml: task, preset, "
                         "proxy URL and secret come from the TRACEFLEET_* env it sets; artifacts go to "
-                        "$TRACEFLEET_ARTIFACTS_DIR for the proxy sidecar to upload); see tracefleet.runner.pod")
+                        "$TRACEFLEET_ARTIFACTS_DIR for the proxy sidecar to upload); see tracefleet.runner.pod.harness")
     parser.add_argument("--output", "-o", metavar="URI",
                         help="where batches go: a local directory or s3://BUCKET/PREFIX (default: spec.output.uri)")
     parser.add_argument("--engine-url", metavar="URL",
@@ -49,7 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     if args.in_pod:
-        from tracefleet.runner.pod import main as pod_main
+        from tracefleet.runner.pod.harness import main as pod_main
 
         return pod_main()
     from tracefleet.runner.local import LocalOptions, run_local

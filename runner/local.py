@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 import re
 import secrets
 import shutil
@@ -26,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from tracefleet import podenv
+from tracefleet.api.semantics import evaluator_type, groups_per_batch, harness_preset, session_plan, should_retry
 from tracefleet.runner.evaluators import EvaluatorSpec
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import netns_available
@@ -151,9 +154,8 @@ def evaluator_spec(job: Any) -> EvaluatorSpec:
     ev = job.spec.evaluator
     if ev is None:
         return EvaluatorSpec(type="none")
-    kind = {"tests": "tests", "hook": "python", "command": "command", None: "command"}[ev.preset]
     return EvaluatorSpec(
-        type=kind,  # type: ignore[arg-type]
+        type=evaluator_type(ev.preset),  # type: ignore[arg-type]
         command=list(ev.command) if ev.command else None,
         entrypoint=ev.entry_point,
         timeout_s=float(ev.timeout_seconds),
@@ -167,23 +169,21 @@ def _safe(text: str) -> str:
 def plan_sessions(job: Any, tasks: list[Task], model: str, harness: HarnessConfig, run_id: str) -> list[SessionPlan]:
     spec = job.spec
     ev = evaluator_spec(job)
-    plans = []
-    for task in tasks:
-        for sample in range(spec.tasks.samples_per_task):
-            plans.append(
-                SessionPlan(
-                    session_id=f"{_safe(task.id)}-s{sample}-{run_id}",
-                    job=job.name,
-                    task=task,
-                    sample_index=sample,
-                    group_id=f"{job.name}/{task.id}",
-                    harness=harness,
-                    evaluator=ev,
-                    model=model,
-                    builder=spec.output.builder,
-                )
-            )
-    return plans
+    by_id = {t.id: t for t in tasks}
+    return [
+        SessionPlan(
+            session_id=f"{_safe(p.task_id)}-s{p.sample_index}-{run_id}",
+            job=job.name,
+            task=by_id[p.task_id],
+            sample_index=p.sample_index,
+            group_id=p.group_id,
+            harness=harness,
+            evaluator=ev,
+            model=model,
+            builder=spec.output.builder,
+        )
+        for p in session_plan(job.name, [t.id for t in tasks], spec.tasks.samples_per_task)
+    ]
 
 
 class LocalRun:
@@ -239,7 +239,8 @@ class LocalRun:
 
         spec = self.job.spec
         tasks = job_tasks(self.job, self.base_dir)
-        sink = BatchSink(self.output_uri, self.job.name, traces_per_batch=spec.output.traces_per_batch)
+        sink = BatchSink(self.output_uri, self.job.name,
+                         groups_per_batch=groups_per_batch(spec.output.traces_per_batch, spec.tasks.samples_per_task))
         sealed = sink.sealed_keys()
         run_id = secrets.token_hex(3)
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -270,11 +271,11 @@ class LocalRun:
             decision = proxy.mode_decision
             self._say(f"capture mode {decision.mode} ({decision.reason})")
             harness = HarnessConfig(
-                preset=spec.harness.preset or "command",
+                preset=harness_preset(spec.harness.preset),
                 # {job_dir} lets a job ship its own harness script next to the manifest.
                 command=[a.replace("{job_dir}", str(self.base_dir)) for a in spec.harness.command]
                 if spec.harness.command else None,
-                env={**(spec.harness.env or {}), "TRACEFLEET_JOB_DIR": str(self.base_dir)},
+                env={**(spec.harness.env or {}), podenv.JOB_DIR: str(self.base_dir)},
                 timeout_s=float(spec.harness.session_timeout_seconds),
             )
             if use_netns:
@@ -285,6 +286,7 @@ class LocalRun:
                 harness = harness.model_copy(update={"netns": True, "bridge_socket": str(sock)})
             plans = plan_sessions(self.job, tasks, model_hint or "default", harness, run_id)
             todo = [p for p in plans if (p.task.id, p.sample_index) not in sealed]
+            sink.expect(dict(Counter(p.group_id for p in todo)))
             progress = Progress(total=len(plans), skipped=len(plans) - len(todo))
             if progress.skipped:
                 self._say(f"{progress.skipped} of {len(plans)} sessions are already in sealed batches of job "
@@ -369,12 +371,12 @@ class LocalRun:
         return interrupted
 
     def _retry(self, plan: SessionPlan, run: SessionRun, queue: list[SessionPlan]) -> bool:
-        """Infrastructure failures (workspace, proxy registration, capture close) before any model call
-        are retried up to spec.maxRetries with a fresh session id; what the harness did is data, not retried."""
+        """A session that failed before its first model call runs again (up to spec.maxRetries, with a fresh
+        session id); after a model call its failure is data (tracefleet.api.semantics.should_retry)."""
         r = run.result
         attempt = self._attempts.get(plan.session_id, 0)
-        if (r.status != "error" or r.stage not in ("prepare", "register") or r.calls > 0
-                or attempt >= self.job.spec.max_retries or self.stop.is_set()):
+        if (r.status not in ("error", "timeout") or self.stop.is_set()
+                or not should_retry(model_calls=r.calls, retries_done=attempt, max_retries=self.job.spec.max_retries)):
             return False
         base = self._retry_base.get(plan.session_id, plan.session_id)
         retry_id = f"{base}-retry{attempt + 1}"
@@ -390,7 +392,7 @@ class LocalRun:
         progress.statuses[result.status] = progress.statuses.get(result.status, 0) + 1
         progress.calls += result.calls
         if result.status == "stopped":
-            return  # interrupted sessions are redone by the next run, not sealed half-done
+            return  # interrupted sessions are redone by the next run (their group is not sealed)
         if result.status == "completed":
             progress.done += 1
             progress.rewards.append(result.reward)
@@ -398,14 +400,15 @@ class LocalRun:
             progress.failed += 1
             self._say(f"session {result.session_id}: {result.status} at {result.stage}: {result.error}")
         accepted = self.acceptance is None or (result.status == "completed" and self.acceptance.accepts(result.reward))
+        if accepted:
+            progress.accepted += 1
+            progress.traces += len(run.traces)
+            progress.tokens += result.tokens
+            progress.trainable_tokens += result.trainable_tokens
+        for ref in sink.add(result.group_id, run.traces if accepted else []):
+            progress.batches.append(ref)
         if not accepted:
             return
-        progress.accepted += 1
-        progress.traces += len(run.traces)
-        progress.tokens += result.tokens
-        progress.trainable_tokens += result.trainable_tokens
-        for ref in sink.add(run.traces):
-            progress.batches.append(ref)
         if not self.options.keep_workspaces and result.status == "completed":
             for sub in ("original", "workdir", "eval"):
                 shutil.rmtree(Path(result.session_dir) / sub, ignore_errors=True)

@@ -23,6 +23,7 @@ from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, Field
 
+from tracefleet import layout
 from tracefleet.runner.evaluators import EvalContext, EvalOutcome, EvaluatorSpec, get_evaluator
 from tracefleet.runner.proxy_admin import ProxyAdmin, RegisteredSession
 from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, run_sandboxed
@@ -61,6 +62,8 @@ class SessionResult(BaseModel):
     task_id: str
     sample_index: int
     group_id: str
+    harness: str | None = None  # the preset that ran
+    model: str | None = None  # the model name the harness asked for
     status: SessionStatus = "completed"
     stage: Stage | None = None  # the stage that timed out or failed
     error: str | None = None
@@ -78,6 +81,12 @@ class SessionResult(BaseModel):
     build_stats: dict[str, Any] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)
     session_dir: str
+
+    @classmethod
+    def for_plan(cls, plan: SessionPlan, session_dir: Path) -> SessionResult:
+        """A fresh (completed, so far) result of the planned session: the same in both drivers."""
+        return cls(session_id=plan.session_id, job=plan.job, task_id=plan.task.id, sample_index=plan.sample_index,
+                   group_id=plan.group_id, harness=plan.harness.preset, model=plan.model, session_dir=str(session_dir))
 
     @property
     def outcome(self) -> str:
@@ -97,10 +106,15 @@ class SessionRun:
     traces: list[Any] = field(default_factory=list)  # built traces, ready for sealing
 
 
-class _StageFailed(Exception):
+class StageFailed(Exception):
+    """A lifecycle stage ended the session: which stage, with what status."""
+
     def __init__(self, stage: Stage, status: SessionStatus, message: str) -> None:
         super().__init__(message)
         self.stage, self.status = stage, status
+
+    def record(self, result: SessionResult) -> None:
+        result.status, result.stage, result.error = self.status, self.stage, str(self)
 
 
 @contextmanager
@@ -125,6 +139,57 @@ def harness_launch(plan: SessionPlan, *, workdir: Path, home: Path, base_url: st
     return preset.launch(**kwargs)
 
 
+# ---- the session lifecycle's stages, the same in local mode (run_session) and in a harness pod
+# (tracefleet.runner.pod.harness): prepare → launch → wait → collect; then evaluate and build traces.
+
+
+def prepare_stage(plan: SessionPlan, session_dir: Path) -> Any:
+    """The session's workspace (the task's repository, set up)."""
+    try:
+        return prepare_workspace(plan.task, session_dir, setup_timeout_s=plan.setup_timeout_s)
+    except WorkspaceError as exc:
+        raise StageFailed("prepare", "timeout" if "timed out" in str(exc) else "error", str(exc)) from exc
+
+
+def launch_stage(plan: SessionPlan, *, workdir: Path, home: Path, base_url: str, api_key: str) -> Any:
+    """The preset's launch, its HOME files written."""
+    try:
+        launch = harness_launch(plan, workdir=workdir, home=home, base_url=base_url, api_key=api_key)
+        for rel, content in launch.files.items():
+            target = home / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+    except Exception as exc:  # noqa: BLE001 - a preset that cannot launch is this session's error
+        raise StageFailed("harness", "error", f"preset {plan.harness.preset}: {type(exc).__name__}: {exc}") from exc
+    return launch
+
+
+def wait_stage(proc: ProcessResult, plan: SessionPlan, result: SessionResult, *, stopped: str) -> None:
+    """How the harness process ended, as the session's outcome."""
+    result.harness_exit_code = proc.exit_code
+    if proc.start_error:
+        raise StageFailed("harness", "error", f"harness did not start: {proc.start_error}")
+    if proc.stopped:
+        raise StageFailed("harness", "stopped", stopped)
+    if proc.timed_out:
+        raise StageFailed("harness", "timeout", f"harness ran past {plan.harness.timeout_s:.0f}s; process group killed")
+    if proc.exit_code != 0:
+        raise StageFailed("harness", "error", f"harness exited {proc.exit_code}")
+
+
+def collect_stage(workspace: Any, dest: Path, result: SessionResult) -> str:
+    """The workspace's diff against its base commit, written to dest/session.patch (after any outcome:
+    nothing the harness did is lost)."""
+    try:
+        patch = workspace_patch(workspace.workdir, workspace.base_commit)
+        (dest / layout.PATCH).write_text(patch)
+    except Exception as exc:  # noqa: BLE001
+        _fail(result, "collect", "error", f"git diff of the workspace failed: {exc}")
+        return ""
+    result.patch_bytes = len(patch.encode())
+    return patch
+
+
 def run_session(
     plan: SessionPlan,
     *,
@@ -135,14 +200,7 @@ def run_session(
 ) -> SessionRun:
     session_dir = session_root / plan.session_id
     session_dir.mkdir(parents=True, exist_ok=True)
-    result = SessionResult(
-        session_id=plan.session_id,
-        job=plan.job,
-        task_id=plan.task.id,
-        sample_index=plan.sample_index,
-        group_id=plan.group_id,
-        session_dir=str(session_dir),
-    )
+    result = SessionResult.for_plan(plan, session_dir)
     timings = result.timings
     started = time.monotonic()
     deadline = started + plan.harness.timeout_s
@@ -152,11 +210,7 @@ def run_session(
     patch = ""
     try:
         with _timed(timings, "prepare"):
-            try:
-                workspace = prepare_workspace(plan.task, session_dir, setup_timeout_s=plan.setup_timeout_s)
-            except WorkspaceError as exc:
-                status: SessionStatus = "timeout" if "timed out" in str(exc) else "error"
-                raise _StageFailed("prepare", status, str(exc)) from exc
+            workspace = prepare_stage(plan, session_dir)
         with _timed(timings, "register"):
             try:
                 registered = admin.create_session(
@@ -164,24 +218,12 @@ def run_session(
                     metadata={"job": plan.job, "task": plan.task.id, "sample": plan.sample_index, "group": plan.group_id},
                 )
             except Exception as exc:  # noqa: BLE001 - any failure here is the register stage's
-                raise _StageFailed("register", "error", str(exc)) from exc
+                raise StageFailed("register", "error", str(exc)) from exc
         with _timed(timings, "harness"):
             home = session_dir / "home"
             home.mkdir(parents=True, exist_ok=True)
-            try:
-                launch = harness_launch(
-                    plan,
-                    workdir=workspace.workdir,
-                    home=home,
-                    base_url=proxy_url.rstrip("/") + registered.base_path,
-                    api_key=registered.secret,
-                )
-                for rel, content in launch.files.items():
-                    target = home / rel
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_text(content)
-            except Exception as exc:  # noqa: BLE001
-                raise _StageFailed("harness", "error", f"preset {plan.harness.preset}: {type(exc).__name__}: {exc}") from exc
+            launch = launch_stage(plan, workdir=workspace.workdir, home=home,
+                                  base_url=proxy_url.rstrip("/") + registered.base_path, api_key=registered.secret)
             options = SandboxOptions()
             if plan.harness.netns and plan.harness.bridge_socket:
                 port = int(proxy_url.rsplit(":", 1)[1].split("/")[0])
@@ -196,22 +238,14 @@ def run_session(
                 home=home,
                 env=env,
                 timeout_s=max(0.0, deadline - time.monotonic()),
-                stdout_path=session_dir / "harness.stdout",
-                stderr_path=session_dir / "harness.stderr",
+                stdout_path=session_dir / layout.HARNESS_STDOUT,
+                stderr_path=session_dir / layout.HARNESS_STDERR,
                 options=options,
                 stop=stop,
             )
-            result.harness_exit_code = proc.exit_code
-            if proc.start_error:
-                raise _StageFailed("harness", "error", f"harness did not start: {proc.start_error}")
-            if proc.stopped:
-                raise _StageFailed("harness", "stopped", "interrupted")
-            if proc.timed_out:
-                raise _StageFailed("harness", "timeout", f"harness ran past {plan.harness.timeout_s:.0f}s; process group killed")
-            if proc.exit_code != 0:
-                raise _StageFailed("harness", "error", f"harness exited {proc.exit_code}")
-    except _StageFailed as failed:
-        result.status, result.stage, result.error = failed.status, failed.stage, str(failed)
+            wait_stage(proc, plan, result, stopped="interrupted")
+    except StageFailed as failed:
+        failed.record(result)
 
     # The capture and the workspace diff are collected whatever happened above: nothing captured is lost.
     with _timed(timings, "capture"):
@@ -223,12 +257,7 @@ def run_session(
                 _fail(result, "capture", "error", f"closing the proxy session failed: {exc}")
     if workspace is not None and result.stage not in ("prepare",):
         with _timed(timings, "collect"):
-            try:
-                patch = workspace_patch(workspace.workdir, workspace.base_commit)
-                (session_dir / "session.patch").write_text(patch)
-                result.patch_bytes = len(patch.encode())
-            except Exception as exc:  # noqa: BLE001
-                _fail(result, "collect", "error", f"git diff of the workspace failed: {exc}")
+            patch = collect_stage(workspace, session_dir, result)
 
     if result.status == "completed" and workspace is not None:
         with _timed(timings, "evaluate"):
@@ -238,7 +267,7 @@ def run_session(
                 patch=patch,
                 session_dir=session_dir,
                 harness_exit_code=result.harness_exit_code,
-                harness_stdout=session_dir / "harness.stdout",
+                harness_stdout=session_dir / layout.HARNESS_STDOUT,
                 metadata={"session_id": plan.session_id, "sample_index": plan.sample_index},
             )
             try:
@@ -253,7 +282,9 @@ def run_session(
                 _fail(result, "evaluate", "timeout", outcome.message or "evaluator timed out")
 
     traces: list[Any] = []
-    if result.capture_path:
+    # Every finished session is sealed, with or without a capture (tracefleet.api.semantics); a stopped
+    # one is run again later instead.
+    if result.status != "stopped":
         with _timed(timings, "build"):
             try:
                 from tracefleet.runner.tracing import build_session_traces

@@ -1,8 +1,10 @@
-"""Where local mode's traces go: buffered per session, sealed into batches (`tracefleet.traces.seal`).
+"""Where local mode's traces go: collected per GRPO group, sealed into batches of whole groups
+(`tracefleet.api.semantics`: a batch is `groups_per_batch` groups; `tracefleet.traces.seal`).
 
-A session's traces never straddle two batches, so "this (task, sample) is in a sealed batch" is a
-yes/no question a rerun can ask (`sealed_keys`). When the bucket is down, sealing keeps the batch in
-the local spool and the run goes on; the final flush retries, and the summary says what is pending.
+A group is sealed only once every session of it has finished, and never straddles two batches, so
+"this (task, sample) is in a sealed batch" is a yes/no question a rerun can ask (`sealed_keys`), and a
+group cut short by Ctrl-C is run again whole. When the bucket is down, sealing keeps the batch in the
+local spool and the run goes on; the final flush retries, and the summary says what is pending.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tracefleet.api.semantics import next_batches
 from tracefleet.bucket import open_bucket, spool_dir
 from tracefleet.traces.reader import BatchReader
 from tracefleet.traces.seal import SealError, Sealer
 
 
 class BatchSink:
-    def __init__(self, uri: str, job: str, *, traces_per_batch: int, spool: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, uri: str, job: str, *, groups_per_batch: int, spool: str | os.PathLike[str] | None = None) -> None:
         self.uri = uri.rstrip("/")
         self.job = job
         self.job_uri = f"{self.uri}/{job}"
@@ -26,10 +29,16 @@ class BatchSink:
         # One spool per output: a batch staged for one bucket must never be flushed into another.
         spool = Path(spool) if spool is not None else spool_dir() / hashlib.sha256(self.uri.encode()).hexdigest()[:16]
         self.sealer = Sealer(self.bucket, job, spool=spool)
-        self.traces_per_batch = traces_per_batch
-        self._buffer: list[Any] = []
+        self.groups_per_batch = groups_per_batch
+        self._waiting: dict[str, int] = {}  # group -> sessions still to finish
+        self._groups: dict[str, list[Any]] = {}  # group -> traces of its finished sessions
+        self._ready: list[str] = []  # whole groups, in the order they finished
         self.sealed_traces = 0
         self.errors: list[str] = []
+
+    def expect(self, group_sizes: dict[str, int]) -> None:
+        """How many sessions of each group this run will finish before the group is sealed."""
+        self._waiting.update(group_sizes)
 
     def sealed_keys(self) -> set[tuple[str, int]]:
         """(task_id, sample_index) of every session with traces in a sealed batch of this job. Batches
@@ -56,22 +65,30 @@ class BatchSink:
         self.sealed_traces += manifest.traces
         return [f"{self.job_uri}/batches/{manifest.seq:06d}"]
 
-    def add(self, session_traces: list[Any]) -> list[str]:
-        """Buffer one session's traces; seal when the buffer holds a batch. Returns new batch URIs."""
-        if not session_traces:
+    def add(self, group_id: str, session_traces: list[Any]) -> list[str]:
+        """One finished session's traces (none when the session is not to be sealed, e.g. not accepted).
+        Seals when whole groups fill a batch. Returns new batch URIs."""
+        self._groups.setdefault(group_id, []).extend(session_traces)
+        self._waiting[group_id] = self._waiting.get(group_id, 1) - 1
+        if self._waiting[group_id] > 0:
             return []
-        self._buffer.extend(session_traces)
-        if len(self._buffer) < self.traces_per_batch:
-            return []
-        batch, self._buffer = self._buffer, []
-        return self._seal(batch)
+        self._ready.append(group_id)
+        return self._seal_ready(final=False)
+
+    def _seal_ready(self, final: bool) -> list[str]:
+        refs: list[str] = []
+        for groups in next_batches(self._ready, self.groups_per_batch, final=final):
+            for g in groups:
+                self._ready.remove(g)
+            batch = [t for g in groups for t in self._groups.pop(g)]
+            if batch:
+                refs += self._seal(batch)
+        return refs
 
     def flush(self) -> list[str]:
-        """Seal what is buffered (a short last batch), then retry anything left in the spool."""
-        refs: list[str] = []
-        if self._buffer:
-            batch, self._buffer = self._buffer, []
-            refs += self._seal(batch)
+        """Seal the whole groups still waiting (a short last batch), then retry anything left in the spool.
+        Groups with a session that never finished (interrupted) are not sealed: a rerun runs them again."""
+        refs = self._seal_ready(final=True)
         try:
             for manifest in self.sealer.flush():
                 self.sealed_traces += manifest.traces

@@ -1,12 +1,44 @@
-"""Turn a finished session's capture log into traces (`tracefleet.traces` builders), with the
-session's reward and outcome attached so the fail-closed rules can apply."""
+"""A finished session's rows for sealing, in both drivers: its capture log built into traces with the
+session's reward and outcome attached, so the fail-closed rules apply (`tracefleet.api.semantics`).
+
+`session_traces` is what the local runner and the sealer Job call; `SessionOutcome` is what each of
+them knows about the session (from its `SessionResult` or from the files the pods uploaded).
+"""
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tracefleet.api.semantics import session_failure_reason
 
 if TYPE_CHECKING:
     from tracefleet.runner.session import SessionPlan, SessionResult
+    from tracefleet.traces.schema import BuildResult
+
+NO_TRAINABLE_CALLS = "no_trainable_calls"
+
+
+@dataclass
+class SessionOutcome:
+    """What the driver knows about one finished session besides its capture log."""
+
+    job: str
+    session_id: str
+    task_id: str
+    group_id: str
+    sample_index: int
+    status: str = "completed"  # completed | error | timeout (runner.session.SessionStatus)
+    stage: str | None = None
+    reward: float | None = None  # the evaluator's; None when the session was never judged
+    evaluator_status: str = "missing"  # ok | error | timeout | missing
+    capture_complete: bool = True
+    harness: str | None = None
+    model: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def evaluator_status(result: SessionResult) -> str:
@@ -17,21 +49,21 @@ def evaluator_status(result: SessionResult) -> str:
     return status if status in ("ok", "timeout") else "error"
 
 
-def build_session_traces(plan: SessionPlan, result: SessionResult) -> list[Any]:
-    from tracefleet.traces.build import build_traces
-    from tracefleet.traces.schema import SessionInfo
-
-    info = SessionInfo(
+def outcome_of(plan: SessionPlan, result: SessionResult) -> SessionOutcome:
+    """The local runner's view of a session it ran."""
+    return SessionOutcome(
         job=plan.job,
         session_id=plan.session_id,
         task_id=plan.task.id,
         group_id=plan.group_id,
         sample_index=plan.sample_index,
+        status=result.status,
+        stage=result.stage,
+        reward=result.reward if result.evaluation is not None else None,
+        evaluator_status=evaluator_status(result),
+        capture_complete=result.stage != "capture",
         harness=plan.harness.preset,
         model=plan.model,
-        reward=result.reward if result.evaluation is not None else None,
-        evaluator_status=evaluator_status(result),  # type: ignore[arg-type]
-        capture_complete=result.stage != "capture",
         extra={
             "session_status": result.status,
             "session_stage": result.stage,
@@ -42,7 +74,50 @@ def build_session_traces(plan: SessionPlan, result: SessionResult) -> list[Any]:
             "task_metadata": plan.task.metadata,
         },
     )
-    built = build_traces(result.capture_path, builder=plan.builder, session=info)
+
+
+def session_traces(capture: str | os.PathLike[str] | None, outcome: SessionOutcome, builder: str = "prefix-merge") -> BuildResult:
+    """The session's traces; a session without a trainable call is one row without tokens, so its GRPO
+    group stays whole (it counts in the group's statistics and trains nothing)."""
+    from tracefleet.traces.build import build_traces, fail_closed_reasons
+    from tracefleet.traces.schema import BuildResult, ReconstructionStats, SessionInfo, Trace, TraceMetadata
+
+    info = SessionInfo(
+        job=outcome.job,
+        session_id=outcome.session_id,
+        task_id=outcome.task_id,
+        group_id=outcome.group_id,
+        sample_index=outcome.sample_index,
+        harness=outcome.harness,
+        model=outcome.model,
+        reward=outcome.reward,
+        evaluator_status=outcome.evaluator_status,  # type: ignore[arg-type]
+        capture_complete=outcome.capture_complete,
+        failure=session_failure_reason(outcome.status, outcome.stage),
+        extra=dict(outcome.extra),
+    )
+    if capture is not None and os.path.exists(capture):
+        built = build_traces(capture, builder=builder, session=info)
+    else:
+        built = BuildResult(traces=[], stats=ReconstructionStats(builder=builder))
+    if built.traces:
+        return built
+    reasons = fail_closed_reasons([], info, built.stats.torn_tail, built.stats.bad_lines) + [NO_TRAINABLE_CALLS]
+    meta = TraceMetadata(
+        trace_id=f"{outcome.session_id}:0000", job=outcome.job, session_id=outcome.session_id, task_id=outcome.task_id,
+        group_id=outcome.group_id, sample_index=outcome.sample_index, harness=outcome.harness, model=outcome.model,
+        builder=builder, reward=min(outcome.reward, 0.0) if outcome.reward is not None else 0.0,
+        evaluator_reward=outcome.reward, outcome="fail_closed", fail_closed_reasons=reasons, stats=built.stats,
+        extra=dict(outcome.extra),
+    )
+    empty = Trace(tokens=np.zeros(0, np.int32), loss_mask=np.zeros(0, np.uint8), logprobs=np.zeros(0, np.float32),
+                  spans=[], meta=meta)
+    return BuildResult(traces=[empty], stats=built.stats, outcome="fail_closed", fail_closed_reasons=reasons)
+
+
+def build_session_traces(plan: SessionPlan, result: SessionResult) -> list[Any]:
+    """The local runner's session → traces; records the build's counts on the result."""
+    built = session_traces(result.capture_path, outcome_of(plan, result), plan.builder)
     result.traces = len(built.traces)
     result.tokens = sum(t.num_tokens for t in built.traces)
     result.trainable_tokens = sum(t.num_trainable for t in built.traces)

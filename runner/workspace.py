@@ -16,6 +16,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tracefleet import layout
 from tracefleet.runner.task import Task, is_remote
 
 GIT_IDENTITY = {
@@ -127,7 +128,7 @@ def prepare_workspace(task: Task, session_dir: Path, *, setup_timeout_s: float =
         git(original, "init", "-q", "-b", "main")
     elif task.ref:
         git(original, "checkout", "-q", "--detach", task.ref)
-    _run_setup(task, original, setup_timeout_s, session_dir / "setup.log")
+    _run_setup(task, original, setup_timeout_s, session_dir / layout.SETUP_LOG)
     git(original, "add", "-A")
     git(original, "commit", "-q", "--allow-empty", "-m", f"tracefleet base for task {task.id}")
     base = git(original, "rev-parse", "HEAD").strip()

@@ -32,6 +32,7 @@ class Call:
     drift: bool = False
     new_root_reason: str | None = None
     tool_parse_errors: int = 0
+    offers_tools: bool = False  # the request offered the model tools (the agent's conversation does)
     received_at: float | None = None
     engine_sent_at: float | None = None
     first_token_at: float | None = None
@@ -60,6 +61,7 @@ def call_from_record(record: CaptureRecord, index: int) -> Call:
         drift=bool(splice.drift) if splice else False,
         new_root_reason=splice.new_root_reason if splice else None,
         tool_parse_errors=len(record.tool_parse_errors),
+        offers_tools=bool((record.canonical or {}).get("tools")),
         received_at=record.timings.received_at,
         engine_sent_at=record.timings.engine_sent_at,
         first_token_at=record.timings.first_token_at,

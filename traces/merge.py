@@ -30,6 +30,8 @@ import numpy as np
 from .calls import Call
 from .schema import ReconstructionStats
 
+AUXILIARY = "auxiliary"  # new_root_reason of a call beside the agent's conversation
+
 _BASE = np.uint64(0x9E3779B97F4A7C15)
 _MASK = (1 << 64) - 1
 
@@ -107,6 +109,10 @@ def build_tree(calls: Sequence[Call], stats: ReconstructionStats, dropped_ids: d
     retry_of: list[int] = []
     ambiguous: list[list[str]] = []
     dropped_ids = dropped_ids or {}
+    # Auxiliary calls (tracefleet.api.semantics): a root that offers no tools in a session whose agent
+    # conversation offers them (OpenCode's title generator, a summary request) is not the conversation.
+    agent_has_tools = any(c.offers_tools for c in calls)
+    conversation_started = False
 
     for j, call in enumerate(calls):
         prompt = call.prompt
@@ -174,18 +180,21 @@ def build_tree(calls: Sequence[Call], stats: ReconstructionStats, dropped_ids: d
             else:
                 ambiguous.append([])
                 hinted = call.hint_parent
-                if hint_drift or call.drift:
+                if agent_has_tools and not call.offers_tools:
+                    reason = AUXILIARY
+                elif hint_drift or call.drift:
                     reason = "drift"
                 elif hinted is not None and hinted in dropped_ids:
                     reason = "parent_dropped"
                 elif call.new_root_reason:
                     reason = call.new_root_reason
-                elif j == 0:
-                    reason = "session_start"
+                elif not conversation_started:
+                    reason = "session_start"  # the first call of the agent's conversation
                 else:
                     reason = "no_prefix_match"
             root_reason.append(reason)
             stats.new_roots[reason] = stats.new_roots.get(reason, 0) + 1
+        conversation_started = conversation_started or root_reason[-1] != AUXILIARY
         # 3. Retries: an earlier call with the identical prompt (siblings, each its own trace).
         pkey = (n_prompt, hash_at(n_prompt))
         same = [i for i in by_prompt.get(pkey, ()) if np.array_equal(calls[i].prompt, prompt)]

@@ -135,6 +135,7 @@ class SessionInfo(BaseModel):
     reward: float | None = None
     evaluator_status: Literal["ok", "error", "timeout", "missing"] = "ok"
     capture_complete: bool = True  # the runner saw the proxy close the session cleanly
+    failure: str | None = None  # the session did not complete: `session_<status>:<stage>` (fail-closed reason)
     extra: dict[str, Any] = Field(default_factory=dict)
 
 

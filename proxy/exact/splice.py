@@ -16,8 +16,9 @@ token on (the special token must stay one token and the suffix must tokenize the
 with `verify_full` against the ids of the whole render; if not, the call starts a new root
 ("boundary_mismatch").
 
-No match → the full render, a new root, with the reason: new_conversation, sub_agent (different system
-prompt), compaction (shorter history that keeps the start), rewritten_history.
+No match → the full render, a new root, with the reason: new_conversation, auxiliary (no tools offered
+where the agent's conversation offers them: a title or summary request), sub_agent (different system
+prompt than the agent's conversation), compaction (shorter history that keeps the start), rewritten_history.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def message_key(msg: dict[str, Any]) -> Key:
 
 def tools_key(tools: list[dict[str, Any]] | None) -> str:
     return json.dumps(tools or [], sort_keys=True, ensure_ascii=False)
+
+
+NO_TOOLS = tools_key(None)
 
 
 def output_key(text: str, calls: list[tuple[str, str]]) -> Key:
@@ -171,12 +175,18 @@ class SessionSplicer:
         return Plan(reused + suffix, info, r, keys, tools_key(r.tools), checked_full_ids=full)
 
     def _why_new_root(self, keys: list[Key], r: Rendered) -> str:
-        if not self.calls:
+        # Calls beside the agent's conversation (no tools offered where the conversation offers them: a
+        # title or summary request) are auxiliary, and are no reason to call the conversation a sub-agent.
+        agent = [c for c in self.calls.values() if c.tools_key != NO_TOOLS]
+        if agent and not r.tools:
+            return "auxiliary"
+        peers = agent if r.tools else list(self.calls.values())
+        if not peers:
             return "new_conversation"
         system = keys[0][1] if keys and keys[0][0] == "system" else None
         longest = 0
         common = 0
-        for call in self.calls.values():
+        for call in peers:
             hist = call.keys + [call.out_key]
             longest = max(longest, len(hist))
             n = 0
@@ -184,7 +194,7 @@ class SessionSplicer:
                 n += 1
             common = max(common, n)
         if common == 0:
-            if system is not None and all(c.system is not None and c.system != system for c in self.calls.values()):
+            if system is not None and all(c.system is not None and c.system != system for c in peers):
                 return "sub_agent"
             return "new_conversation"
         if len(keys) < longest:

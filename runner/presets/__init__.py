@@ -10,6 +10,8 @@ hack/setup.d/50-harnesses.sh), and a line in PRESETS below.
 
 from __future__ import annotations
 
+from tracefleet.api.semantics import harness_preset
+
 from . import claude_code, codex, command, gemini_cli, opencode, pi, qwen_code
 from .base import (
     COMMON_ENV,
@@ -40,7 +42,7 @@ REAL_HARNESSES = ("codex", "claude-code", "qwen-code", "pi", "gemini-cli", "open
 def get_preset(name: str | None) -> Preset:
     """The preset called `name` (None means the generic `command` preset). Unknown names raise KeyError
     listing the known ones."""
-    key = name or "command"
+    key = harness_preset(name)
     try:
         return PRESETS[key]
     except KeyError:

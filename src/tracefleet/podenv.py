@@ -24,6 +24,7 @@ from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, model_validator
 
+from tracefleet.api.semantics import PlannedSession, decode_sessions
 from tracefleet.layout import session_uri
 from tracefleet.operator.names import decode_ranges, encode_ranges
 
@@ -73,6 +74,14 @@ EVALUATOR_ENTRYPOINT = "TRACEFLEET_EVALUATOR_ENTRYPOINT"
 BATCH_SEQ = "TRACEFLEET_BATCH_SEQ"
 SESSIONS = "TRACEFLEET_SESSIONS"
 BUILDER = "TRACEFLEET_BUILDER"
+# the sessions' tasks and samples, tracefleet.api.semantics.encode_sessions (JSON [[index, task index,
+# task id, sample], ...]): a failed session's pod may have left nothing that says which task it ran
+SESSION_PLAN = "TRACEFLEET_SESSION_PLAN"
+
+
+# The evaluator Job's exit code for "this session's artifacts are unusable": its podFailurePolicy fails
+# the Job on it instead of retrying (the builder writes the policy, the evaluator program exits with it).
+EVALUATOR_FATAL_EXIT_CODE = 3
 
 
 class PodEnvError(ValueError):
@@ -205,3 +214,16 @@ class SealerEnv(BucketEnv):
     batch_seq: int = Field(ge=0, alias=BATCH_SEQ)
     sessions: Ranges = Field(alias=SESSIONS)
     builder: str = Field(alias=BUILDER)
+    # Written by the operator's reconcile beside what the sealer Job builder writes (optional here so the
+    # builder's own output still reads); the sealer program needs it.
+    session_plan: str | None = Field(default=None, alias=SESSION_PLAN)
+
+    def planned_sessions(self) -> list[PlannedSession]:
+        """The sessions to seal, with their tasks, groups and samples."""
+        if not self.session_plan:
+            raise PodEnvError(f"{SESSION_PLAN} is not set (the operator sets it on the {self.container})")
+        planned = decode_sessions(self.job, self.session_plan)
+        if sorted(p.index for p in planned) != sorted(self.sessions):
+            raise PodEnvError(f"{SESSION_PLAN} names sessions {encode_ranges([p.index for p in planned])}, "
+                              f"{SESSIONS} {encode_ranges(self.sessions)} (the operator sets both on the {self.container})")
+        return planned

@@ -193,6 +193,22 @@ def test_new_roots_and_their_reasons(smollm2):
     assert s.sp.plan(other).info.new_root_reason == "tools_changed"
 
 
+def test_auxiliary_calls_beside_the_conversation_are_labelled_so(smollm2):
+    """OpenCode's shape: a title call (own system prompt, no tools) comes first; the agent's conversation
+    (tools) after it is a new conversation, not a sub-agent; a summary request without tools is auxiliary."""
+    s = Session(smollm2)
+    title = _anthropic([{"role": "user", "content": "Fix the bug."}], system="You are a title generator.")
+    title.tools = []
+    assert s.call(title, "Fix the bug")[0].info.new_root_reason == "new_conversation"  # nothing to tell yet
+    main = _anthropic(_anthropic_history([], mutate=1))
+    assert s.call(main, _tool_text("ls"))[0].info.new_root_reason == "new_conversation"
+    summary = _anthropic([{"role": "user", "content": "Summarize the session."}], system="You summarize.")
+    summary.tools = []
+    assert s.sp.plan(summary).info.new_root_reason == "auxiliary"
+    sub = _anthropic([{"role": "user", "content": "Search the code for TODOs."}], system="You are a search sub-agent.")
+    assert s.sp.plan(sub).info.new_root_reason == "sub_agent"
+
+
 def test_retry_is_a_sibling_with_the_same_prompt(smollm2):
     s = Session(smollm2)
     conv = _anthropic(_anthropic_history([], mutate=1))

@@ -32,8 +32,10 @@ from kubernetes.client.rest import ApiException
 
 from fixtures.controlplane import free_port
 from tracefleet.bucket import open_bucket
-from tracefleet.operator import bucketio, names as n, podmain
+from tracefleet.operator import bucketio, names as n
 from tracefleet.operator.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, verify_signature
+from tracefleet.podenv import SealerEnv
+from tracefleet.runner.pod.seal import seal
 from tracefleet.traces.synthetic import SyntheticSession
 
 REPO = Path(__file__).resolve().parents[2]
@@ -252,10 +254,9 @@ def play_sealers(env: Env, ns: str, job: str) -> None:
     for sj in env.jobs(ns, job, n.COMPONENT_SEALER):
         if sj.metadata.uid in env.sealed:
             continue
-        cenv = {e.name: e.value for e in sj.spec.template.spec.containers[0].env if e.value is not None}
-        bucket = open_bucket(cenv["TRACEFLEET_BUCKET"], **env.s3.bucket_options())
-        podmain.seal(bucket, cenv["TRACEFLEET_JOB"], int(cenv["TRACEFLEET_BATCH_SEQ"]),
-                     n.decode_ranges(cenv["TRACEFLEET_SESSIONS"]), cenv["TRACEFLEET_BUILDER"])
+        cenv = SealerEnv.from_env({e.name: e.value for e in sj.spec.template.spec.containers[0].env if e.value is not None})
+        bucket = open_bucket(cenv.bucket, **env.s3.bucket_options())
+        seal(bucket, cenv.job, cenv.batch_seq, cenv.planned_sessions(), cenv.builder)
         env.sealed.add(sj.metadata.uid)
 
 
@@ -407,7 +408,9 @@ def test_failed_sessions_are_retried_then_counted(env: Env) -> None:
     assert (st["counters"]["succeeded"], st["counters"]["failed"]) == (3, 1)
     attempts = sorted((p.metadata.labels[n.LABEL_SESSION], p.metadata.labels[n.LABEL_ATTEMPT]) for p in env.pods(ns, "rt"))
     assert attempts == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1"), ("2", "0"), ("3", "0")]
-    assert st["batchesCompleted"] == 1 and st["recentBatches"][0]["traces"] == 3  # the failed session is not sealed
+    # the failed session is sealed too (one fail-closed row without tokens: it failed before any model call),
+    # so its group stays whole: one batch of both groups (tracesPerBatch 4 = 2 groups of 2)
+    assert st["batchesCompleted"] == 1 and st["recentBatches"][0]["traces"] == 4
 
 
 def test_suspend_resume_then_delete_cascades(env: Env) -> None:

@@ -4,13 +4,18 @@ operator finds by batch_id (what KWOK cannot run, run here with the same code th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from tracefleet import layout
+from tracefleet.api.semantics import encode_sessions, session_plan
 from tracefleet.bucket import open_bucket
-from tracefleet.operator import bucketio, podmain
+from tracefleet.operator import bucketio
+from tracefleet.podenv import SealerEnv
+from tracefleet.runner.pod import evaluate as pod_evaluate, seal as pod_seal
+from tracefleet.traces.reader import BatchReader
 from tracefleet.traces.synthetic import SyntheticSession
 
 
@@ -31,14 +36,16 @@ def test_sealer_entrypoint_seals_once_and_operator_finds_batch(s3, tmp_path: Pat
     uri = f"s3://{name}/runs"
     bucket = open_bucket(uri, **s3.bucket_options())
     job = "demo"
+    plan = session_plan(job, ["t0", "t1"], 2)
     for s in range(4):
         write_session(bucket, job, s, tmp_path, reward=float(s % 2))
     creds = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key, "AWS_ENDPOINT_URL": s3.endpoint}
 
-    # the pod's entrypoint, as the sealer Job runs it (env from children.jobs.sealer_job)
-    env = {**s3.env(), "TRACEFLEET_BUCKET": uri, "TRACEFLEET_JOB": job, "TRACEFLEET_BATCH_SEQ": "1",
-           "TRACEFLEET_SESSIONS": "0-1", "TRACEFLEET_BUILDER": "prefix-merge", "PATH": "/usr/bin:/bin",
-           "TRACEFLEET_SPOOL": str(tmp_path / "spool")}
+    # the pod's entrypoint, as the sealer Job runs it (the environment reconcile.sealer_job writes)
+    sealer_env = SealerEnv(bucket=uri, job=job, batch_seq=1, sessions=[0, 1], builder="prefix-merge",
+                           session_plan=encode_sessions(plan[:2]))
+    env = {**s3.env(), **sealer_env.to_env(), "PATH": "/usr/bin:/bin", "TRACEFLEET_SPOOL": str(tmp_path / "spool"),
+           **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {})}
     r = subprocess.run([sys.executable, "-m", "tracefleet.operator.podmain", "seal"], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -50,11 +57,17 @@ def test_sealer_entrypoint_seals_once_and_operator_finds_batch(s3, tmp_path: Pat
     assert found["uri"] == f"{uri}/{job}/batches/{first['seq']:06d}/"
     assert found["meanReward"] == 0.5
     assert bucketio.find_batch(uri, job, "k8s-000002", set(), creds) is None
+    # what a trainer reads: the group's two samples, rewards 0 and 1, give opposite advantages
+    batch = BatchReader(bucket, job).read(first["seq"])
+    assert batch.table.column("group_id").to_pylist() == ["demo/t0", "demo/t0"]
+    assert batch.table.column("task_id").to_pylist() == ["t0", "t0"]
+    assert batch.table.column("sample_index").to_pylist() == [0, 1]
+    assert [round(float(a), 3) for a in batch.advantages()] == [-1.0, 1.0]
 
     # a rerun of the same Job (lost completion) finds its batch instead of sealing it twice
-    again = podmain.seal(bucket, job, 1, [0, 1])
+    again = pod_seal.seal(bucket, job, 1, plan[:2])
     assert again["seq"] == first["seq"]
-    second = podmain.seal(bucket, job, 2, [2, 3])
+    second = pod_seal.seal(bucket, job, 2, plan[2:])
     assert second["seq"] == first["seq"] + 1
     found2 = bucketio.find_batch(uri, job, "k8s-000002", {found["seq"]}, creds)
     assert found2 is not None and found2["seq"] == second["seq"]
@@ -65,6 +78,6 @@ def test_evaluator_entrypoint_writes_reward(s3, tmp_path: Path) -> None:
     bucket = open_bucket(uri, **s3.bucket_options())
     bucket.put("j/sessions/3/artifacts/patch.diff", b"+fixed\n")
     cmd = [sys.executable, "-c", "import pathlib,json; print(json.dumps({'reward': 0.25 if pathlib.Path('patch.diff').read_text() else 0}))"]
-    out = podmain.evaluate(bucket, "j", 3, cmd)
+    out = pod_evaluate.evaluate(bucket, "j", 3, cmd)
     assert out == {"reward": 0.25, "status": "ok", "exit_code": 0}
     assert json.loads(bucket.get("j/sessions/3/reward.json"))["reward"] == 0.25

@@ -13,38 +13,28 @@ in S3 → evaluator Job (`tests` preset) writes reward.json → sealer Job seals
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tracefleet.api.model import Capture, RolloutJob
+from tracefleet.api.semantics import session_plan
 from tracefleet.bucket import open_bucket
 from tracefleet.capture import read_capture_log
-from tracefleet.operator.children.harness import PROXY_PORT, harness_pod
-from tracefleet.operator.children.jobs import EVALUATOR_FATAL_EXIT_CODE, evaluator_job, sealer_job
+from tracefleet.operator.children.harness import harness_pod
+from tracefleet.operator.children.jobs import EVALUATOR_FATAL_EXIT_CODE, evaluator_job
+from tracefleet.operator.reconcile import sealer_job
 from tracefleet.operator.view import JobView, OperatorConfig
 from tracefleet.proxy.upload import upload_outputs
 from tracefleet.traces.reader import BatchReader
 
 from fixtures.hub_cache import write_hub_model
+from fixtures.pods import Kubelet, run_job_container, run_pod
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart"
-VENV_BIN = Path(sys.executable).parent
 FIXED_CALC = "```python\ndef add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n```"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rollout_job(engine: Any, bucket_uri: str, samples: int = 1) -> RolloutJob:
@@ -70,64 +60,6 @@ def rollout_job(engine: Any, bucket_uri: str, samples: int = 1) -> RolloutJob:
         },
     }
     return RolloutJob.model_validate(manifest)
-
-
-class Kubelet:
-    """What the kubelet does to a container spec before exec, for one pod on this machine."""
-
-    def __init__(self, root: Path, secrets: dict[str, dict[str, str]], volumes: list[dict[str, Any]]) -> None:
-        self.root, self.secrets = root, secrets
-        self.port = free_port()
-        (root / "image-home").mkdir(parents=True, exist_ok=True)
-        for v in volumes:
-            (root / v["name"]).mkdir(parents=True, exist_ok=True)
-
-    def _map(self, value: str, mounts: dict[str, Path]) -> str:
-        for mount, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
-            if value == mount or value.startswith(mount + "/"):
-                return str(local) + value[len(mount):]
-        value = value.replace(f"127.0.0.1:{PROXY_PORT}", f"127.0.0.1:{self.port}")
-        return value
-
-    def process(self, container: dict[str, Any]) -> tuple[list[str], dict[str, str], Path]:
-        # /tmp is only scratch space (nothing names it), and this machine's own paths live under it
-        mounts = {m["mountPath"]: self.root / m["name"] for m in container.get("volumeMounts", []) if m["mountPath"] != "/tmp"}
-        env = {"PATH": f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(self.root / "image-home")}
-        for src in container.get("envFrom", []):
-            env.update(self.secrets[src["secretRef"]["name"]])
-        for item in container.get("env", []):
-            env[item["name"]] = self._map(item["value"], mounts)  # env wins over envFrom, as in Kubernetes
-        argv = [*container["command"], *container.get("args", [])]
-        argv = [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in argv]
-        argv = [self._map(a, mounts) for a in argv]
-        # the pod's own network namespace: bind loopback, on a port free on this machine
-        argv = ["127.0.0.1" if a == "0.0.0.0" else str(self.port) if a == str(PROXY_PORT) else a for a in argv]
-        cwd = Path(self._map(container["workingDir"], mounts)) if "workingDir" in container else self.root
-        return argv, env, cwd
-
-
-def run_pod(pod: dict[str, Any], kubelet: Kubelet, timeout_s: float = 240) -> tuple[subprocess.CompletedProcess[str], int, str]:
-    """The proxy sidecar first, then the harness; when the harness exits, SIGTERM the sidecar as the kubelet
-    does. (harness result, sidecar exit code, sidecar output)."""
-    argv, env, cwd = kubelet.process(pod["spec"]["initContainers"][0])
-    proxy = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
-    try:
-        argv, env, cwd = kubelet.process(pod["spec"]["containers"][0])
-        harness = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
-        os.killpg(proxy.pid, signal.SIGTERM)
-        out, _ = proxy.communicate(timeout=60)
-    finally:
-        if proxy.poll() is None:
-            os.killpg(proxy.pid, signal.SIGKILL)
-            proxy.wait(timeout=10)
-    return harness, proxy.returncode, out
-
-
-def run_job_container(manifest: dict[str, Any], kubelet: Kubelet, tmp: Path) -> subprocess.CompletedProcess[str]:
-    spec = manifest["spec"]["template"]["spec"]
-    argv, env, _ = kubelet.process(spec["containers"][0])
-    return subprocess.run(argv, env=env, cwd=tmp, capture_output=True, text=True, timeout=300)
 
 
 def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tmp_path: Path) -> None:
@@ -186,7 +118,7 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
     assert reward["task_id"] == "calc-add" and reward["sample_index"] == 0
 
     # ---- the sealer Job, then what a trainer reads
-    seal = sealer_job(job, cfg, 1, [0])
+    seal = sealer_job(job, cfg, 1, session_plan(job.name, ["calc-add"], 1))
     done = run_job_container(seal, Kubelet(tmp_path / "seal", creds, []), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     sealed = json.loads(done.stdout.strip().splitlines()[-1])
@@ -198,6 +130,8 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
     assert trainable == len(rec.completion_ids) > 0
     assert list(trace.tokens[trace.loss_mask == 1]) == list(rec.completion_ids)
     assert trace.meta.reward == 1.0
+    assert (trace.meta.group_id, trace.meta.task_id, trace.meta.sample_index) == ("podpath/calc-add", "calc-add", 0)
+    assert (trace.meta.harness, trace.meta.outcome) == ("command", "ok")
 
 
 def test_evaluator_fails_closed_when_the_harness_uploaded_nothing(scripted_engine, s3, tmp_path: Path) -> None:

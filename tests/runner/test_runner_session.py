@@ -115,6 +115,7 @@ def test_timeout_kills_the_harness_and_keeps_its_calls(proxy: InProcessProxy, tm
     assert r.timings["harness"] < 20 and r.evaluation is None
     assert_capture_kept(run, 1)
     assert all(t.meta.outcome == "fail_closed" and (t.meta.reward or 0) <= 0 for t in run.traces)
+    assert all(t.meta.fail_closed_reasons[:1] == ["session_timeout:harness"] for t in run.traces)
 
 
 def test_harness_crash_is_an_error_at_the_harness_stage(proxy: InProcessProxy, tmp_path: Path) -> None:
@@ -123,6 +124,7 @@ def test_harness_crash_is_an_error_at_the_harness_stage(proxy: InProcessProxy, t
     assert (r.status, r.stage, r.harness_exit_code, r.reward) == ("error", "harness", 3, 0.0)
     assert_capture_kept(run, 2)
     assert all(t.meta.outcome == "fail_closed" for t in run.traces)
+    assert all(t.meta.fail_closed_reasons[:1] == ["session_error:harness"] for t in run.traces)
 
 
 def test_evaluator_crash_fails_closed(proxy: InProcessProxy, tmp_path: Path) -> None:
@@ -138,4 +140,9 @@ def test_evaluator_crash_fails_closed(proxy: InProcessProxy, tmp_path: Path) -> 
 def test_proxy_down_is_an_error_at_register(tmp_path: Path) -> None:
     admin = ProxyAdmin("http://127.0.0.1:9", "x", timeout_s=2)
     run = run_session(plan_for(tmp_path, "fix"), admin=admin, proxy_url="http://127.0.0.1:9", session_root=tmp_path / "s")
-    assert (run.result.status, run.result.stage, run.traces) == ("error", "register", [])
+    assert (run.result.status, run.result.stage) == ("error", "register")
+    # sealed all the same (tracefleet.api.semantics), so its GRPO group stays whole: one row without tokens
+    (row,) = run.traces
+    assert row.num_tokens == 0 and row.meta.outcome == "fail_closed" and row.meta.reward == 0.0
+    assert row.meta.fail_closed_reasons == ["session_error:register", "evaluator_missing", "no_trainable_calls"]
+    assert (row.meta.group_id, row.meta.task_id, row.meta.sample_index) == ("t/calc", "calc", 0)

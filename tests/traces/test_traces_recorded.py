@@ -13,8 +13,8 @@ What was observed, and is asserted per harness below:
   prompt[k-1] + completion[k-1] token for token (the sampled end-of-turn token included): the history is
   append-only in token space, there is no drift, and prefix-merge builds ONE trace of all three calls.
 - opencode: four calls. The first is its title generator (its own system prompt, no tools), which shares
-  no prefix with the conversation, so it is its own root (`session_start`); the three conversation calls
-  then form one chain whose root reason is `no_prefix_match` (it does not extend the title call).
+  no prefix with the conversation: an auxiliary call, its own root (`auxiliary`, tracefleet.api.semantics);
+  the three conversation calls then form one chain whose root is the agent's `session_start`.
 - No harness re-rendered its history in a way that changed earlier tokens, so drift_splits == 0
   everywhere. That the builder would split (never train across) a re-rendered history is shown on the
   same real logs by perturbing one earlier sampled token in a later prompt, as an engine re-render would.
@@ -46,7 +46,7 @@ EXPECTED = {
     "qwen-code": (3, 1, {"session_start": 1}),
     "gemini-cli": (3, 1, {"session_start": 1}),
     "pi": (3, 1, {"session_start": 1}),
-    "opencode": (4, 2, {"session_start": 1, "no_prefix_match": 1}),
+    "opencode": (4, 2, {"auxiliary": 1, "session_start": 1}),
 }
 HARNESSES = list(EXPECTED)
 
@@ -194,8 +194,8 @@ def test_prefix_merge_main_conversation_is_one_chain(harness: str) -> None:
     assert others == [[r.call_id] for r in records if r not in convo]  # opencode: the title call
     if harness == "opencode":
         title = next(t for t in result.traces if t.call_ids == others[0])
-        assert title.meta.new_root_reason == "session_start"
-        assert main[0].meta.new_root_reason == "no_prefix_match"
+        assert title.meta.new_root_reason == "auxiliary"
+        assert main[0].meta.new_root_reason == "session_start"
 
     # The builder's tree equals the brute-force oracle's.
     parents = oracle_parents(records)

@@ -255,7 +255,7 @@ PRESET_OR_COMMAND: tuple[Rule, ...] = (
 class Harness(WireModel):
     preset: Literal[HARNESS_PRESETS] | None = Field(  # type: ignore[valid-type]
         default=None,
-        description="Agent CLI to run headless and point at the proxy. `command` runs spec.harness.command.",
+        description="Agent CLI to run headless and point at the proxy. `command` (the default) runs spec.harness.command.",
     )
     command: Command | None = Field(
         default=None,
@@ -329,7 +329,9 @@ class Tasks(WireModel):
         default=None, description="Tasks as JSON lines in a bucket object (s3://…) or a local file."
     )
     samples_per_task: int = Field(
-        default=1, ge=1, le=1024, description="Sessions per task: the GRPO group size."
+        default=1, ge=1, le=1024,
+        description="Sessions per task: the GRPO group size. The task's sessions share group_id <job>/<task id> "
+        "and are always sealed together in one batch.",
     )
 
     x_rules = (
@@ -366,7 +368,8 @@ class Evaluator(WireModel):
     preset: Literal[EVALUATOR_PRESETS] | None = Field(  # type: ignore[valid-type]
         default=None,
         description="tests: apply the patch to a fresh workspace and run the task's testCommand; hook: call "
-        "entryPoint; command: run spec.evaluator.command (exit code or JSON reward on stdout).",
+        "entryPoint; command (the default): run spec.evaluator.command (exit code or JSON reward on stdout). "
+        "Only sessions that completed are judged.",
     )
     command: Command | None = Field(default=None, description="Evaluator program (reward = exit code 0, or JSON on stdout).")
     entry_point: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", max_length=512)] | None = Field(
@@ -395,7 +398,14 @@ class Output(WireModel):
     credentials_secret_ref: SecretRef | None = Field(
         default=None, description="Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and optionally AWS_ENDPOINT_URL)."
     )
-    traces_per_batch: int = Field(default=64, ge=1, le=100000, description="Traces per sealed batch.")
+    traces_per_batch: int = Field(
+        default=64, ge=1, le=100000,
+        description="Batch size, counted in sessions (a session is one trace unless prefix-merge splits it). A "
+        "batch holds whole groups: it is sealed once its groups hold at least this many sessions "
+        "(ceil(tracesPerBatch / samplesPerTask) groups); the last batch holds the rest. Every finished session "
+        "is sealed, failed ones fail-closed with their reasons and a reward of at most 0; a session without a "
+        "trainable call is one row without tokens, so groups stay whole.",
+    )
     builder: Literal["prefix-merge", "per-request"] = Field(
         default="prefix-merge", description="prefix-merge: one trace per exact chain of calls; per-request: one per call."
     )
@@ -429,7 +439,8 @@ class RolloutJobSpec(WireModel):
     output: Output = Field(description="Where sealed trace batches go.")
     trainer: Trainer | None = Field(default=None, description="How the trainer hears about new batches.")
     parallelism: int = Field(default=1, ge=1, le=10000, description="Sessions running at once.")
-    max_retries: int = Field(default=2, ge=0, le=100, description="Retries per failed session before it counts as failed.")
+    max_retries: int = Field(default=2, ge=0, le=100, description="Retries of a session that failed before its first model call (an infrastructure failure). A "
+        "session that failed after a model call is not retried: it is sealed fail-closed, as the policy's outcome.")
     suspend: bool = Field(default=False, description="Stop creating sessions and delete running ones (Kueue-compatible).")
     ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="Delete the job and its children this long after it finishes."

@@ -1,0 +1,46 @@
+"""`python -m tracefleet.runner.pod seal|evaluate`: the programs of the sealer and evaluator Jobs the
+operator creates (same image). Configuration comes from the environment the operator's child builders
+set; bucket credentials come from the job's Secret as AWS_* variables (tracefleet.bucket reads them).
+The harness pod's program is `tracefleet run --in-pod` (tracefleet.runner.pod.harness).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tracefleet.bucket import open_bucket
+from tracefleet.podenv import EvaluatorEnv, PodEnvError, SealerEnv
+
+from .evaluate import evaluate, evaluate_session
+from .seal import seal
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in ("seal", "evaluate"):
+        print(__doc__)
+        return 2
+    code = 0
+    try:
+        if argv[0] == "seal":
+            sealer = SealerEnv.from_env()
+            out = seal(open_bucket(sealer.bucket), sealer.job, sealer.batch_seq, sealer.planned_sessions(), sealer.builder)
+        else:
+            env = EvaluatorEnv.from_env()
+            bucket = open_bucket(env.bucket)
+            if env.has_task:
+                out, code = evaluate_session(bucket, env)
+            elif env.command:
+                out = evaluate(bucket, env.job, env.session, env.command, env.timeout_s)
+            else:
+                raise PodEnvError("the evaluator Job has neither a task nor a command")
+    except PodEnvError as exc:
+        print(f"tracefleet pod {argv[0]}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    print(json.dumps(out, default=str), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

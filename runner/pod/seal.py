@@ -1,0 +1,63 @@
+"""The sealer Job's program: seal whole groups of finished sessions as one batch.
+
+`python -m tracefleet.runner.pod seal`. The operator names the sessions (with their tasks and samples,
+tracefleet.api.semantics.encode_sessions) and the batch's job seq; each session's rows are built from
+what its pods uploaded (capture log, the harness's result.json, the evaluator's reward.json) with the
+same function local mode uses (tracefleet.runner.tracing.session_traces), failed sessions fail-closed,
+and sealed with batch_id k8s-<seq>: a rerun of the Job finds the same batch instead of sealing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tracefleet import layout
+from tracefleet.api.semantics import PlannedSession
+from tracefleet.bucket import Bucket, ObjectNotFound
+from tracefleet.operator.bucketio import batch_id_for
+from tracefleet.runner.tracing import SessionOutcome, session_traces
+
+
+def _json_object(bucket: Bucket, key: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(bucket.get(key))
+    except ObjectNotFound:
+        return None
+
+
+def session_outcome(bucket: Bucket, job: str, planned: PlannedSession) -> SessionOutcome:
+    """What the pods left about one session: the harness's result.json (status, stage) and the evaluator's
+    reward.json. Without a result.json, a session that was judged had a harness pod that succeeded (the
+    operator judges no other); one that was not judged did not complete (fail-closed)."""
+    reward = _json_object(bucket, layout.reward_key(job, planned.index))
+    harness = (_json_object(bucket, layout.artifacts_prefix(job, planned.index) + layout.RESULT)
+               or {"status": "completed" if reward else "error"})
+    r = reward or {"status": "missing"}
+    status = r.get("status") if r.get("status") in ("ok", "error", "timeout", "missing") else "error"
+    return SessionOutcome(
+        job=job, session_id=f"{job}-s{planned.index}", task_id=planned.task_id, group_id=planned.group_id,
+        sample_index=planned.sample_index, status=harness.get("status") or "error", stage=harness.get("stage"),
+        reward=r.get("reward"), evaluator_status=status, harness=harness.get("harness"), model=harness.get("model"),
+        extra={"session_status": harness.get("status"), "session_stage": harness.get("stage"),
+               "session_error": harness.get("error"), "harness_exit_code": harness.get("harness_exit_code")},
+    )
+
+def seal(bucket: Bucket, job: str, seq: int, sessions: list[PlannedSession], builder: str = "prefix-merge") -> dict[str, Any]:
+    """Seal `sessions` (whole groups) as batch k8s-<seq>: every session gives its rows, failed ones
+    fail-closed (tracefleet.api.semantics)."""
+    from tracefleet.traces.seal import Sealer
+
+    traces: list[Any] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for planned in sessions:
+            path: Path | None = Path(tmp) / f"{job}-s{planned.index}.jsonl"
+            try:
+                path.write_bytes(bucket.get(layout.capture_key(job, planned.index)))
+            except ObjectNotFound:
+                path = None  # no capture: the session's row says so (fail closed)
+            traces += session_traces(path, session_outcome(bucket, job, planned), builder).traces
+        manifest = Sealer(bucket, job, spool=tmp).seal(traces, batch_id=batch_id_for(seq))
+    return manifest.model_dump(mode="json")

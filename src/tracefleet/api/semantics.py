@@ -1,0 +1,159 @@
+"""What a RolloutJob means: one definition for both drivers (`tracefleet run` and the operator).
+
+Pure: no I/O, no clocks, no cluster. `tracefleet.runner.local` and `tracefleet.operator` (reconcile,
+sessions, the sealer Job) call these functions; neither writes its own version of the rules.
+
+Sessions and groups
+    A job runs `samplesPerTask` sessions per task. Session `index` (job-wide, dense) is
+    `task_index * samplesPerTask + sample_index`; the task's sessions form one GRPO group whose
+    `group_id` is `<job>/<task id>`. Every trace carries `task_id`, `group_id` and `sample_index`.
+
+Retries (`maxRetries`)
+    A failed session is run again (up to `maxRetries` more times) only if it failed before its first
+    model call: then nothing the policy did is in it (a workspace that could not be prepared, a proxy
+    that was not reachable, a harness that crashed on start) and a rerun is an unbiased replacement.
+    Once a model call was made, the failure is the policy's outcome and is data: retrying it until it
+    succeeds would hide failures from the group and bias GRPO toward lucky samples. A session that was
+    stopped (Ctrl-C, suspend) is neither failed nor retried: it is simply run again later.
+
+Failed, timed-out and fail-closed sessions
+    Every session that finished — completed, failed after its retries, timed out — is sealed, so a
+    task's group stays whole. A session that did not complete is fail-closed: its traces carry
+    `outcome="fail_closed"`, the reason `session_<status>:<stage>` (for example
+    `session_timeout:harness`) beside the capture and evaluator reasons, and a reward of at most 0.
+    A session without a single trainable call (it failed before a model call, or its only call broke
+    off) is sealed as one row without tokens: it counts in its group's statistics and trains nothing.
+
+Batching (`output.tracesPerBatch`)
+    A batch holds whole groups, so the GRPO statistics a trainer computes per batch see every sample
+    of a task. The batch size is counted in sessions (rollouts; one session is one trace row unless
+    prefix-merge splits it at a compaction or sub-agent): a batch is sealed as soon as the groups in it
+    hold at least `tracesPerBatch` sessions, that is `ceil(tracesPerBatch / samplesPerTask)` groups; the
+    last batch holds what is left. Which groups share a batch follows the order they finish in; how
+    many batches a job has does not.
+
+Auxiliary calls
+    Calls a harness makes beside the agent's conversation (OpenCode's title generation, a summary the
+    harness asks for) start their own trace, labelled `new_root_reason="auxiliary"`. They are sealed
+    with the session's reward like any trace of the session (their tokens were sampled by the same
+    policy in the same session; GRPO gives every row of a session the session's advantage and counts
+    the session once), and a trainer that wants to leave them out filters on that label.
+
+Presets
+    A harness without a preset runs its `command` (preset `command`); an evaluator preset maps to the
+    runner's evaluator type (`hook` is the runner's `python` evaluator), and no preset means `command`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+# ---------------------------------------------------------------- presets
+
+DEFAULT_PRESET = "command"  # harness and evaluator alike: no preset means "run the command"
+
+# RolloutJob evaluator presets -> the runner's evaluator types.
+EVALUATOR_TYPES = {"tests": "tests", "hook": "python", "command": "command"}
+
+
+def harness_preset(preset: str | None) -> str:
+    """The preset a harness runs: its own, or `command`."""
+    return preset or DEFAULT_PRESET
+
+
+def evaluator_type(preset: str | None) -> str:
+    """The runner's evaluator type for a RolloutJob evaluator preset (None: `command`)."""
+    key = preset or DEFAULT_PRESET
+    if key not in EVALUATOR_TYPES:
+        raise ValueError(f"evaluator preset {key!r}: expected one of {', '.join(EVALUATOR_TYPES)}")
+    return EVALUATOR_TYPES[key]
+
+
+# ---------------------------------------------------------------- the session plan
+
+
+def group_id(job: str, task_id: str) -> str:
+    """The GRPO group of a task's samples."""
+    return f"{job}/{task_id}"
+
+
+def session_index(task_index: int, sample_index: int, samples_per_task: int) -> int:
+    return task_index * samples_per_task + sample_index
+
+
+def task_and_sample(index: int, samples_per_task: int) -> tuple[int, int]:
+    """(task index, sample index) of a job-wide session index."""
+    return divmod(index, samples_per_task)
+
+
+@dataclass(frozen=True)
+class PlannedSession:
+    index: int  # job-wide session number
+    task_index: int
+    task_id: str
+    sample_index: int
+    group_id: str
+
+
+def session_plan(job: str, task_ids: Sequence[str], samples_per_task: int) -> list[PlannedSession]:
+    """Every session of the job, in index order."""
+    return [
+        PlannedSession(session_index(t, s, samples_per_task), t, task_id, s, group_id(job, task_id))
+        for t, task_id in enumerate(task_ids)
+        for s in range(samples_per_task)
+    ]
+
+
+def encode_sessions(sessions: Iterable[PlannedSession]) -> str:
+    """The wire form of planned sessions (the operator tells a sealer Job which sessions it seals)."""
+    return json.dumps([[p.index, p.task_index, p.task_id, p.sample_index] for p in sessions], separators=(",", ":"))
+
+
+def decode_sessions(job: str, text: str) -> list[PlannedSession]:
+    return [PlannedSession(int(i), int(t), str(task_id), int(s), group_id(job, str(task_id))) for i, t, task_id, s in json.loads(text)]
+
+
+# ---------------------------------------------------------------- retries
+
+
+def should_retry(*, model_calls: int, retries_done: int, max_retries: int) -> bool:
+    """Whether a failed (not stopped) session runs again: only if it failed before its first model call."""
+    return model_calls == 0 and retries_done < max_retries
+
+
+# ---------------------------------------------------------------- failed sessions
+
+COMPLETED = "completed"
+
+
+def session_failure_reason(status: str, stage: str | None) -> str | None:
+    """The fail-closed reason a session that did not complete carries (None for a completed one)."""
+    if status == COMPLETED or stage == "evaluate":
+        return None  # a judging that failed is the evaluator's reason (evaluator_<status>), not the session's
+    return f"session_{status}:{stage or 'unknown'}"
+
+
+# ---------------------------------------------------------------- batching
+
+
+def groups_per_batch(traces_per_batch: int, samples_per_task: int) -> int:
+    """Whole groups per batch: the fewest that hold at least `tracesPerBatch` sessions."""
+    return max(1, math.ceil(traces_per_batch / max(1, samples_per_task)))
+
+
+def batch_count(task_count: int, traces_per_batch: int, samples_per_task: int) -> int:
+    """Batches a job that runs to the end seals."""
+    return math.ceil(task_count / groups_per_batch(traces_per_batch, samples_per_task))
+
+
+def next_batches(ready_groups: Iterable[int], per_batch: int, *, final: bool) -> list[list[int]]:
+    """Cut finished, unsealed groups (in the order given) into batches of `per_batch` groups; the
+    remainder waits for more groups unless this is the end of the job (`final`)."""
+    ready = list(ready_groups)
+    out = [ready[i : i + per_batch] for i in range(0, len(ready), per_batch)]
+    if out and len(out[-1]) < per_batch and not final:
+        out.pop()
+    return out

@@ -1,0 +1,356 @@
+"""Driver conformance (design invariant 6): one RolloutJob run by `tracefleet run` and by the operator on
+the test cluster gives a trainer the same batches (tracefleet.api.semantics).
+
+Real parts: the control plane + KWOK, SeaweedFS, the scripted engine, the operator as a subprocess.
+KWOK cannot run code, so the test plays the kubelet for the pods the operator creates, with the pods'
+own containers as the operator built them (tests/fixtures/pods.py): each harness pod (proxy sidecar +
+`tracefleet run --in-pod`, uploading to S3), then the pod's phase as its exit code says; each
+evaluator Job and sealer Job with its own environment.
+
+The job: 3 tasks × 3 samples, a deterministic harness whose rewards differ within each group, one
+session that fails after its model call (not retried: its failure is data), one that fails before its
+first model call (retried), one whose evaluator errors (fail-closed). A sampling engine gives each
+sample of a task a different answer, and which sample index gets which answer depends on scheduling;
+here the harness draws its behaviour from a per-task counter for the same reason. So rows are compared
+per group as multisets, and every column a trainer reads must agree except:
+
+- `session_id`, `trace_id`: local ids carry a per-run suffix (a rerun never appends to an earlier
+  capture log); cluster ids are the session index.
+- `sample_index` ↔ row content: which draw a sample index got (see above); the set of sample indices
+  of each group is compared.
+- `metadata_json` (timings, wall-clock, reconstruction stats with call ids) and span `call_id`s
+  (random per call).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from kubernetes import client
+
+from fixtures.controlplane import free_port
+from fixtures.pods import Kubelet, run_job_container, run_pod
+from tracefleet.api import semantics
+from tracefleet.bucket import open_bucket
+from tracefleet.operator import names as n
+from tracefleet.traces.reader import BatchReader
+
+REPO = Path(__file__).resolve().parents[2]
+CALC = REPO / "examples" / "quickstart" / "tasks" / "calc"
+JOB = "conform"
+TASKS, SAMPLES, PER_BATCH = 3, 3, 4  # 2 groups per batch: 2 batches
+
+# What the k-th start of each task's harness does: a reward for the evaluator, or a failure.
+DRAWS = {
+    "t0": ["1", "0", "0.5"],
+    "t1": ["1", "0", "fail-after-call"],
+    "t2": ["fail-before-call", "1", "0", "evaluator-error"],
+}
+
+HARNESS = textwrap.dedent(
+    """
+    import fcntl, json, os, sys, urllib.request
+    counters, task = sys.argv[1], sys.argv[2]
+    with open(os.path.join(counters, task), "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        k = len(f.read())
+        f.write("x")
+    draw = json.loads(os.environ["CONFORM_DRAWS"])[task][k]
+    if draw == "fail-before-call":
+        sys.exit(4)
+    req = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps({"model": os.environ["OPENAI_MODEL"], "max_tokens": 8,
+                         "messages": [{"role": "user", "content": f"{task}: draw {k}"}]}).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
+    )
+    json.load(urllib.request.urlopen(req, timeout=60))
+    if draw == "fail-after-call":
+        sys.exit(3)
+    open("answer.txt", "w").write(draw)
+    """
+)
+EVALUATOR = textwrap.dedent(
+    """
+    import json
+    draw = open("answer.txt").read().strip()
+    print(json.dumps({"reward": "nan" if draw == "evaluator-error" else float(draw)}))
+    """
+)
+
+
+def manifest(engine: Any, tmp: Path, output: str, ns: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": JOB, **({"namespace": ns} if ns else {})}
+    return {
+        "apiVersion": "tracefleet.io/v1alpha1",
+        "kind": "RolloutJob",
+        "metadata": meta,
+        "spec": {
+            "inference": {"external": {"baseUrl": engine.url, "model": engine.model}, "capture": {"mode": "server"}},
+            "harness": {"preset": "command", "image": "reg.local/tracefleet:test",
+                        "command": ["python", str(tmp / "harness.py"), str(tmp / "counters"), "{prompt}"],
+                        "env": {"CONFORM_DRAWS": json.dumps(DRAWS)}, "sessionTimeoutSeconds": 120},
+            "tasks": {"inline": [{"id": f"t{i}", "prompt": f"t{i}", "workspace": {"repo": str(CALC)}} for i in range(TASKS)],
+                      "samplesPerTask": SAMPLES},
+            "evaluator": {"preset": "command", "command": ["python", str(tmp / "evaluate.py")], "timeoutSeconds": 60},
+            "output": {"uri": output, "credentialsSecretRef": {"name": "bucket-creds"}, "tracesPerBatch": PER_BATCH},
+            "parallelism": 3,
+            "maxRetries": 2,
+        },
+    }
+
+
+def reset_counters(tmp: Path) -> None:
+    counters = tmp / "counters"
+    counters.mkdir(exist_ok=True)
+    for f in counters.iterdir():
+        f.unlink()
+
+
+def starts(tmp: Path) -> dict[str, int]:
+    """How often each task's harness started: sessions plus retries."""
+    return {f.name: len(f.read_text()) for f in sorted((tmp / "counters").iterdir())}
+
+
+# ---------------------------------------------------------------- what a trainer reads
+
+COMPARED = ("task_id", "group_id", "job", "harness", "model", "builder", "reward", "evaluator_reward", "outcome",
+            "fail_closed_reasons", "finish_reasons", "num_tokens", "num_trainable", "tokens", "loss_mask", "logprobs")
+
+
+def read_batches(reader: BatchReader) -> list[dict[str, Any]]:
+    out = []
+    for seq in reader.seqs():
+        batch = reader.read(seq)
+        rows = batch.table.drop_columns(["metadata_json"]).to_pylist()
+        for row, adv in zip(rows, batch.advantages(), strict=True):
+            row["advantage"] = round(float(adv), 5)
+            row["spans"] = [{k: v for k, v in s.items() if k != "call_id"} for s in row["spans"]]
+        out.append({"seq": seq, "rows": rows})
+    return out
+
+
+def by_group(batches: list[dict[str, Any]]) -> dict[str, list[tuple]]:
+    groups: dict[str, list[tuple]] = {}
+    for b in batches:
+        for r in b["rows"]:
+            key = tuple(json.dumps(r[c], sort_keys=True) for c in (*COMPARED, "spans", "advantage"))
+            groups.setdefault(r["group_id"], []).append(key)
+    return {g: sorted(rows) for g, rows in groups.items()}
+
+
+def assert_whole_groups(batches: list[dict[str, Any]]) -> None:
+    seen: dict[str, int] = {}
+    for b in batches:
+        samples: dict[str, set[int]] = {}
+        for r in b["rows"]:
+            samples.setdefault(r["group_id"], set()).add(r["sample_index"])
+        for g, s in samples.items():
+            assert s == set(range(SAMPLES)), f"batch {b['seq']}: group {g} has samples {s}"
+            assert g not in seen, f"group {g} in batches {seen[g]} and {b['seq']}"
+            seen[g] = b["seq"]
+    assert sorted(seen) == [f"{JOB}/t{i}" for i in range(TASKS)]
+
+
+def assert_expected_semantics(batches: list[dict[str, Any]]) -> None:
+    """What the job must mean, whichever driver ran it."""
+    assert len(batches) == semantics.batch_count(TASKS, PER_BATCH, SAMPLES) == 2
+    assert_whole_groups(batches)
+    rows = [r for b in batches for r in b["rows"]]
+    assert len(rows) == TASKS * SAMPLES
+    summary = Counter((r["task_id"], r["reward"], r["outcome"], tuple(r["fail_closed_reasons"])) for r in rows)
+    assert summary == Counter({
+        ("t0", 1.0, "ok", ()): 1, ("t0", 0.0, "ok", ()): 1, ("t0", 0.5, "ok", ()): 1,
+        ("t1", 1.0, "ok", ()): 1, ("t1", 0.0, "ok", ()): 1,
+        ("t1", 0.0, "fail_closed", ("session_error:harness", "evaluator_missing")): 1,  # failed after its call
+        ("t2", 1.0, "ok", ()): 1, ("t2", 0.0, "ok", ()): 1,
+        ("t2", 0.0, "fail_closed", ("evaluator_error",)): 1,
+    }), summary
+    assert all(r["num_trainable"] > 0 for r in rows)  # every sealed session made its model call
+    for g in {r["group_id"] for r in rows}:
+        adv = [r["advantage"] for r in rows if r["group_id"] == g]
+        assert any(a > 0 for a in adv) and any(a < 0 for a in adv), (g, adv)
+        assert abs(sum(adv)) < 1e-3
+
+
+# ---------------------------------------------------------------- the cluster side
+
+
+def sanitize(api: client.ApiClient, obj: Any) -> dict[str, Any]:
+    return api.sanitize_for_serialization(obj)
+
+
+def set_pod_finished(core: client.CoreV1Api, ns: str, name: str, exit_code: int) -> None:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    phase = "Succeeded" if exit_code == 0 else "Failed"
+    statuses = [{"name": "harness", "image": "reg.local/tracefleet:test", "imageID": "", "ready": False, "restartCount": 0,
+                 "state": {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                                          "startedAt": now, "finishedAt": now}}}]
+    core.patch_namespaced_pod_status(name, ns, {"status": {"phase": phase, "containerStatuses": statuses}})
+
+
+class PlayedCluster:
+    """Plays the kubelet for one RolloutJob's pods, with the pods' own containers."""
+
+    def __init__(self, kube: Any, ns: str, secrets: dict[str, dict[str, str]], root: Path) -> None:
+        self.api = kube.api_client()
+        self.core, self.batch = client.CoreV1Api(self.api), client.BatchV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.ns, self.secrets, self.root = ns, secrets, root
+        self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="pod")
+        self.pods: dict[str, Future[None]] = {}
+        self.done_jobs: set[str] = set()
+
+    def status(self) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(n.GROUP, n.VERSION, self.ns, n.PLURAL, JOB).get("status") or {}
+
+    def _run_pod(self, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        kubelet = Kubelet(self.root / name, self.secrets, pod["spec"]["volumes"])
+        harness, proxy_rc, out = run_pod(pod, kubelet, timeout_s=180)
+        assert proxy_rc == 0 and "uploaded" in out, out
+        set_pod_finished(self.core, self.ns, name, harness.returncode)
+
+    def _run_jobs(self, component: str) -> None:
+        for job in self.batch.list_namespaced_job(self.ns, label_selector=n.job_selector(JOB, component)).items:
+            if job.metadata.name in self.done_jobs:
+                continue
+            body = sanitize(self.api, job)
+            done = run_job_container(body, Kubelet(self.root / job.metadata.name, self.secrets, []), self.root)
+            assert done.returncode == 0, done.stdout + done.stderr
+            self.done_jobs.add(job.metadata.name)
+
+    def step(self) -> None:
+        for pod in self.core.list_namespaced_pod(self.ns, label_selector=n.job_selector(JOB, n.COMPONENT_HARNESS)).items:
+            if pod.status.phase == "Running" and pod.metadata.name not in self.pods:
+                self.pods[pod.metadata.name] = self.pool.submit(self._run_pod, sanitize(self.api, pod))
+        for fut in self.pods.values():
+            if fut.done():
+                fut.result()  # a pod the test could not play fails the test here
+        self._run_jobs(n.COMPONENT_EVALUATOR)
+        # A sealer Job exists only once its sessions' evaluator Jobs completed: those are listed (and
+        # played) again first, so every reward.json is written before the sealer reads it.
+        if self.batch.list_namespaced_job(self.ns, label_selector=n.job_selector(JOB, n.COMPONENT_SEALER)).items:
+            self._run_jobs(n.COMPONENT_EVALUATOR)
+            self._run_jobs(n.COMPONENT_SEALER)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture
+def operator(kube: Any, tmp_path: Path) -> Any:
+    """The operator as a subprocess with the admin kubeconfig, watching only the test's namespace."""
+    ns = f"conform-{os.getpid()}"
+    r = kube.kubectl("apply", "-f", str(REPO / "crds"))
+    assert r.returncode == 0, r.stderr
+    assert kube.kubectl("create", "namespace", ns).returncode == 0
+    log = tmp_path / "operator.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tracefleet.operator", "--namespace", ns, "--interval", "0.5", "--retry-backoff", "1",
+             "--metrics-port", "0", "--liveness-port", str(free_port()), "--bind-address", "127.0.0.1",
+             "--proxy-image", "reg.local/tracefleet:test", "--evaluator-image", "reg.local/tracefleet:test"],
+            env={**os.environ, "KUBECONFIG": str(kube.kubeconfig)}, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield ns, log
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(30)
+        kube.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: Any, scripted_engine: Any, operator: Any,
+                                                               tmp_path: Path) -> None:
+    ns, operator_log = operator
+    (tmp_path / "harness.py").write_text(HARNESS)
+    (tmp_path / "evaluate.py").write_text(EVALUATOR)
+    bucket_name = s3.create_bucket()
+    creds = {**s3.env(), "AWS_DEFAULT_REGION": s3.region}
+
+    # ---- tracefleet run
+    reset_counters(tmp_path)
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(manifest(scripted_engine, tmp_path, f"s3://{bucket_name}/local")))
+    started = time.monotonic()
+    local = subprocess.run([sys.executable, "-m", "tracefleet.cli", "run", str(job_file), "--work-dir", str(tmp_path / "work")],
+                           capture_output=True, text=True, timeout=400, cwd=tmp_path,
+                           env={**os.environ, **creds, "TRACEFLEET_SPOOL": str(tmp_path / "spool")})
+    local_s = time.monotonic() - started
+    assert local.returncode == 0, local.stdout + local.stderr
+    local_starts = starts(tmp_path)
+    assert "retry 1/2" in local.stderr, local.stderr  # the failure before the model call was retried
+
+    # ---- the operator on the cluster, through the real pod data path
+    reset_counters(tmp_path)
+    core = client.CoreV1Api(kube.api_client())
+    core.create_namespaced_secret(ns, {"metadata": {"name": "bucket-creds"}, "stringData": creds})
+    body = manifest(scripted_engine, tmp_path, f"s3://{bucket_name}/cluster", ns)
+    client.CustomObjectsApi(kube.api_client()).create_namespaced_custom_object(n.GROUP, n.VERSION, ns, n.PLURAL, body)
+
+    # a trainer follows the cluster's batches while the job runs
+    cluster_reader = BatchReader(f"s3://{bucket_name}/cluster", JOB, consumer="trainer", **s3.bucket_options())
+    trained: list[dict[str, Any]] = []
+
+    def trainer() -> None:
+        for batch in cluster_reader.follow(poll_s=0.5, timeout_s=300):
+            t = batch.tensors()
+            trained.append({"groups": set(batch.table.column("group_id").to_pylist()),
+                            "advantages": t["sequence_advantages"].numpy().copy(), "loss_tokens": float(t["loss_mask"].sum())})
+            cluster_reader.commit(batch)
+            if len(trained) == semantics.batch_count(TASKS, PER_BATCH, SAMPLES):
+                return
+
+    follower = threading.Thread(target=trainer, daemon=True)
+    follower.start()
+    played = PlayedCluster(kube, ns, {"bucket-creds": creds}, tmp_path / "pods")
+    started = time.monotonic()
+    try:
+        deadline = time.monotonic() + 400
+        while played.status().get("phase") not in ("Succeeded", "Failed"):
+            assert time.monotonic() < deadline, f"{json.dumps(played.status())[:1500]}\n{operator_log.read_text()[-4000:]}"
+            played.step()
+            time.sleep(0.3)
+    finally:
+        played.close()
+    cluster_s = time.monotonic() - started
+    follower.join(60)
+    status = played.status()
+    assert status["phase"] == "Succeeded", status
+    print(f"local run {local_s:.1f} s, cluster run {cluster_s:.1f} s")
+
+    # maxRetries, the same in both drivers: the failure before the first model call ran again (t2: one more
+    # start), the failure after it did not (t1: three starts)
+    assert starts(tmp_path) == local_starts == {"t0": 3, "t1": 3, "t2": 4}
+    pods = core.list_namespaced_pod(ns, label_selector=n.job_selector(JOB, n.COMPONENT_HARNESS)).items
+    attempts = Counter(int(p.metadata.labels[n.LABEL_ATTEMPT]) for p in pods)
+    assert attempts == {0: 9, 1: 1}, attempts
+
+    # ---- what a trainer reads from either bucket
+    local_batches = read_batches(BatchReader(f"s3://{bucket_name}/local", JOB, **s3.bucket_options()))
+    cluster_batches = read_batches(BatchReader(f"s3://{bucket_name}/cluster", JOB, **s3.bucket_options()))
+    assert_expected_semantics(local_batches)
+    assert_expected_semantics(cluster_batches)
+    assert by_group(cluster_batches) == by_group(local_batches)
+    assert sorted(len(b["rows"]) for b in cluster_batches) == sorted(len(b["rows"]) for b in local_batches) == [3, 6]
+
+    # the cluster's batches as a trainer consumed them: whole groups, GRPO advantages that are not all zero
+    assert len(trained) == 2 and sorted(len(t["groups"]) for t in trained) == [1, 2]
+    assert set().union(*(t["groups"] for t in trained)) == {f"{JOB}/t{i}" for i in range(TASKS)}
+    assert all(np.abs(t["advantages"]).max() > 0.5 and t["loss_tokens"] > 0 for t in trained)
