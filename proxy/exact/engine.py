@@ -24,7 +24,8 @@ from tracefleet.formats.parsers import make_parser
 from ..canonical import Conversation
 from ..engine_client import EngineClient
 from ..errors import ProxyError
-from ..token_engine import CallState, Event, ServedModelName, record_tool_call
+from ..token_engine import (FALLBACK_MAX_TOKENS, SAMPLING_KEYS, CallState, Event, ServedModelName, canonical_finish,
+                            clamp_max_tokens, context_overflow, record_tool_call, sampling_record)
 from .render import render_conversation
 from .splice import SessionSplicer
 
@@ -41,6 +42,8 @@ class ExactTokenEngine(ServedModelName):
                  max_sessions: int = 4096, verify_full: bool = False) -> None:
         self.verify_full = verify_full
         self.client = client
+        # vLLM's prefix-cache salt: KV computed under one policy version is never reused under another
+        self.cache_salt: str | None = None
         self.fmt = fmt
         self._model = served_model
         self.sessions: OrderedDict[str, SessionSplicer] = OrderedDict()
@@ -67,17 +70,30 @@ class ExactTokenEngine(ServedModelName):
     async def count_tokens(self, conv: Conversation) -> int:
         return len(self.fmt.encode(render_conversation(self.fmt, conv).text))
 
-    def _body(self, conv: Conversation, model: str, prompt_ids: list[int]) -> dict[str, Any]:
+    def _body(self, conv: Conversation, model: str, prompt_ids: list[int], max_model_len: int | None) -> dict[str, Any]:
         s = conv.sampling
+        max_tokens = clamp_max_tokens(s.max_tokens, len(prompt_ids), max_model_len)
         body: dict[str, Any] = {
-            "model": model, "prompt": prompt_ids, "max_tokens": s.max_tokens, "return_token_ids": True,
+            "model": model, "prompt": prompt_ids, "return_token_ids": True,
+            # never null: vLLM 0.11-0.20 answers a null with an empty 400, >= 0.24 stops at 16 tokens
+            "max_tokens": FALLBACK_MAX_TOKENS if max_tokens is None else max_tokens,
             "logprobs": 0, "stream": True, "stream_options": {"include_usage": True},
+            # keep tags a model marks special (<tool_call>, <think>) in the text the parser reads, as vLLM's
+            # own tool/reasoning parsers do; the parser drops the end-of-turn text itself
+            "skip_special_tokens": False,
         }
-        for key in ("temperature", "top_p", "top_k", "seed"):
+        eot = self.fmt.end_of_turn_id
+        if eot is not None:
+            # the splicer relies on a turn ending at the family's end-of-turn id, which vLLM stops on only when
+            # generation_config.json lists it (not under --generation-config vllm, e.g. Gemma 3's <end_of_turn>)
+            body["stop_token_ids"] = [eot]
+        for key in (*SAMPLING_KEYS, "seed"):
             if getattr(s, key) is not None:
                 body[key] = getattr(s, key)
         if s.stop:
             body["stop"] = s.stop
+        if self.cache_salt is not None:
+            body["cache_salt"] = self.cache_salt
         return body
 
     async def generate(self, conv: Conversation, state: CallState) -> AsyncIterator[Event]:
@@ -93,7 +109,11 @@ class ExactTokenEngine(ServedModelName):
         state.prompt_ids = plan.prompt_ids
         model = await self.served_model()
         state.engine_model = model
-        body = self._body(conv, model, plan.prompt_ids)
+        limit = await self.max_model_len()
+        if limit is not None and len(plan.prompt_ids) >= limit:
+            raise context_overflow(len(plan.prompt_ids), limit)
+        body = self._body(conv, model, plan.prompt_ids, limit)
+        state.sampling = sampling_record(conv)
         kinds = {t.name: t.kind for t in conv.tools}
         parser = make_parser(self.fmt.parser_name, plan.rendered.tools, prompt_text=plan.rendered.tail)
         state.engine_sent_at = time.time()
@@ -123,16 +143,14 @@ class ExactTokenEngine(ServedModelName):
                     for ev in self._events(parser.feed(text), kinds, state):
                         yield ev
                 if choice.get("finish_reason"):
-                    finish = choice["finish_reason"]
+                    finish = state.finish_reason = choice["finish_reason"]
+        outcome = canonical_finish(finish)  # aborted: an error, and the cut turn is never spliced
         for ev in self._events(parser.finish(), kinds, state):
             yield ev
         state.tool_parse_errors.extend(parser.errors)
         if parser.errors:
             self.stats["parse_failures"] += 1
-        if state.tool_calls:
-            state.finish_reason = "tool_calls"
-        else:
-            state.finish_reason = "length" if finish == "length" else "stop"
+        state.finish_reason = "tool_calls" if state.tool_calls else outcome
         state.settle_usage()
         out_calls = [(tc.name, tc.arguments if tc.kind == "function" else orjson.dumps({"input": tc.arguments}).decode())
                      for tc in state.tool_calls]
