@@ -120,6 +120,7 @@ class ExactTokenEngine(ServedModelName):
         started = False
         finish: str | None = None
         raw: list[str] = []
+        eot_text = self.fmt.family.end_of_turn
         async for chunk in self.client.completions_stream(body):
             if not started:
                 started = True
@@ -138,6 +139,8 @@ class ExactTokenEngine(ServedModelName):
                 if lp and lp.get("token_logprobs"):
                     state.logprobs.extend(float(x) for x in lp["token_logprobs"])
                 text = choice.get("text") or ""
+                if eot_text in text:  # skip_special_tokens is off: the stop token's text is layout, not output
+                    text = text.replace(eot_text, "")
                 if text:
                     raw.append(text)
                     for ev in self._events(parser.feed(text), kinds, state):

@@ -18,6 +18,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from tracefleet.capture import read_capture_log
+from tracefleet.formats.families import load_model_format
+from tracefleet.proxy.exact.engine import ExactTokenEngine
 from tracefleet.proxy.canonical import Conversation, Message, Part, Sampling
 from tracefleet.proxy.engine_client import EngineClient, unsupported_engine_version
 from tracefleet.proxy.errors import ProxyError
@@ -48,6 +50,7 @@ class VllmShapedEngine:
         app.add_api_route("/version", self.get_version, methods=["GET"])
         app.add_api_route("/tokenize", self.tokenize, methods=["POST"])
         app.add_api_route("/v1/chat/completions", self.chat, methods=["POST"])
+        app.add_api_route("/v1/completions", self.completions, methods=["POST"])
         self.app = app
 
     async def _keep(self, request: Request) -> dict[str, Any]:
@@ -99,6 +102,26 @@ class VllmShapedEngine:
         data = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
         return Response(data, media_type="text/event-stream")
 
+    async def completions(self, request: Request) -> Response:
+        """/v1/completions streamed with a token-id prompt (exact mode's route): the ids of "hi" and the
+        end-of-turn id, as vLLM stops on it."""
+        body = await self._keep(request)
+        eot = (body.get("stop_token_ids") or [0])[0]
+        steps = [([5], "h", -0.5), ([6], "i", -0.25), ([eot], "", -0.1)]
+        chunks = []
+        for i, (tids, text, lp) in enumerate(steps):
+            choice: dict[str, Any] = {"index": 0, "text": text, "token_ids": tids,
+                                      "logprobs": {"tokens": [text], "token_logprobs": [lp], "top_logprobs": [{}],
+                                                   "text_offset": [0]},
+                                      "finish_reason": self.finish if i == len(steps) - 1 else None}
+            if i == 0:
+                choice["prompt_token_ids"] = body["prompt"]
+            chunks.append({"id": "c", "object": "text_completion", "choices": [choice]})
+        chunks.append({"id": "c", "choices": [], "usage": {"prompt_tokens": len(body["prompt"]),
+                                                           "completion_tokens": len(steps)}})
+        data = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+        return Response(data, media_type="text/event-stream")
+
     def bodies(self, path: str) -> list[dict[str, Any]]:
         return [body for p, body, _ in self.requests if p == path]
 
@@ -116,8 +139,8 @@ def _conv(stream: bool, **sampling: Any) -> Conversation:
                         sampling=Sampling(**sampling))
 
 
-async def _generate(url: str, conv: Conversation, **client: Any) -> CallState:
-    engine = ServerTokenEngine(EngineClient(url, **client))
+async def _generate(url: str, conv: Conversation, exact: Any = None, **client: Any) -> CallState:
+    engine = exact or ServerTokenEngine(EngineClient(url, **client))
     state = CallState(call_id="c1", session_id="s", dialect="openai_chat", stream=conv.stream, received_at=0.0)
     try:
         async for _ in engine.generate(conv, state):
@@ -256,3 +279,40 @@ def test_abort_reaches_the_harness_as_a_retryable_error_and_the_record_is_no_fin
     (log,) = proxy.capture_dir.glob("*.jsonl")
     records = read_capture_log(log).records
     assert [(rec.status, rec.error.kind if rec.error else None) for rec in records] == [("partial", "engine_aborted")] * 2
+
+
+def test_exact_mode_sends_no_null_max_tokens_and_stops_on_the_end_of_turn(vllm_shaped: Any) -> None:
+    engine, served = vllm_shaped
+    fmt = load_model_format("smollm2")
+    exact = ExactTokenEngine(EngineClient(served.url), fmt)
+    state = asyncio.run(_generate(served.url, _conv(True), exact))
+    assert state.error is None and state.output_text == "hi" and state.finish_reason == "stop"
+    (body,) = engine.bodies("/v1/completions")
+    # no max_tokens from the harness: all the room the context leaves (vLLM would otherwise 400 or stop at 16)
+    assert body["max_tokens"] == MAX_MODEL_LEN - len(body["prompt"])
+    assert body["stop_token_ids"] == [fmt.end_of_turn_id] and body["skip_special_tokens"] is False
+    assert exact.sessions["s"].calls  # a finished turn: kept for splicing
+
+    engine.requests.clear()
+    state = asyncio.run(_generate(served.url, _conv(True, max_tokens=10_000), exact))
+    (body,) = engine.bodies("/v1/completions")
+    assert body["max_tokens"] == MAX_MODEL_LEN - len(body["prompt"])  # clamped
+
+
+def test_exact_mode_aborted_call_is_never_spliced(vllm_shaped: Any) -> None:
+    engine, served = vllm_shaped
+    engine.finish = "abort"
+    exact = ExactTokenEngine(EngineClient(served.url), load_model_format("smollm2"))
+    state = asyncio.run(_generate(served.url, _conv(True), exact))
+    assert state.error is not None and state.error.kind == "engine_aborted"
+    assert not exact.sessions["s"].calls  # the cut turn is not a history a later call may splice onto
+
+
+def test_exact_mode_prompt_that_does_not_fit_is_a_context_overflow(vllm_shaped: Any) -> None:
+    engine, served = vllm_shaped
+    exact = ExactTokenEngine(EngineClient(served.url), load_model_format("smollm2"))
+    conv = _conv(True)
+    conv.messages[0].parts[0].text = "hello " * MAX_MODEL_LEN
+    state = asyncio.run(_generate(served.url, conv, exact))
+    assert state.error is not None and state.error.kind == "context_length"
+    assert not engine.bodies("/v1/completions")
