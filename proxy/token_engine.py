@@ -237,6 +237,12 @@ def reasoning_template_kwargs(effort: str | None) -> dict[str, Any]:
     return {"reasoning_effort": effort, "enable_thinking": effort != "none"}
 
 
+def cache_salt(policy_version: int) -> str:
+    """vLLM's prefix-cache salt for a call: KV computed under one policy version's weights is never reused
+    by a call admitted under another (vLLM keys cached blocks by the salt)."""
+    return f"policy-{policy_version}"
+
+
 def clamp_max_tokens(requested: int | None, prompt_len: int, max_model_len: int | None) -> int | None:
     """The max_tokens to send: the harness's, clamped to the room the prompt leaves in the context; all of
     that room when it asked for none. None only when the room is unknown and nothing was asked for."""
@@ -303,7 +309,7 @@ class ServerTokenEngine(ServedModelName):
     def splice_info(self, call_id: str) -> SpliceInfo | None:
         return None  # the engine renders the prompt; drift is found when traces are built
 
-    async def _body(self, conv: Conversation, stream: bool) -> dict[str, Any]:
+    async def _body(self, conv: Conversation, stream: bool, policy_version: int = 0) -> dict[str, Any]:
         s = conv.sampling
         body: dict[str, Any] = {
             "model": await self.served_model(),
@@ -329,6 +335,7 @@ class ServerTokenEngine(ServedModelName):
                 body[key] = getattr(s, key)
         if s.stop:
             body["stop"] = s.stop
+        body["cache_salt"] = cache_salt(policy_version)
         kwargs = reasoning_template_kwargs(s.reasoning_effort)
         if kwargs:
             # the same template variables exact mode renders with; vLLM's own `reasoning_effort` field takes
@@ -358,7 +365,7 @@ class ServerTokenEngine(ServedModelName):
         return int(data.get("count", len(data.get("tokens", []))))
 
     async def generate(self, conv: Conversation, state: CallState) -> AsyncIterator[Event]:
-        body = await self._body(conv, conv.stream)
+        body = await self._body(conv, conv.stream, state.policy_version)
         state.engine_model = body["model"]
         state.sampling = sampling_record(conv)
         state.engine_sent_at = time.time()

@@ -25,7 +25,7 @@ from ..canonical import Conversation
 from ..engine_client import EngineClient
 from ..errors import ProxyError
 from ..token_engine import (FALLBACK_MAX_TOKENS, SAMPLING_KEYS, CallState, Event, ServedModelName, canonical_finish,
-                            clamp_max_tokens, context_overflow, record_tool_call, sampling_record)
+                            cache_salt, clamp_max_tokens, context_overflow, record_tool_call, sampling_record)
 from .render import render_conversation
 from .splice import SessionSplicer
 
@@ -42,8 +42,6 @@ class ExactTokenEngine(ServedModelName):
                  max_sessions: int = 4096, verify_full: bool = False) -> None:
         self.verify_full = verify_full
         self.client = client
-        # vLLM's prefix-cache salt: KV computed under one policy version is never reused under another
-        self.cache_salt: str | None = None
         self.fmt = fmt
         self._model = served_model
         self.sessions: OrderedDict[str, SessionSplicer] = OrderedDict()
@@ -70,7 +68,8 @@ class ExactTokenEngine(ServedModelName):
     async def count_tokens(self, conv: Conversation) -> int:
         return len(self.fmt.encode(render_conversation(self.fmt, conv).text))
 
-    def _body(self, conv: Conversation, model: str, prompt_ids: list[int], max_model_len: int | None) -> dict[str, Any]:
+    def _body(self, conv: Conversation, model: str, prompt_ids: list[int], max_model_len: int | None,
+              policy_version: int) -> dict[str, Any]:
         s = conv.sampling
         max_tokens = clamp_max_tokens(s.max_tokens, len(prompt_ids), max_model_len)
         body: dict[str, Any] = {
@@ -92,8 +91,7 @@ class ExactTokenEngine(ServedModelName):
                 body[key] = getattr(s, key)
         if s.stop:
             body["stop"] = s.stop
-        if self.cache_salt is not None:
-            body["cache_salt"] = self.cache_salt
+        body["cache_salt"] = cache_salt(policy_version)
         return body
 
     async def generate(self, conv: Conversation, state: CallState) -> AsyncIterator[Event]:
@@ -112,7 +110,7 @@ class ExactTokenEngine(ServedModelName):
         limit = await self.max_model_len()
         if limit is not None and len(plan.prompt_ids) >= limit:
             raise context_overflow(len(plan.prompt_ids), limit)
-        body = self._body(conv, model, plan.prompt_ids, limit)
+        body = self._body(conv, model, plan.prompt_ids, limit, state.policy_version)
         state.sampling = sampling_record(conv)
         kinds = {t.name: t.kind for t in conv.tools}
         parser = make_parser(self.fmt.parser_name, plan.rendered.tools, prompt_text=plan.rendered.tail)

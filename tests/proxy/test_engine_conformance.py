@@ -247,7 +247,7 @@ def test_server_mode_forwards_reasoning_effort_and_both_reasoning_fields(vllm_sh
                       Message(role="user", parts=[Part(type="text", text="again")])]
     state = asyncio.run(_generate(served.url, conv))
     (body,) = engine.bodies("/v1/chat/completions")
-    assert body["reasoning_effort"] == "low"
+    assert body["reasoning_effort"] == "low" and body["cache_salt"] == "policy-0"
     assert body["chat_template_kwargs"] == {"reasoning_effort": "low", "enable_thinking": True}
     assert body["messages"][1]["reasoning"] == body["messages"][1]["reasoning_content"] == "thought"
     assert state.sampling == {"temperature": {"value": 0.7, "source": "request"},
