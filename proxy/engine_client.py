@@ -27,7 +27,8 @@ MIN_VLLM_VERSION = "0.13.0"
 _CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too long", "too many tokens")
 # vLLM's "prompt + max_tokens does not fit" 400s (v0.11–v0.17: "'max_tokens' or 'max_completion_tokens' is
 # too large: N. This model's maximum context length is ..."; v0.20: "... you requested N output tokens and
-# your prompt contains at least M input tokens"): the prompt fits, so they are not a context overflow,
+# your prompt contains at least M input tokens"; v0.32: "max_tokens=N cannot be greater than max_model_len=M",
+# param "max_tokens"): the prompt fits, so they are not a context overflow,
 # which would make a harness compact a prompt that needs no compacting.
 _MAX_TOKENS_MARKERS = ("'max_tokens'", "max_completion_tokens", "output tokens")
 _JSON = {"content-type": "application/json"}
@@ -48,17 +49,21 @@ def _retry_after(value: str | None) -> float:
 
 
 def _engine_error(status: int, body: bytes, retry_after: str | None = None) -> ProxyError:
+    param = None
     try:
         data = orjson.loads(body)
         err = data.get("error", data) if isinstance(data, dict) else data
         message = err.get("message") if isinstance(err, dict) else None
+        param = err.get("param") if isinstance(err, dict) else None
         message = str(message or err)
     except ValueError:
         message = body[:500].decode("utf-8", "replace")
     low = message.lower()
-    if status < 500 and any(m in low for m in _MAX_TOKENS_MARKERS):
+    # vLLM >= 0.2x names the field: param "max_tokens" (too large for the context) or "input_tokens" (overflow)
+    overflow = param == "input_tokens" or "without any output tokens" in low  # v0.2x+: the prompt alone is too long
+    if status < 500 and not overflow and (param == "max_tokens" or any(m in low for m in _MAX_TOKENS_MARKERS)):
         return ProxyError("engine_4xx", f"engine refused max_tokens ({status}): {message}", param="max_tokens")
-    if status < 500 and any(m in low for m in _CONTEXT_MARKERS):
+    if status < 500 and (overflow or any(m in low for m in _CONTEXT_MARKERS)):
         return ProxyError("context_length", f"prompt exceeds the model's context length: {message}")
     if status == 429:
         return ProxyError("rate_limit", f"engine is overloaded: {message}", retry_after=_retry_after(retry_after))

@@ -316,3 +316,23 @@ def test_exact_mode_prompt_that_does_not_fit_is_a_context_overflow(vllm_shaped: 
     state = asyncio.run(_generate(served.url, conv, exact))
     assert state.error is not None and state.error.kind == "context_length"
     assert not engine.bodies("/v1/completions")
+
+
+@pytest.mark.parametrize(("message", "param", "kind"), [
+    (MAX_TOKENS_400, None, "max_tokens"),  # v0.11-v0.17
+    ("This model's maximum context length is 100 tokens. However, you requested 500 output tokens and your prompt "
+     "contains at least 12 input tokens, for a total of at least 512 tokens.", None, "max_tokens"),  # v0.20
+    ("max_tokens=9000 cannot be greater than max_model_len=8192. Please request fewer output tokens. "
+     "(parameter=max_tokens, value=9000)", "max_tokens", "max_tokens"),  # v0.32, as the real server said
+    ("This model's maximum context length is 8192 tokens. However, your prompt contains at least 8193 input tokens, "
+     "which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. "
+     "(parameter=input_tokens, value=8193)", "input_tokens", "context_length"),  # v0.32, as the real server said
+    ("This model's maximum context length is 64 tokens. However, your request has 70 input tokens. Please reduce "
+     "the length of the input messages.", None, "context_length"),  # v0.11
+])
+def test_vllm_400s_are_told_apart(message: str, param: str | None, kind: str) -> None:
+    from tracefleet.proxy.engine_client import _engine_error, is_max_tokens_error
+
+    err = _engine_error(400, orjson.dumps({"error": {"message": message, "type": "BadRequestError", "param": param,
+                                                     "code": 400}}))
+    assert (is_max_tokens_error(err) and kind == "max_tokens") or (err.kind == kind == "context_length"), err.kind
