@@ -93,6 +93,7 @@ def encode_record_line(head: RecordHead, state: CallState, splice: SpliceInfo | 
         "completion_tokens": state.completion_tokens,
         "sampling": state.sampling,
         "flags": state.flags or None,
+        "weight_versions": state.weight_versions,
     })
     return head.encode()[:-1] + b"," + _dumps(tail)[1:] + b"\n"
 

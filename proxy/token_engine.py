@@ -27,7 +27,7 @@ import orjson
 from tracefleet.capture import SpliceInfo
 
 from .canonical import Conversation, Message, ToolCall
-from .engine_client import EngineClient, is_max_tokens_error
+from .engine_client import EngineClient, is_max_tokens_error, version_tuple
 from .errors import ProxyError
 
 Event = tuple[str, Any]
@@ -35,6 +35,7 @@ Event = tuple[str, Any]
 # capture-record flag: len(completion_ids), usage.completion_tokens and len(logprobs) disagree
 TOKEN_COUNT_MISMATCH = "token_count_mismatch"
 SAMPLING_KEYS = ("temperature", "top_p", "top_k")
+WEIGHT_VERSIONS_SINCE = (0, 33)  # first vLLM whose completions/chat answer `return_weight_versions`
 
 _CUSTOM_PARAMS = {
     "type": "object",
@@ -72,6 +73,9 @@ class CallState:
     # the sampling parameters the engine was asked for, each with where it came from (sampling_record)
     sampling: dict[str, Any] | None = None
     flags: list[str] = field(default_factory=list)  # what makes the record suspect (TOKEN_COUNT_MISMATCH, ...)
+    # vLLM's [{version, start, end}] spans over the output tokens, where it reports them (v0.33 with
+    # return_weight_versions; v0.32 only on /inference/v1/generate): which weights sampled which tokens
+    weight_versions: list[dict[str, Any]] | None = None
 
     def take_usage(self, usage: dict[str, Any] | None) -> None:
         """The engine's own token counts, when a response or stream chunk carries them."""
@@ -272,9 +276,14 @@ class ServedModelName:
     _model: str | None
     _max_model_len: int | None = None
     _cards_read: bool = False
+    # vLLM v0.33 reports which weights sampled which tokens (`return_weight_versions`); earlier releases and
+    # other engines are not asked (an unknown field costs a warning per request in vLLM's log)
+    reports_weight_versions: bool = False
 
     async def _read_cards(self) -> None:
-        await self.client.check_version()  # when the proxy started before the engine, this is the first look
+        # when the proxy started before the engine, this is the first look at its version
+        version = await self.client.check_version()
+        self.reports_weight_versions = bool(version) and version_tuple(version or "") >= WEIGHT_VERSIONS_SINCE
         cards = await self.client.model_cards()
         if not cards and self._model is None:
             raise ProxyError("engine_5xx", "engine serves no model")
@@ -336,6 +345,8 @@ class ServerTokenEngine(ServedModelName):
         if s.stop:
             body["stop"] = s.stop
         body["cache_salt"] = cache_salt(policy_version)
+        if self.reports_weight_versions:
+            body["return_weight_versions"] = True
         kwargs = reasoning_template_kwargs(s.reasoning_effort)
         if kwargs:
             # the same template variables exact mode renders with; vLLM's own `reasoning_effort` field takes
@@ -442,6 +453,7 @@ class ServerTokenEngine(ServedModelName):
                 finish = choice.get("finish_reason")
                 if finish:
                     state.finish_reason = finish
+                    state.weight_versions = choice.get("weight_versions") or state.weight_versions
             if len(events) == 1:
                 yield events[0]
             elif events:
@@ -471,6 +483,7 @@ class ServerTokenEngine(ServedModelName):
             state.logprobs = [c["logprob"] for c in lp["content"]]
         msg = choice.get("message") or {}
         state.finish_reason = choice.get("finish_reason")
+        state.weight_versions = choice.get("weight_versions")
         finish = canonical_finish(state.finish_reason)  # an aborted call is an error, nothing is answered
         reasoning = msg.get("reasoning_content") or msg.get("reasoning")
         if reasoning:

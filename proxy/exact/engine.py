@@ -92,6 +92,8 @@ class ExactTokenEngine(ServedModelName):
         if s.stop:
             body["stop"] = s.stop
         body["cache_salt"] = cache_salt(policy_version)
+        if self.reports_weight_versions:
+            body["return_weight_versions"] = True
         return body
 
     async def generate(self, conv: Conversation, state: CallState) -> AsyncIterator[Event]:
@@ -145,6 +147,7 @@ class ExactTokenEngine(ServedModelName):
                         yield ev
                 if choice.get("finish_reason"):
                     finish = state.finish_reason = choice["finish_reason"]
+                    state.weight_versions = choice.get("weight_versions") or state.weight_versions
         outcome = canonical_finish(finish)  # aborted: an error, and the cut turn is never spliced
         for ev in self._events(parser.finish(), kinds, state):
             yield ev

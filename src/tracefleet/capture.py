@@ -92,6 +92,9 @@ class CaptureRecord(BaseModel):
     # what makes the record suspect, e.g. "token_count_mismatch": len(completion_ids), the engine's
     # usage.completion_tokens and len(logprobs) disagree (a trainer should not trust its ids/logprobs)
     flags: list[str] = Field(default_factory=list)
+    # the engine's [{version, start, end}] spans over the output tokens, where it reports them (vLLM v0.33);
+    # otherwise policy_version (taken when the call was admitted) is all there is
+    weight_versions: list[dict[str, Any]] | None = None
 
 
 class CaptureLog(BaseModel):
