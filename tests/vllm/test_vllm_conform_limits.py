@@ -8,25 +8,15 @@ Every recorded call satisfies len(completion_ids) == usage.completion_tokens == 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fixtures.proxy_on_vllm import ProxyOnVllm, dialect_request, post, start_proxy_on_vllm
+from fixtures.proxy_on_vllm import dialect_request, post, proxies  # noqa: F401 (a fixture)
 
 # greedy SmolLM2 answers this in 30 tokens and stops (measured on vLLM 0.32): more than vLLM's default of 16
 PROMPT = "Say hello."
-
-
-@pytest.fixture(scope="module")
-def proxies(vllm_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ProxyOnVllm]]:
-    out = {mode: start_proxy_on_vllm(vllm_server, tmp_path_factory.mktemp(f"capture-{mode}"), mode)
-           for mode in ("exact", "server")}
-    yield out
-    for proxy in out.values():
-        proxy.stop()
 
 
 def assert_counts_agree(rec: Any) -> None:

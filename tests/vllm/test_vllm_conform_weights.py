@@ -16,7 +16,7 @@ import json
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,21 +26,12 @@ import pytest
 
 from tracefleet.proxy.engine_client import EngineClient
 
-from fixtures.proxy_on_vllm import (ProxyOnVllm, auth_headers, dialect_request, post, served_model_dir,
-                                    start_proxy_on_vllm)
+from fixtures.proxy_on_vllm import (ProxyOnVllm, auth_headers, dialect_request, post,  # noqa: F401 (proxies)
+                                    proxies, served_model_dir)
 
 LONG = "Write a very long story about a dragon who learns to cook."
 SHORT = "Say hello."
 CHANGED_TENSOR = "model.layers.0.mlp.down_proj.weight"
-
-
-@pytest.fixture(scope="module")
-def proxies(vllm_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ProxyOnVllm]]:
-    out = {mode: start_proxy_on_vllm(vllm_server, tmp_path_factory.mktemp(f"capture-{mode}"), mode)
-           for mode in ("exact", "server")}
-    yield out
-    for proxy in out.values():
-        proxy.stop()
 
 
 def engine(vllm: Any, op: str, *args: Any) -> Any:
