@@ -106,7 +106,7 @@ class Proxy:
                                  retry_after_s=config.retry_after_s)
         self.metrics = ProxyMetrics()
         self.client = EngineClient(config.engine_url, timeout_s=config.engine_timeout_s,
-                                   connect_timeout_s=config.engine_connect_timeout_s)
+                                   connect_timeout_s=config.engine_connect_timeout_s, api_key=config.engine_api_key)
         self.mode_decision: ModeDecision | None = None
         if token_engine is None:
             token_engine, self.mode_decision = select_token_engine(config, self.client)

@@ -91,6 +91,9 @@ def encode_record_line(head: RecordHead, state: CallState, splice: SpliceInfo | 
         "error": _without_none({"kind": err.kind, "message": err.message, "status_code": err.status}) if err else None,
         "prompt_tokens": state.prompt_tokens,
         "completion_tokens": state.completion_tokens,
+        "sampling": state.sampling,
+        "flags": state.flags or None,
+        "weight_versions": state.weight_versions,
     })
     return head.encode()[:-1] + b"," + _dumps(tail)[1:] + b"\n"
 

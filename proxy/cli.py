@@ -7,6 +7,35 @@ import gc
 import os
 from pathlib import Path
 
+ENGINE_API_KEY_ENV = "TRACEFLEET_ENGINE_API_KEY"
+
+
+def engine_api_key(path: Path | None) -> str | None:
+    """The engine key from --engine-api-key-file (a mounted Secret), else $TRACEFLEET_ENGINE_API_KEY."""
+    if path is not None:
+        return path.read_text().strip() or None
+    return os.environ.get(ENGINE_API_KEY_ENV) or None
+
+
+def engine_version_problem(engine_url: str, api_key: str | None, timeout_s: float = 5.0) -> str | None:
+    """Why the engine cannot be used, when it is up and a vLLM below the minimum; None otherwise (also when
+    it is not up yet: a sidecar proxy may start before its engine, which is then checked on first use)."""
+    import asyncio
+
+    from .engine_client import EngineClient, unsupported_engine_version
+    from .errors import ProxyError
+
+    async def check() -> str | None:
+        client = EngineClient(engine_url, timeout_s=timeout_s, connect_timeout_s=timeout_s, api_key=api_key)
+        try:
+            return unsupported_engine_version(await client.version())
+        except ProxyError:
+            return None
+        finally:
+            await client.aclose()
+
+    return asyncio.run(check())
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
@@ -47,6 +76,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body-mb", type=float, default=32.0, help="reject larger requests with 413 (default 32)")
     parser.add_argument("--keepalive-s", type=float, default=10.0, help="ping the harness after this much engine silence")
     parser.add_argument("--pause-max-wait-s", type=float, default=30.0, help="while paused, calls wait this long, then 429")
+    parser.add_argument("--engine-api-key-file", type=Path, metavar="FILE",
+                        help="send the key in FILE as 'Authorization: Bearer' to the engine (vLLM --api-key); "
+                             f"default: ${ENGINE_API_KEY_ENV} when set")
     parser.add_argument("--engine-timeout-s", type=float, default=600.0, help="per-call engine timeout")
     parser.add_argument("--policy-version", type=int, default=0, help="initial policy version recorded on calls")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
@@ -82,8 +114,17 @@ def main(args: argparse.Namespace) -> int:
             print(f"tracefleet proxy: --session {spec!r}: expected ID:SECRET with a secret of 16+ characters")
             return 2
         sessions.append(PresetSession(session_id=sid, secret=secret))
+    try:
+        key = engine_api_key(args.engine_api_key_file)
+    except OSError as exc:
+        print(f"tracefleet proxy: --engine-api-key-file: {exc}")
+        return 2
+    problem = engine_version_problem(args.engine, key)
+    if problem:
+        print(f"tracefleet proxy: {problem}", flush=True)
+        return 2
     config = ProxyConfig(
-        engine_url=args.engine, capture_dir=args.capture_dir, admin_token=args.admin_token, mode=args.mode,
+        engine_url=args.engine, engine_api_key=key, capture_dir=args.capture_dir, admin_token=args.admin_token, mode=args.mode,
         model_path=args.model_path, model_family=args.model_family, tool_parser=args.tool_parser,
         served_model=args.served_model, max_body_bytes=int(args.max_body_mb * 1024 * 1024), keepalive_s=args.keepalive_s,
         pause_max_wait_s=args.pause_max_wait_s, engine_timeout_s=args.engine_timeout_s,

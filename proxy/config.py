@@ -33,6 +33,8 @@ class ProxyConfig(BaseModel):
     served_model: str | None = None  # the engine's model name; None = the first one /v1/models lists
     max_body_bytes: int = 32 * 1024 * 1024  # larger requests get 413 in the dialect's shape
     inline_body_bytes: int = 4 * 1024 * 1024  # larger bodies are written next to the log, not inlined
+    # sent as `Authorization: Bearer` on every engine call (vLLM --api-key; RolloutJob apiKeySecretRef)
+    engine_api_key: str | None = Field(default=None, repr=False)
     engine_timeout_s: float = 600.0
     engine_connect_timeout_s: float = 10.0
     keepalive_s: float = 10.0  # ping the harness when the engine is silent this long

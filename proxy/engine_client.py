@@ -18,27 +18,90 @@ import orjson
 
 from .errors import ProxyError
 
+# The oldest vLLM whose OpenAI server this proxy conforms to: v0.13.0 is the first that streams the
+# token ids and logprobs a tool or reasoning parser holds back (earlier ones drop those chunks, so
+# traces would silently miss tokens) and the first past v0.12's history-reasoning fix
+# (/work/shared/vllm-facts.md, sections 2 and 6). Checked against `/version` when the proxy starts.
+MIN_VLLM_VERSION = "0.13.0"
+
 _CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too long", "too many tokens")
+# vLLM's "prompt + max_tokens does not fit" 400s (v0.11–v0.17: "'max_tokens' or 'max_completion_tokens' is
+# too large: N. This model's maximum context length is ..."; v0.20: "... you requested N output tokens and
+# your prompt contains at least M input tokens"; v0.32: "max_tokens=N cannot be greater than max_model_len=M",
+# param "max_tokens"): the prompt fits, so they are not a context overflow,
+# which would make a harness compact a prompt that needs no compacting.
+_MAX_TOKENS_MARKERS = ("'max_tokens'", "max_completion_tokens", "output tokens")
 _JSON = {"content-type": "application/json"}
 _SSE = {"content-type": "application/json", "accept": "text/event-stream"}
+RETRY_AFTER_DEFAULT_S = 1
 
 
-def _engine_error(status: int, body: bytes) -> ProxyError:
+def is_max_tokens_error(err: ProxyError) -> bool:
+    """The engine refused max_tokens as too large for the room the prompt leaves (not a prompt overflow)."""
+    return err.kind == "engine_4xx" and err.param == "max_tokens"
+
+
+def _retry_after(value: str | None) -> float:
+    try:
+        return max(0.0, float(value)) if value else RETRY_AFTER_DEFAULT_S
+    except ValueError:  # an HTTP date: not worth parsing, the default is short
+        return RETRY_AFTER_DEFAULT_S
+
+
+def _engine_error(status: int, body: bytes, retry_after: str | None = None) -> ProxyError:
+    param = None
     try:
         data = orjson.loads(body)
         err = data.get("error", data) if isinstance(data, dict) else data
         message = err.get("message") if isinstance(err, dict) else None
+        param = err.get("param") if isinstance(err, dict) else None
         message = str(message or err)
     except ValueError:
         message = body[:500].decode("utf-8", "replace")
     low = message.lower()
-    if status < 500 and any(m in low for m in _CONTEXT_MARKERS):
+    # vLLM >= 0.2x names the field: param "max_tokens" (too large for the context) or "input_tokens" (overflow)
+    overflow = param == "input_tokens" or "without any output tokens" in low  # v0.2x+: the prompt alone is too long
+    if status < 500 and not overflow and (param == "max_tokens" or any(m in low for m in _MAX_TOKENS_MARKERS)):
+        return ProxyError("engine_4xx", f"engine refused max_tokens ({status}): {message}", param="max_tokens")
+    if status < 500 and (overflow or any(m in low for m in _CONTEXT_MARKERS)):
         return ProxyError("context_length", f"prompt exceeds the model's context length: {message}")
     if status == 429:
-        return ProxyError("rate_limit", f"engine is overloaded: {message}", retry_after=1)
+        return ProxyError("rate_limit", f"engine is overloaded: {message}", retry_after=_retry_after(retry_after))
+    if status == 503:  # vLLM: paused for a weight sync, queue full, or another retryable refusal
+        return ProxyError("engine_unavailable", f"engine is temporarily unavailable (503): {message}",
+                          retry_after=_retry_after(retry_after))
+    if status == 401:
+        return ProxyError("engine_4xx", f"engine refused the proxy's credentials (401; see --engine-api-key-file): "
+                          f"{message}", status=502)
     if 400 <= status < 500:
         return ProxyError("engine_4xx", f"engine rejected the request ({status}): {message}")
     return ProxyError("engine_5xx", f"engine failed ({status}): {message}")
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """`0.32.0+cpu`, `v0.13.0rc1` -> (0, 32, 0): the numeric release part, for comparisons."""
+    out: list[int] = []
+    for part in version.lstrip("v").split("+")[0].split("."):
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def unsupported_engine_version(version: str | None) -> str | None:
+    """Why the engine's version is below MIN_VLLM_VERSION, or None when it is fine or not vLLM's (no
+    version, or a non-numeric one such as tracefleet's own engine)."""
+    if not version or not version_tuple(version):
+        return None
+    if version_tuple(version) < version_tuple(MIN_VLLM_VERSION):
+        return (f"the engine runs vLLM {version}, below the minimum {MIN_VLLM_VERSION} (older releases drop "
+                "streamed token ids behind tool/reasoning parsers); use a newer vLLM image")
+    return None
 
 
 def _error_status(chunk: dict[str, Any]) -> int:
@@ -67,8 +130,14 @@ class EngineClient:
         timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
         max_connections: int = 1024,
+        api_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        # vLLM's --api-key: every /v1 route needs `Authorization: Bearer` (401 otherwise)
+        auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._json_headers = {**_JSON, **auth}
+        self._sse_headers = {**_SSE, **auth}
+        self._get_headers = auth or None
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
         self._max_connections = max_connections
         self._http: aiohttp.ClientSession | None = None
@@ -92,21 +161,66 @@ class EngineClient:
         try:
             async with self._session().request(
                 method, self.base_url + path, data=orjson.dumps(body) if body is not None else None,
-                headers=_JSON if body is not None else None,
+                headers=self._json_headers if body is not None else self._get_headers,
             ) as resp:
                 data = await resp.read()
                 status = resp.status
+                retry_after = resp.headers.get("retry-after")
         except _TRANSPORT_ERRORS as exc:
             raise _transport_error(exc, started=False) from exc
         if status >= 400:
-            raise _engine_error(status, data)
+            raise _engine_error(status, data, retry_after)
         try:
             return orjson.loads(data)
         except ValueError as exc:
             raise ProxyError("engine_5xx", f"engine sent invalid JSON: {exc}") from exc
 
+    async def model_cards(self) -> list[dict[str, Any]]:
+        """/v1/models' cards: `id`, and on vLLM `max_model_len`."""
+        return list((await self._request_json("GET", "/v1/models")).get("data", []))
+
     async def models(self) -> list[str]:
-        return [m["id"] for m in (await self._request_json("GET", "/v1/models")).get("data", [])]
+        return [m["id"] for m in await self.model_cards()]
+
+    async def version(self) -> str | None:
+        """The engine's `/version` (vLLM: `{"version": "0.32.0"}`); None when it has none."""
+        try:
+            data = await self._request_json("GET", "/version")
+        except ProxyError as err:
+            if err.kind == "engine_4xx":  # no such route
+                return None
+            raise
+        return str(data.get("version")) if isinstance(data, dict) and data.get("version") else None
+
+    async def check_version(self) -> str | None:
+        """The engine's version, or ProxyError when it is a vLLM below MIN_VLLM_VERSION."""
+        version = await self.version()
+        why = unsupported_engine_version(version)
+        if why is not None:
+            raise ProxyError("engine_5xx", why)
+        return version
+
+    # -- vLLM's RL routes (VLLM_SERVER_DEV_MODE=1 from v0.24): what a trainer's weight sync drives ------------
+
+    async def pause(self, mode: str = "abort") -> Any:
+        """vLLM `/pause?mode=abort|wait|keep`: `abort` ends in-flight generations with finish_reason "abort"
+        (the proxy reports those calls as retryable errors), `wait` lets them finish, `keep` freezes them
+        until `/resume`. New requests wait while paused (v0.32)."""
+        return await self._request_json("POST", f"/pause?mode={mode}", {})
+
+    async def resume(self) -> Any:
+        return await self._request_json("POST", "/resume", {})
+
+    async def reload_weights(self, weights_path: str) -> Any:
+        """New weights from a checkpoint directory, in place (`/collective_rpc` `reload_weights`; measured
+        on the v0.32 CPU build: about a second for SmolLM2-135M, and a directory holding only the changed
+        tensors is enough)."""
+        return await self._request_json("POST", "/collective_rpc", {"method": "reload_weights",
+                                                                     "kwargs": {"weights_path": weights_path}})
+
+    async def set_weight_version(self, version: str) -> Any:
+        """vLLM's own weight-version label (`/update_weight_version`, read back on `/weight_info`)."""
+        return await self._request_json("POST", "/update_weight_version", {"new_version": version})
 
     async def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self._request_json("POST", "/tokenize", body)
@@ -141,9 +255,10 @@ class EngineClient:
         done = False
         loads = orjson.loads
         try:
-            async with self._session().post(self.base_url + path, data=orjson.dumps(body), headers=_SSE) as resp:
+            async with self._session().post(self.base_url + path, data=orjson.dumps(body),
+                                            headers=self._sse_headers) as resp:
                 if resp.status >= 400:
-                    raise _engine_error(resp.status, await resp.read())
+                    raise _engine_error(resp.status, await resp.read(), resp.headers.get("retry-after"))
                 started = True
                 buf = b""
                 async for data in resp.content.iter_any():

@@ -17,7 +17,8 @@ ErrorKind = Literal[
     "engine_5xx",  # the engine failed (502)
     "engine_timeout",  # the engine did not answer in time (504)
     "engine_disconnect",  # the engine went away mid-call (502)
-    "engine_unavailable",  # cannot connect to the engine (503)
+    "engine_unavailable",  # cannot connect to the engine, or it answered 503 (paused, queue full) (503, retryable)
+    "engine_aborted",  # the engine aborted the generation (finish_reason "abort": a pause/weight sync) (503, retryable)
     "client_disconnect",  # the harness went away (recorded only)
     "internal",  # a bug in the proxy (500)
 ]
@@ -36,6 +37,7 @@ STATUS_BY_KIND: dict[str, int] = {
     "engine_timeout": 504,
     "engine_disconnect": 502,
     "engine_unavailable": 503,
+    "engine_aborted": 503,
     "client_disconnect": 499,
     "internal": 500,
 }

@@ -27,10 +27,15 @@ import orjson
 from tracefleet.capture import SpliceInfo
 
 from .canonical import Conversation, Message, ToolCall
-from .engine_client import EngineClient
+from .engine_client import EngineClient, is_max_tokens_error, version_tuple
 from .errors import ProxyError
 
 Event = tuple[str, Any]
+
+# capture-record flag: len(completion_ids), usage.completion_tokens and len(logprobs) disagree
+TOKEN_COUNT_MISMATCH = "token_count_mismatch"
+SAMPLING_KEYS = ("temperature", "top_p", "top_k")
+WEIGHT_VERSIONS_SINCE = (0, 33)  # first vLLM whose completions/chat answer `return_weight_versions`
 
 _CUSTOM_PARAMS = {
     "type": "object",
@@ -65,6 +70,12 @@ class CallState:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: ProxyError | None = None
+    # the sampling parameters the engine was asked for, each with where it came from (sampling_record)
+    sampling: dict[str, Any] | None = None
+    flags: list[str] = field(default_factory=list)  # what makes the record suspect (TOKEN_COUNT_MISMATCH, ...)
+    # vLLM's [{version, start, end}] spans over the output tokens, where it reports them (v0.33 with
+    # return_weight_versions; v0.32 only on /inference/v1/generate): which weights sampled which tokens
+    weight_versions: list[dict[str, Any]] | None = None
 
     def take_usage(self, usage: dict[str, Any] | None) -> None:
         """The engine's own token counts, when a response or stream chunk carries them."""
@@ -73,9 +84,14 @@ class CallState:
             self.completion_tokens = usage.get("completion_tokens", 0)
 
     def settle_usage(self) -> None:
-        """Counts the engine did not report are the lengths of the ids recorded for the call."""
+        """Counts the engine did not report are the lengths of the ids recorded for the call; when it did
+        report them, the recorded ids and logprobs must agree with its count (vLLM < 0.13 silently dropped
+        streamed chunks a parser held back): a call where they do not is flagged, not trusted."""
+        reported = self.completion_tokens
         self.prompt_tokens = self.prompt_tokens or len(self.prompt_ids)
-        self.completion_tokens = self.completion_tokens or len(self.completion_ids)
+        self.completion_tokens = reported or len(self.completion_ids)
+        if (reported and reported != len(self.completion_ids)) or len(self.logprobs) != len(self.completion_ids):
+            self.flags.append(TOKEN_COUNT_MISMATCH)
 
     @property
     def output_text(self) -> str:
@@ -138,7 +154,8 @@ def _engine_message(msg: Message) -> list[dict[str, Any]]:
         m: dict[str, Any] = {"role": "assistant", "content": msg.text() or None}
         reasoning = "".join(p.text or "" for p in msg.parts if p.type == "reasoning")
         if reasoning:
-            m["reasoning_content"] = reasoning
+            # vLLM >= 0.12 gives templates both names (0.33 reads `reasoning`, older ones `reasoning_content`)
+            m["reasoning"] = m["reasoning_content"] = reasoning
         calls = [
             {
                 "id": p.id or "",
@@ -187,19 +204,106 @@ def engine_tool_choice(choice: str | dict[str, Any] | None) -> Any:
     return {"type": "function", "function": {"name": choice.get("name", "")}}
 
 
+def canonical_finish(reason: str | None) -> str:
+    """vLLM's finish_reason (`stop`, `length`, `abort`, `error`, `repetition`) as the canonical one, or the
+    call's error. `abort` (a `/pause?mode=abort` for a weight sync, an admin abort) is a retryable call
+    error: the turn is cut short, so it must never reach the harness or the trace as a finished one.
+    `error` is the engine failing mid-generation. `repetition` (vLLM's repetition detector stopped a looping
+    output) is a cut-off turn: `length` to the harness, as a max_tokens cut is."""
+    if reason == "abort":
+        raise ProxyError("engine_aborted", "the engine aborted the generation (paused for a policy update?); retry",
+                         retry_after=1)
+    if reason == "error":
+        raise ProxyError("engine_5xx", "the engine failed during generation (finish_reason 'error')")
+    if reason in ("length", "repetition"):
+        return "length"
+    return "stop"
+
+
+def sampling_record(conv: Conversation) -> dict[str, Any]:
+    """The sampling parameters a call ran with and where each came from: `request` (the harness set it) or
+    `engine_default` (left to the engine: vLLM fills it from the model's generation_config.json, the
+    tracefleet engine from its flags). A trainer reading vLLM's default raw logprobs (taken before
+    temperature/top-p/top-k) needs these to know which distribution actually sampled."""
+    s = conv.sampling
+    out: dict[str, Any] = {}
+    for key in SAMPLING_KEYS:
+        value = getattr(s, key)
+        out[key] = {"value": value, "source": "request" if value is not None else "engine_default"}
+    return out
+
+
+def reasoning_template_kwargs(effort: str | None) -> dict[str, Any]:
+    """Chat-template variables for a reasoning effort, as vLLM (v0.33) derives them: `reasoning_effort`,
+    and `enable_thinking` false only for "none". Both capture modes render with these."""
+    if effort is None:
+        return {}
+    return {"reasoning_effort": effort, "enable_thinking": effort != "none"}
+
+
+def cache_salt(policy_version: int) -> str:
+    """vLLM's prefix-cache salt for a call: KV computed under one policy version's weights is never reused
+    by a call admitted under another (vLLM keys cached blocks by the salt)."""
+    return f"policy-{policy_version}"
+
+
+def clamp_max_tokens(requested: int | None, prompt_len: int, max_model_len: int | None) -> int | None:
+    """The max_tokens to send: the harness's, clamped to the room the prompt leaves in the context; all of
+    that room when it asked for none. None only when the room is unknown and nothing was asked for."""
+    if max_model_len is None:
+        return requested
+    room = max(1, max_model_len - prompt_len)
+    return room if requested is None else max(0, min(requested, room))
+
+
+# The output budget exact mode sends when the engine reports no max_model_len and the harness gave none:
+# never null (vLLM 0.11-0.20: an empty 400; >= 0.24: 16 tokens).
+FALLBACK_MAX_TOKENS = 4096
+
+
+def context_overflow(prompt_len: int, max_model_len: int) -> ProxyError:
+    """A prompt with no room left for output, in the words of vLLM's own 400."""
+    return ProxyError("context_length", f"prompt exceeds the model's context length: This model's maximum context "
+                      f"length is {max_model_len} tokens. However, your request has {prompt_len} input tokens. "
+                      "Please reduce the length of the input messages.")
+
+
 class ServedModelName:
-    """Mixin for token engines: the configured model name, else the first one the engine lists (asked once)."""
+    """Mixin for token engines: the configured model name, else the first one the engine lists, and the
+    engine's `max_model_len` (vLLM's model card; None when the engine reports none). Asked once."""
 
     client: EngineClient
     _model: str | None
+    _max_model_len: int | None = None
+    _cards_read: bool = False
+    # vLLM v0.33 reports which weights sampled which tokens (`return_weight_versions`); earlier releases and
+    # other engines are not asked (an unknown field costs a warning per request in vLLM's log)
+    reports_weight_versions: bool = False
+
+    async def _read_cards(self) -> None:
+        # when the proxy started before the engine, this is the first look at its version
+        version = await self.client.check_version()
+        self.reports_weight_versions = bool(version) and version_tuple(version or "") >= WEIGHT_VERSIONS_SINCE
+        cards = await self.client.model_cards()
+        if not cards and self._model is None:
+            raise ProxyError("engine_5xx", "engine serves no model")
+        if self._model is None:
+            self._model = str(cards[0]["id"])
+        card = next((c for c in cards if c.get("id") == self._model), cards[0] if cards else {})
+        limit = card.get("max_model_len")
+        self._max_model_len = limit if isinstance(limit, int) and limit > 0 else None
+        self._cards_read = True
 
     async def served_model(self) -> str:
-        if self._model is None:
-            models = await self.client.models()
-            if not models:
-                raise ProxyError("engine_5xx", "engine serves no model")
-            self._model = models[0]
+        if self._model is None or not self._cards_read:
+            await self._read_cards()
+        assert self._model is not None
         return self._model
+
+    async def max_model_len(self) -> int | None:
+        if not self._cards_read:
+            await self._read_cards()
+        return self._max_model_len
 
 
 class ServerTokenEngine(ServedModelName):
@@ -214,7 +318,7 @@ class ServerTokenEngine(ServedModelName):
     def splice_info(self, call_id: str) -> SpliceInfo | None:
         return None  # the engine renders the prompt; drift is found when traces are built
 
-    async def _body(self, conv: Conversation, stream: bool) -> dict[str, Any]:
+    async def _body(self, conv: Conversation, stream: bool, policy_version: int = 0) -> dict[str, Any]:
         s = conv.sampling
         body: dict[str, Any] = {
             "model": await self.served_model(),
@@ -233,36 +337,70 @@ class ServerTokenEngine(ServedModelName):
             if conv.parallel_tool_calls is not None:
                 body["parallel_tool_calls"] = conv.parallel_tool_calls
         if s.max_tokens is not None:
-            body["max_tokens"] = s.max_tokens
-        if s.temperature is not None:
-            body["temperature"] = s.temperature
-        if s.top_p is not None:
-            body["top_p"] = s.top_p
-        if s.top_k is not None:
-            body["top_k"] = s.top_k
-        if s.seed is not None:
-            body["seed"] = s.seed
+            # the prompt is at least one token: never more than the context leaves (vLLM 400s otherwise)
+            body["max_tokens"] = clamp_max_tokens(s.max_tokens, 1, await self.max_model_len())
+        for key in (*SAMPLING_KEYS, "seed"):
+            if getattr(s, key) is not None:
+                body[key] = getattr(s, key)
         if s.stop:
             body["stop"] = s.stop
+        body["cache_salt"] = cache_salt(policy_version)
+        if self.reports_weight_versions:
+            body["return_weight_versions"] = True
+        kwargs = reasoning_template_kwargs(s.reasoning_effort)
+        if kwargs:
+            # the same template variables exact mode renders with; vLLM's own `reasoning_effort` field takes
+            # only OpenAI's levels (an Anthropic thinking budget would be a 400)
+            body["chat_template_kwargs"] = kwargs
+            if s.reasoning_effort in ("low", "medium", "high"):
+                body["reasoning_effort"] = s.reasoning_effort
         return body
+
+    async def _clamped(self, conv: Conversation, body: dict[str, Any]) -> dict[str, Any]:
+        """The body again with max_tokens clamped to the room the rendered prompt leaves (asked of the
+        engine's /tokenize): after vLLM (< 0.33) refused prompt + max_tokens > max_model_len."""
+        limit = await self.max_model_len()
+        prompt_len = await self.count_tokens(conv)
+        if limit is not None and prompt_len >= limit:
+            raise context_overflow(prompt_len, limit)
+        return {**body, "max_tokens": clamp_max_tokens(conv.sampling.max_tokens, prompt_len, limit)}
 
     async def count_tokens(self, conv: Conversation) -> int:
         body: dict[str, Any] = {"model": await self.served_model(), "messages": engine_messages(conv)}
         if conv.tools:
             body["tools"] = engine_tools(conv)
+        kwargs = reasoning_template_kwargs(conv.sampling.reasoning_effort)
+        if kwargs:
+            body["chat_template_kwargs"] = kwargs
         data = await self.client.tokenize(body)
         return int(data.get("count", len(data.get("tokens", []))))
 
     async def generate(self, conv: Conversation, state: CallState) -> AsyncIterator[Event]:
-        body = await self._body(conv, conv.stream)
+        body = await self._body(conv, conv.stream, state.policy_version)
         state.engine_model = body["model"]
+        state.sampling = sampling_record(conv)
         state.engine_sent_at = time.time()
         kinds = {t.name: t.kind for t in conv.tools}
         if not conv.stream:
-            data = await self.client.chat(body)
+            try:
+                data = await self.client.chat(body)
+            except ProxyError as err:
+                if not is_max_tokens_error(err):
+                    raise
+                data = await self.client.chat(await self._clamped(conv, body))
             async for ev in self._from_response(data, state, kinds):
                 yield ev
             return
+        try:
+            async for ev in self._stream(body, state, kinds):
+                yield ev
+        except ProxyError as err:
+            if not is_max_tokens_error(err) or state.completion_ids:
+                raise
+            async for ev in self._stream(await self._clamped(conv, body), state, kinds):
+                yield ev
+
+    async def _stream(self, body: dict[str, Any], state: CallState, kinds: dict[str, str]) -> AsyncIterator[Event]:
         pending: dict[int, list[str]] = {}  # index -> [id, name, arguments]
         started = False
         completion_ids, logprobs, text, reasoning_parts = state.completion_ids, state.logprobs, state.text, state.reasoning
@@ -315,20 +453,19 @@ class ServerTokenEngine(ServedModelName):
                 finish = choice.get("finish_reason")
                 if finish:
                     state.finish_reason = finish
+                    state.weight_versions = choice.get("weight_versions") or state.weight_versions
             if len(events) == 1:
                 yield events[0]
             elif events:
                 yield ("batch", events)
+        finish = canonical_finish(state.finish_reason)  # an aborted call raises before its tool calls go out
         for index in sorted(pending):
             cid, name, args = pending[index]
             yield ("tool_call", record_tool_call(state, name, args, kinds, cid))
-        self._finish(state)
+        self._finish(state, finish)
 
-    def _finish(self, state: CallState) -> None:
-        if state.tool_calls:
-            state.finish_reason = "tool_calls"
-        elif state.finish_reason not in ("stop", "length", "tool_calls", "content_filter"):
-            state.finish_reason = "stop" if state.finish_reason in (None, "eos", "abort") else state.finish_reason
+    def _finish(self, state: CallState, finish: str) -> None:
+        state.finish_reason = "tool_calls" if state.tool_calls else finish
         state.settle_usage()
 
     async def _from_response(self, data: dict[str, Any], state: CallState, kinds: dict[str, str]) -> AsyncIterator[Event]:
@@ -345,6 +482,9 @@ class ServerTokenEngine(ServedModelName):
         if lp and lp.get("content"):
             state.logprobs = [c["logprob"] for c in lp["content"]]
         msg = choice.get("message") or {}
+        state.finish_reason = choice.get("finish_reason")
+        state.weight_versions = choice.get("weight_versions")
+        finish = canonical_finish(state.finish_reason)  # an aborted call is an error, nothing is answered
         reasoning = msg.get("reasoning_content") or msg.get("reasoning")
         if reasoning:
             state.reasoning.append(reasoning)
@@ -352,8 +492,7 @@ class ServerTokenEngine(ServedModelName):
         if msg.get("content"):
             state.text.append(msg["content"])
             yield ("text", msg["content"])
-        state.finish_reason = choice.get("finish_reason")
         for tc in msg.get("tool_calls") or ():
             fn = tc.get("function") or {}
             yield ("tool_call", record_tool_call(state, fn.get("name", ""), fn.get("arguments", ""), kinds, tc.get("id", "")))
-        self._finish(state)
+        self._finish(state, finish)

@@ -43,24 +43,34 @@ class TinyPolicy(nn.Module):
         return self.head(x)
 
 
-def token_logprobs(policy: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """log p(token_t | tokens_<t) for t >= 1, shape [B, T-1]."""
+def token_logprobs(policy: nn.Module, batch: dict[str, torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
+    """log p(token_t | tokens_<t) for t >= 1, shape [B, T-1], under the policy's logits divided by the
+    temperature the engine sampled at: the ratio to `old_logprobs` is only meaningful when both are taken
+    from the same distribution."""
     ids = batch["input_ids"]
     logits = policy(ids[:, :-1], batch["attention_mask"][:, :-1])
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
 
 
-def grpo_loss(policy: nn.Module, batch: dict[str, torch.Tensor], clip: float = 0.2) -> torch.Tensor:
-    """Clipped surrogate on sampled tokens, averaged over trainable tokens (token-level GRPO/DAPO)."""
+def grpo_loss(policy: nn.Module, batch: dict[str, torch.Tensor], clip: float = 0.2, temperature: float = 1.0) -> torch.Tensor:
+    """Clipped surrogate on sampled tokens, averaged over trainable tokens (token-level GRPO/DAPO).
+
+    `old_logprobs` are the engine's. vLLM's default (`--logprobs-mode raw_logprobs`) takes them before
+    temperature and top-p/top-k, so they are the behaviour policy only when sampling ran at T=1 with no
+    truncation; with any other sampling the engine must run `--logprobs-mode processed_logprobs` (the
+    logprobs of the distribution that sampled, after temperature) and `temperature` here must be the one
+    sampled at (capture records carry it under `sampling`). Top-p/top-k truncation is not re-applied: keep
+    them off for on-policy training."""
     mask = batch["loss_mask"][:, 1:]
-    new = token_logprobs(policy, batch)
+    new = token_logprobs(policy, batch, temperature)
     ratio = torch.exp(new - batch["old_logprobs"][:, 1:])
     adv = batch["advantages"][:, 1:]
     surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv)
     return -(surrogate * mask).sum() / mask.sum().clamp(min=1)
 
 
-def train(bucket: str, job: str, consumer: str, *, lr: float, max_batches: int, seed: int) -> list[dict[str, float]]:
+def train(bucket: str, job: str, consumer: str, *, lr: float, max_batches: int, seed: int,
+          temperature: float = 1.0) -> list[dict[str, float]]:
     torch.manual_seed(seed)
     torch.set_num_threads(1)
     reader = BatchReader(bucket, job=job, consumer=consumer)
@@ -74,13 +84,13 @@ def train(bucket: str, job: str, consumer: str, *, lr: float, max_batches: int, 
             policy = TinyPolicy(vocab, max_len=t["input_ids"].shape[1] + 1)
             opt = torch.optim.Adam(policy.parameters(), lr=lr)
         assert opt is not None
-        loss = grpo_loss(policy, t)
+        loss = grpo_loss(policy, t, temperature=temperature)
         opt.zero_grad()
         loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0))
         opt.step()
         with torch.no_grad():
-            after = float(grpo_loss(policy, t))
+            after = float(grpo_loss(policy, t, temperature=temperature))
         reader.commit(batch)  # only after the step: a crash before this replays the batch
         row = {
             "seq": batch.seq,
@@ -130,12 +140,15 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--max-batches", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="the temperature the engine sampled at (vLLM with --logprobs-mode processed_logprobs)")
     p.add_argument("--demo", action="store_true", help="seal a synthetic job into --bucket (default: a temp dir) first")
     args = p.parse_args()
     bucket = args.bucket or tempfile.mkdtemp(prefix="tf-grpo-bucket-")
     if args.demo:
         seal_demo_job(bucket, args.job)
-    rows = train(bucket, args.job, args.consumer, lr=args.lr, max_batches=args.max_batches, seed=args.seed)
+    rows = train(bucket, args.job, args.consumer, lr=args.lr, max_batches=args.max_batches, seed=args.seed,
+                 temperature=args.temperature)
     if not rows:
         print(f"no unconsumed batches for job {args.job!r} in {bucket}")
         return 1

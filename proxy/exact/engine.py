@@ -24,7 +24,8 @@ from tracefleet.formats.parsers import make_parser
 from ..canonical import Conversation
 from ..engine_client import EngineClient
 from ..errors import ProxyError
-from ..token_engine import CallState, Event, ServedModelName, record_tool_call
+from ..token_engine import (FALLBACK_MAX_TOKENS, SAMPLING_KEYS, CallState, Event, ServedModelName, canonical_finish,
+                            cache_salt, clamp_max_tokens, context_overflow, record_tool_call, sampling_record)
 from .render import render_conversation
 from .splice import SessionSplicer
 
@@ -67,17 +68,32 @@ class ExactTokenEngine(ServedModelName):
     async def count_tokens(self, conv: Conversation) -> int:
         return len(self.fmt.encode(render_conversation(self.fmt, conv).text))
 
-    def _body(self, conv: Conversation, model: str, prompt_ids: list[int]) -> dict[str, Any]:
+    def _body(self, conv: Conversation, model: str, prompt_ids: list[int], max_model_len: int | None,
+              policy_version: int) -> dict[str, Any]:
         s = conv.sampling
+        max_tokens = clamp_max_tokens(s.max_tokens, len(prompt_ids), max_model_len)
         body: dict[str, Any] = {
-            "model": model, "prompt": prompt_ids, "max_tokens": s.max_tokens, "return_token_ids": True,
+            "model": model, "prompt": prompt_ids, "return_token_ids": True,
+            # never null: vLLM 0.11-0.20 answers a null with an empty 400, >= 0.24 stops at 16 tokens
+            "max_tokens": FALLBACK_MAX_TOKENS if max_tokens is None else max_tokens,
             "logprobs": 0, "stream": True, "stream_options": {"include_usage": True},
+            # keep tags a model marks special (<tool_call>, <think>) in the text the parser reads, as vLLM's
+            # own tool/reasoning parsers do; the parser drops the end-of-turn text itself
+            "skip_special_tokens": False,
         }
-        for key in ("temperature", "top_p", "top_k", "seed"):
+        eot = self.fmt.end_of_turn_id
+        if eot is not None:
+            # the splicer relies on a turn ending at the family's end-of-turn id, which vLLM stops on only when
+            # generation_config.json lists it (not under --generation-config vllm, e.g. Gemma 3's <end_of_turn>)
+            body["stop_token_ids"] = [eot]
+        for key in (*SAMPLING_KEYS, "seed"):
             if getattr(s, key) is not None:
                 body[key] = getattr(s, key)
         if s.stop:
             body["stop"] = s.stop
+        body["cache_salt"] = cache_salt(policy_version)
+        if self.reports_weight_versions:
+            body["return_weight_versions"] = True
         return body
 
     async def generate(self, conv: Conversation, state: CallState) -> AsyncIterator[Event]:
@@ -93,13 +109,18 @@ class ExactTokenEngine(ServedModelName):
         state.prompt_ids = plan.prompt_ids
         model = await self.served_model()
         state.engine_model = model
-        body = self._body(conv, model, plan.prompt_ids)
+        limit = await self.max_model_len()
+        if limit is not None and len(plan.prompt_ids) >= limit:
+            raise context_overflow(len(plan.prompt_ids), limit)
+        body = self._body(conv, model, plan.prompt_ids, limit, state.policy_version)
+        state.sampling = sampling_record(conv)
         kinds = {t.name: t.kind for t in conv.tools}
         parser = make_parser(self.fmt.parser_name, plan.rendered.tools, prompt_text=plan.rendered.tail)
         state.engine_sent_at = time.time()
         started = False
         finish: str | None = None
         raw: list[str] = []
+        eot_text = self.fmt.family.end_of_turn
         async for chunk in self.client.completions_stream(body):
             if not started:
                 started = True
@@ -118,21 +139,22 @@ class ExactTokenEngine(ServedModelName):
                 if lp and lp.get("token_logprobs"):
                     state.logprobs.extend(float(x) for x in lp["token_logprobs"])
                 text = choice.get("text") or ""
+                if eot_text in text:  # skip_special_tokens is off: the stop token's text is layout, not output
+                    text = text.replace(eot_text, "")
                 if text:
                     raw.append(text)
                     for ev in self._events(parser.feed(text), kinds, state):
                         yield ev
                 if choice.get("finish_reason"):
-                    finish = choice["finish_reason"]
+                    finish = state.finish_reason = choice["finish_reason"]
+                    state.weight_versions = choice.get("weight_versions") or state.weight_versions
+        outcome = canonical_finish(finish)  # aborted: an error, and the cut turn is never spliced
         for ev in self._events(parser.finish(), kinds, state):
             yield ev
         state.tool_parse_errors.extend(parser.errors)
         if parser.errors:
             self.stats["parse_failures"] += 1
-        if state.tool_calls:
-            state.finish_reason = "tool_calls"
-        else:
-            state.finish_reason = "length" if finish == "length" else "stop"
+        state.finish_reason = "tool_calls" if state.tool_calls else outcome
         state.settle_usage()
         out_calls = [(tc.name, tc.arguments if tc.kind == "function" else orjson.dumps({"input": tc.arguments}).decode())
                      for tc in state.tool_calls]

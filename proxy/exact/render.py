@@ -13,7 +13,7 @@ from typing import Any
 from tracefleet.formats.families import ModelFormat
 
 from ..canonical import Conversation
-from ..token_engine import engine_messages, engine_tools
+from ..token_engine import engine_messages, engine_tools, reasoning_template_kwargs
 
 
 @dataclass
@@ -29,15 +29,15 @@ class Rendered:
 
 
 def template_kwargs(fmt: ModelFormat, conv: Conversation) -> dict[str, Any]:
-    effort = conv.sampling.reasoning_effort
-    if not fmt.family.reasoning or effort is None:
-        return {}
-    # Qwen3 templates read enable_thinking; others ignore unknown variables
-    return {"enable_thinking": effort not in ("none", "minimal", "0"), "reasoning_effort": effort}
+    # the variables server mode sends as chat_template_kwargs (Qwen3 templates read enable_thinking; others
+    # ignore unknown variables), so both modes render the same prompt
+    return reasoning_template_kwargs(conv.sampling.reasoning_effort)
 
 
 def template_inputs(conv: Conversation) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    tools = engine_tools(conv) if conv.tools and conv.tool_choice != "none" else None
+    # tools are rendered even under tool_choice "none": vLLM does so unless started with
+    # --exclude-tools-when-tool-choice-none (off by default), and server mode must see the same prompt
+    tools = engine_tools(conv) if conv.tools else None
     return engine_messages(conv), tools
 
 

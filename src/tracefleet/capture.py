@@ -86,6 +86,15 @@ class CaptureRecord(BaseModel):
     error: CallError | None = None
     prompt_tokens: int = 0  # the engine's usage counts (the id list lengths when it reported none)
     completion_tokens: int = 0
+    # the sampling parameters sent, each {"value", "source": "request" | "engine_default"}: vLLM fills omitted
+    # ones from the model's generation_config.json, and its default logprobs are taken before them
+    sampling: dict[str, Any] | None = None
+    # what makes the record suspect, e.g. "token_count_mismatch": len(completion_ids), the engine's
+    # usage.completion_tokens and len(logprobs) disagree (a trainer should not trust its ids/logprobs)
+    flags: list[str] = Field(default_factory=list)
+    # the engine's [{version, start, end}] spans over the output tokens, where it reports them (vLLM v0.33);
+    # otherwise policy_version (taken when the call was admitted) is all there is
+    weight_versions: list[dict[str, Any]] | None = None
 
 
 class CaptureLog(BaseModel):

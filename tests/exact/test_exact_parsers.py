@@ -132,3 +132,23 @@ def test_family_detection_order():
     assert detect_family(template="<|im_start|>", model_type="qwen3", override="llama3") == "llama3"
     with pytest.raises(ValueError):
         detect_family(override="nope")
+
+
+def test_documented_differences_from_vllm_parsers():
+    """The rules the parsers' docstring says differ from vLLM's on purpose (vLLM's result in the comments)."""
+    bad = '<tool_call>\n{"name": "bash", "arguments": {"command": \n</tool_call>'
+    r = parse_output("chatml", bad + "\n" + HC, tools=TOOLS)
+    # vLLM hermes: all or nothing -> no calls, the whole text as content
+    assert [c.name for c in r.calls] == ["bash"] and len(r.errors) == 1 and r.content.startswith("<tool_call>")
+    r = parse_output("chatml", "Before.\n" + HC + "\nAfter.", tools=TOOLS)
+    # vLLM hermes: content is the text before the first <tool_call> only ("Before.\n")
+    assert r.content == "Before.\n\nAfter." and len(r.calls) == 1
+    r = parse_output("chatml", '<tool_call>{"name": "bash", "parameters": {"command": "ls"}}</tool_call>', tools=TOOLS)
+    # vLLM hermes: needs "arguments" -> no call
+    assert [json.loads(c.arguments) for c in r.calls] == [{"command": "ls"}]
+    r = parse_output("qwen3", "no think tags here")
+    # vLLM v0.33 qwen3: starts in reasoning -> all reasoning
+    assert (r.content, r.reasoning) == ("no think tags here", "")
+    r = parse_output("llama3", 'Sure: {"name": "bash", "parameters": {"command": "ls"}}', tools=TOOLS)
+    # vLLM v0.33 llama3_json: raw_decode at every "{" -> one call, the prose dropped
+    assert r.calls == [] and r.content.startswith("Sure:")

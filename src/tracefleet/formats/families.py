@@ -177,12 +177,11 @@ def _hf_dir(path: Path) -> tuple[Any, str, dict[str, Any], str | None]:
         return (v.get("content") if isinstance(v, dict) else v) or ""
 
     tok.bos_token, tok.eos_token = token(cfg.get("bos_token")), token(cfg.get("eos_token"))
-    template = cfg.get("chat_template")
+    # chat_template.jinja wins over tokenizer_config.json's chat_template, as in transformers (and so vLLM)
+    jinja = path / "chat_template.jinja"
+    template = jinja.read_text() if jinja.is_file() else cfg.get("chat_template")
     if isinstance(template, list):  # named templates: the default one
         template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
-    jinja = path / "chat_template.jinja"
-    if not template and jinja.is_file():
-        template = jinja.read_text()
     if not template:
         raise ValueError(f"{path} has no chat template (tokenizer_config.json or chat_template.jinja)")
     config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}

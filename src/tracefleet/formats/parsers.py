@@ -13,6 +13,29 @@ still turn into a tag is held back, nothing else. The rules follow the engines' 
 
 A tool call that does not parse is never dropped: its text is returned as content and the reason is
 appended to `errors`, so the caller can flag the call (the evaluator fails it closed).
+
+Where these rules differ from vLLM's parsers on purpose (checked against vLLM v0.11 and v0.33 sources,
+/work/shared/vllm-facts.md section 5; the token ids a trace records are the same in both modes, only the
+message the harness is shown can differ; tests/exact/test_exact_parsers.py pins each difference):
+
+- hermes, per call instead of all or nothing: vLLM returns no calls at all and the whole output as content
+  when one `<tool_call>` body is bad JSON. Here the good calls still go out and the bad one becomes flagged
+  text, so one malformed call neither hides the others nor passes unnoticed.
+- hermes, text after the first call: vLLM keeps only the text before the first `<tool_call>` as content;
+  here non-blank text between and after calls is content too (it was sampled; hiding it would show the
+  harness less than the model said). Whitespace around calls is dropped, as vLLM does.
+- hermes, argument spellings: `parameters` and double-encoded string arguments are accepted (vLLM needs an
+  `arguments` key); both come from models trained on other templates.
+- `<think>` (qwen3): reasoning only after `<think>` or when the prompt ends in it, and a `<tool_call>` inside
+  reasoning stays reasoning. vLLM v0.33 starts in reasoning unless thinking is off and lets `<tool_call>`
+  end it; v0.11 needs both tags. Output that never opens `<think>` is content here.
+- qwen3_coder: a `<tool_call>` wrapper is required, and a parameter missing from the schema gets a JSON
+  guess (vLLM v0.33 coerces by a fixed type order and accepts a bare `<function=`).
+- llama3_json: a reply is a call only when it starts with `{` or `<|python_tag|>` (vLLM v0.11's rule);
+  vLLM v0.33 searches every `{` in the text.
+- Special-token text: exact mode asks vLLM for `skip_special_tokens: false` (as vLLM's own parsers do),
+  so the text may carry the end-of-turn token's text; exact mode removes that before parsing (a special
+  token arrives whole in one chunk's text).
 """
 
 from __future__ import annotations

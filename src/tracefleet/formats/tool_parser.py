@@ -1,16 +1,21 @@
-"""Hermes tool calls (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) in sampled text.
+"""Hermes tool calls (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) in sampled text, in the
+shape the tracefleet engine's chat route streams them.
 
-Both shipped templates teach this format, the scripted backend emits it, and it is what vLLM's
-`hermes` parser reads. The streaming parser holds back only text that could still become a tag.
+There is one hermes parser: `parsers.TaggedParser`, which the proxy's exact mode uses. This module only
+adapts its events to `(text, calls)` pairs with OpenAI tool-call ids, so the engine and exact mode cannot
+disagree on what a call is.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+from .parsers import CALL_CLOSE as CLOSE
+from .parsers import CALL_OPEN as OPEN
+from .parsers import Event, TaggedParser
+
+__all__ = ["CLOSE", "OPEN", "ParsedToolCall", "StreamingToolParser", "new_tool_call_id", "parse_tool_calls"]
 
 
 @dataclass
@@ -30,18 +35,6 @@ def new_tool_call_id() -> str:
     return f"chatcmpl-tool-{uuid.uuid4().hex[:24]}"
 
 
-def parse_call_body(body: str) -> ParsedToolCall | None:
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    args_text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return ParsedToolCall(new_tool_call_id(), obj["name"], args_text)
-
-
 def parse_tool_calls(text: str) -> tuple[str, list[ParsedToolCall]]:
     """(content before/around the calls, calls). Unparseable blocks stay in the content."""
     parser = StreamingToolParser()
@@ -52,63 +45,24 @@ def parse_tool_calls(text: str) -> tuple[str, list[ParsedToolCall]]:
 
 class StreamingToolParser:
     def __init__(self) -> None:
-        self.buf = ""
-        self.in_call = False
+        self._parser = TaggedParser()
         self.calls: list[ParsedToolCall] = []
+
+    def _split(self, events: list[Event]) -> tuple[str, list[ParsedToolCall]]:
+        text: list[str] = []
+        calls: list[ParsedToolCall] = []
+        for ev in events:
+            if ev.call is not None:
+                calls.append(ParsedToolCall(new_tool_call_id(), ev.call.name, ev.call.arguments))
+            else:
+                text.append(ev.text)
+        self.calls.extend(calls)
+        return "".join(text), calls
 
     def feed(self, delta: str) -> tuple[str, list[ParsedToolCall]]:
         """Text safe to show now, and calls completed by this delta."""
-        self.buf += delta
-        out: list[str] = []
-        calls: list[ParsedToolCall] = []
-        while True:
-            if self.in_call:
-                end = self.buf.find(CLOSE)
-                if end < 0:
-                    break
-                body = self.buf[:end]
-                self.buf = self.buf[end + len(CLOSE):]
-                self.in_call = False
-                call = parse_call_body(body.strip())
-                if call is None:  # not a call after all: show it as text
-                    out.append(OPEN + body + CLOSE)
-                else:
-                    calls.append(call)
-                    self.calls.append(call)
-                continue
-            start = self.buf.find(OPEN)
-            if start >= 0:
-                if not (self.calls and not self.buf[:start].strip()):
-                    out.append(self.buf[:start])
-                self.buf = self.buf[start + len(OPEN):]
-                self.in_call = True
-                continue
-            keep = _partial_suffix(self.buf, OPEN)
-            if self.calls and not self.buf[:len(self.buf) - keep].strip():
-                keep = len(self.buf)  # whitespace between or after calls is not content
-            out.append(self.buf[:len(self.buf) - keep])
-            self.buf = self.buf[len(self.buf) - keep:]
-            break
-        return "".join(out), calls
+        return self._split(self._parser.feed(delta))
 
     def finish(self) -> tuple[str, list[ParsedToolCall]]:
         """At end of generation: an unterminated call whose JSON is complete still counts (EOS before the tag)."""
-        rest, self.buf = self.buf, ""
-        if self.in_call:
-            self.in_call = False
-            call = parse_call_body(rest.strip())
-            if call is not None:
-                self.calls.append(call)
-                return "", [call]
-            return OPEN + rest, []
-        if self.calls and not rest.strip():
-            return "", []
-        return rest, []
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest suffix of text that is a proper prefix of tag."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
+        return self._split(self._parser.finish())
