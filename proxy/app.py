@@ -12,6 +12,7 @@ import inspect
 import secrets
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -41,6 +42,36 @@ from .token_engine import CallState, TokenEngine
 PATH_SESSION = "tracefleet.path_session"
 CHAT, RESPONSES, ANTHROPIC, GOOGLE = OpenAIChat(), OpenAIResponses(), Anthropic(), Google()
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+ABANDON_MESSAGES = {
+    "client_disconnect": "the client disconnected before the answer completed",
+    "session_closed": "the session was closed while the call was in flight",
+}
+
+
+@dataclass(eq=False, slots=True)
+class Flight:
+    """A call in flight: the task answering it, so that a client's disconnect or its session's end can
+    cut it off (`reason`), and `landed` once it is recorded and answered."""
+
+    task: asyncio.Task[Any]
+    state: CallState
+    reason: str | None = None  # why it is being cut off: client_disconnect | session_closed
+    closing: bool = False  # its final event is being sent: no longer cut off by a disconnect
+    landed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def watch_disconnect(receive: Any, flight: Flight) -> None:
+    """Turn the client's disconnect into a cancellation of the call (its engine request with it).
+
+    Once the request body is read, the server's `receive` returns only when the client goes away
+    (or the answer is complete, when this watcher is no longer needed)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    if flight.reason is None and not flight.closing:
+        flight.reason = "client_disconnect"
+        flight.task.cancel()
 
 
 def dialect_for_path(path: str) -> Dialect:
@@ -116,6 +147,7 @@ class Proxy:
         self.engine = token_engine
         self.persist = Persister()
         self.in_flight = 0  # admitted calls not yet answered (the persister inlines fsync when alone)
+        self.flights: dict[str, set[Flight]] = {}  # session id -> its calls in flight (abandon them at session end)
 
     # -- responses -------------------------------------------------------------------------------
 
@@ -189,10 +221,19 @@ class Proxy:
         if conv.stream:
             return EventStream(self, dialect, state, ctx)  # counts itself out of in_flight when done
         self.in_flight += 1
+        flight = self._take_off(session, state)
+        watcher = asyncio.get_running_loop().create_task(watch_disconnect(receive, flight))
         try:
             return await self._call_whole(dialect, state, ctx)
+        except asyncio.CancelledError:
+            self._abandoned(dialect, state, ctx, flight)
+            if flight.reason is None or flight.task.uncancel() > 0:
+                raise
+            return self.error_response(dialect, state.error or ProxyError(flight.reason, ""), count=False)
         finally:
             self.in_flight -= 1
+            watcher.cancel()
+            self._land(flight)
 
     def _record(self, state: CallState, ctx: tuple[Any, ...]) -> bytes:
         """The call's capture-log line."""
@@ -201,6 +242,49 @@ class Proxy:
     async def _persist(self, state: CallState, ctx: tuple[Any, ...]) -> None:
         """The call's record made durable in its session's log (before the answer's final byte)."""
         await self.persist(ctx[0], self._record(state, ctx), state.error is not None, alone=self.in_flight <= 1)
+
+    def _take_off(self, session: Session, state: CallState) -> Flight:
+        """Register the current task as a call in flight for its session."""
+        task = asyncio.current_task()
+        assert task is not None
+        flight = Flight(task, state)
+        self.flights.setdefault(session.session_id, set()).add(flight)
+        return flight
+
+    def _land(self, flight: Flight) -> None:
+        calls = self.flights.get(flight.state.session_id)
+        if calls is not None:
+            calls.discard(flight)
+        flight.landed.set()
+
+    def _abandoned(self, dialect: Dialect, state: CallState, ctx: tuple[Any, ...], flight: Flight) -> None:
+        """Record a call cut off by its client or its session's end (if its record was not written yet).
+
+        Written inline: the task is being cancelled, and an await could be cancelled again. Leaving the
+        engine's generator (the caller's job) closes the engine request, which is what makes vLLM abort it."""
+        if state.done_at is not None:
+            return
+        kind = flight.reason or "client_disconnect"
+        state.error = ProxyError(kind, ABANDON_MESSAGES[kind])
+        state.done_at = time.time()
+        session: Session = ctx[0]
+        session.append_encoded(self._record(state, ctx), 1, True)
+        session.abandoned += 1
+        self._observe(dialect, state, str(state.error.status))
+        self.metrics.abandoned.labels(dialect.name, kind).inc()
+        if state.engine_sent_at is not None:
+            self.metrics.engine_cancelled.inc()
+
+    async def abandon(self, session_id: str, reason: str = "session_closed", wait_s: float = 5.0) -> int:
+        """Cut off every call of a session still in flight and return once each is recorded: how many."""
+        flights = list(self.flights.get(session_id, ()))
+        cut = [f for f in flights if f.reason is None and not f.closing and f.state.done_at is None]
+        for flight in cut:
+            flight.reason = reason
+            flight.task.cancel()
+        if flights:
+            await asyncio.wait([asyncio.ensure_future(f.landed.wait()) for f in flights], timeout=wait_s)
+        return len(cut)
 
     def _observe(self, dialect: Dialect, state: CallState, status: str) -> None:
         m = self.metrics
@@ -216,6 +300,8 @@ class Proxy:
     async def _call_whole(self, dialect: Dialect, state: CallState, ctx: tuple[Any, ...]) -> Response:
         conv = ctx[1]
         try:
+            # a cancellation (client gone, session closed) goes through the engine's generator and
+            # closes its engine request on the way out
             async for _ in self.engine.generate(conv, state):
                 pass
             payload = orjson.dumps(dialect.response(conv, state))
@@ -258,7 +344,7 @@ class EventStream(Response):
         self._opened = False  # SSE headers sent
         self._started = False  # the dialect's opening event sent
         self._closing = False  # the final event is being sent: no more pings, a disconnect is no longer one
-        self._disconnected = False
+        self.flight: Flight | None = None
         self._last = 0.0  # loop time of the last write
         self._ping: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -267,41 +353,32 @@ class EventStream(Response):
         proxy = self.proxy
         proxy.in_flight += 1
         loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
+        flight = self.flight = proxy._take_off(self.ctx[0], self.state)
         self._send = send
         self._last = loop.time()
         self._timer = loop.call_at(self._last + proxy.config.keepalive_s, self._tick)
-        watcher = loop.create_task(self._watch(receive, task))
+        watcher = loop.create_task(watch_disconnect(receive, flight))
         events = proxy.engine.generate(self.ctx[1], self.state)
         try:
             await self._stream(events, scope, receive)
         except asyncio.CancelledError:
-            # the harness went away (or the server is stopping): the partial call is still recorded
-            state = self.state
-            if state.done_at is None:
-                state.error = ProxyError("client_disconnect", "the client disconnected before the answer completed")
-                state.done_at = time.time()
-                self.ctx[0].append_encoded(proxy._record(state, self.ctx), 1, True)
-                proxy._observe(self.dialect, state, "499")
-            if not self._disconnected or task.uncancel() > 0:
+            # the harness went away, its session ended (or the server is stopping): the partial call is still recorded
+            proxy._abandoned(self.dialect, self.state, self.ctx, flight)
+            if flight.reason is None or flight.task.uncancel() > 0:
                 raise
+            if flight.reason != "client_disconnect":  # the harness is still there: tell it
+                with contextlib.suppress(Exception):
+                    await self._fail(self.state.error or ProxyError(flight.reason, ""), scope, receive)
         finally:
             proxy.in_flight -= 1
-            self._closing = True
+            self._closing = flight.closing = True
             self._timer.cancel()
             watcher.cancel()
             if self._ping is not None and not self._ping.done():
                 self._ping.cancel()
             with contextlib.suppress(BaseException):
                 await events.aclose()  # a stream left early (error, disconnect) closes its engine request
-
-    async def _watch(self, receive: Any, task: asyncio.Task[Any]) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        if not self._closing:
-            self._disconnected = True
-            task.cancel()
+            proxy._land(flight)
 
     def _tick(self) -> None:
         loop = asyncio.get_running_loop()
@@ -338,6 +415,8 @@ class EventStream(Response):
             await self._ping  # never interleave with (or overtake) a keep-alive write
         if final:
             self._closing = True
+            if self.flight is not None:
+                self.flight.closing = True
         if not self._opened:
             if final:
                 self._opened = True
@@ -395,11 +474,15 @@ class EventStream(Response):
         state.done_at = time.time()
         await proxy._persist(state, self.ctx)
         proxy._observe(dialect, state, str(error.status))
+        await self._fail(error, scope, receive)
+
+    async def _fail(self, error: ProxyError, scope: dict[str, Any], receive: Any) -> None:
+        """End the answer with `error`: a plain HTTP error before any output, else the dialect's error event."""
         if self._ping is not None and not self._ping.done():
             await self._ping
-        if not self._opened:  # refused before any output: a plain HTTP error
+        if not self._opened:  # refused before any output
             self._closing = self._opened = True
-            await proxy.error_response(dialect, error, count=False)(scope, receive, self._send)
+            await self.proxy.error_response(self.dialect, error, count=False)(scope, receive, self._send)
             return
         await self._write(self.writer.error(error), final=True)
 
@@ -499,6 +582,11 @@ def create_app(config: ProxyConfig, *, token_engine: TokenEngine | None = None) 
         m.active_sessions.set(proxy.sessions.active_count())
         m.paused.set(1 if proxy.controls.paused else 0)
         m.policy_version.set(proxy.controls.policy_version)
+        m.session_in_flight.clear()
+        for sid, flights in proxy.flights.items():
+            session = proxy.sessions.get(sid)
+            if session is not None and session.active:
+                m.session_in_flight.labels(sid).set(len(flights))
         return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # -- models ----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ ErrorKind = Literal[
     "engine_disconnect",  # the engine went away mid-call (502)
     "engine_unavailable",  # cannot connect to the engine (503)
     "client_disconnect",  # the harness went away (recorded only)
+    "session_closed",  # the runner closed the session with the call in flight (the harness is gone or going)
     "internal",  # a bug in the proxy (500)
 ]
 
@@ -37,6 +38,7 @@ STATUS_BY_KIND: dict[str, int] = {
     "engine_disconnect": 502,
     "engine_unavailable": 503,
     "client_disconnect": 499,
+    "session_closed": 503,
     "internal": 500,
 }
 
