@@ -107,3 +107,32 @@ def test_closing_a_session_cuts_off_its_calls_in_flight(slow_engine, start_proxy
     text = proxy.admin("GET", "/metrics").text
     assert metric(text, "tracefleet_proxy_abandoned_calls_total", dialect="openai-chat", reason="session_closed") == 2
     assert f'session="{s["session_id"]}"' not in text and f'session="{other["session_id"]}"' not in text
+
+
+def test_a_retry_after_a_client_timeout_is_recorded_beside_the_abandoned_call(slow_engine, start_proxy):
+    """Qwen Code's path: a non-streamed call given up on its client timeout, then sent again. The log
+    holds both attempts (same request); the trace continues through the retry, never the abandoned one."""
+    from tracefleet.traces import build_traces
+
+    slow_engine.configure(token_delay_s=0.0)
+    proxy = start_proxy(slow_engine.url)
+    s = proxy.new_session()
+    headers = {"authorization": f"Bearer {s['secret']}"}
+    messages = [{"role": "user", "content": "hi"}]
+    first = httpx.post(proxy.url + "/v1/chat/completions", headers=headers, json={"model": "m", "messages": messages},
+                       timeout=30).json()
+    messages += [first["choices"][0]["message"], {"role": "user", "content": "and now?"}]
+    body = {"model": "m", "messages": messages}
+    slow_engine.configure(token_delay_s=0.02, no_tools_text=LONG)
+    with pytest.raises(httpx.ReadTimeout):  # the harness's own timeout
+        httpx.post(proxy.url + "/v1/chat/completions", headers=headers, json=body, timeout=0.5)
+    slow_engine.configure(token_delay_s=0.0)
+    assert httpx.post(proxy.url + "/v1/chat/completions", headers=headers, json=body, timeout=30).status_code == 200
+    recs = records(proxy.capture_dir, s["session_id"])
+    assert [(r.status, r.error.kind if r.error else None) for r in recs] == [
+        ("ok", None), ("error", "client_disconnect"), ("ok", None)]
+    assert recs[1].request == recs[2].request  # the pair
+    result = build_traces(proxy.capture_dir / f"{s['session_id']}.jsonl")
+    assert [t.call_ids for t in result.traces] == [[recs[0].call_id, recs[2].call_id]]
+    assert result.stats.dropped == {"error:client_disconnect": 1}
+    assert wait_for(lambda: slow_engine.running() == 0, 5.0)
