@@ -50,9 +50,9 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-@pytest.mark.parametrize("dialect", DIALECTS)
-def test_abandoned_call_is_recorded_and_cancelled(slow_engine, start_proxy, dialect, stream):
-    proxy = start_proxy(slow_engine.url)
+@pytest.mark.parametrize(("dialect", "mode"), [(d, "server") for d in DIALECTS] + [("openai-chat", "exact")])
+def test_abandoned_call_is_recorded_and_cancelled(slow_engine, start_proxy, dialect, mode, stream):
+    proxy = start_proxy(slow_engine.url, mode=mode, **({"model_path": "smollm2"} if mode == "exact" else {}))
     s = proxy.new_session()
     url = urlsplit(proxy.url)
     # hang up once the engine is generating (a streamed call: once its first bytes arrived, and a little later)
@@ -64,7 +64,7 @@ def test_abandoned_call_is_recorded_and_cancelled(slow_engine, start_proxy, dial
     assert rec.error is not None and rec.error.kind == "client_disconnect", rec
     assert rec.timings.done_at is not None and rec.timings.done_at - hung_up < 1.0
     assert rec.dialect == dialect and rec.stream == stream
-    if stream:  # what the engine had produced is kept (a whole answer's token ids come only with it)
+    if stream or mode == "exact":  # what the engine had produced is kept (server mode: a whole answer's ids come with it)
         assert rec.status == "partial" and rec.prompt_ids and rec.completion_ids and rec.output_text.startswith("word0")
         assert len(rec.logprobs) == len(rec.completion_ids)
     assert wait_for(lambda: slow_engine.running() == 0, 5.0), "the engine request is still running"
