@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from .errors import ProxyError
 
 if TYPE_CHECKING:
-    from .app import Proxy
+    from .pipeline import Proxy
 
 
 def _json(data: Any, status: int = 200) -> Response:
