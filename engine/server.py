@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 import time
 import uuid
@@ -66,6 +67,7 @@ class EngineApp:
         self.default_max_tokens = default_max_tokens
         self.clamp_max_tokens = clamp_max_tokens
         self.created = int(time.time())
+        self.running = 0  # generations under way: vLLM's `vllm:num_requests_running` (GET /metrics)
 
     # --- helpers -------------------------------------------------------------------------------
     def check_model(self, model: str | None) -> str:
@@ -158,6 +160,7 @@ class EngineApp:
                 put("end", None)
 
         threading.Thread(target=worker, name="engine-generate", daemon=True).start()
+        self.running += 1
         detok = IncrementalDetokenizer(self.backend.tokenizer, skip_special_tokens=skip_special)
         hold = max((len(s) for s in stop), default=1) - 1
         pending = ""  # text not yet released (could be the start of a stop string)
@@ -215,6 +218,7 @@ class EngineApp:
                 last.finish_reason = last.finish_reason or "stop"
         finally:
             cancelled.set()
+            self.running -= 1
 
     # --- logprob shapes ------------------------------------------------------------------------
     def chat_logprob(self, tok: SampledToken, top: int) -> dict[str, Any]:
@@ -492,11 +496,41 @@ class EngineApp:
         self.check_prompt_ids(body.tokens) if body.tokens else None
         return {"prompt": self.backend.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
+    def metrics(self) -> bytes:
+        """Prometheus text with vLLM's names, so that tests and tools read either engine alike."""
+        labels = f'{{engine="0",model_name="{self.names[0]}"}}'
+        return (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{labels} {float(self.running)}\n"
+                f"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{labels} 0.0\n").encode()
+
     def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": self.created, "owned_by": "tracefleet", "root": name,
              "parent": None, "max_model_len": self.backend.max_model_len, "permission": []}
             for name in self.names]}
+
+
+async def until_disconnect(request: Request, answer: Any) -> Response:
+    """The handler's answer, or nothing once the client hangs up: a non-streamed generation is
+    cancelled (its tokens stop) when its caller goes away, as vLLM's `with_cancellation` does. (A
+    streamed one stops when StreamingResponse sees the disconnect.)"""
+    work = asyncio.ensure_future(answer)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+    if work in done:
+        return work.result()
+    with contextlib.suppress(asyncio.CancelledError):
+        await work
+    return Response(status_code=499)  # nobody reads it
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def create_app(backend: Backend, *, served_model_names: list[str] | None = None,
@@ -559,13 +593,17 @@ def create_app(backend: Backend, *, served_model_names: list[str] | None = None,
     async def detokenize(request: Request) -> dict[str, Any]:
         return engine.detokenize(await parse(request, DetokenizeRequest))
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(engine.metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        return await engine.chat(await parse(request, ChatCompletionRequest), request)
+        return await until_disconnect(request, engine.chat(await parse(request, ChatCompletionRequest), request))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await engine.completions(await parse(request, CompletionRequest), request)
+        return await until_disconnect(request, engine.completions(await parse(request, CompletionRequest), request))
 
     script_routes = getattr(backend, "script", None) is not None
     if script_routes:

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from .errors import ProxyError
 
 if TYPE_CHECKING:
-    from .app import Proxy
+    from .pipeline import Proxy
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -72,7 +72,11 @@ def add_admin_routes(app: FastAPI, proxy: Proxy) -> None:
     async def close_session(request: Request, session_id: str) -> Response:
         check(request)
         session = session_or_404(session_id)
+        # no new calls; the ones in flight are cut off (engine requests cancelled) and recorded before the log is sealed
+        session.active = False
+        await proxy.abandon(session_id)
         session.close()
+        proxy.flights.pop(session_id, None)
         proxy.metrics.active_sessions.set(proxy.sessions.active_count())
         return _json(session.info())
 

@@ -20,6 +20,7 @@ ErrorKind = Literal[
     "engine_unavailable",  # cannot connect to the engine, or it answered 503 (paused, queue full) (503, retryable)
     "engine_aborted",  # the engine aborted the generation (finish_reason "abort": a pause/weight sync) (503, retryable)
     "client_disconnect",  # the harness went away (recorded only)
+    "session_closed",  # the runner closed the session with the call in flight (the harness is gone or going)
     "internal",  # a bug in the proxy (500)
 ]
 
@@ -39,6 +40,7 @@ STATUS_BY_KIND: dict[str, int] = {
     "engine_unavailable": 503,
     "engine_aborted": 503,
     "client_disconnect": 499,
+    "session_closed": 503,
     "internal": 500,
 }
 

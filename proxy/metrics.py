@@ -40,9 +40,15 @@ class ProxyMetrics:
         self.active_sessions = Gauge("tracefleet_proxy_active_sessions", "Open sessions", registry=r)
         self.paused = Gauge("tracefleet_proxy_paused", "1 while paused for a policy update", registry=r)
         self.policy_version = Gauge("tracefleet_proxy_policy_version", "Current policy version", registry=r)
+        self.abandoned = Counter("tracefleet_proxy_abandoned_calls", "Calls cut off before their answer completed, by "
+                                 "dialect and reason (client_disconnect, session_closed)", ["dialect", "reason"], registry=r)
+        self.engine_cancelled = Counter("tracefleet_proxy_engine_requests_cancelled",
+                                        "Engine requests closed early because their call was abandoned", registry=r)
+        self.session_in_flight = Gauge("tracefleet_proxy_session_in_flight_calls", "Calls in flight per open session",
+                                       ["session"], registry=r)
         self.drift = Counter("tracefleet_proxy_drift", "Calls whose prompt did not extend the served history", registry=r)
 
-        for name in ("calls", "prompt_tokens", "completion_tokens", "ttft", "latency", "errors"):
+        for name in ("calls", "prompt_tokens", "completion_tokens", "ttft", "latency", "errors", "abandoned"):
             setattr(self, name, CachedLabels(getattr(self, name)))
 
     def render(self) -> bytes:

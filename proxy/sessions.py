@@ -25,6 +25,7 @@ class Session:
     metadata: dict[str, Any] = field(default_factory=dict)
     calls: int = 0
     errors: int = 0
+    abandoned: int = 0  # calls cut off in flight (client gone, session closed); also counted in `errors`
     active: bool = True
     _writer: CaptureWriter | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -47,7 +48,7 @@ class Session:
                 self._writer = None
 
     def info(self) -> dict[str, Any]:
-        return {"session_id": self.session_id, "calls": self.calls, "errors": self.errors,
+        return {"session_id": self.session_id, "calls": self.calls, "errors": self.errors, "abandoned": self.abandoned,
                 "capture_path": str(self.capture_path), "active": self.active, "metadata": self.metadata}
 
 

@@ -88,6 +88,7 @@ class Progress:
     running: int = 0
     accepted: int = 0
     calls: int = 0
+    abandoned: int = 0
     tokens: int = 0
     trainable_tokens: int = 0
     traces: int = 0
@@ -210,10 +211,16 @@ class LocalRun:
     def _engine(self) -> tuple[str, Any, str | None]:
         """(engine url, engine process or None, model name to request)."""
         inference = self.job.spec.inference
-        if self.options.engine_url:
-            return self.options.engine_url.rstrip("/"), None, None
-        if inference.external is not None:
-            return inference.external.base_url.rstrip("/"), None, inference.external.model
+        external = self.options.engine_url or (inference.external.base_url if inference.external else None)
+        if external:
+            # the name the engine serves reaches the harness and exact mode's tokenizer (not `default`)
+            from tracefleet.runner.services import served_model_name
+
+            model = None if self.options.engine_url else inference.external.model
+            try:
+                return external.rstrip("/"), None, model or served_model_name(external)
+            except RuntimeError as exc:
+                raise SystemExit(str(exc)) from None
         model = inference.managed.model
         local = LOCAL_MODEL_ALIASES.get(model)
         if local is None:
@@ -391,6 +398,7 @@ class LocalRun:
         self.results.append(run)
         progress.statuses[result.status] = progress.statuses.get(result.status, 0) + 1
         progress.calls += result.calls
+        progress.abandoned += result.abandoned_calls
         if result.status == "stopped":
             return  # interrupted sessions are redone by the next run (their group is not sealed)
         if result.status == "completed":
@@ -430,7 +438,8 @@ class LocalRun:
                          + (" (interrupted)" if interrupted else "")),
             ("status", ", ".join(f"{k} {v}" for k, v in sorted(p.statuses.items())) or "-"),
             ("mean reward", "-" if p.mean_reward is None else f"{p.mean_reward:.3f} over {len(p.rewards)} completed"),
-            ("model calls", str(p.calls)),
+            ("model calls", str(p.calls) + (f" ({p.abandoned} abandoned in flight: recorded, engine requests cancelled)"
+                                            if p.abandoned else "")),
             ("traces sealed", f"{sink.sealed_traces} ({p.tokens} tokens, {p.trainable_tokens} trainable)"),
             ("batches", f"{len(p.batches)} new: " + (", ".join(p.batches) if p.batches else "none")),
             ("output", sink.job_uri),

@@ -22,6 +22,7 @@ class SessionInfo(BaseModel):
     session_id: str
     calls: int = 0
     errors: int = 0
+    abandoned: int = 0  # calls cut off in flight (harness gone, or still running when the session closed)
     capture_path: str | None = None
     active: bool = False
 

@@ -72,6 +72,7 @@ class SessionResult(BaseModel):
     harness_exit_code: int | None = None
     calls: int = 0
     call_errors: int = 0
+    abandoned_calls: int = 0  # cut off in flight (harness gone or killed): recorded, their engine requests cancelled
     capture_path: str | None = None
     capture_torn: bool = False
     patch_bytes: int = 0
@@ -253,6 +254,7 @@ def run_session(
             try:
                 info = admin.close_session(registered.session_id)
                 result.calls, result.call_errors, result.capture_path = info.calls, info.errors, info.capture_path
+                result.abandoned_calls = info.abandoned
             except Exception as exc:  # noqa: BLE001
                 _fail(result, "capture", "error", f"closing the proxy session failed: {exc}")
     if workspace is not None and result.stage not in ("prepare",):

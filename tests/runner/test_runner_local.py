@@ -19,6 +19,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import yaml
 
+from tracefleet.capture import read_capture_log
+
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 MARK = "tracefleet-local-test-harness"
 
@@ -121,6 +123,10 @@ def test_local_run_seals_batches_with_rewards(scripted_engine: Any, tmp_path: Pa
     assert {r["task_id"]: r["reward"] for r in rows} == {"t0": 1.0, "t1": 0.0}
     assert all(r["num_trainable"] > 0 for r in rows)
     assert "mean reward    0.500" in output and "inspect: tracefleet traces ls" in output
+    # --engine-url: the harness was given the name the engine serves (read from its /v1/models), not `default`
+    requested = {r.requested_model for log in (tmp_path / "work" / "capture").glob("*.jsonl")
+                 for r in read_capture_log(log).records}
+    assert requested == {scripted_engine.model}
 
 
 def test_sigint_keeps_sealed_batches_and_rerun_completes_without_duplicates(scripted_engine: Any, tmp_path: Path) -> None:

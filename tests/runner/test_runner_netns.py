@@ -6,11 +6,19 @@ from __future__ import annotations
 import http.server
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from tracefleet.capture import read_capture_log
 from tracefleet.runner.netns import UnixToTcpBridge
+from tracefleet.runner.proxy_admin import ProxyAdmin
+from tracefleet.runner.services import InProcessProxy
 from tracefleet.runner.sandbox import SandboxOptions, netns_available, run_sandboxed
 
+CLIENT = Path(__file__).resolve().parents[1] / "fixtures" / "abandoning_client.py"
 PROBE = """
 import sys, urllib.request
 ok = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/", timeout=5).status
@@ -49,3 +57,38 @@ def test_netns_reaches_only_the_bridged_port(tmp_path: Path) -> None:
         bridge.close()
         proxy.shutdown()
         other.shutdown()
+
+
+@pytest.mark.parametrize(("dialect", "stream"), [("openai-chat", False), ("anthropic", True)])
+def test_a_call_abandoned_inside_the_namespace_is_recorded_and_cancelled(
+        scripted_engine: Any, tmp_path: Path, dialect: str, stream: bool) -> None:
+    """The bridge passes a harness's hang-up on: the proxy records the call and the engine stops."""
+    scripted_engine.configure(token_delay_s=0.02, no_tools_text=" ".join(f"word{i}" for i in range(100)))
+    capture = tmp_path / "capture"
+    proxy = InProcessProxy(engine_url=scripted_engine.url, capture_dir=capture, mode="server", served_model=None).start()
+    s = ProxyAdmin(proxy.url, proxy.admin_token).create_session()
+    port = proxy.port
+    bridge = UnixToTcpBridge(tmp_path / "proxy.sock", "127.0.0.1", port).start()
+    try:
+        result = run_sandboxed(
+            [sys.executable, str(CLIENT), "127.0.0.1", str(port), dialect, "1" if stream else "0", s.secret, "1.0"],
+            cwd=tmp_path, home=tmp_path / "home", timeout_s=60,
+            stdout_path=tmp_path / "out", stderr_path=tmp_path / "err",
+            options=SandboxOptions(netns=True, bridge_port=port, bridge_socket=tmp_path / "proxy.sock"),
+        )
+        assert result.exit_code == 0, (tmp_path / "err").read_text()
+        hung_up = float((tmp_path / "out").read_text())
+        log = capture / f"{s.session_id}.jsonl"
+        deadline = hung_up + 1.0
+        while not (log.exists() and read_capture_log(log).records) and time.time() < deadline:
+            time.sleep(0.02)
+        recs = read_capture_log(log).records if log.exists() else []
+        assert [r.error.kind for r in recs if r.error] == ["client_disconnect"], recs
+        assert recs[0].timings.done_at - hung_up < 1.0
+        deadline = time.monotonic() + 5
+        while scripted_engine.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert scripted_engine.running() == 0
+    finally:
+        bridge.close()
+        proxy.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -12,6 +13,7 @@ import pytest
 
 from tracefleet.capture import read_capture_log
 from tracefleet.runner.evaluators import EvaluatorSpec
+from tracefleet.runner.netns import UnixToTcpBridge
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.services import InProcessProxy
 from tracefleet.runner.session import HarnessConfig, SessionPlan, run_session
@@ -146,3 +148,50 @@ def test_proxy_down_is_an_error_at_register(tmp_path: Path) -> None:
     assert row.num_tokens == 0 and row.meta.outcome == "fail_closed" and row.meta.reward == 0.0
     assert row.meta.fail_closed_reasons == ["session_error:register", "evaluator_missing", "no_trainable_calls"]
     assert (row.meta.group_id, row.meta.task_id, row.meta.sample_index) == ("t/calc", "calc", 0)
+
+
+# Two calls at once (one streamed), never answered before the session's timeout kills the harness.
+IN_FLIGHT_HARNESS = textwrap.dedent(
+    """
+    import json, os, threading, time, urllib.request
+    def call(stream):
+        req = urllib.request.Request(
+            os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+            data=json.dumps({"model": os.environ["OPENAI_MODEL"], "stream": stream,
+                             "messages": [{"role": "user", "content": "write a lot"}]}).encode(),
+            headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
+        )
+        urllib.request.urlopen(req, timeout=600).read()
+    for stream in (False, True):
+        threading.Thread(target=call, args=(stream,)).start()
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("netns", [False, True], ids=["host", "netns"])
+def test_timeout_with_calls_in_flight_records_and_cancels_them(scripted_engine: Any, proxy: InProcessProxy,
+                                                               tmp_path: Path, netns: bool) -> None:
+    scripted_engine.configure(token_delay_s=0.05, no_tools_text=" ".join(f"word{i}" for i in range(200)))
+    plan = plan_for(tmp_path, "hang", timeout_s=3)
+    (tmp_path / "in_flight.py").write_text(IN_FLIGHT_HARNESS)
+    harness = plan.harness.model_copy(update={"command": [sys.executable, str(tmp_path / "in_flight.py")]})
+    bridge = None
+    if netns:
+        bridge = UnixToTcpBridge(tmp_path / "proxy.sock", "127.0.0.1", proxy.port).start()
+        harness = harness.model_copy(update={"netns": True, "bridge_socket": str(tmp_path / "proxy.sock")})
+    try:
+        run = go(plan.model_copy(update={"harness": harness}), proxy, tmp_path)
+    finally:
+        if bridge is not None:
+            bridge.close()
+    r = run.result
+    assert (r.status, r.stage) == ("timeout", "harness")
+    assert (r.calls, r.call_errors, r.abandoned_calls) == (2, 2, 2)
+    recs = read_capture_log(r.capture_path).records
+    assert sorted(rec.stream for rec in recs) == [False, True]
+    assert {rec.error.kind for rec in recs} <= {"client_disconnect", "session_closed"}
+    deadline = time.monotonic() + 5
+    while scripted_engine.running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scripted_engine.running() == 0, "an abandoned call is still generating at the engine"

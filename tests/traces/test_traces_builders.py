@@ -236,3 +236,34 @@ def test_recorded_capture_logs(path: Path) -> None:
         assert st.kept_calls + sum(st.dropped.values()) == st.calls
         assert sum(len(t.spans) for t in result.traces) == st.kept_calls
         assert_fidelity(result.traces, log.records)
+
+
+def test_retries_of_abandoned_calls_are_siblings_never_a_chain(tmp_path: Path) -> None:
+    """A harness that gives up on a call and retries it (Qwen Code on its client timeout): the abandoned
+    attempts are in the log (a partial one with what the engine had sampled, an errored one with none)
+    and never parents; the retry that was answered continues the chain from the attempts' own parent."""
+    from tracefleet.traces.calls import calls_from_records
+    from tracefleet.traces.merge import build_tree
+    from tracefleet.traces.schema import ReconstructionStats
+
+    s = SyntheticSession(tmp_path / "s.jsonl", "abandon")
+    a = s.call(s.tokens(30), 5)
+    p = s.extend(a, s.tokens(6))
+    s.call(p, 3, parent=a, status="partial")  # cut off mid-generation
+    s.call(p, parent=a, status="error", error_kind="client_disconnect")  # abandoned before its first token
+    retry = s.call(p, 5, parent=a)
+    c = s.call(s.extend(retry, s.tokens(4)), 5, parent=retry)
+    s.close()
+    log = read_capture_log(tmp_path / "s.jsonl")
+    assert [r.prompt_ids == p for r in log.records] == [False, True, True, True, False]  # the log shows the attempts
+    result = build_traces(tmp_path / "s.jsonl")
+    assert [t.call_ids for t in result.traces] == [[a.call_id, retry.call_id, c.call_id]]
+    assert result.stats.dropped == {"partial": 1, "error:client_disconnect": 1}
+    assert_fidelity(result.traces, s.records)
+    # The rule itself: an attempt that sampled tokens is a sibling of its retry, not its parent ...
+    calls = calls_from_records(log.records)
+    tree = build_tree([calls[0], calls[1], calls[3]], ReconstructionStats())
+    assert tree.parent == [-1, 0, 0] and tree.retry_of == [-1, -1, 1]
+    # ... whereas one that sampled nothing would be (its prompt + nothing is the retry's prompt): dropping it matters
+    tree = build_tree([calls[0], calls[2], calls[3]], ReconstructionStats())
+    assert tree.parent == [-1, 0, 1]

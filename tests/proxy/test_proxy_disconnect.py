@@ -1,0 +1,138 @@
+"""Calls a harness abandons mid-generation: recorded at once (`client_disconnect`, with what the engine
+had produced), and the engine request cancelled (the engine's running-request gauge back to zero).
+Also: a session closed with calls in flight cuts them off and records them before its log is sealed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from tracefleet.capture import CaptureRecord, read_capture_log
+
+from fixtures.abandoning_client import DIALECTS, abandon, request_bytes
+
+LONG = " ".join(f"word{i}" for i in range(100))  # ~200 tokens at 20 ms each: generating for seconds
+
+
+def records(capture_dir: Path, session_id: str) -> list[CaptureRecord]:
+    path = capture_dir / f"{session_id}.jsonl"
+    return read_capture_log(path).records if path.exists() else []
+
+
+def wait_for(check: Callable[[], Any], timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def slow_engine(scripted_engine: Any) -> Any:
+    scripted_engine.configure(token_delay_s=0.02, no_tools_text=LONG)
+    return scripted_engine
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{want}}}" if want else f"{name} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize(("dialect", "mode"), [(d, "server") for d in DIALECTS] + [("openai-chat", "exact")])
+def test_abandoned_call_is_recorded_and_cancelled(slow_engine, start_proxy, dialect, mode, stream):
+    proxy = start_proxy(slow_engine.url, mode=mode, **({"model_path": "smollm2"} if mode == "exact" else {}))
+    s = proxy.new_session()
+    url = urlsplit(proxy.url)
+    # hang up once the engine is generating (a streamed call: once its first bytes arrived, and a little later)
+    hung_up = abandon(url.hostname, url.port, request_bytes(dialect, stream, s["secret"]), stream, hold_s=10,
+                      ready=lambda: slow_engine.running() == 1 and time.sleep(0.3) is None)
+    recs = wait_for(lambda: records(proxy.capture_dir, s["session_id"]), 1.0)
+    assert recs, f"no record within a second of the hang-up ({time.time() - hung_up:.2f}s)"
+    rec = recs[0]
+    assert rec.error is not None and rec.error.kind == "client_disconnect", rec
+    assert rec.timings.done_at is not None and rec.timings.done_at - hung_up < 1.0
+    assert rec.dialect == dialect and rec.stream == stream
+    if stream or mode == "exact":  # what the engine had produced is kept (server mode: a whole answer's ids come with it)
+        assert rec.status == "partial" and rec.prompt_ids and rec.completion_ids and rec.output_text.startswith("word0")
+        assert len(rec.logprobs) == len(rec.completion_ids)
+    assert wait_for(lambda: slow_engine.running() == 0, 5.0), "the engine request is still running"
+    text = proxy.admin("GET", "/metrics").text
+    assert metric(text, "tracefleet_proxy_abandoned_calls_total", dialect=dialect, reason="client_disconnect") == 1
+    assert metric(text, "tracefleet_proxy_engine_requests_cancelled_total") == 1
+    info = proxy.admin("GET", f"/admin/sessions/{s['session_id']}").json()
+    assert (info["calls"], info["errors"], info["abandoned"]) == (1, 1, 1)
+
+
+def test_closing_a_session_cuts_off_its_calls_in_flight(slow_engine, start_proxy):
+    """Two calls in flight (one streamed, one not) when the runner closes the session: both are
+    recorded (`session_closed`) before the close returns, the engine runs nothing, the harness is told."""
+    proxy = start_proxy(slow_engine.url)
+    s, other = proxy.new_session(), proxy.new_session()
+    answers: list[str] = []
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+    def call(stream: bool) -> None:
+        with httpx.stream("POST", proxy.url + "/v1/chat/completions", json={**body, "stream": stream},
+                          headers={"authorization": f"Bearer {s['secret']}"}, timeout=30) as r:
+            answers.append(f"{r.status_code} {r.read().decode()}")
+
+    threads = [threading.Thread(target=call, args=(stream,)) for stream in (False, True)]
+    for t in threads:
+        t.start()
+    assert wait_for(lambda: slow_engine.running() == 2, 10.0)
+    assert metric(proxy.admin("GET", "/metrics").text, "tracefleet_proxy_session_in_flight_calls", session=s["session_id"]) == 2
+    started = time.monotonic()
+    info = proxy.admin("DELETE", f"/admin/sessions/{s['session_id']}").json()
+    assert time.monotonic() - started < 1.0
+    assert (info["abandoned"], info["calls"], info["errors"], info["active"]) == (2, 2, 2, False)
+    recs = records(proxy.capture_dir, s["session_id"])
+    assert sorted(r.stream for r in recs) == [False, True]
+    assert {r.error.kind for r in recs if r.error} == {"session_closed"}
+    assert wait_for(lambda: slow_engine.running() == 0, 5.0)
+    for t in threads:
+        t.join(10)
+    assert len(answers) == 2 and all("session was closed" in a for a in answers), answers
+    text = proxy.admin("GET", "/metrics").text
+    assert metric(text, "tracefleet_proxy_abandoned_calls_total", dialect="openai-chat", reason="session_closed") == 2
+    assert f'session="{s["session_id"]}"' not in text and f'session="{other["session_id"]}"' not in text
+
+
+def test_a_retry_after_a_client_timeout_is_recorded_beside_the_abandoned_call(slow_engine, start_proxy):
+    """Qwen Code's path: a non-streamed call given up on its client timeout, then sent again. The log
+    holds both attempts (same request); the trace continues through the retry, never the abandoned one."""
+    from tracefleet.traces import build_traces
+
+    slow_engine.configure(token_delay_s=0.0)
+    proxy = start_proxy(slow_engine.url)
+    s = proxy.new_session()
+    headers = {"authorization": f"Bearer {s['secret']}"}
+    messages = [{"role": "user", "content": "hi"}]
+    first = httpx.post(proxy.url + "/v1/chat/completions", headers=headers, json={"model": "m", "messages": messages},
+                       timeout=30).json()
+    messages += [first["choices"][0]["message"], {"role": "user", "content": "and now?"}]
+    body = {"model": "m", "messages": messages}
+    slow_engine.configure(token_delay_s=0.02, no_tools_text=LONG)
+    with pytest.raises(httpx.ReadTimeout):  # the harness's own timeout
+        httpx.post(proxy.url + "/v1/chat/completions", headers=headers, json=body, timeout=0.5)
+    slow_engine.configure(token_delay_s=0.0)
+    assert httpx.post(proxy.url + "/v1/chat/completions", headers=headers, json=body, timeout=30).status_code == 200
+    recs = records(proxy.capture_dir, s["session_id"])
+    assert [(r.status, r.error.kind if r.error else None) for r in recs] == [
+        ("ok", None), ("error", "client_disconnect"), ("ok", None)]
+    assert recs[1].request == recs[2].request  # the pair
+    result = build_traces(proxy.capture_dir / f"{s['session_id']}.jsonl")
+    assert [t.call_ids for t in result.traces] == [[recs[0].call_id, recs[2].call_id]]
+    assert result.stats.dropped == {"error:client_disconnect": 1}
+    assert wait_for(lambda: slow_engine.running() == 0, 5.0)

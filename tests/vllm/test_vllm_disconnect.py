@@ -1,0 +1,59 @@
+"""Real vLLM: a call the harness abandons mid-generation is recorded by the proxy within a second
+and aborted at vLLM (closing the proxy's engine connection is what makes vLLM abort it), streamed
+or not: `vllm:num_requests_running` goes back to where it was."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from tracefleet.capture import read_capture_log
+from tracefleet.proxy.app import create_app
+from tracefleet.proxy.config import ProxyConfig
+
+from fixtures.abandoning_client import abandon, request_bytes
+from fixtures.servers import ServedApp, serve_in_thread
+
+ADMIN = "admin-token-for-vllm-tests"
+PROMPT = "Count from 1 to 2000, one number per line."  # greedy SmolLM2: ~115 tokens, seconds on CPU
+
+
+@pytest.fixture
+def proxy(vllm_server: Any, tmp_path: Path) -> Iterator[ServedApp]:
+    served = serve_in_thread(create_app(ProxyConfig(engine_url=vllm_server.url, capture_dir=tmp_path, admin_token=ADMIN)))
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+def running(vllm_server: Any) -> int:
+    return int(vllm_server.counter("vllm:num_requests_running"))
+
+
+@pytest.mark.parametrize(("dialect", "stream"), [("openai-chat", False), ("openai-chat", True), ("anthropic", False),
+                                                 ("google", True)])
+def test_abandoned_call_is_aborted_at_vllm(vllm_server: Any, proxy: ServedApp, tmp_path: Path, dialect: str,
+                                           stream: bool) -> None:
+    session = httpx.post(proxy.url + "/admin/sessions", json={}, headers={"authorization": f"Bearer {ADMIN}"},
+                         timeout=30).json()
+    url = urlsplit(proxy.url)
+    before = running(vllm_server)
+    hung_up = abandon(url.hostname, url.port, request_bytes(dialect, stream, session["secret"], prompt=PROMPT, greedy=True), stream,
+                      hold_s=30, ready=lambda: running(vllm_server) > before)
+    log = tmp_path / f"{session['session_id']}.jsonl"
+    while not (log.exists() and read_capture_log(log).records) and time.time() < hung_up + 1.0:
+        time.sleep(0.02)
+    recs = read_capture_log(log).records if log.exists() else []
+    assert [r.error.kind if r.error else r.status for r in recs] == ["client_disconnect"]
+    assert recs[0].timings.done_at - hung_up < 1.0
+    deadline = time.monotonic() + 5
+    while running(vllm_server) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running(vllm_server) <= before, "vLLM is still generating for the abandoned call"
