@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from tracefleet.usage import DEBUG_ENV, USAGE_EXIT, UsageError, positive_int
+
 EPILOG = """\
 examples:
   tracefleet run examples/quickstart/job.yaml
@@ -37,14 +39,36 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="root URL of an OpenAI-compatible engine to use instead of starting the CPU engine")
     parser.add_argument("--accept", metavar="EXPR",
                         help="seal only sessions whose reward matches, e.g. 'reward>=1' (reported as accepted/attempted)")
-    parser.add_argument("--parallelism", "-j", type=int, metavar="N", help="sessions at once (default: spec.parallelism)")
+    parser.add_argument("--parallelism", "-j", type=positive_int, metavar="N", help="sessions at once (default: spec.parallelism)")
     parser.add_argument("--work-dir", type=Path, metavar="DIR",
                         help="session workspaces, capture logs and the engine log (default: $TMPDIR/tracefleet/JOB)")
     parser.add_argument("--netns", choices=("auto", "on", "off"), default="auto",
                         help="run each harness in a loopback-only network namespace where the proxy is the only "
                         "reachable endpoint (auto: when `unshare -rn` works here)")
-    parser.add_argument("--engine-threads", type=int, default=1, metavar="N", help="CPU threads for the local engine")
+    parser.add_argument("--engine-threads", type=positive_int, default=1, metavar="N", help="CPU threads for the local engine")
     parser.add_argument("--keep-workspaces", action="store_true", help="keep every session's workspace copies")
+
+
+def check_job_file(job: Path | None) -> list[str]:
+    """Every problem with the job file a run can see before it starts anything, as the lines
+    `tracefleet validate` prints (`FILE: field.path: message`); a missing or unusable path raises UsageError."""
+    from tracefleet.api.validation import problem_lines, validate_file
+
+    if job is None:
+        raise UsageError("JOB.yaml is required (or --in-pod inside an operator-created pod)")
+    if job.is_dir():
+        inside = sorted(p.name for p in job.glob("*.y*ml"))
+        hint = f" (it holds {', '.join(inside)})" if inside else ""
+        raise UsageError(f"{job} is a directory: give the RolloutJob file{hint}")
+    if not job.exists():
+        raise UsageError(f"{job}: no such file")
+    try:
+        results = validate_file(job)
+    except OSError as err:
+        raise UsageError(f"{job}: cannot read: {err.strerror or err}") from None
+    if len(results) > 1:
+        raise UsageError(f"{job} holds {len(results)} YAML documents; `tracefleet run` takes one RolloutJob per file")
+    return problem_lines(str(job), results)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -52,14 +76,18 @@ def main(args: argparse.Namespace) -> int:
         from tracefleet.runner.pod.harness import main as pod_main
 
         return pod_main()
-    from tracefleet.runner.local import LocalOptions, run_local
+    from tracefleet.runner.local import Acceptance, LocalOptions, run_local
 
-    if args.job is None:
-        print("tracefleet run: JOB.yaml is required (or --in-pod inside an operator-created pod)", file=sys.stderr)
-        return 2
-    if not args.job.is_file():
-        print(f"tracefleet run: {args.job}: no such file", file=sys.stderr)
-        return 2
+    problems = check_job_file(args.job)
+    if problems:
+        for line in problems:
+            print(f"tracefleet run: {line}", file=sys.stderr)
+        return USAGE_EXIT
+    if args.accept:
+        try:
+            Acceptance.parse(args.accept)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     options = LocalOptions(
         job_path=args.job,
         output=args.output,
@@ -75,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
         return run_local(options)
     except (RuntimeError, ValueError, OSError) as exc:
         # Start-up problems (engine, proxy, job file, bucket) are for the user to fix: say what, not where.
-        if os.environ.get("TRACEFLEET_DEBUG"):
+        if os.environ.get(DEBUG_ENV):
             raise
         print(f"tracefleet run: error: {exc}", file=sys.stderr)
         return 1

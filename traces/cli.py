@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from tracefleet.layout import batches_prefix
+from tracefleet.usage import USAGE_EXIT, UsageError
 
 EXAMPLES = """examples:
   tracefleet traces ls ./batches                         # jobs in a directory bucket
+  tracefleet traces ls capture/sess-1.jsonl              # the traces a capture log builds into
   tracefleet traces ls s3://rl/runs --job swe-1          # that job's sealed batches
   tracefleet traces show s3://rl/runs --job swe-1 --batch 3 --trace 0
   tracefleet traces show capture/sess-1.jsonl --html sess-1.html   # build + render a capture log
@@ -38,16 +40,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--profile", help="AWS profile for credentials")
         p.add_argument("--region", help="S3 region")
 
-    ls = sub.add_parser("ls", help="list jobs, or a job's batches (seq, traces, tokens, reward)")
+    ls = sub.add_parser("ls", help="list jobs, a job's batches (seq, traces, tokens, reward), or a capture log's traces")
     common(ls)
-    ls.add_argument("--json", action="store_true", help="print manifests as JSON")
+    ls.add_argument("--json", action="store_true", help="print manifests (a capture log: trace metadata) as JSON")
+    ls.add_argument("--builder", default="prefix-merge", choices=["prefix-merge", "per-request"], help="for capture logs")
 
     show = sub.add_parser("show", help="render a trace: masked vs trainable tokens, reward, stats")
     common(show)
     show.add_argument("--batch", type=int, help="batch seq (default: the latest)")
     show.add_argument("--trace", default="0", help="row number in the batch or a trace id (default 0)")
     show.add_argument("--builder", default="prefix-merge", choices=["prefix-merge", "per-request"], help="for capture logs")
-    show.add_argument("--tokenizer", help="tokenizer.json to show text instead of token ids")
+    show.add_argument("--tokenizer", metavar="REF",
+                      help="tokenizer to decode with: a shipped model (smollm2, gemma3-270m), a .gguf file, a Hugging "
+                      "Face model directory or hub id in the local cache, or a tokenizer.json (default: the trace's "
+                      "own model, when this machine has it)")
+    show.add_argument("--ids", action="store_true", help="show token ids, not text")
     show.add_argument("--html", metavar="FILE", help="also write a standalone HTML page")
     show.add_argument("--max-context", type=int, default=64, help="context tokens shown per turn (middle elided)")
     show.add_argument("--max-tokens", type=int, default=4000, help="tokens shown in the terminal")
@@ -87,34 +94,81 @@ def _job(args: argparse.Namespace, bucket: Any) -> str:
     return jobs[0]
 
 
+CAPTURE_LOG_SUFFIX = ".jsonl"
+WHAT_URI_IS = "a bucket (a directory or s3://BUCKET/PREFIX) or a capture log (.jsonl)"
+
+
 def _is_capture_log(uri: str) -> bool:
-    return uri.endswith(".jsonl") and Path(uri).is_file()
+    """True for a capture log; a path that cannot be one a bucket can be either is a UsageError here, so
+    that neither is reported as the other (`traces ls missing.jsonl` is a missing capture log)."""
+    if "://" in uri:
+        return False
+    path = Path(uri)
+    if uri.endswith(CAPTURE_LOG_SUFFIX):
+        if path.is_file():
+            return True
+        raise UsageError(f"{uri}: no such capture log" if not path.exists() else f"{uri} is not a file: expected a capture log")
+    if path.is_file():
+        raise UsageError(f"{uri} is a file, not {WHAT_URI_IS}")
+    return False
 
 
 def _load_traces(args: argparse.Namespace) -> tuple[list[Any], str]:
-    from .build import build_traces
     from .reader import BatchReader
 
     if _is_capture_log(args.uri):
-        result = build_traces(args.uri, builder=args.builder)
-        return result.traces, f"{args.uri} ({args.builder})"
+        return _capture_traces(args), f"{args.uri} ({args.builder})"
     bucket = _bucket(args)
     job = _job(args, bucket)
     reader = BatchReader(bucket, job)
     seqs = reader.seqs()
     if not seqs:
-        raise SystemExit(f"no sealed batches for job {job!r} in {bucket.uri}")
+        jobs = _jobs(bucket)
+        raise UsageError(f"no sealed batches for job {job!r} in {bucket.uri} (jobs there: {', '.join(jobs) or 'none'})")
     if getattr(args, "batch", None) is None and args.traces_command == "export":
         return [t for s in seqs for t in reader.read(s).traces()], f"{bucket.uri} job {job}"
     seq = args.batch if args.batch is not None else seqs[-1]
+    if seq not in seqs:
+        raise UsageError(f"--batch {seq}: job {job!r} has no such batch (sealed: {_seq_ranges(seqs)})")
     return reader.read(seq).traces(), f"{bucket.uri} job {job} batch {seq:06d}"
 
 
+def _seq_ranges(seqs: list[int]) -> str:
+    """`0..3, 7` for [0, 1, 2, 3, 7]."""
+    runs: list[list[int]] = []
+    for s in sorted(seqs):
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
+
+
+def _capture_traces(args: argparse.Namespace) -> list[Any]:
+    """The traces a capture log builds into; the model the engine served rides along as trace metadata
+    (a capture log has no runner to name it), so `show` can find the tokenizer."""
+    from tracefleet.capture import read_capture_log
+
+    from .build import build_traces
+    from .schema import SessionInfo
+
+    log = read_capture_log(args.uri)
+    if not log.records and log.bad_lines:
+        raise UsageError(f"{args.uri}: no capture records ({len(log.bad_lines)} line(s) are not capture records)")
+    first = log.records[0] if log.records else None
+    model = (first.engine_model or first.requested_model) if first is not None else None
+    session = SessionInfo(session_id=Path(args.uri).stem, model=model)
+    return build_traces(log, builder=args.builder, session=session).traces
+
+
 def main(args: argparse.Namespace) -> int:
-    from tracefleet.bucket import BucketError
+    from tracefleet.bucket import BucketError, BucketNotFound
 
     try:
         return {"ls": _ls, "show": _show, "export": _export, "flush": _flush}[args.traces_command](args)
+    except BucketNotFound as exc:  # a wrong name is the user's to fix: a usage mistake
+        print(f"tracefleet traces: {exc}", file=sys.stderr)
+        return USAGE_EXIT
     except BucketError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -123,6 +177,8 @@ def main(args: argparse.Namespace) -> int:
 def _ls(args: argparse.Namespace) -> int:
     from .reader import BatchReader
 
+    if _is_capture_log(args.uri):
+        return _ls_capture(args)
     bucket = _bucket(args)
     if not args.job:
         jobs = _jobs(bucket)
@@ -143,8 +199,23 @@ def _ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ls_capture(args: argparse.Namespace) -> int:
+    """A capture log's traces (prefix-merge), one line each: what `traces show --trace N` would render."""
+    traces = _capture_traces(args)
+    if args.json:
+        print(json.dumps([t.meta.model_dump(mode="json") for t in traces], indent=2))
+        return 0
+    print(f"{'trace':>5}  {'calls':>5}  {'tokens':>8}  {'trainable':>9}  {'reward':>6}  trace id")
+    for i, t in enumerate(traces):
+        reward = "-" if t.meta.reward is None else f"{t.meta.reward:g}"
+        print(f"{i:>5}  {len(t.spans):>5}  {t.num_tokens:>8,}  {t.num_trainable:>9,}  {reward:>6}  {t.meta.trace_id}")
+    if not traces:
+        print(f"no traces in {args.uri}", file=sys.stderr)
+    return 0
+
+
 def _show(args: argparse.Namespace) -> int:
-    from .render import ids_decoder, render_html, render_terminal, tokenizer_decoder
+    from .render import render_html, render_terminal
 
     traces, where = _load_traces(args)
     if not traces:
@@ -159,7 +230,7 @@ def _show(args: argparse.Namespace) -> int:
         if not found:
             raise SystemExit(f"--trace {pick}: no such trace id in {where}")
         trace = found[0]
-    decode = tokenizer_decoder(args.tokenizer) if args.tokenizer else ids_decoder
+    decode = _decoder(args, trace)
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     print(f"# {where}: trace {traces.index(trace) + 1} of {len(traces)}")
     sys.stdout.write(render_terminal(trace, decode=decode, color=color, max_context=args.max_context, max_tokens=args.max_tokens))
@@ -167,6 +238,27 @@ def _show(args: argparse.Namespace) -> int:
         Path(args.html).write_text(render_html(trace, decode=decode), encoding="utf-8")
         print(f"wrote {args.html}")
     return 0
+
+
+def _decoder(args: argparse.Namespace, trace: Any) -> Any:
+    """Text by default: the tokenizer --tokenizer names (a mistake there is the user's), else the trace's
+    own tokenizer or model when this machine has it; token ids otherwise (--ids), with a note why."""
+    from .render import ids_decoder, tokenizer_decoder, trace_decoder
+
+    if args.ids:
+        return ids_decoder
+    if args.tokenizer:
+        ref = args.tokenizer
+        if ref.endswith((".json", ".gguf")) and not Path(ref).expanduser().exists():
+            raise UsageError(f"--tokenizer {ref}: no such file")
+        try:
+            return tokenizer_decoder(ref)
+        except Exception as exc:  # noqa: BLE001 - whatever the loader says, it is about the ref the user gave
+            raise UsageError(f"--tokenizer {ref}: {exc}") from None
+    decode, _, why = trace_decoder([trace.meta.tokenizer, trace.meta.model])
+    if why:
+        print(f"(showing token ids: {why}; name one with --tokenizer)", file=sys.stderr)
+    return decode
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -22,16 +22,36 @@ def ids_decoder(ids: list[int]) -> list[str]:
     return [f"{i} " for i in ids]
 
 
-def tokenizer_decoder(path: str) -> Decoder:
-    """Per-token text from a tokenizer.json (Hugging Face `tokenizers`)."""
-    from tokenizers import Tokenizer
+def tokenizer_decoder(ref: str) -> Decoder:
+    """Per-token text with the tokenizer `ref` names: a shipped model (`smollm2`, `gemma3-270m`), a .gguf
+    file, a Hugging Face model directory or hub id in the local cache, or a tokenizer.json
+    (`tracefleet.formats.families.load_tokenizer`). A character split over several tokens is shown once,
+    at the token that completes it, so a run of tokens reads as the text the model wrote."""
+    from tracefleet.formats.families import load_tokenizer
+    from tracefleet.formats.tokenizer import IncrementalDetokenizer
 
-    tok = Tokenizer.from_file(path)
+    tok = load_tokenizer(ref)
 
     def decode(ids: list[int]) -> list[str]:
-        return [tok.decode([i], skip_special_tokens=False) for i in ids]
+        detok = IncrementalDetokenizer(tok, skip_special_tokens=False)
+        texts = [detok.push(i) for i in ids]
+        if texts:
+            texts[-1] += detok.flush()
+        return texts
 
     return decode
+
+
+def trace_decoder(refs: list[str | None]) -> tuple[Decoder, str | None, str | None]:
+    """(decoder, the ref that resolved, why none did) for the first of `refs` (the trace's tokenizer,
+    its model, ...) whose tokenizer is on this machine; token ids when none is."""
+    tried: list[str] = []
+    for ref in dict.fromkeys(r for r in refs if r):
+        try:
+            return tokenizer_decoder(ref), ref, None
+        except Exception as exc:  # noqa: BLE001 - any loader failure means: not this one, try the next
+            tried.append(f"{ref!r} ({exc})")
+    return ids_decoder, None, ("no tokenizer found for " + "; ".join(tried)) if tried else "the trace names no model"
 
 
 def _segments(trace: Trace, max_context: int) -> list[tuple[str, str, list[int], list[float]]]:
@@ -42,7 +62,7 @@ def _segments(trace: Trace, max_context: int) -> list[tuple[str, str, list[int],
         if len(ctx) > max_context > 0:
             head, tail = ctx[: max_context // 2], ctx[-(max_context - max_context // 2) :]
             out.append(("context", "", head, []))
-            out.append(("elided", f"… {len(ctx) - len(head) - len(tail):,} context tokens …", [], []))
+            out.append(("elided", f" [… {len(ctx) - len(head) - len(tail):,} context tokens …] ", [], []))
             out.append(("context", "", tail, []))
         elif ctx:
             out.append(("context", "", ctx, []))

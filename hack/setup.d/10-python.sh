@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# The Python environment: the project (editable) with every extra the tests exercise.
+# doors: quickstart test
+# The Python environment: the project (editable) with the extras the door needs: `local` (what
+# `tracefleet run` needs here) for the quickstart, every extra the tests exercise for the tests.
 set -euo pipefail
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip setuptools wheel
-.venv/bin/python -m pip install -q -e '.[test,operator]'
+case "${TRACEFLEET_SETUP_DOOR:-test}" in
+  quickstart) extras="local" ;;
+  *) extras="local,test,operator" ;;
+esac
+.venv/bin/python -m pip install -q -e ".[$extras]"

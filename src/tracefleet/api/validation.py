@@ -6,6 +6,10 @@ message from `tracefleet validate` and one from `kubectl apply` point at the sam
 
 from __future__ import annotations
 
+import difflib
+import re
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -13,7 +17,7 @@ from typing import Any, Iterable
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .model import RolloutJob
+from .model import API_VERSION, KIND, RolloutJob
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,43 @@ def _join(base: str, suffix: str) -> str:
     return base + suffix
 
 
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (through Optional, list, dict values, Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _models_in(args[0])
+    if origin in (typing.Union, types.UnionType, list, tuple):
+        return [m for a in args for m in _models_in(a)]
+    if origin is dict and len(args) == 2:
+        return _models_in(args[1])
+    return []
+
+
+def _fields_at(loc: list[str | int]) -> list[str]:
+    """The field names (as spelled on the wire) of the object at `loc` in a RolloutJob: what a typo
+    was meant to be. Empty when the location is not inside a known model."""
+    models: list[type[BaseModel]] = [RolloutJob]
+    for part in loc:
+        if isinstance(part, int):
+            continue  # list index: the element type was already unwrapped
+        nxt: list[type[BaseModel]] = []
+        for model in models:
+            for name, info in model.model_fields.items():
+                if part in (name, info.alias):
+                    nxt += _models_in(info.annotation)
+        models = nxt
+    return [info.alias or name for model in models for name, info in model.model_fields.items()]
+
+
+def _did_you_mean(word: Any, choices: Iterable[str], *, value: bool = False) -> str:
+    """` (did you mean X?)` for the closest choice (a value quoted, a field name bare), or nothing."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close and value else f" (did you mean {close[0]}?)" if close else ""
+
+
 def problems_from_error(err: ValidationError) -> list[Problem]:
     problems: list[Problem] = []
     for e in err.errors(include_url=False):
@@ -55,7 +96,12 @@ def problems_from_error(err: ValidationError) -> list[Problem]:
         elif e["type"] == "missing":
             problems.append(Problem(base, "Required value"))
         elif e["type"] == "extra_forbidden":
-            problems.append(Problem(base, "unknown field"))
+            problems.append(Problem(base, "unknown field" + _did_you_mean(loc[-1], _fields_at(loc[:-1]))))
+        elif e["type"] == "literal_error":
+            allowed = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+            problems.append(Problem(base, f"{e['msg']}; got {e['input']!r}" + _did_you_mean(e["input"], allowed, value=True)))
+        elif e["type"] in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+            problems.append(Problem(base, f"{e['msg']}; got {e['input']!r}"))
         else:
             problems.append(Problem(base, e["msg"]))
     # A union reports one error per member; keep each (path, message) once.
@@ -66,6 +112,9 @@ def validate_manifest(data: Any) -> list[Problem]:
     """Problems with one RolloutJob manifest (a parsed YAML document); empty when it is valid."""
     if not isinstance(data, dict):
         return [Problem("", f"expected a mapping (a RolloutJob manifest), got {type(data).__name__}")]
+    if "kind" in data and data["kind"] != KIND:
+        # Another resource (a Deployment, a ConfigMap): its fields' problems would only be noise.
+        return [Problem("kind", f"{data['kind']!r} is not a RolloutJob (expected apiVersion: {API_VERSION}, kind: {KIND})")]
     try:
         RolloutJob.model_validate(data)
     except ValidationError as err:
@@ -90,16 +139,66 @@ def validate_update(old: RolloutJob, new: RolloutJob) -> list[Problem]:
     return problems
 
 
-def validate_text(text: str) -> list[tuple[int, list[Problem]]]:
-    """(document index, problems) for every YAML document in `text`; a YAML syntax error is one problem."""
+def local_problems(job: RolloutJob, base_dir: Path) -> list[Problem]:
+    """What only the machine that runs the job can check: task sources given as local paths (relative
+    to the manifest's directory, as `tracefleet run` reads them) exist. Remote ones are left to the run."""
+    from tracefleet.runner.task import is_remote
+
+    def missing(value: str | None) -> str | None:
+        if not value or is_remote(value):
+            return None
+        path = Path(value).expanduser()
+        where = path if path.is_absolute() else base_dir / path
+        if where.exists():
+            return None
+        return f"{value}: no such file or directory" + ("" if path.is_absolute() else f" (relative to {base_dir})")
+
+    problems: list[Problem] = []
+    tasks = job.spec.tasks
+    if tasks.uri and (message := missing(tasks.uri)):
+        problems.append(Problem("spec.tasks.uri", message))
+    for i, task in enumerate(tasks.inline or ()):
+        for key in ("repo", "archive"):
+            if task.workspace is not None and (message := missing(getattr(task.workspace, key))):
+                problems.append(Problem(f"spec.tasks.inline[{i}].workspace.{key}", message))
+    return problems
+
+
+def validate_text(text: str, base_dir: Path | None = None) -> list[tuple[int, list[Problem]]]:
+    """(document index, problems) for every YAML document in `text`; a YAML syntax error is one problem.
+    With `base_dir` (the manifest's directory) local task paths are checked too (`local_problems`)."""
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as err:
-        return [(0, [Problem("", f"invalid YAML: {err}")])]
+        # One line: the parser's own message spans several (problem, context, a caret under the column).
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return [(0, [Problem("", f"invalid YAML{where}: {getattr(err, 'problem', None) or err}")])]
     if not docs:
         return [(0, [Problem("", "no YAML document found")])]
-    return [(i, validate_manifest(d)) for i, d in enumerate(docs)]
+    results = []
+    for i, doc in enumerate(docs):
+        problems = validate_manifest(doc)
+        if not problems and base_dir is not None:
+            problems = local_problems(RolloutJob.model_validate(doc), base_dir)
+        results.append((i, problems))
+    return results
 
 
 def validate_file(path: str | Path) -> list[tuple[int, list[Problem]]]:
-    return validate_text(Path(path).read_text())
+    """Problems of every RolloutJob in a file, local task paths included (see `validate_text`)."""
+    try:
+        text = Path(path).read_text()
+    except UnicodeDecodeError:
+        return [(0, [Problem("", "not a text file (a RolloutJob manifest is YAML)")])]
+    return validate_text(text, base_dir=Path(path).resolve().parent)
+
+
+def document_name(name: str, index: int, count: int) -> str:
+    """How a message names one document of a file: `FILE`, or `FILE[i]` when the file holds several."""
+    return f"{name}[{index}]" if count > 1 else name
+
+
+def problem_lines(name: str, results: list[tuple[int, list[Problem]]]) -> list[str]:
+    """`FILE: field.path: message` per problem: the one format `tracefleet validate` and `tracefleet run` print."""
+    return [f"{document_name(name, index, len(results))}: {p}" for index, problems in results for p in problems]

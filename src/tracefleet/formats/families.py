@@ -117,14 +117,11 @@ def load_model_format(ref: str, *, family: str | None = None, template_file: str
     `family` / `tool_parser` override detection (the RolloutJob's `model_family` / `tool_parser`)."""
     from .models import MODELS, ensure_tokenizer_json, gguf_metadata, resolve_model, template_source
 
-    path = Path(ref).expanduser()
     model_type = arch = None
-    if not path.exists() and ref not in MODELS and not ref.endswith(".gguf"):
-        path = cached_snapshot(ref)
-        name = name or ref
-    if path.is_dir():
+    path = model_dir(ref)
+    if path is not None:
         tok, template, tvars, model_type = _hf_dir(path)
-        served = name or path.name
+        served = name or (path.name if Path(ref).expanduser().exists() else ref)
     else:
         spec = resolve_model(ref)
         tok = HFTokenizer(ensure_tokenizer_json(spec.gguf_path), add_bos=spec.add_bos)
@@ -142,6 +139,32 @@ def load_model_format(ref: str, *, family: str | None = None, template_file: str
         if tool_parser not in FAMILY_PARSERS:
             raise ValueError(f"unknown tool parser {tool_parser!r}; known: {sorted(FAMILY_PARSERS)}")
     return ModelFormat(served, tok, template, FAMILIES[fam], tvars, tool_parser)
+
+
+def model_dir(ref: str) -> Path | None:
+    """The Hugging Face model directory `ref` names (a path, or a hub id in the local cache), or None
+    when it names a shipped model or a .gguf file (`resolve_model` reads those)."""
+    from .models import MODELS
+
+    path = Path(ref).expanduser()
+    if not path.exists() and ref not in MODELS and not ref.endswith(".gguf"):
+        path = cached_snapshot(ref)
+    return path if path.is_dir() else None
+
+
+def load_tokenizer(ref: str) -> HFTokenizer:
+    """Only the tokenizer of `ref`: anything `load_model_format` takes, or a tokenizer.json file. What a
+    reader of traces needs to turn ids into text (no chat template required). Local artifacts only."""
+    from .models import ensure_tokenizer_json, resolve_model
+
+    path = Path(ref).expanduser()
+    if path.is_file() and path.suffix == ".json":
+        return HFTokenizer(path, add_bos=False)
+    directory = model_dir(ref)
+    if directory is not None:
+        return _hf_tokenizer(directory)
+    spec = resolve_model(ref)
+    return HFTokenizer(ensure_tokenizer_json(spec.gguf_path), add_bos=spec.add_bos)
 
 
 def cached_snapshot(repo_id: str) -> Path:
@@ -166,17 +189,28 @@ def _shipped() -> list[str]:
     return sorted(MODELS)
 
 
-def _hf_dir(path: Path) -> tuple[Any, str, dict[str, Any], str | None]:
+def _tokenizer_config(path: Path) -> dict[str, Any]:
+    return json.loads((path / "tokenizer_config.json").read_text()) if (path / "tokenizer_config.json").is_file() else {}
+
+
+def _hf_tokenizer(path: Path) -> HFTokenizer:
+    """The tokenizer of a Hugging Face model directory (tokenizer.json, BOS/EOS from tokenizer_config.json)."""
     tj = path / "tokenizer.json"
     if not tj.is_file():
         raise FileNotFoundError(f"{path} has no tokenizer.json")
-    cfg = json.loads((path / "tokenizer_config.json").read_text()) if (path / "tokenizer_config.json").is_file() else {}
+    cfg = _tokenizer_config(path)
     tok = HFTokenizer(tj, add_bos=bool(cfg.get("add_bos_token", False)))
 
     def token(v: Any) -> str:
         return (v.get("content") if isinstance(v, dict) else v) or ""
 
     tok.bos_token, tok.eos_token = token(cfg.get("bos_token")), token(cfg.get("eos_token"))
+    return tok
+
+
+def _hf_dir(path: Path) -> tuple[Any, str, dict[str, Any], str | None]:
+    tok = _hf_tokenizer(path)
+    cfg = _tokenizer_config(path)
     # chat_template.jinja wins over tokenizer_config.json's chat_template, as in transformers (and so vLLM)
     jinja = path / "chat_template.jinja"
     template = jinja.read_text() if jinja.is_file() else cfg.get("chat_template")

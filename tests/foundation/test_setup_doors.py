@@ -1,0 +1,45 @@
+"""The two front doors install what they need and no more: `make quickstart` runs only the setup parts
+the local job uses (no control-plane build, no harness CLIs, no S3 server or torch, no browser), and
+`make test` (what CI runs) runs every part. Read from `make -n`, as a newcomer would check it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PARTS = sorted(p.name for p in (REPO / "hack" / "setup.d").glob("*.sh"))
+DOORS = {"quickstart", "test"}
+
+
+def make_n(target: str) -> str:
+    proc = subprocess.run(["make", "-n", target], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_every_part_names_known_doors() -> None:
+    for part in PARTS:
+        found = re.findall(r"^# doors: (.+)$", (REPO / "hack" / "setup.d" / part).read_text(), re.M)
+        assert len(found) <= 1 and set((found or ["test"])[0].split()) <= DOORS, (part, found)
+
+
+def test_quickstart_door_skips_what_the_local_job_does_not_use() -> None:
+    out = make_n("quickstart")
+    assert "bash hack/setup.sh quickstart" in out and "tracefleet run examples/quickstart/job.yaml" in out
+    runs = out.split("# runs:", 1)[1].splitlines()[0].split()
+    assert runs == ["10-python.sh", "40-engine.sh"], runs
+    for heavy in ("controlplane", "harnesses", "traces", "browser", "vllm", "go build"):
+        assert heavy not in out, (heavy, out)
+
+
+def test_test_door_runs_every_part() -> None:
+    out = make_n("test")
+    assert "bash hack/setup.sh test" in out and "pytest" in out
+    assert out.split("# runs:", 1)[1].splitlines()[0].split() == PARTS
+
+
+def test_an_unknown_door_is_one_line() -> None:
+    proc = subprocess.run(["bash", "hack/setup.sh", "quick"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == ["hack/setup.sh: unknown door 'quick' (quickstart or test)"]
