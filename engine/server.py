@@ -337,11 +337,12 @@ class EngineApp:
                         "finish_reason": None}])
         if body.return_token_ids:
             first["prompt_token_ids"] = gen.prompt_ids
-        yield _sse(first)
         n_calls = 0
         n_out = 0
         try:
             async for step in steps:
+                if not n_out:  # as vLLM: the role chunk goes out with the first output (after prefill), not before
+                    yield _sse(first)
                 n_out += 1
                 delta: dict[str, Any] = {}
                 text = step.text
@@ -381,6 +382,8 @@ class EngineApp:
             return
         finally:
             await steps.aclose()  # a client that went away stops the backend at the next token
+        if not n_out:
+            yield _sse(first)
         if include_usage:
             yield _sse(chunk([], usage={"prompt_tokens": n_prompt, "completion_tokens": n_out,
                                         "total_tokens": n_prompt + n_out}))
