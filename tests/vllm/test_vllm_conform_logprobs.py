@@ -44,7 +44,7 @@ def test_recorded_logprobs_are_vllms_raw_ones_and_the_record_says_how_it_sampled
 
 def test_server_mode_streamed_tool_call_records_every_token(vllm_server: Any, proxies: Any) -> None:
     proxy = proxies["server"]
-    path, body = dialect_request("chat", vllm_server.model, "List the files in the current directory.", 30,
+    path, body = dialect_request("chat", vllm_server.model, "List the files in the current directory.", 20,
                                  stream=True, tools=TOOLS)
     with httpx.stream("POST", proxy.url + path, json=body, headers=auth_headers("chat"), timeout=60) as r:
         assert r.status_code == 200
