@@ -141,7 +141,7 @@ def _conv(stream: bool, **sampling: Any) -> Conversation:
 
 async def _generate(url: str, conv: Conversation, exact: Any = None, **client: Any) -> CallState:
     engine = exact or ServerTokenEngine(EngineClient(url, **client))
-    state = CallState(call_id="c1", session_id="s", dialect="openai_chat", stream=conv.stream, received_at=0.0)
+    state = CallState(call_id="c1", session_id="s", dialect="openai-chat", stream=conv.stream, received_at=0.0)
     try:
         async for _ in engine.generate(conv, state):
             pass
