@@ -16,13 +16,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from .errors import ProxyError
+from tracefleet.vllm import MIN_VLLM_VERSION, version_tuple
 
-# The oldest vLLM whose OpenAI server this proxy conforms to: v0.13.0 is the first that streams the
-# token ids and logprobs a tool or reasoning parser holds back (earlier ones drop those chunks, so
-# traces would silently miss tokens) and the first past v0.12's history-reasoning fix
-# (/work/shared/vllm-facts.md, sections 2 and 6). Checked against `/version` when the proxy starts.
-MIN_VLLM_VERSION = "0.13.0"
+from .errors import ProxyError
 
 _CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too long", "too many tokens")
 # vLLM's "prompt + max_tokens does not fit" 400s (v0.11–v0.17: "'max_tokens' or 'max_completion_tokens' is
@@ -78,24 +74,10 @@ def _engine_error(status: int, body: bytes, retry_after: str | None = None) -> P
     return ProxyError("engine_5xx", f"engine failed ({status}): {message}")
 
 
-def version_tuple(version: str) -> tuple[int, ...]:
-    """`0.32.0+cpu`, `v0.13.0rc1` -> (0, 32, 0): the numeric release part, for comparisons."""
-    out: list[int] = []
-    for part in version.lstrip("v").split("+")[0].split("."):
-        digits = ""
-        for ch in part:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out)
-
-
 def unsupported_engine_version(version: str | None) -> str | None:
-    """Why the engine's version is below MIN_VLLM_VERSION, or None when it is fine or not vLLM's (no
-    version, or a non-numeric one such as tracefleet's own engine)."""
+    """Why the engine's version is below MIN_VLLM_VERSION (checked against `/version` when the proxy starts
+    and on first use), or None when it is fine or not vLLM's (no version, or a non-numeric one such as
+    tracefleet's own engine)."""
     if not version or not version_tuple(version):
         return None
     if version_tuple(version) < version_tuple(MIN_VLLM_VERSION):
@@ -205,7 +187,9 @@ class EngineClient:
     async def pause(self, mode: str = "abort") -> Any:
         """vLLM `/pause?mode=abort|wait|keep`: `abort` ends in-flight generations with finish_reason "abort"
         (the proxy reports those calls as retryable errors), `wait` lets them finish, `keep` freezes them
-        until `/resume`. New requests wait while paused (v0.32)."""
+        until `/resume`. New requests wait while paused (v0.32). A weight sync uses abort or wait, not keep:
+        a kept call resumes under the new weights but is recorded with the policy version it was admitted
+        under (only vLLM >= 0.33's weight_versions spans would show the switch)."""
         return await self._request_json("POST", f"/pause?mode={mode}", {})
 
     async def resume(self) -> Any:

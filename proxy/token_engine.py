@@ -25,9 +25,10 @@ from typing import Any, Protocol
 import orjson
 
 from tracefleet.capture import SpliceInfo
+from tracefleet.vllm import version_tuple
 
 from .canonical import Conversation, Message, ToolCall
-from .engine_client import EngineClient, is_max_tokens_error, version_tuple
+from .engine_client import EngineClient, is_max_tokens_error
 from .errors import ProxyError
 
 Event = tuple[str, Any]

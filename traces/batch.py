@@ -7,7 +7,7 @@ Parquet columns (one row per trace):
 | `tokens` | list<int32> | the token stream |
 | `loss_mask` | list<uint8> | 1 = sampled by the policy |
 | `logprobs` | list<float32> | engine logprob at sampled positions, **null** at masked positions |
-| `spans` | list<struct<call_id, prompt_start, completion_start, completion_end, policy_version, finish_reason>> | turn boundaries |
+| `spans` | list<struct<call_id, prompt_start, completion_start, completion_end, policy_version, finish_reason, temperature, top_p, top_k>> | turn boundaries |
 | `trace_id`, `job`, `session_id`, `task_id`, `group_id`, `harness`, `model`, `tokenizer`, `builder`, `outcome` | string | |
 | `sample_index`, `num_tokens`, `num_trainable`, `policy_version_min`, `policy_version_max`, `schema_version` | int32 | |
 | `reward`, `evaluator_reward` | float64 | reward after the fail-closed rules / as the evaluator gave it |
@@ -37,6 +37,9 @@ SPAN_TYPE = pa.struct(
         ("completion_end", pa.int32()),
         ("policy_version", pa.int32()),
         ("finish_reason", pa.string()),
+        ("temperature", pa.float64()),
+        ("top_p", pa.float64()),
+        ("top_k", pa.int32()),
     ]
 )
 

@@ -60,7 +60,9 @@ def _assemble(calls: Sequence[Call], chain: Sequence[int]) -> tuple[np.ndarray, 
         cs = at + new_prompt.shape[0]
         ce = cs + call.completion.shape[0]
         spans.append(Span(call_id=call.call_id, prompt_start=at, completion_start=cs, completion_end=ce,
-                          policy_version=call.policy_version, finish_reason=call.finish_reason))
+                          policy_version=call.policy_version, finish_reason=call.finish_reason,
+                          temperature=call.sampling.get("temperature"), top_p=call.sampling.get("top_p"),
+                          top_k=call.sampling.get("top_k")))
         at = ce
     tokens = np.concatenate(pieces).astype(np.int32, copy=False)
     mask = np.zeros(at, dtype=np.uint8)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,8 @@ class Call:
     logprobs: np.ndarray  # float32, one per completion token
     policy_version: int = 0
     finish_reason: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)  # temperature / top_p / top_k as sent (absent: engine default)
+    flags: tuple[str, ...] = ()
     status: str = "ok"
     error_kind: str | None = None
     mode: str = "server"
@@ -54,6 +57,8 @@ def call_from_record(record: CaptureRecord, index: int) -> Call:
         logprobs=np.asarray(record.logprobs, dtype=np.float32),
         policy_version=record.policy_version,
         finish_reason=record.finish_reason,
+        sampling={k: v.get("value") for k, v in (record.sampling or {}).items() if isinstance(v, dict)},
+        flags=tuple(record.flags),
         status=record.status,
         error_kind=record.error.kind if record.error else None,
         mode=record.mode,
@@ -87,6 +92,8 @@ def drop_reason(call: Call) -> str | None:
         return "empty_prompt"
     if call.logprobs.shape[0] != call.completion.shape[0]:
         return "logprobs_mismatch"
+    if call.flags:  # e.g. token_count_mismatch: the engine sampled tokens the record does not hold
+        return f"flagged:{call.flags[0]}"
     if not bool(np.isfinite(call.logprobs).all()) or bool((call.logprobs > 0).any()):
         return "logprobs_invalid"
     return None

@@ -9,7 +9,8 @@ A trace is one causal token stream, held columnar (numpy) because traces are lon
   them into 0.0 under a zero `loss_mask`.
 - `spans`: one per call in the trace, in order: `call_id`, `prompt_start` (where the tokens this call
   added to the prompt begin), `completion_start`, `completion_end` (the sampled span), `policy_version`
-  (the policy that sampled that span) and `finish_reason`. These are the turn boundaries.
+  (the policy that sampled that span), `finish_reason` and the sampling parameters sent (`temperature`,
+  `top_p`, `top_k`; null = the engine's default). These are the turn boundaries.
 - `meta`: `TraceMetadata` (job, session, task, group, sample index, harness, model, tokenizer, reward,
   outcome, finish reasons, timings, the session's reconstruction stats, ...).
 
@@ -39,6 +40,12 @@ class Span(BaseModel):
     completion_end: int
     policy_version: int
     finish_reason: str | None = None
+    # the sampling parameters the proxy sent for this call; None = the engine's default (vLLM: the model's
+    # generation_config.json). vLLM's default logprobs are taken before temperature/top-p/top-k, so they are
+    # the behaviour policy's only at T=1 with no truncation (or under --logprobs-mode processed_logprobs)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
 
 
 class ReconstructionStats(BaseModel):

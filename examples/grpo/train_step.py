@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import tempfile
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,26 +44,39 @@ class TinyPolicy(nn.Module):
         return self.head(x)
 
 
-def token_logprobs(policy: nn.Module, batch: dict[str, torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
+def span_temperatures(traces: list[Any], shape: tuple[int, int], default: float = 1.0) -> torch.Tensor:
+    """[B, T]: the temperature each sampled token was drawn at, from the trace spans (the proxy records the
+    temperature it sent per call); `default` where a call left it to the engine, and on context tokens."""
+    temps = torch.full(shape, default, dtype=torch.float32)
+    for i, trace in enumerate(traces):
+        for span in trace.spans:
+            if span.temperature is not None and span.temperature > 0:
+                temps[i, span.completion_start:min(span.completion_end, shape[1])] = span.temperature
+    return temps
+
+
+def token_logprobs(policy: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """log p(token_t | tokens_<t) for t >= 1, shape [B, T-1], under the policy's logits divided by the
-    temperature the engine sampled at: the ratio to `old_logprobs` is only meaningful when both are taken
-    from the same distribution."""
+    temperature token t was sampled at (`batch["temperature"]`, [B, T]; 1 when absent): the ratio to
+    `old_logprobs` is only meaningful when both are taken from the same distribution."""
     ids = batch["input_ids"]
-    logits = policy(ids[:, :-1], batch["attention_mask"][:, :-1])
-    return torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    logits = policy(ids[:, :-1], batch["attention_mask"][:, :-1]).float()
+    if "temperature" in batch:
+        logits = logits / batch["temperature"][:, 1:, None]
+    return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
 
 
-def grpo_loss(policy: nn.Module, batch: dict[str, torch.Tensor], clip: float = 0.2, temperature: float = 1.0) -> torch.Tensor:
+def grpo_loss(policy: nn.Module, batch: dict[str, torch.Tensor], clip: float = 0.2) -> torch.Tensor:
     """Clipped surrogate on sampled tokens, averaged over trainable tokens (token-level GRPO/DAPO).
 
     `old_logprobs` are the engine's. vLLM's default (`--logprobs-mode raw_logprobs`) takes them before
     temperature and top-p/top-k, so they are the behaviour policy only when sampling ran at T=1 with no
     truncation; with any other sampling the engine must run `--logprobs-mode processed_logprobs` (the
-    logprobs of the distribution that sampled, after temperature) and `temperature` here must be the one
-    sampled at (capture records carry it under `sampling`). Top-p/top-k truncation is not re-applied: keep
+    logprobs of the distribution that sampled, after temperature), and the new logprobs are taken at the
+    temperature each span records (`span_temperatures`). Top-p/top-k truncation is not re-applied: keep
     them off for on-policy training."""
     mask = batch["loss_mask"][:, 1:]
-    new = token_logprobs(policy, batch, temperature)
+    new = token_logprobs(policy, batch)
     ratio = torch.exp(new - batch["old_logprobs"][:, 1:])
     adv = batch["advantages"][:, 1:]
     surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv)
@@ -84,13 +98,14 @@ def train(bucket: str, job: str, consumer: str, *, lr: float, max_batches: int, 
             policy = TinyPolicy(vocab, max_len=t["input_ids"].shape[1] + 1)
             opt = torch.optim.Adam(policy.parameters(), lr=lr)
         assert opt is not None
-        loss = grpo_loss(policy, t, temperature=temperature)
+        t["temperature"] = span_temperatures(batch.traces(), tuple(t["input_ids"].shape), default=temperature)
+        loss = grpo_loss(policy, t)
         opt.zero_grad()
         loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0))
         opt.step()
         with torch.no_grad():
-            after = float(grpo_loss(policy, t, temperature=temperature))
+            after = float(grpo_loss(policy, t))
         reader.commit(batch)  # only after the step: a crash before this replays the batch
         row = {
             "seq": batch.seq,
@@ -141,7 +156,8 @@ def main() -> int:
     p.add_argument("--max-batches", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=1.0,
-                   help="the temperature the engine sampled at (vLLM with --logprobs-mode processed_logprobs)")
+                   help="the temperature of calls that left it to the engine (their spans record none); "
+                        "calls that set one are trained at the temperature their spans record")
     p.add_argument("--demo", action="store_true", help="seal a synthetic job into --bucket (default: a temp dir) first")
     args = p.parse_args()
     bucket = args.bucket or tempfile.mkdtemp(prefix="tf-grpo-bucket-")

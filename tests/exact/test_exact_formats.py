@@ -49,6 +49,10 @@ def test_hugging_face_model_directory(tmp_path: Path):
     assert fmt.tokenizer.eos_token == "<|im_end|>"
     shipped = load_model_format("smollm2")
     assert fmt.encode(fmt.render(MSGS)) == shipped.encode(shipped.render(MSGS))
+    # chat_template.jinja wins over tokenizer_config.json's template, as in transformers (and so vLLM)
+    (tmp_path / "chat_template.jinja").write_text((TEMPLATES / "chatml_tools.jinja").read_text())
+    assert load_model_format(str(tmp_path)).template == (TEMPLATES / "chatml_tools.jinja").read_text()
+    (tmp_path / "chat_template.jinja").unlink()
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
     with pytest.raises(ValueError, match="no chat template"):
         load_model_format(str(tmp_path))

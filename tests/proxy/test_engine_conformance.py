@@ -141,7 +141,7 @@ def _conv(stream: bool, **sampling: Any) -> Conversation:
 
 async def _generate(url: str, conv: Conversation, exact: Any = None, **client: Any) -> CallState:
     engine = exact or ServerTokenEngine(EngineClient(url, **client))
-    state = CallState(call_id="c1", session_id="s", dialect="openai_chat", stream=conv.stream, received_at=0.0)
+    state = CallState(call_id="c1", session_id="s", dialect="openai-chat", stream=conv.stream, received_at=0.0)
     try:
         async for _ in engine.generate(conv, state):
             pass
@@ -336,3 +336,22 @@ def test_vllm_400s_are_told_apart(message: str, param: str | None, kind: str) ->
     err = _engine_error(400, orjson.dumps({"error": {"message": message, "type": "BadRequestError", "param": param,
                                                      "code": 400}}))
     assert (is_max_tokens_error(err) and kind == "max_tokens") or (err.kind == kind == "context_length"), err.kind
+
+
+def test_proxy_refuses_to_start_on_an_engine_below_the_minimum_version(vllm_shaped: Any, tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    engine, served = vllm_shaped
+    engine.version = "0.12.0"
+    key_file = tmp_path / "engine-key"
+    key_file.write_text("sk-engine\n")
+    run = subprocess.run([sys.executable, "-m", "tracefleet", "proxy", "--engine", served.url, "--capture-dir",
+                          str(tmp_path / "c"), "--admin-token", "t" * 20, "--port", "0", "--engine-api-key-file",
+                          str(key_file)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run
+    assert run.stdout.strip().splitlines() == [
+        "tracefleet proxy: the engine runs vLLM 0.12.0, below the minimum 0.13.0 (older releases drop streamed "
+        "token ids behind tool/reasoning parsers); use a newer vLLM image"], run
+    assert run.stderr == ""
+    assert [h.get("authorization") for p, _, h in engine.requests if p == "/version"] == ["Bearer sk-engine"]

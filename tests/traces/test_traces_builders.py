@@ -267,3 +267,25 @@ def test_retries_of_abandoned_calls_are_siblings_never_a_chain(tmp_path: Path) -
     # ... whereas one that sampled nothing would be (its prompt + nothing is the retry's prompt): dropping it matters
     tree = build_tree([calls[0], calls[2], calls[3]], ReconstructionStats())
     assert tree.parent == [-1, 0, 1]
+
+
+def test_spans_carry_the_sampling_parameters_and_flagged_calls_are_not_trained_on() -> None:
+    from tracefleet.capture import Timings
+    from tracefleet.traces.batch import table_to_traces, traces_to_table
+    from tracefleet.traces.build import build_from_calls
+    from tracefleet.traces.calls import calls_from_records
+
+    def record(call_id: str, prompt: list[int], out: list[int], **extra: object) -> CaptureRecord:
+        return CaptureRecord(call_id=call_id, session_id="s", dialect="openai-chat", timings=Timings(received_at=0.0),
+                             prompt_ids=prompt, completion_ids=out, logprobs=[-0.5] * len(out), finish_reason="stop",
+                             **extra)
+
+    sampling = {"temperature": {"value": 0.7, "source": "request"}, "top_p": {"value": None, "source": "engine_default"},
+                "top_k": {"value": 20, "source": "request"}}
+    first = record("a", [1, 2, 3], [4, 5], sampling=sampling)
+    second = record("b", [1, 2, 3, 4, 5, 6], [7, 8], sampling=sampling, flags=["token_count_mismatch"])
+    result = build_from_calls(calls_from_records([first, second]))
+    assert result.stats.dropped == {"flagged:token_count_mismatch": 1}
+    (trace,) = table_to_traces(traces_to_table(result.traces))
+    (span,) = trace.spans
+    assert (span.call_id, span.temperature, span.top_p, span.top_k) == ("a", 0.7, None, 20)

@@ -76,3 +76,33 @@ def test_grpo_loss_gradient_favours_positive_advantages() -> None:
         new = train_step.token_logprobs(policy, batch)
     delta = ((new - old[:, 1:]) * mask[:, 1:]).sum(dim=1)
     assert delta[0] > 0 > delta[1]
+
+
+def test_grpo_new_logprobs_are_taken_at_each_spans_sampling_temperature() -> None:
+    """The ratio's denominator is the engine's logprob of the distribution that sampled: the example
+    scores each sampled token at the temperature its span records (the call's default where none)."""
+    import torch
+
+    from tracefleet.traces.schema import Span
+
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        import train_step
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+
+    class _Trace:
+        spans = [Span(call_id="a", prompt_start=0, completion_start=2, completion_end=4, policy_version=0, temperature=0.5),
+                 Span(call_id="b", prompt_start=4, completion_start=6, completion_end=8, policy_version=0)]
+
+    temps = train_step.span_temperatures([_Trace()], (1, 9), default=0.8)
+    assert torch.equal(temps, torch.tensor([[0.8, 0.8, 0.5, 0.5, 0.8, 0.8, 0.8, 0.8, 0.8]]))
+    torch.manual_seed(0)
+    policy = train_step.TinyPolicy(16, max_len=16)
+    ids = torch.randint(1, 16, (1, 9))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        logits = policy(ids[:, :-1], batch["attention_mask"][:, :-1])
+        expected = torch.log_softmax(logits / temps[:, 1:, None], dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        assert torch.allclose(train_step.token_logprobs(policy, batch | {"temperature": temps}), expected)
+        assert not torch.allclose(train_step.token_logprobs(policy, batch), expected)
