@@ -69,6 +69,9 @@ def test_sealer_entrypoint_seals_once_and_operator_finds_batch(s3, tmp_path: Pat
     assert again["seq"] == first["seq"]
     second = pod_seal.seal(bucket, job, 2, plan[2:])
     assert second["seq"] == first["seq"] + 1
+    # what the operator's retry rule reads: did a session's (last) attempt make a model call?
+    bucket.put(layout.capture_key(job, 5), b"")  # an attempt that failed before its first call
+    assert [bucketio.session_made_calls(uri, job, s, creds) for s in (0, 5, 6)] == [True, False, False]
     found2 = bucketio.find_batch(uri, job, "k8s-000002", {found["seq"]}, creds)
     assert found2 is not None and found2["seq"] == second["seq"]
 
