@@ -31,6 +31,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from fixtures.controlplane import free_port
+from tracefleet.api import semantics
 from tracefleet.bucket import open_bucket
 from tracefleet.operator import bucketio, names as n
 from tracefleet.operator.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, verify_signature
@@ -401,7 +402,8 @@ def test_restart_mid_job_no_duplicates(env: Env) -> None:
     assert sorted(covered) == list(range(8))  # every session in exactly one batch
     bucket = open_bucket(env.bucket_uri(ns), **env.s3.bucket_options())
     manifests = [o.key for o in bucket.list("rs/batches/") if o.key.endswith("manifest.json")]
-    assert len(manifests) == len(sealers) == 3 == st["batchesCompleted"]
+    # batches hold whole groups: tracesPerBatch 3 with 2 samples per task is 2 groups (4 sessions) per batch
+    assert len(manifests) == len(sealers) == semantics.batch_count(4, 3, 2) == 2 == st["batchesCompleted"]
 
 
 def test_failed_sessions_are_retried_then_counted(env: Env) -> None:
