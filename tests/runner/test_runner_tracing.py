@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tracefleet.runner.tracing import NO_TRAINABLE_CALLS, SessionOutcome, session_traces
 from tracefleet.traces.batch import table_to_traces, traces_to_table
 from tracefleet.traces.synthetic import SyntheticSession
@@ -53,3 +55,43 @@ def test_a_completed_judged_session_is_ok_and_a_failed_judging_is_the_evaluators
     # no capture at all (a pod that died before uploading): still one row for the group
     (none,) = session_traces(None, outcome(status="error", stage=None)).traces
     assert none.meta.fail_closed_reasons == ["session_error:unknown", "evaluator_missing", NO_TRAINABLE_CALLS]
+
+
+def test_auxiliary_calls_are_sealed_but_left_out_of_training_by_default(tmp_path: Path) -> None:
+    """OpenCode's recorded session (a title call, then the agent's conversation) and a second sample of
+    the same task: the title trace is sealed and labelled, but tensors()/advantages() train on the
+    conversation only, and the group statistics count each session once, from its conversation."""
+    import shutil
+
+    from tracefleet.bucket import LocalBucket
+    from tracefleet.traces.reader import BatchReader
+    from tracefleet.traces.seal import Sealer
+
+    recorded = Path(__file__).resolve().parents[1] / "traces" / "data" / "recorded-opencode.jsonl"
+    rows = []
+    for sample, reward in ((0, 1.0), (1, 0.0)):
+        capture = tmp_path / f"s{sample}.jsonl"
+        shutil.copyfile(recorded, capture)
+        rows += session_traces(capture, outcome(session_id=f"j-s{sample}", sample_index=sample, reward=reward,
+                                                evaluator_status="ok")).traces
+    assert [t.meta.new_root_reason for t in rows] == ["auxiliary", "session_start"] * 2
+    bucket = LocalBucket(tmp_path / "bucket")
+    Sealer(bucket, "j", spool=tmp_path / "spool").seal(rows)
+    batch = BatchReader(bucket, "j").read(0)
+    assert batch.table.column("new_root_reason").to_pylist() == ["auxiliary", "session_start"] * 2  # nothing lost
+    t = batch.tensors()
+    assert t["input_ids"].shape[0] == 2 and t["sequence_advantages"].tolist() == pytest.approx([1.0, -1.0], abs=1e-4)
+    assert batch.advantages().tolist() == pytest.approx([1.0, -1.0], abs=1e-4)
+    everything = batch.tensors(include_auxiliary=True)
+    assert everything["input_ids"].shape[0] == 4
+    assert batch.advantages(include_auxiliary=True).tolist() == pytest.approx([1.0, 1.0, -1.0, -1.0], abs=1e-4)
+
+
+def test_a_session_with_only_auxiliary_traces_still_has_a_row_for_its_group(tmp_path: Path) -> None:
+    """The harness generated its title, then failed before its conversation's first call."""
+    path = tmp_path / "j-s4.jsonl"
+    with SyntheticSession(path, "j-s4", seed=6) as sess:
+        sess.call(sess.tokens(30), new_root_reason="auxiliary")
+    rows = session_traces(path, outcome(status="error", stage="harness")).traces
+    assert [(r.meta.new_root_reason, r.num_tokens > 0) for r in rows] == [("auxiliary", True), (None, False)]
+    assert rows[1].meta.trace_id == "j-s4:0001" and NO_TRAINABLE_CALLS in rows[1].meta.fail_closed_reasons
