@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from tracefleet.bucket import ObjectNotFound, open_bucket
-from tracefleet.layout import batch_uri, capture_key, manifest_key
+from tracefleet.layout import batch_uri, capture_key, manifest_key, session_prefix
 
 
 def bucket_options(creds: dict[str, str] | None, endpoint: str | None = None) -> dict[str, Any]:
@@ -38,7 +38,7 @@ def session_made_calls(uri: str, job: str, session: int, creds: dict[str, str] |
     """Whether the session's uploaded capture log holds a model call (a missing or empty log: none)."""
     key = capture_key(job, session)
     bucket = open_bucket(uri, **bucket_options(creds, endpoint))
-    return any(obj.key.endswith(key) and obj.size > 0 for obj in bucket.list(key))
+    return any(obj.key == key and obj.size > 0 for obj in bucket.list(session_prefix(job, session)))
 
 
 def read_text(uri: str, creds: dict[str, str] | None = None, endpoint: str | None = None) -> str | None:

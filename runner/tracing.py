@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tracefleet.api.semantics import session_failure_reason
+from tracefleet.api.semantics import AUXILIARY, session_failure_reason
 
 if TYPE_CHECKING:
     from tracefleet.runner.session import SessionPlan, SessionResult
@@ -77,8 +77,9 @@ def outcome_of(plan: SessionPlan, result: SessionResult) -> SessionOutcome:
 
 
 def session_traces(capture: str | os.PathLike[str] | None, outcome: SessionOutcome, builder: str = "prefix-merge") -> BuildResult:
-    """The session's traces; a session without a trainable call is one row without tokens, so its GRPO
-    group stays whole (it counts in the group's statistics and trains nothing)."""
+    """The session's traces; a session without a trainable call of the agent's conversation also gets one
+    row without tokens, so its GRPO group stays whole (it counts in the group's statistics and trains
+    nothing)."""
     from tracefleet.traces.build import build_traces, fail_closed_reasons
     from tracefleet.traces.schema import BuildResult, ReconstructionStats, SessionInfo, Trace, TraceMetadata
 
@@ -100,19 +101,21 @@ def session_traces(capture: str | os.PathLike[str] | None, outcome: SessionOutco
         built = build_traces(capture, builder=builder, session=info)
     else:
         built = BuildResult(traces=[], stats=ReconstructionStats(builder=builder))
-    if built.traces:
+    if any(t.meta.new_root_reason != AUXILIARY for t in built.traces):
         return built
+    # Nothing of the agent's conversation to train on (auxiliary traces are not trained on by default).
     reasons = fail_closed_reasons([], info, built.stats.torn_tail, built.stats.bad_lines) + [NO_TRAINABLE_CALLS]
     meta = TraceMetadata(
-        trace_id=f"{outcome.session_id}:0000", job=outcome.job, session_id=outcome.session_id, task_id=outcome.task_id,
+        trace_id=f"{outcome.session_id}:{len(built.traces):04d}", job=outcome.job, session_id=outcome.session_id, task_id=outcome.task_id,
         group_id=outcome.group_id, sample_index=outcome.sample_index, harness=outcome.harness, model=outcome.model,
         builder=builder, reward=min(outcome.reward, 0.0) if outcome.reward is not None else 0.0,
         evaluator_reward=outcome.reward, outcome="fail_closed", fail_closed_reasons=reasons, stats=built.stats,
         extra=dict(outcome.extra),
     )
+    # after any auxiliary traces: a trainer that leaves those out still sees the session
     empty = Trace(tokens=np.zeros(0, np.int32), loss_mask=np.zeros(0, np.uint8), logprobs=np.zeros(0, np.float32),
                   spans=[], meta=meta)
-    return BuildResult(traces=[empty], stats=built.stats, outcome="fail_closed", fail_closed_reasons=reasons)
+    return BuildResult(traces=[*built.traces, empty], stats=built.stats, outcome="fail_closed", fail_closed_reasons=reasons)
 
 
 def build_session_traces(plan: SessionPlan, result: SessionResult) -> list[Any]:

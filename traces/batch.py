@@ -9,6 +9,7 @@ Parquet columns (one row per trace):
 | `logprobs` | list<float32> | engine logprob at sampled positions, **null** at masked positions |
 | `spans` | list<struct<call_id, prompt_start, completion_start, completion_end, policy_version, finish_reason, temperature, top_p, top_k>> | turn boundaries |
 | `trace_id`, `job`, `session_id`, `task_id`, `group_id`, `harness`, `model`, `tokenizer`, `builder`, `outcome` | string | |
+| `new_root_reason` | string | why the trace's first call started a trace (`auxiliary`: a call beside the agent's conversation; null when it branched) |
 | `sample_index`, `num_tokens`, `num_trainable`, `policy_version_min`, `policy_version_max`, `schema_version` | int32 | |
 | `reward`, `evaluator_reward` | float64 | reward after the fail-closed rules / as the evaluator gave it |
 | `fail_closed_reasons`, `finish_reasons` | list<string> | |
@@ -78,6 +79,7 @@ def traces_to_table(traces: list[Trace]) -> pa.Table:
             "reward": pa.array(col("reward"), pa.float64()),
             "evaluator_reward": pa.array(col("evaluator_reward"), pa.float64()),
             "outcome": pa.array(col("outcome"), pa.string()),
+            "new_root_reason": pa.array(col("new_root_reason"), pa.string()),
             "fail_closed_reasons": pa.array(col("fail_closed_reasons"), pa.list_(pa.string())),
             "finish_reasons": pa.array(col("finish_reasons"), pa.list_(pa.string())),
             "num_tokens": pa.array([t.num_tokens for t in traces], pa.int32()),

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tracefleet.api.semantics import AUXILIARY
+
 from .calls import Call
 from .schema import ReconstructionStats
-
-AUXILIARY = "auxiliary"  # new_root_reason of a call beside the agent's conversation
 
 _BASE = np.uint64(0x9E3779B97F4A7C15)
 _MASK = (1 << 64) - 1

@@ -7,6 +7,10 @@
         train_step(t)
         reader.commit(batch)                                   # cursor in the bucket: restart-safe
 
+`tensors()` and `advantages()` leave out auxiliary traces (a harness's title or summary calls: sealed,
+labelled, not trained on by default; `include_auxiliary=True` keeps them) and compute GRPO statistics
+over the rest (tracefleet.api.semantics).
+
 Only manifests make batches visible; every object is checked against the manifest's size and sha256.
 The cursor (`<job>/consumers/<consumer>.json`, {"next_seq": N}) moves only on `commit`, so a trainer that
 dies mid-batch sees that batch again after a restart, and never sees a committed batch twice.
@@ -26,6 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from tracefleet.api.semantics import AUXILIARY
 from tracefleet.bucket import Bucket, BucketError, ObjectNotFound, open_bucket
 from tracefleet.layout import batch_object_key, cursor_key, job_root, manifest_key
 
@@ -54,17 +59,36 @@ class Batch:
             self._traces = table_to_traces(self.table)
         return self._traces
 
-    def advantages(self, *, leave_one_out: bool = False, normalize_std: bool = True) -> np.ndarray:
+    def training_table(self, *, include_auxiliary: bool = False) -> pa.Table:
+        """The rows a trainer trains on: all but auxiliary traces (a title or summary call beside the
+        agent's conversation, tracefleet.api.semantics) unless `include_auxiliary`."""
+        return training_rows(self.table, include_auxiliary=include_auxiliary)
+
+    def advantages(self, *, leave_one_out: bool = False, normalize_std: bool = True,
+                   include_auxiliary: bool = False) -> np.ndarray:
+        """One advantage per row of `training_table()`."""
+        table = self.training_table(include_auxiliary=include_auxiliary)
         return group_advantages(
-            self.table.column("reward").to_pylist(),
-            self.table.column("group_id").to_pylist(),
-            self.table.column("session_id").to_pylist(),
+            table.column("reward").to_pylist(),
+            table.column("group_id").to_pylist(),
+            table.column("session_id").to_pylist(),
             leave_one_out=leave_one_out,
             normalize_std=normalize_std,
         )
 
-    def tensors(self, **kwargs: Any) -> dict[str, Any]:
-        return padded_tensors(self.table, **kwargs)
+    def tensors(self, *, include_auxiliary: bool = False, **kwargs: Any) -> dict[str, Any]:
+        """Padded tensors of `training_table()`'s rows (see padded_tensors)."""
+        return padded_tensors(self.training_table(include_auxiliary=include_auxiliary), **kwargs)
+
+
+def training_rows(table: pa.Table, *, include_auxiliary: bool = False) -> pa.Table:
+    """`table` without its auxiliary rows (unless `include_auxiliary`); batches sealed before the
+    `new_root_reason` column existed have none."""
+    if include_auxiliary or "new_root_reason" not in table.column_names:
+        return table
+    reasons = table.column("new_root_reason").to_pylist()
+    keep = [i for i, r in enumerate(reasons) if r != AUXILIARY]
+    return table if len(keep) == len(reasons) else table.take(pa.array(keep, pa.int64()))
 
 
 def padded_tensors(

@@ -30,6 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracefleet.api.semantics import AUXILIARY
 from tracefleet.capture import SpliceInfo
 from tracefleet.formats.families import ModelFormat
 
@@ -179,7 +180,7 @@ class SessionSplicer:
         # title or summary request) are auxiliary, and are no reason to call the conversation a sub-agent.
         agent = [c for c in self.calls.values() if c.tools_key != NO_TOOLS]
         if agent and not r.tools:
-            return "auxiliary"
+            return AUXILIARY
         peers = agent if r.tools else list(self.calls.values())
         if not peers:
             return "new_conversation"

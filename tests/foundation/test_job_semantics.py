@@ -51,3 +51,22 @@ def test_presets_default_to_command_and_hook_is_the_python_evaluator() -> None:
     assert [sem.evaluator_type(p) for p in (None, "command", "tests", "hook")] == ["command", "command", "tests", "python"]
     with pytest.raises(ValueError, match="expected one of tests, hook, command"):
         sem.evaluator_type("nope")
+
+
+def test_the_operator_imports_nothing_of_the_runner() -> None:
+    """The operator names the pod programs' module (names.POD_PROGRAMS); it never imports the runner."""
+    import pkgutil
+    import subprocess
+    import sys
+
+    import tracefleet.operator
+
+    modules = [m.name for m in pkgutil.walk_packages(tracefleet.operator.__path__, "tracefleet.operator.")
+               if not m.name.endswith("__main__")]
+    code = ("import importlib, sys\n"
+            f"for m in {modules!r}: importlib.import_module(m)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('tracefleet.runner')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "tracefleet.operator.children.jobs" in modules and "tracefleet.operator.podmain" in modules
+    assert out.stdout.strip() == "[]"

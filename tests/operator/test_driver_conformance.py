@@ -136,7 +136,7 @@ def read_batches(reader: BatchReader) -> list[dict[str, Any]]:
     out = []
     for seq in reader.seqs():
         batch = reader.read(seq)
-        rows = batch.table.drop_columns(["metadata_json"]).to_pylist()
+        rows = batch.training_table().drop_columns(["metadata_json"]).to_pylist()
         for row, adv in zip(rows, batch.advantages(), strict=True):
             row["advantage"] = round(float(adv), 5)
             row["spans"] = [{k: v for k, v in s.items() if k != "call_id"} for s in row["spans"]]

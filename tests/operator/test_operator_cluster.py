@@ -31,11 +31,13 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from fixtures.controlplane import free_port
+from tracefleet.api import semantics
 from tracefleet.bucket import open_bucket
 from tracefleet.operator import bucketio, names as n
 from tracefleet.operator.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, verify_signature
 from tracefleet.podenv import SealerEnv
 from tracefleet.runner.pod.seal import seal
+from tracefleet.traces.reader import BatchReader
 from tracefleet.traces.synthetic import SyntheticSession
 
 REPO = Path(__file__).resolve().parents[2]
@@ -265,7 +267,8 @@ def alive(pods: list[Any]) -> list[Any]:
 
 
 def drive(env: Env, ns: str, job: str, *, parallelism: int, timeout: float = 180,
-          outcome: Callable[[Any], str] = lambda p: "Succeeded", stop_when: Callable[[], bool] | None = None) -> int:
+          outcome: Callable[[Any], str] = lambda p: "Succeeded", stop_when: Callable[[], bool] | None = None,
+          reward: Callable[[Any], float] = lambda p: 1.0) -> int:
     """Play every Running harness pod and sealer Job until the job finishes; returns the max alive seen."""
     deadline = time.monotonic() + timeout
     max_alive = 0
@@ -277,7 +280,7 @@ def drive(env: Env, ns: str, job: str, *, parallelism: int, timeout: float = 180
         assert len(live) <= parallelism, f"{len(live)} harness pods alive > parallelism {parallelism}"
         for p in live:
             if p.status.phase == "Running":
-                play_harness(env, ns, p, outcome(p))
+                play_harness(env, ns, p, outcome(p), reward(p))
         play_sealers(env, ns, job)
         time.sleep(0.5)
     raise AssertionError(f"{ns}/{job} did not finish: {json.dumps(env.status(ns, job))[:1500]}\n{env.op.tail()}")
@@ -314,7 +317,8 @@ def test_rolloutjob_runs_to_complete(env: Env) -> None:
     netpol = client.NetworkingV1Api(env.api).read_namespaced_network_policy("happy-harness", ns)
     assert netpol.spec.pod_selector.match_labels[n.LABEL_COMPONENT] == "harness"
 
-    max_alive = drive(env, ns, "happy", parallelism=2)
+    # rewards that differ within each task's group (sample 0: 1, sample 1: 0), as a GRPO trainer needs
+    max_alive = drive(env, ns, "happy", parallelism=2, reward=lambda p: float(p.metadata.labels[n.LABEL_SAMPLE] == "0"))
     assert max_alive == 2
     st = env.status(ns, "happy")
     assert st["phase"] == "Succeeded", st
@@ -332,6 +336,18 @@ def test_rolloutjob_runs_to_complete(env: Env) -> None:
     bucket = open_bucket(env.bucket_uri(ns), **env.s3.bucket_options())
     assert sorted(o.key for o in bucket.list("happy/batches/") if o.key.endswith("manifest.json")) == [
         f"happy/batches/{i:06d}/manifest.json" for i in range(3)]
+    # read as a trainer reads them: whole groups, named by job and task, with non-zero GRPO advantages
+    reader = BatchReader(env.bucket_uri(ns), "happy", consumer="trainer", **env.s3.bucket_options())
+    seen = []
+    for batch in reader.follow(poll_s=0.5, idle_exit=True):
+        t = batch.tensors()
+        groups = batch.table.column("group_id").to_pylist()
+        assert len(set(groups)) == 1 and sorted(batch.table.column("sample_index").to_pylist()) == [0, 1]
+        assert sorted(t["sequence_advantages"].tolist()) == pytest.approx([-1.0, 1.0], abs=1e-3)
+        assert float(t["advantages"].abs().sum()) > 0
+        seen += groups[:1]
+        reader.commit(batch)
+    assert sorted(seen) == ["happy/t0", "happy/t1", "happy/t2"]
     # one Event per batch; one signed webhook per batch
     wait_for("3 BatchSealed events", lambda: len([e for e in events(env, ns, "happy") if e.reason == "BatchSealed"]) == 3, 30)
     wait_for("3 webhooks", lambda: len(Receiver.got) >= 3, 30)
@@ -386,7 +402,8 @@ def test_restart_mid_job_no_duplicates(env: Env) -> None:
     assert sorted(covered) == list(range(8))  # every session in exactly one batch
     bucket = open_bucket(env.bucket_uri(ns), **env.s3.bucket_options())
     manifests = [o.key for o in bucket.list("rs/batches/") if o.key.endswith("manifest.json")]
-    assert len(manifests) == len(sealers) == 3 == st["batchesCompleted"]
+    # batches hold whole groups: tracesPerBatch 3 with 2 samples per task is 2 groups (4 sessions) per batch
+    assert len(manifests) == len(sealers) == semantics.batch_count(4, 3, 2) == 2 == st["batchesCompleted"]
 
 
 def test_failed_sessions_are_retried_then_counted(env: Env) -> None:

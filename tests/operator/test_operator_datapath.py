@@ -4,7 +4,6 @@ operator finds by batch_id (what KWOK cannot run, run here with the same code th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,8 +43,7 @@ def test_sealer_entrypoint_seals_once_and_operator_finds_batch(s3, tmp_path: Pat
     # the pod's entrypoint, as the sealer Job runs it (the environment reconcile.sealer_job writes)
     sealer_env = SealerEnv(bucket=uri, job=job, batch_seq=1, sessions=[0, 1], builder="prefix-merge",
                            session_plan=encode_sessions(plan[:2]))
-    env = {**s3.env(), **sealer_env.to_env(), "PATH": "/usr/bin:/bin", "TRACEFLEET_SPOOL": str(tmp_path / "spool"),
-           **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {})}
+    env = {**s3.env(), **sealer_env.to_env(), "PATH": "/usr/bin:/bin", "TRACEFLEET_SPOOL": str(tmp_path / "spool")}
     r = subprocess.run([sys.executable, "-m", "tracefleet.operator.podmain", "seal"], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -69,6 +67,9 @@ def test_sealer_entrypoint_seals_once_and_operator_finds_batch(s3, tmp_path: Pat
     assert again["seq"] == first["seq"]
     second = pod_seal.seal(bucket, job, 2, plan[2:])
     assert second["seq"] == first["seq"] + 1
+    # what the operator's retry rule reads: did a session's (last) attempt make a model call?
+    bucket.put(layout.capture_key(job, 5), b"")  # an attempt that failed before its first call
+    assert [bucketio.session_made_calls(uri, job, s, creds) for s in (0, 5, 6)] == [True, False, False]
     found2 = bucketio.find_batch(uri, job, "k8s-000002", {found["seq"]}, creds)
     assert found2 is not None and found2["seq"] == second["seq"]
 

@@ -34,10 +34,12 @@ Batching (`output.tracesPerBatch`)
 
 Auxiliary calls
     Calls a harness makes beside the agent's conversation (OpenCode's title generation, a summary the
-    harness asks for) start their own trace, labelled `new_root_reason="auxiliary"`. They are sealed
-    with the session's reward like any trace of the session (their tokens were sampled by the same
-    policy in the same session; GRPO gives every row of a session the session's advantage and counts
-    the session once), and a trainer that wants to leave them out filters on that label.
+    harness asks for) start their own trace, labelled `new_root_reason="auxiliary"` (the Parquet column
+    `new_root_reason`). They are sealed (nothing captured is lost) but not trained on by default: their
+    tokens did not cause the session's outcome, and giving them the agent's advantage would push title
+    generation up or down with it. `BatchReader` leaves them out of `advantages()` and `tensors()` (and
+    out of the group statistics) unless asked with `include_auxiliary=True`. A session whose only
+    traces are auxiliary also gets the row without tokens, so its group stays whole.
 
 Presets
     A harness without a preset runs its `command` (preset `command`); an evaluator preset maps to the
@@ -70,6 +72,11 @@ def evaluator_type(preset: str | None) -> str:
     if key not in EVALUATOR_TYPES:
         raise ValueError(f"evaluator preset {key!r}: expected one of {', '.join(EVALUATOR_TYPES)}")
     return EVALUATOR_TYPES[key]
+
+
+# ---------------------------------------------------------------- auxiliary calls
+
+AUXILIARY = "auxiliary"  # new_root_reason of a call beside the agent's conversation
 
 
 # ---------------------------------------------------------------- the session plan
