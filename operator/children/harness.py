@@ -6,6 +6,7 @@ import secrets
 from typing import Any
 
 from tracefleet import layout, podenv
+from tracefleet.api.semantics import harness_preset
 from tracefleet.podenv import HarnessEnv, ProxySidecarEnv
 
 from .. import names as n
@@ -109,7 +110,7 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         base_url=f"http://127.0.0.1:{PROXY_PORT}",
         api_key=secret,
         model=job.served_model or None,
-        preset=h.preset or "command",
+        preset=harness_preset(h.preset),
         timeout_s=h.timeout_s,
         artifacts_dir=ARTIFACTS_DIR,
         command=list(h.command) or None,
