@@ -6,6 +6,7 @@ import secrets
 from typing import Any
 
 from tracefleet import layout, podenv
+from tracefleet.api.semantics import harness_preset
 from tracefleet.podenv import HarnessEnv, ProxySidecarEnv
 
 from .. import names as n
@@ -16,6 +17,12 @@ from .metadata import Manifest, metadata
 from .security import container_security_context, pod_security_context
 
 PROXY_PORT = 8100
+# Where the containers of a harness pod meet: the harness writes ARTIFACTS_DIR, which the sidecar
+# mounts read-only and uploads with the capture log it keeps in CAPTURE_DIR.
+CAPTURE_DIR = "/capture"
+ARTIFACTS_DIR = "/artifacts"
+WORKSPACE_DIR = "/workspace"
+HOME_DIR = "/home/harness"
 # Proxy needs a moment after the harness exits to flush and upload the capture.
 SESSION_DEADLINE_GRACE_S = 120
 
@@ -40,7 +47,7 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         "--host", "0.0.0.0",
         "--port", str(PROXY_PORT),
         "--engine", inference_service_url(job),
-        "--capture-dir", "/capture",
+        "--capture-dir", CAPTURE_DIR,
         "--mode", job.capture_mode,
         *_exact_mode_args(job),
         *(["--served-model", job.served_model] if job.served_model else []),
@@ -49,7 +56,7 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         # on SIGTERM (the pod stopping after the harness exits) upload capture.jsonl + the harness's
         # artifacts to the session's prefix (tracefleet.proxy.upload)
         "--upload-to", layout.session_uri(job.bucket_uri, job.name, session),
-        "--artifacts-dir", "/artifacts",
+        "--artifacts-dir", ARTIFACTS_DIR,
     ]
     proxy = {
         "name": "proxy",
@@ -68,8 +75,8 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
                       "limits": {"memory": "512Mi" if job.capture_mode == "server" else "1Gi"}},
         "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
         "volumeMounts": [
-            {"name": "capture", "mountPath": "/capture"},
-            {"name": "artifacts", "mountPath": "/artifacts", "readOnly": True},
+            {"name": "capture", "mountPath": CAPTURE_DIR},
+            {"name": "artifacts", "mountPath": ARTIFACTS_DIR, "readOnly": True},
             {"name": "proxy-tmp", "mountPath": "/tmp"},
         ],
     }
@@ -83,9 +90,9 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         {"name": "proxy-tmp", "emptyDir": {}},
     ]
     mounts = [
-        {"name": "workspace", "mountPath": "/workspace"},
-        {"name": "home", "mountPath": "/home/harness"},
-        {"name": "artifacts", "mountPath": "/artifacts"},
+        {"name": "workspace", "mountPath": WORKSPACE_DIR},
+        {"name": "home", "mountPath": HOME_DIR},
+        {"name": "artifacts", "mountPath": ARTIFACTS_DIR},
     ]
     if (cache := _sidecar_tokenizer_cache(job)) is not None:
         volumes.append({"name": "tokenizer-cache",
@@ -103,21 +110,21 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         base_url=f"http://127.0.0.1:{PROXY_PORT}",
         api_key=secret,
         model=job.served_model or None,
-        preset=h.preset or "command",
+        preset=harness_preset(h.preset),
         timeout_s=h.timeout_s,
-        artifacts_dir="/artifacts",
+        artifacts_dir=ARTIFACTS_DIR,
         command=list(h.command) or None,
         workspace_setup=list(h.workspace_setup) or None,
     )
     # spec.harness.env last: what the job sets wins, as it always has
-    harness_env = {**pod_env.to_env(), "HOME": "/home/harness", **{k: str(v) for k, v in h.env.items()}}
+    harness_env = {**pod_env.to_env(), "HOME": HOME_DIR, **{k: str(v) for k, v in h.env.items()}}
     harness = {
         "name": "harness",
         "image": h.image,
         # The runner's in-pod entrypoint: prepares /workspace, launches the preset's CLI against
         # the sidecar proxy, and writes artifacts (e.g. git diff) to /artifacts.
         "command": ["tracefleet", "run", "--in-pod"],
-        "workingDir": "/workspace",
+        "workingDir": WORKSPACE_DIR,
         "env": env_vars(harness_env),
         "resources": dict(h.resources) if h.resources else {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
         "securityContext": container_security_context(),

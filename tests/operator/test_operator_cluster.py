@@ -31,9 +31,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from fixtures.controlplane import free_port
+from tracefleet import layout
 from tracefleet.api import semantics
 from tracefleet.bucket import open_bucket
-from tracefleet.operator import bucketio, names as n
+from tracefleet.operator import names as n
 from tracefleet.operator.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, verify_signature
 from tracefleet.podenv import SealerEnv
 from tracefleet.runner.pod.seal import seal
@@ -245,8 +246,8 @@ def play_harness(env: Env, ns: str, pod: Any, outcome: str = "Succeeded", reward
         first = sess.call(sess.tokens(16))
         sess.call(sess.extend(first, sess.tokens(4)), parent=first)
         sess.close()
-        bucket.put(bucketio.session_prefix(job, s) + "capture.jsonl", path.read_bytes())
-        bucket.put(bucketio.session_prefix(job, s) + "reward.json", json.dumps({"reward": reward, "status": "ok"}).encode())
+        bucket.put(layout.capture_key(job, s), path.read_bytes())
+        bucket.put(layout.reward_key(job, s), json.dumps({"reward": reward, "status": "ok"}).encode())
         path.unlink(missing_ok=True)
     set_pod_phase(env, ns, pod.metadata.name, outcome)
 
@@ -301,7 +302,7 @@ def test_rolloutjob_runs_to_complete(env: Env) -> None:
     dep = wait_for("inference Deployment", lambda: _get(env.apps.read_namespaced_deployment, "happy-inference", ns))
     ctr = dep.spec.template.spec.containers[0]
     assert ctr.resources.limits["nvidia.com/gpu"] == "1"
-    assert ctr.startup_probe.http_get.path == "/v1/models" and ctr.liveness_probe.http_get.path == "/health"
+    assert ctr.startup_probe.http_get.path == "/health" and ctr.liveness_probe.http_get.path == "/health"
     assert "--served-model-name" in ctr.args and ctr.args[ctr.args.index("--served-model-name") + 1] == "qwen"
     assert dep.metadata.owner_references[0].kind == "RolloutJob"
     svc = wait_for("inference Service", lambda: _get(env.core.read_namespaced_service, "happy-inference", ns))
