@@ -30,6 +30,7 @@ from typing import Any, Callable, TextIO
 from tracefleet import podenv
 from tracefleet.api.semantics import evaluator_type, groups_per_batch, harness_preset, session_plan, should_retry
 from tracefleet.runner.evaluators import EvaluatorSpec
+from tracefleet.runner.failures import run_verdict
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import netns_available
 from tracefleet.runner.session import HarnessConfig, SessionPlan, SessionRun, run_session
@@ -310,10 +311,11 @@ class LocalRun:
             if interrupted:
                 return 130
             # Failed sessions are data (sealed, marked fail-closed) and listed above; the run itself failed
-            # only when nothing could be sealed or no session got through.
-            if sink.errors or (progress.done + progress.failed > 0 and progress.done == 0):
-                return 1
-            return 0
+            # when a session's every call failed, no session got through or nothing was sealed: say why.
+            verdict = run_verdict([r.result for r in self.results], sink.sealed_traces)
+            for reason in verdict.reasons:
+                print(f"  FAILED: {reason}", file=self.out, flush=True)
+            return 1 if sink.errors or verdict.failed else 0
         finally:
             if bridge is not None:
                 bridge.close()
