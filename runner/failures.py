@@ -1,7 +1,7 @@
 """Why a run failed, in one line per kind of failure: what `tracefleet run` prints before it exits non-zero.
 
 A run has failed when a session's every model call failed, when no session completed, or when nothing
-was sealed. The reasons are read from what the run left: each session's result (the stage that failed)
+trainable was sealed. The reasons are read from what the run left: each session's result (the stage that failed)
 and its capture records' errors (what the engine or the proxy said), grouped so that eight calls refused
 for the same reason are one line, `8 of 8 calls rejected by the engine (HTTP 400): …`, not eight.
 """
@@ -93,22 +93,24 @@ def session_failure_lines(results: list[SessionResult]) -> list[str]:
     ]
 
 
-def run_verdict(results: list[SessionResult], sealed_traces: int) -> RunVerdict:
-    """Failed when a session's every call failed, no session completed, or nothing was sealed; the
-    reasons are the call-error and session-failure lines (or what was missing when there are none)."""
+def run_verdict(results: list[SessionResult], sealed_traces: int, trainable_tokens: int) -> RunVerdict:
+    """Failed when a session's every call failed, no session completed, or nothing a trainer can learn
+    from was sealed (no trainable token: failed sessions seal rows without any); the reasons are the
+    call-error and session-failure lines, and what was missing."""
     ran = [r for r in results if r.status != "stopped"]
     if not ran:
         return RunVerdict(False, [])
     all_calls_failed = [r for r in ran if r.calls > 0 and r.call_errors >= r.calls]
     none_completed = not any(r.status == "completed" for r in ran)
-    failed = bool(all_calls_failed) or none_completed or sealed_traces == 0
+    failed = bool(all_calls_failed) or none_completed or trainable_tokens == 0
     if not failed:
         return RunVerdict(False, [])
     reasons = call_error_lines(ran) + session_failure_lines(ran)
     if all_calls_failed:
         reasons.insert(0, f"{len(all_calls_failed)} of {len(ran)} sessions had every model call fail")
-    if sealed_traces == 0:
+    if trainable_tokens == 0:
         calls = sum(r.calls for r in ran)
-        reasons.append(f"no traces sealed: {len(ran)} sessions made {calls} model calls"
+        reasons.append(f"nothing trainable sealed: {sealed_traces} traces, 0 trainable tokens from {len(ran)} sessions "
+                       f"and {calls} model calls"
                        + ("" if calls else " (did the harness reach the proxy? see harness.stderr in the work dir)"))
     return RunVerdict(True, reasons)

@@ -311,8 +311,8 @@ class LocalRun:
             if interrupted:
                 return 130
             # Failed sessions are data (sealed, marked fail-closed) and listed above; the run itself failed
-            # when a session's every call failed, no session got through or nothing was sealed: say why.
-            verdict = run_verdict([r.result for r in self.results], sink.sealed_traces)
+            # when a session's every call failed, no session got through or nothing trainable was sealed: say why.
+            verdict = run_verdict([r.result for r in self.results], sink.sealed_traces, progress.trainable_tokens)
             for reason in verdict.reasons:
                 print(f"  FAILED: {reason}", file=self.out, flush=True)
             return 1 if sink.errors or verdict.failed else 0

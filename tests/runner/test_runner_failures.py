@@ -1,4 +1,4 @@
-"""A run that fails says so: when every model call of its sessions failed (or nothing was sealed),
+"""A run that fails says so: when every model call of its sessions failed (or nothing trainable was sealed),
 `tracefleet run` exits non-zero and prints one line per kind of failure, read from the capture records'
 errors and the sessions' results, instead of `status completed … batches 0 new: none` and exit 0."""
 
@@ -73,7 +73,8 @@ def test_every_call_refused_fails_the_run_with_the_engines_reason(make_scripted_
     assert failed[0] == "FAILED: 4 of 4 sessions had every model call fail", failed
     assert failed[1].startswith("FAILED: 4 of 4 calls rejected by the engine (HTTP 400): "), failed
     assert "maximum context length is 16 tokens" in failed[1], failed
-    assert failed[2] == "FAILED: no traces sealed: 4 sessions made 4 model calls", failed
+    # (each session is sealed as a fail-closed row without tokens: nothing a trainer can learn from)
+    assert failed[2] == "FAILED: nothing trainable sealed: 4 traces, 0 trainable tokens from 4 sessions and 4 model calls", failed
     assert len(failed) == 3 and "Traceback" not in output, failed
 
 
@@ -83,17 +84,18 @@ def _result(i: int, **kw: Any) -> SessionResult:
 
 def test_verdict_groups_session_failures_by_stage() -> None:
     ok = [_result(0, calls=2), _result(1, calls=3)]
-    assert run_verdict(ok, sealed_traces=2).failed is False
+    assert run_verdict(ok, sealed_traces=2, trainable_tokens=40).failed is False
     broken = [_result(i, status="error", stage="harness", error=f"harness exited {1 + i % 2}", calls=0) for i in range(3)]
     broken.append(_result(3, status="timeout", stage="harness", error="harness ran past 300s; process group killed"))
-    verdict = run_verdict(broken, sealed_traces=0)
+    verdict = run_verdict(broken, sealed_traces=4, trainable_tokens=0)
     assert verdict.failed
     assert verdict.reasons == [
         "3 of 4 sessions failed at harness: harness exited 1",
         "1 of 4 sessions timed out at harness: harness ran past 300s; process group killed",
-        "no traces sealed: 4 sessions made 0 model calls (did the harness reach the proxy? see harness.stderr in the work dir)",
+        "nothing trainable sealed: 4 traces, 0 trainable tokens from 4 sessions and 0 model calls"
+        " (did the harness reach the proxy? see harness.stderr in the work dir)",
     ]
     # Some sessions failing is data (sealed, fail-closed), not a failed run.
-    assert run_verdict(ok + broken[:1], sealed_traces=2).failed is False
+    assert run_verdict(ok + broken[:1], sealed_traces=3, trainable_tokens=40).failed is False
     # An interrupted run is judged by the sessions that ran, not the stopped ones.
-    assert run_verdict([_result(0, status="stopped", stage="harness")], sealed_traces=0).failed is False
+    assert run_verdict([_result(0, status="stopped", stage="harness")], sealed_traces=0, trainable_tokens=0).failed is False
