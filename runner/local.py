@@ -31,6 +31,7 @@ from tracefleet import podenv
 from tracefleet.api.semantics import evaluator_type, groups_per_batch, harness_preset, session_plan, should_retry
 from tracefleet.runner.evaluators import EvaluatorSpec
 from tracefleet.runner.failures import run_verdict
+from tracefleet.runner.learning_signal import learning_signal_line
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import netns_available
 from tracefleet.runner.session import HarnessConfig, SessionPlan, SessionRun, run_session
@@ -440,6 +441,7 @@ class LocalRun:
                          + (" (interrupted)" if interrupted else "")),
             ("status", ", ".join(f"{k} {v}" for k, v in sorted(p.statuses.items())) or "-"),
             ("mean reward", "-" if p.mean_reward is None else f"{p.mean_reward:.3f} over {len(p.rewards)} completed"),
+            ("reward spread", learning_signal_line([r.result for r in self.results])),
             ("model calls", str(p.calls) + (f" ({p.abandoned} abandoned in flight: recorded, engine requests cancelled)"
                                             if p.abandoned else "")),
             ("traces sealed", f"{sink.sealed_traces} ({p.tokens} tokens, {p.trainable_tokens} trainable)"),
