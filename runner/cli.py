@@ -12,7 +12,7 @@ from tracefleet.usage import DEBUG_ENV, USAGE_EXIT, UsageError, positive_int
 EPILOG = """\
 examples:
   tracefleet run examples/quickstart/job.yaml
-      the quickstart: a CPU model, a tiny agent, 3 bug-fix tasks x 2 samples; batches in ./tracefleet-output
+      the quickstart: a CPU model, a tiny agent, 3 tasks x 4 samples; batches in ./tracefleet-output
   tracefleet run job.yaml --engine-url http://127.0.0.1:8000 --output s3://bucket/rollouts
       use an engine you already run (vLLM, tracefleet engine) and seal batches to S3
   tracefleet run job.yaml --accept 'reward>=1'

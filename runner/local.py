@@ -30,6 +30,8 @@ from typing import Any, Callable, TextIO
 from tracefleet import podenv
 from tracefleet.api.semantics import evaluator_type, groups_per_batch, harness_preset, session_plan, should_retry
 from tracefleet.runner.evaluators import EvaluatorSpec
+from tracefleet.runner.failures import run_verdict
+from tracefleet.runner.learning_signal import learning_signal_line
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import netns_available
 from tracefleet.runner.session import HarnessConfig, SessionPlan, SessionRun, run_session
@@ -310,10 +312,11 @@ class LocalRun:
             if interrupted:
                 return 130
             # Failed sessions are data (sealed, marked fail-closed) and listed above; the run itself failed
-            # only when nothing could be sealed or no session got through.
-            if sink.errors or (progress.done + progress.failed > 0 and progress.done == 0):
-                return 1
-            return 0
+            # when a session's every call failed, no session got through or nothing trainable was sealed: say why.
+            verdict = run_verdict([r.result for r in self.results], sink.sealed_traces, progress.trainable_tokens)
+            for reason in verdict.reasons:
+                print(f"  FAILED: {reason}", file=self.out, flush=True)
+            return 1 if sink.errors or verdict.failed else 0
         finally:
             if bridge is not None:
                 bridge.close()
@@ -438,6 +441,7 @@ class LocalRun:
                          + (" (interrupted)" if interrupted else "")),
             ("status", ", ".join(f"{k} {v}" for k, v in sorted(p.statuses.items())) or "-"),
             ("mean reward", "-" if p.mean_reward is None else f"{p.mean_reward:.3f} over {len(p.rewards)} completed"),
+            ("reward spread", learning_signal_line([r.result for r in self.results])),
             ("model calls", str(p.calls) + (f" ({p.abandoned} abandoned in flight: recorded, engine requests cancelled)"
                                             if p.abandoned else "")),
             ("traces sealed", f"{sink.sealed_traces} ({p.tokens} tokens, {p.trainable_tokens} trainable)"),

@@ -230,9 +230,9 @@ def _show(args: argparse.Namespace) -> int:
         if not found:
             raise SystemExit(f"--trace {pick}: no such trace id in {where}")
         trace = found[0]
-    decode = _decoder(args, trace)
+    decode, shown_as = _decoder(args, trace)
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
-    print(f"# {where}: trace {traces.index(trace) + 1} of {len(traces)}")
+    print(f"# {where}: trace {traces.index(trace) + 1} of {len(traces)}, shown as {shown_as}")
     sys.stdout.write(render_terminal(trace, decode=decode, color=color, max_context=args.max_context, max_tokens=args.max_tokens))
     if args.html:
         Path(args.html).write_text(render_html(trace, decode=decode), encoding="utf-8")
@@ -240,25 +240,27 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _decoder(args: argparse.Namespace, trace: Any) -> Any:
-    """Text by default: the tokenizer --tokenizer names (a mistake there is the user's), else the trace's
-    own tokenizer or model when this machine has it; token ids otherwise (--ids), with a note why."""
+def _decoder(args: argparse.Namespace, trace: Any) -> tuple[Any, str]:
+    """(decoder, what it shows) -- text by default: with the tokenizer --tokenizer names (a mistake there is
+    the user's), else the trace's own tokenizer or model when this machine has it; token ids otherwise
+    (and with --ids), with a note why."""
     from .render import ids_decoder, tokenizer_decoder, trace_decoder
 
     if args.ids:
-        return ids_decoder
+        return ids_decoder, "token ids"
     if args.tokenizer:
         ref = args.tokenizer
         if ref.endswith((".json", ".gguf")) and not Path(ref).expanduser().exists():
             raise UsageError(f"--tokenizer {ref}: no such file")
         try:
-            return tokenizer_decoder(ref)
+            return tokenizer_decoder(ref), f"text ({ref} tokenizer)"
         except Exception as exc:  # noqa: BLE001 - whatever the loader says, it is about the ref the user gave
             raise UsageError(f"--tokenizer {ref}: {exc}") from None
-    decode, _, why = trace_decoder([trace.meta.tokenizer, trace.meta.model])
+    decode, used, why = trace_decoder([trace.meta.tokenizer, trace.meta.model])
     if why:
         print(f"(showing token ids: {why}; name one with --tokenizer)", file=sys.stderr)
-    return decode
+        return decode, "token ids"
+    return decode, f"text ({used} tokenizer)"
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -1,15 +1,18 @@
 """The README's main job, run as a new user runs it: `tracefleet run examples/quickstart/job.yaml` starts
-the real CPU engine (Gemma 3 270M on llama.cpp), the proxy, the example agent and the tests evaluator,
-and leaves batches the trainer reader can read, with trainable tokens and the evaluator's rewards."""
+the real CPU engine (SmolLM2-135M-Instruct on llama.cpp), the proxy, the example agent and the tests
+evaluator, and leaves batches the trainer reader can read, with trainable tokens, the evaluator's rewards,
+and learning signal: real samples that succeed sometimes, so some group's GRPO advantages are not 0."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tracefleet.traces.reader import BatchReader
 
@@ -17,16 +20,22 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_quickstart_produces_a_readable_batch(tmp_path: Path) -> None:
+def test_quickstart_produces_a_readable_batch_with_learning_signal(tmp_path: Path) -> None:
+    # The example as shipped, with 6 samples per task instead of 4: a group with no spread at all then
+    # needs all 6 samples alike in each of the 3 groups (under 1 in 1000 at the rates SmolLM2 shows).
+    example = tmp_path / "quickstart"
+    shutil.copytree(REPO / "examples" / "quickstart", example)
+    job = yaml.safe_load((example / "job.yaml").read_text())
+    job["spec"]["tasks"]["samplesPerTask"] = 6
+    (example / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     done = subprocess.run(
-        [sys.executable, "-m", "tracefleet.cli", "run", str(REPO / "examples" / "quickstart" / "job.yaml"),
-         "--work-dir", str(tmp_path / "work")],
+        [sys.executable, "-m", "tracefleet.cli", "run", str(example / "job.yaml"), "--work-dir", str(tmp_path / "work")],
         cwd=tmp_path, capture_output=True, text=True, timeout=840,
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
-    assert "status         completed 6" in output, output
-    # capture mode auto (the default) picks exact for Gemma 3 and says so
+    assert "status         completed 18" in output, output
+    # capture mode auto (the default) picks exact for SmolLM2 (ChatML) and says so
     assert "capture mode exact (the model's family is supported)" in output, output
     reader = BatchReader(tmp_path / "tracefleet-output", "quickstart")
     batches = [reader.read(seq) for seq in reader.seqs()]
@@ -34,15 +43,36 @@ def test_quickstart_produces_a_readable_batch(tmp_path: Path) -> None:
     assert batches and traces
     assert sum(t.num_trainable for t in traces) > 0
     sessions = {t.meta.session_id for t in traces}
-    # Exact capture: the example agent only appends to its history, so every session's
-    # calls extend each other token for token and merge into one trace.
+    # Exact capture: each session's calls extend each other token for token and merge into one trace.
     assert len(traces) == len(sessions), [t.call_ids for t in traces]
-    assert len(sessions) == 6 and {t.meta.task_id for t in traces} == {"calc-add", "textutil-shout", "inventory-total"}
+    assert len(sessions) == 18 and {t.meta.task_id for t in traces} == {"add", "shout", "total"}
     # Every session was judged by the tests evaluator: a reward (0 or 1), no fail-closed marks.
     assert all(t.meta.reward in (0.0, 1.0) and t.meta.outcome == "ok" for t in traces)
-    assert all(t.meta.model == "gemma3-270m" for t in traces)
+    assert all(t.meta.model == "smollm2" for t in traces)
+    # Learning signal, as the trainer reads it: some group's samples scored differently, so its GRPO
+    # advantages are not 0; the summary says how many groups carry it.
+    with_signal = {t.meta.group_id for b in batches for t, a in zip(b.traces(), b.advantages()) if a != 0}
+    spread = {g for g in {t.meta.group_id for t in traces}
+              if len({t.meta.reward for t in traces if t.meta.group_id == g}) > 1}
+    assert with_signal and with_signal == spread, ([(t.meta.group_id, t.meta.reward) for t in traces])
+    assert re.search(rf"reward spread  rewards 0\.\.1 \(std 0\.\d\d\); {len(spread)} of 3 groups \(\d+%\) have "
+                     r"non-zero advantages", output), output
     inspect = f"tracefleet traces ls {tmp_path / 'tracefleet-output'} --job quickstart"
     assert inspect in output
     listing = subprocess.run([sys.executable, "-m", "tracefleet.cli", *inspect.split()[1:]],
                              capture_output=True, text=True, timeout=120)
     assert listing.returncode == 0 and re.search(r"^\s+0\s+\d+\s+\d+", listing.stdout, re.M), listing
+
+
+def test_the_summary_counts_groups_whose_advantages_are_not_zero() -> None:
+    from tracefleet.runner.learning_signal import learning_signal_line
+    from tracefleet.runner.session import SessionResult
+
+    def result(task: str, i: int, reward: float, status: str = "completed") -> SessionResult:
+        return SessionResult(session_id=f"{task}-{i}", job="j", task_id=task, sample_index=i, group_id=f"j/{task}",
+                             status=status, reward=reward, session_dir="/nowhere")
+
+    results = [result("a", 0, 1.0), result("a", 1, 0.0), result("b", 0, 1.0), result("b", 1, 1.0),
+               result("c", 0, 0.0), result("c", 1, 0.0, status="error")]
+    assert learning_signal_line(results) == "rewards 0..1 (std 0.50); 1 of 3 groups (33%) have non-zero advantages"
+    assert learning_signal_line([result("a", 0, 1.0, status="stopped")]) == "-"

@@ -182,8 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tracefleet.formats.models",
                                      description="Locate (and with --ensure, prepare) the CPU engine's models.")
     parser.add_argument("--ensure", action="store_true", help="assemble Gemma and cache the tokenizers")
+    parser.add_argument("names", nargs="*", metavar="MODEL", help=f"only these ({', '.join(MODELS)}; default: all)")
     args = parser.parse_args(argv)
-    for name in MODELS:
+    unknown = [n for n in args.names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown model {unknown[0]!r} (known: {', '.join(MODELS)})")
+    for name in args.names or MODELS:
         spec = MODELS[name]()
         if args.ensure:
             ensure_tokenizer_json(spec.gguf_path)

@@ -1,0 +1,5 @@
+from textutil import shout
+
+
+def test_shout():
+    assert shout("hi") == "HI"

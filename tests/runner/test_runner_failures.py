@@ -1,0 +1,101 @@
+"""A run that fails says so: when every model call of its sessions failed (or nothing trainable was sealed),
+`tracefleet run` exits non-zero and prints one line per kind of failure, read from the capture records'
+errors and the sessions' results, instead of `status completed … batches 0 new: none` and exit 0."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tracefleet.runner.failures import run_verdict
+from tracefleet.runner.session import SessionResult
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+
+# A harness that, like a real CLI whose model calls all fail, reports the error and still exits 0.
+SHRUGGING_HARNESS = textwrap.dedent(
+    """
+    import json, os, sys, urllib.error, urllib.request
+    req = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps({"model": os.environ["OPENAI_MODEL"], "max_tokens": 8,
+                         "messages": [{"role": "user", "content": os.environ["TRACEFLEET_PROMPT"]}]}).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
+    )
+    try:
+        urllib.request.urlopen(req, timeout=60)
+    except urllib.error.HTTPError as exc:
+        print("model call failed:", exc.code, file=sys.stderr)
+    """
+)
+
+
+def _job(tmp_path: Path, engine_url: str) -> Path:
+    (tmp_path / "harness.py").write_text(SHRUGGING_HARNESS)
+    job = {
+        "apiVersion": "tracefleet.io/v1alpha1",
+        "kind": "RolloutJob",
+        "metadata": {"name": "all-calls-fail"},
+        "spec": {
+            "inference": {"external": {"baseUrl": engine_url}, "capture": {"mode": "server"}},
+            "harness": {"preset": "command", "command": ["python", "{job_dir}/harness.py"], "sessionTimeoutSeconds": 120},
+            "tasks": {"samplesPerTask": 2, "inline": [
+                {"id": f"t{i}", "prompt": f"fix task {i} so that its tests pass",
+                 "workspace": {"repo": str(QUICKSTART / "tasks" / "calc")}} for i in range(2)]},
+            "evaluator": {"preset": "command", "command": ["true"]},
+            "output": {"uri": str(tmp_path / "out"), "tracesPerBatch": 4},
+            "parallelism": 2,
+        },
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def test_every_call_refused_fails_the_run_with_the_engines_reason(make_scripted_engine: Any, tmp_path: Path) -> None:
+    # A context of 16 tokens: every prompt (the chat template's system turn alone is longer) is refused
+    # with vLLM's 400, as the issue's 4096-token CPU engine refused a harness's max_tokens 16384.
+    engine = make_scripted_engine(extra_args=["--max-model-len", "16"])
+    done = subprocess.run(
+        [sys.executable, "-m", "tracefleet", "run", str(_job(tmp_path, engine.url)), "--work-dir", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "status         completed 4" in output, output  # the harness exited 0 every time...
+    failed = [line.strip() for line in output.splitlines() if line.strip().startswith("FAILED: ")]
+    # ...and the run still says what went wrong, one line per kind, with the engine's own words.
+    assert failed[0] == "FAILED: 4 of 4 sessions had every model call fail", failed
+    assert failed[1].startswith("FAILED: 4 of 4 calls rejected by the engine (HTTP 400): "), failed
+    assert "maximum context length is 16 tokens" in failed[1], failed
+    # (each session is sealed as a fail-closed row without tokens: nothing a trainer can learn from)
+    assert failed[2] == "FAILED: nothing trainable sealed: 4 traces, 0 trainable tokens from 4 sessions and 4 model calls", failed
+    assert len(failed) == 3 and "Traceback" not in output, failed
+
+
+def _result(i: int, **kw: Any) -> SessionResult:
+    return SessionResult(session_id=f"s{i}", job="j", task_id="t", sample_index=i, group_id="j/t", session_dir="/nowhere", **kw)
+
+
+def test_verdict_groups_session_failures_by_stage() -> None:
+    ok = [_result(0, calls=2), _result(1, calls=3)]
+    assert run_verdict(ok, sealed_traces=2, trainable_tokens=40).failed is False
+    broken = [_result(i, status="error", stage="harness", error=f"harness exited {1 + i % 2}", calls=0) for i in range(3)]
+    broken.append(_result(3, status="timeout", stage="harness", error="harness ran past 300s; process group killed"))
+    verdict = run_verdict(broken, sealed_traces=4, trainable_tokens=0)
+    assert verdict.failed
+    assert verdict.reasons == [
+        "3 of 4 sessions failed at harness: harness exited 1",
+        "1 of 4 sessions timed out at harness: harness ran past 300s; process group killed",
+        "nothing trainable sealed: 4 traces, 0 trainable tokens from 4 sessions and 0 model calls"
+        " (did the harness reach the proxy? see harness.stderr in the work dir)",
+    ]
+    # Some sessions failing is data (sealed, fail-closed), not a failed run.
+    assert run_verdict(ok + broken[:1], sealed_traces=3, trainable_tokens=40).failed is False
+    # An interrupted run is judged by the sessions that ran, not the stopped ones.
+    assert run_verdict([_result(0, status="stopped", stage="harness")], sealed_traces=0, trainable_tokens=0).failed is False
