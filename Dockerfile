@@ -1,8 +1,8 @@
 # One image, several entrypoints (not built in CI here):
 #   tracefleet operator ...                          the operator (Helm chart's Deployment)
 #   tracefleet proxy ...                             the capture proxy (harness pods' native sidecar)
-#   python -m tracefleet.operator.podmain seal       sealer Jobs
-#   python -m tracefleet.operator.podmain evaluate   evaluator Jobs (when the job names no image)
+#   python -m tracefleet.runner.pod seal             sealer Jobs
+#   python -m tracefleet.runner.pod evaluate         evaluator Jobs (when the job names no image)
 #   tracefleet run ...                               local mode
 # Harness images add their agent CLI on top:  FROM ghcr.io/tracefleet/tracefleet:0.1.0 + npm i -g @openai/codex
 #

@@ -3,7 +3,7 @@
 The pods write the bucket (the operator never does), where tracefleet.layout says: the proxy sidecar
 each session's capture and artifacts, the evaluator Job its reward, the sealer Job the batches.
 
-A sealer Job seals with `batch_id = k8s-<job seq>`; the bucket seq is whatever the Sealer claims, so
+A sealer Job seals with `batch_id = k8s-<job seq>` (tracefleet.layout.batch_id_for); the bucket seq is whatever the Sealer claims, so
 the operator finds a Job's batch by its batch_id (a manifest's presence is what "sealed" means).
 """
 
@@ -27,10 +27,6 @@ def bucket_options(creds: dict[str, str] | None, endpoint: str | None = None) ->
     if creds.get("AWS_REGION") or creds.get("AWS_DEFAULT_REGION"):
         opts["region"] = creds.get("AWS_REGION") or creds.get("AWS_DEFAULT_REGION")
     return opts
-
-
-def batch_id_for(seq: int) -> str:
-    return f"k8s-{seq:06d}"
 
 
 def session_made_calls(uri: str, job: str, session: int, creds: dict[str, str] | None = None,

@@ -21,14 +21,13 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from tracefleet import podenv
-from tracefleet.api.semantics import PlannedSession, encode_sessions, groups_per_batch, next_batches, session_plan
+from tracefleet.api.semantics import groups_per_batch, next_batches, session_plan
+from tracefleet.layout import batch_id_for
 
 from . import bucketio, metrics
 from .children.harness import exact_mode_problem, harness_pod
 from .children.inference import inference_deployment, inference_service
-from .children.jobs import evaluator_job
-from .children.jobs import sealer_job as sealer_job_of_indices
+from .children.jobs import evaluator_job, sealer_job
 from .children.network_policy import harness_network_policy
 from . import names as n
 from .kube import Kube
@@ -67,15 +66,6 @@ def pending_seqs(sealers: list[dict[str, Any]]) -> set[int]:
 def immutable_hash(spec: dict[str, Any]) -> str:
     part = {k: spec.get(k) for k in IMMUTABLE_SPEC_FIELDS}
     return hashlib.sha256(json.dumps(part, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def sealer_job(job: JobView, cfg: OperatorConfig, seq: int, sessions: list[PlannedSession]) -> dict[str, Any]:
-    """The sealer Job for `sessions` (whole groups), told their tasks and samples: it seals failed
-    sessions too, whose pods may have left nothing that says which task they ran."""
-    manifest = sealer_job_of_indices(job, cfg, seq, [p.index for p in sessions])
-    container = manifest["spec"]["template"]["spec"]["containers"][0]
-    container["env"].append({"name": podenv.SESSION_PLAN, "value": encode_sessions(sessions)})
-    return manifest
 
 
 @dataclass
@@ -431,7 +421,7 @@ class Reconciler:
 
     def _read_batch(self, job: JobView, seq: int, skip: set[int]) -> dict[str, Any] | None:
         creds = self._secret(job.namespace, job.credentials_secret) if job.credentials_secret else None
-        batch = bucketio.find_batch(job.bucket_uri, job.name, bucketio.batch_id_for(seq), skip, creds, job.bucket_endpoint)
+        batch = bucketio.find_batch(job.bucket_uri, job.name, batch_id_for(seq), skip, creds, job.bucket_endpoint)
         if batch is None:
             return None
         batch["jobSeq"] = seq

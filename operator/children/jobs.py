@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracefleet.podenv import EvaluatorEnv, SealerEnv
+from tracefleet.api.semantics import PlannedSession, encode_sessions
+from tracefleet.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, SealerEnv
 
 from .. import names as n
 from ..view import JobView, OperatorConfig
 from .inputs import bucket_env_from, env_vars, task_source
 from .metadata import Manifest, child_labels, metadata
 from .security import container_security_context, pod_security_context
-
-# Exit code an evaluator uses for "this session's artifacts are unusable": retrying cannot help.
-EVALUATOR_FATAL_EXIT_CODE = 3
-
 
 def _batch_pod_spec(job: JobView, container: dict[str, Any]) -> dict[str, Any]:
     spec: dict[str, Any] = {
@@ -53,7 +50,7 @@ def evaluator_job(job: JobView, cfg: OperatorConfig, session: int) -> Manifest:
     container = {
         "name": "evaluator",
         "image": e.image or cfg.evaluator_image,
-        "command": ["python", "-m", "tracefleet.operator.podmain", "evaluate"],
+        "command": ["python", "-m", n.POD_PROGRAMS, "evaluate"],
         "env": env_vars(env.to_env()),
         "envFrom": bucket_env_from(job),
         "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
@@ -87,16 +84,19 @@ def evaluator_job(job: JobView, cfg: OperatorConfig, session: int) -> Manifest:
     }
 
 
-def sealer_job(job: JobView, cfg: OperatorConfig, seq: int, sessions: list[int]) -> Manifest:
-    """Builds and seals batch `seq` from exactly `sessions` (fixed at creation: Jobs are immutable,
-    so a restarted operator sees the same assignment and never seals a session twice)."""
-    ranges = n.encode_ranges(sessions)
-    env = SealerEnv(bucket=job.bucket_uri, endpoint=job.bucket_endpoint or None, job=job.name, batch_seq=seq, sessions=sessions,
-                    builder=job.builder)
+def sealer_job(job: JobView, cfg: OperatorConfig, seq: int, sessions: list[PlannedSession]) -> Manifest:
+    """Builds and seals batch `seq` from exactly `sessions` (whole groups, fixed at creation: Jobs are
+    immutable, so a restarted operator sees the same assignment and never seals a session twice). The
+    Job is told each session's task and sample: it seals failed sessions too, whose pods may have left
+    nothing that says which task they ran."""
+    indices = [p.index for p in sessions]
+    ranges = n.encode_ranges(indices)
+    env = SealerEnv(bucket=job.bucket_uri, endpoint=job.bucket_endpoint or None, job=job.name, batch_seq=seq, sessions=indices,
+                    builder=job.builder, session_plan=encode_sessions(sessions))
     container = {
         "name": "sealer",
         "image": cfg.proxy_image,
-        "command": ["python", "-m", "tracefleet.operator.podmain", "seal"],
+        "command": ["python", "-m", n.POD_PROGRAMS, "seal"],
         "env": env_vars(env.to_env()),
         "envFrom": bucket_env_from(job),
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},

@@ -17,7 +17,7 @@ from typing import Any
 from tracefleet import layout
 from tracefleet.api.semantics import PlannedSession
 from tracefleet.bucket import Bucket, ObjectNotFound
-from tracefleet.operator.bucketio import batch_id_for
+from tracefleet.layout import batch_id_for
 from tracefleet.runner.tracing import SessionOutcome, session_traces
 
 

@@ -59,6 +59,12 @@ def batch_dir(job: str, seq: int) -> str:
     return f"{batches_prefix(job)}{seq:06d}"
 
 
+def batch_id_for(job_seq: int) -> str:
+    """The batch_id a sealer Job seals with (k8s-<the operator's seq>): a rerun of the Job finds the batch
+    it already sealed instead of sealing twice, and the operator finds the batch by it."""
+    return f"k8s-{job_seq:06d}"
+
+
 def batch_object_key(job: str, seq: int, name: str) -> str:
     return f"{batch_dir(job, seq)}/{name}"
 

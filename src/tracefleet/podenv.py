@@ -6,8 +6,8 @@ nowhere else.
 
     HarnessEnv       harness container (`tracefleet run --in-pod`)
     ProxySidecarEnv  the harness pod's proxy sidecar (its other inputs are flags)
-    EvaluatorEnv     evaluator Job (`python -m tracefleet.operator.podmain evaluate`)
-    SealerEnv        sealer Job (`python -m tracefleet.operator.podmain seal`)
+    EvaluatorEnv     evaluator Job (`python -m tracefleet.runner.pod evaluate`)
+    SealerEnv        sealer Job (`python -m tracefleet.runner.pod seal`)
 
 Values are text, as in a pod spec: numbers in decimal, lists and the inline task as JSON, the
 sealer's sessions as ranges ("1-3,7"). An empty value counts as unset. Bucket credentials are not
@@ -214,14 +214,10 @@ class SealerEnv(BucketEnv):
     batch_seq: int = Field(ge=0, alias=BATCH_SEQ)
     sessions: Ranges = Field(alias=SESSIONS)
     builder: str = Field(alias=BUILDER)
-    # Written by the operator's reconcile beside what the sealer Job builder writes (optional here so the
-    # builder's own output still reads); the sealer program needs it.
-    session_plan: str | None = Field(default=None, alias=SESSION_PLAN)
+    session_plan: str = Field(alias=SESSION_PLAN)  # the sessions with their tasks and samples
 
     def planned_sessions(self) -> list[PlannedSession]:
         """The sessions to seal, with their tasks, groups and samples."""
-        if not self.session_plan:
-            raise PodEnvError(f"{SESSION_PLAN} is not set (the operator sets it on the {self.container})")
         planned = decode_sessions(self.job, self.session_plan)
         if sorted(p.index for p in planned) != sorted(self.sessions):
             raise PodEnvError(f"{SESSION_PLAN} names sessions {encode_ranges([p.index for p in planned])}, "

@@ -68,5 +68,5 @@ def test_the_operator_imports_nothing_of_the_runner() -> None:
             "print(sorted(m for m in sys.modules if m.startswith('tracefleet.runner')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "tracefleet.operator.children.jobs" in modules and "tracefleet.operator.podmain" in modules
+    assert "tracefleet.operator.children.jobs" in modules and "tracefleet.operator.reconcile" in modules
     assert out.stdout.strip() == "[]"

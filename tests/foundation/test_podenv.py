@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tracefleet import podenv
+from tracefleet.api.semantics import session_plan
 from tracefleet.operator.children.harness import harness_pod
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.operator.view import JobView, OperatorConfig
@@ -70,10 +71,12 @@ def test_evaluator_and_sealer_env_read_back(job: JobView) -> None:
     assert (env.evaluator, env.entrypoint, env.command, env.timeout_s) == ("hook", "grader:score", None, 300)
     assert env.task_json == {"id": "t2", "prompt": "add a test"}
     assert env.session_uri == "s3://traces/runs/demo/sessions/2/"
-    (seal,) = sealer_job(job, OperatorConfig(), 4, [3, 0, 1])["spec"]["template"]["spec"]["containers"]
-    assert SealerEnv.from_env(_env(seal)) == SealerEnv(
-        bucket="s3://traces/runs", endpoint="http://10.0.0.9:8333", job="demo", batch_seq=4, sessions=[0, 1, 3],
-        builder="prefix-merge")
+    plan = session_plan("demo", ["t1", "t2"], 2)
+    (seal,) = sealer_job(job, OperatorConfig(), 4, [plan[3], plan[0], plan[1]])["spec"]["template"]["spec"]["containers"]
+    sealer = SealerEnv.from_env(_env(seal))
+    assert (sealer.bucket, sealer.endpoint, sealer.job, sealer.batch_seq, sealer.sessions, sealer.builder) == (
+        "s3://traces/runs", "http://10.0.0.9:8333", "demo", 4, [0, 1, 3], "prefix-merge")
+    assert sorted(sealer.planned_sessions(), key=lambda p: p.index) == [plan[0], plan[1], plan[3]]
     assert _env(seal)[podenv.SESSIONS] == "0-1,3"
 
 
@@ -84,7 +87,7 @@ def test_every_written_variable_has_a_reader(job: JobView) -> None:
         (HarnessEnv, pod["spec"]["containers"][0]),
         (ProxySidecarEnv, pod["spec"]["initContainers"][0]),
         (EvaluatorEnv, evaluator_job(job, OperatorConfig(), 0)["spec"]["template"]["spec"]["containers"][0]),
-        (SealerEnv, sealer_job(job, OperatorConfig(), 1, [0])["spec"]["template"]["spec"]["containers"][0]),
+        (SealerEnv, sealer_job(job, OperatorConfig(), 1, session_plan("demo", ["t1"], 1))["spec"]["template"]["spec"]["containers"][0]),
     ]
     for model, container in containers:
         ours = {k for k in _env(container) if k.startswith(podenv.PREFIX)}

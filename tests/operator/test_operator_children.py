@@ -14,6 +14,7 @@ from tracefleet.operator.children.network_policy import harness_network_policy
 from tracefleet.operator import names as n
 from tracefleet import podenv
 from tracefleet.api import DEFAULT_VLLM_IMAGE
+from tracefleet.api.semantics import session_plan
 from tracefleet.podenv import EvaluatorEnv
 from tracefleet.vllm import vllm_server
 from tracefleet.operator.view import JobView, OperatorConfig
@@ -260,7 +261,8 @@ def test_evaluator_job_has_failure_policy_and_deadline(job: JobView) -> None:
 
 
 def test_sealer_job_pins_its_sessions(job: JobView) -> None:
-    j = sealer_job(job, CFG, seq=3, sessions=[7, 1, 2, 3, 9])
+    plan = session_plan(job.name, ["t1", "t2", "t3"], 4)
+    j = sealer_job(job, CFG, seq=3, sessions=[plan[i] for i in (7, 1, 2, 3, 9)])
     _owner_ok(j, job)
     assert j["metadata"]["name"] == "demo-seal-000003"
     assert j["metadata"]["annotations"][n.ANNOTATION_SESSIONS] == "1-3,7,9"

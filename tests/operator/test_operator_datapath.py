@@ -12,6 +12,7 @@ from tracefleet import layout
 from tracefleet.api.semantics import encode_sessions, session_plan
 from tracefleet.bucket import open_bucket
 from tracefleet.operator import bucketio
+from tracefleet.operator.names import POD_PROGRAMS
 from tracefleet.podenv import SealerEnv
 from tracefleet.runner.pod import evaluate as pod_evaluate, seal as pod_seal
 from tracefleet.traces.reader import BatchReader
@@ -40,11 +41,11 @@ def test_sealer_entrypoint_seals_once_and_operator_finds_batch(s3, tmp_path: Pat
         write_session(bucket, job, s, tmp_path, reward=float(s % 2))
     creds = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key, "AWS_ENDPOINT_URL": s3.endpoint}
 
-    # the pod's entrypoint, as the sealer Job runs it (the environment reconcile.sealer_job writes)
+    # the pod's entrypoint, as the sealer Job runs it (the environment children.jobs.sealer_job writes)
     sealer_env = SealerEnv(bucket=uri, job=job, batch_seq=1, sessions=[0, 1], builder="prefix-merge",
                            session_plan=encode_sessions(plan[:2]))
     env = {**s3.env(), **sealer_env.to_env(), "PATH": "/usr/bin:/bin", "TRACEFLEET_SPOOL": str(tmp_path / "spool")}
-    r = subprocess.run([sys.executable, "-m", "tracefleet.operator.podmain", "seal"], env=env,
+    r = subprocess.run([sys.executable, "-m", POD_PROGRAMS, "seal"], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     first = json.loads(r.stdout.strip().splitlines()[-1])

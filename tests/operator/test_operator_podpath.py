@@ -23,8 +23,8 @@ from tracefleet.api.semantics import session_plan
 from tracefleet.bucket import open_bucket
 from tracefleet.capture import read_capture_log
 from tracefleet.operator.children.harness import harness_pod
-from tracefleet.operator.children.jobs import EVALUATOR_FATAL_EXIT_CODE, evaluator_job
-from tracefleet.operator.reconcile import sealer_job
+from tracefleet.operator.children.jobs import evaluator_job, sealer_job
+from tracefleet.podenv import EVALUATOR_FATAL_EXIT_CODE
 from tracefleet.operator.view import JobView, OperatorConfig
 from tracefleet.proxy.upload import upload_outputs
 from tracefleet.traces.reader import BatchReader
