@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import httpx
+import kopf
 from pydantic import ValidationError
 
 from tracefleet.api.semantics import groups_per_batch, next_batches, session_plan
@@ -32,7 +33,27 @@ from .children.network_policy import harness_network_policy
 from . import names as n
 from .kube import Kube
 from .sessions import job_condition, observe, plan
-from .status import Cond, Observed, SessionCounts, build_status, status_changed
+from .status import (
+    COND_INFERENCE_READY,
+    EVENT_BATCH_SEALED,
+    FINISHED_PHASES,
+    NORMAL,
+    REASON_CREATING,
+    REASON_DEPLOYMENT_AVAILABLE,
+    REASON_DEPLOYMENT_UNAVAILABLE,
+    REASON_ENDPOINT_REACHABLE,
+    REASON_ENDPOINT_UNREACHABLE,
+    REASON_INVALID_SPEC,
+    REASON_SUSPENDED,
+    Cond,
+    Progress,
+    SessionCounts,
+    build_status,
+    calculate_status,
+    condition_events,
+    failed_status,
+    status_changed,
+)
 from .view import JobView, OperatorConfig
 from .webhook import Delivery, WebhookNotifier
 
@@ -110,7 +131,7 @@ class Reconciler:
         try:
             job = JobView.from_body(body)
         except ValidationError as e:  # the CRD should have refused it; report instead of crash-looping
-            res.status = self._fail_status(old_status, generation, "InvalidSpec", str(e)[:1000], now)
+            res.status = self._fail_status(old_status, generation, REASON_INVALID_SPEC, str(e)[:1000], now)
             return res
         if job.managed_by and job.managed_by != "tracefleet.io/operator":
             return res  # another controller (e.g. MultiKueue) owns it
@@ -122,7 +143,7 @@ class Reconciler:
             res.annotations[ANNOTATION_SPEC_HASH] = spec_hash
         spec_rejected = recorded is not None and recorded != spec_hash
 
-        finished_phase = old_status.get("phase") in ("Succeeded", "Failed")
+        finished_phase = old_status.get("phase") in FINISHED_PHASES
         if finished_phase:
             return self._after_finish(job, old_status, now, res)
 
@@ -134,7 +155,7 @@ class Reconciler:
         if (problem := exact_mode_problem(job)) is not None:
             problems.append(problem)
         if problems:
-            res.status = self._fail_status(old_status, generation, "InvalidSpec", "; ".join(problems), now)
+            res.status = self._fail_status(old_status, generation, REASON_INVALID_SPEC, "; ".join(problems), now)
             return res
 
         task_ids = self._task_ids_of(job)
@@ -201,77 +222,30 @@ class Reconciler:
             tokens=sum(b.get("tokens", 0) for b in batches),
         )
         counts.pending = max(0, total - counts.running - counts.succeeded - counts.failed)
-        finished = counts.finished == total and not unsealed and not seal_failed
-        conds: list[Cond] = [Cond("InferenceReady", inf_ready, inf_reason, inf_msg)]
-        if spec_rejected:
-            conds.append(Cond("SpecAccepted", False, "ImmutableFieldChanged",
-                              f"changes to spec.{{{','.join(IMMUTABLE_SPEC_FIELDS)}}} are not applied; revert them or create a new RolloutJob"))
-        if seal_failed:
-            phase = "Failed"
-            conds += [Cond("Running", False, "SealFailed", seal_failed), Cond("Complete", False, "SealFailed", ""),
-                      Cond("Failed", True, "SealFailed", seal_failed), Cond("Suspended", False, "NotSuspended", "")]
-            finished = True
-        elif finished:
-            ok = counts.succeeded > 0 or total == 0
-            phase = "Succeeded" if ok else "Failed"
-            msg = f"{counts.succeeded}/{total} sessions succeeded, {counts.failed} failed, {len(batches)} batches sealed"
-            conds += [
-                Cond("Running", False, "Finished", msg),
-                Cond("Complete", ok, "AllSessionsFinished" if ok else "AllSessionsFailed", msg),
-                Cond("Failed", not ok, "AllSessionsFailed" if not ok else "SomeSessionsSucceeded", msg),
-                Cond("Suspended", False, "NotSuspended", ""),
-            ]
-        elif job.suspend:
-            phase = "Suspended"
-            conds += [
-                Cond("Running", False, "Suspended", "spec.suspend is true"),
-                Cond("Complete", False, "Suspended", ""),
-                Cond("Failed", False, "NotFailed", ""),
-                Cond("Suspended", True, "SpecSuspend", "running sessions were stopped; they rerun on resume"),
-            ]
-        else:
-            active = counts.running > 0 or counts.finished > 0 or table.terminating > 0
-            phase = "Running" if active else "Pending"
-            why = "SessionsRunning" if active else ("WaitingForInference" if not inf_ready else "Starting")
-            conds += [
-                Cond("Running", active, why, f"{counts.running} running, {counts.finished}/{total} finished"),
-                Cond("Complete", False, "InProgress", ""),
-                Cond("Failed", False, "NotFailed", ""),
-                Cond("Suspended", False, "NotSuspended", ""),
-            ]
-        obs = Observed(
+        refused = (f"changes to spec.{{{','.join(IMMUTABLE_SPEC_FIELDS)}}} are not applied; revert them or create a new RolloutJob"
+                   if spec_rejected else "")
+        obs = calculate_status(Progress(
             generation=job.generation,
             counts=counts,
-            conditions=conds,
-            phase=phase,
+            inference=Cond(COND_INFERENCE_READY, inf_ready, inf_reason, inf_msg),
             batches=batches,
-            started=phase in ("Running", "Succeeded", "Failed"),
-            finished=finished,
-        )
+            spec_rejected=refused,
+            seal_failed=seal_failed,
+            unsealed=unsealed,
+            suspended=job.suspend,
+            terminating=table.terminating,
+        ))
         new_status = build_status(old_status, obs, min(self.cfg.recent_batches, 10), now)
-        for c in new_status["conditions"]:
-            prev = next((o for o in old_status.get("conditions") or [] if o.get("type") == c["type"]), None)
-            if c["status"] == "True" and (prev is None or prev.get("status") != "True"):
-                res.events.append(("Warning" if c["type"] == "Failed" or c["type"] == "SpecAccepted" else "Normal", c["reason"], f"{c['type']}: {c['message']}".strip(": ")))
-            if c["type"] == "SpecAccepted" and c["status"] == "False" and (prev is None or prev.get("status") != "False"):
-                res.events.append(("Warning", c["reason"], c["message"]))
+        res.events += condition_events(old_status.get("conditions"), new_status["conditions"])
         if status_changed(old_status, new_status):
             res.status = new_status
-        metrics.record_job(job.namespace, job.name, phase, counts.as_status())
+        metrics.record_job(job.namespace, job.name, obs.phase, counts.as_status())
         return res
 
     # ------------------------------------------------------------------ pieces
 
     def _fail_status(self, old: dict[str, Any], generation: int, reason: str, message: str, now: datetime) -> dict[str, Any] | None:
-        obs = Observed(
-            generation=generation,
-            counts=SessionCounts(**{k: v for k, v in (old.get("counters") or {}).items() if k in SessionCounts.__dataclass_fields__}),
-            conditions=[Cond("Failed", True, reason, message), Cond("Running", False, reason, ""), Cond("Complete", False, reason, "")],
-            phase="Failed",
-            finished=True,
-        )
-        new = build_status(old, obs, self.cfg.recent_batches, now)
-        return new if status_changed(old, new) else None
+        return failed_status(old, generation, reason, message, self.cfg.recent_batches, now)
 
     def _after_finish(self, job: JobView, old: dict[str, Any], now: datetime, res: Result) -> Result:
         """Finished jobs: nothing runs; scale inference to zero, then honour ttlSecondsAfterFinished."""
@@ -301,7 +275,8 @@ class Reconciler:
                 creds = self._secret(job.namespace, job.credentials_secret) if job.credentials_secret else None
                 text = bucketio.read_text(job.tasks_uri, creds)
             if text is None:
-                raise RuntimeError(f"tasks of {job.namespace}/{job.name} not found")
+                # the ConfigMap or the object may be created after the job: look again later
+                raise kopf.TemporaryError(f"tasks of {job.namespace}/{job.name} not found", delay=30)
             self._task_ids[key] = [str(json.loads(line)["id"]) for line in text.splitlines() if line.strip()]
         return self._task_ids[key]
 
@@ -333,29 +308,29 @@ class Reconciler:
         if dep is None:
             self.kube.create(inference_deployment(job))
             metrics.CHILDREN_CREATED.labels(n.COMPONENT_INFERENCE).inc()
-            return False, "Creating", "inference Deployment created", budget - 1
+            return False, REASON_CREATING, "inference Deployment created", budget - 1
         want = 0 if job.suspend else job.managed.replicas
         if (dep.get("spec") or {}).get("replicas") != want:
             self.kube.scale_deployment(job.namespace, name, want)
             budget -= 1
         if job.suspend:
-            return False, "Suspended", "inference scaled to zero while suspended", budget
+            return False, REASON_SUSPENDED, "inference scaled to zero while suspended", budget
         available = int((dep.get("status") or {}).get("availableReplicas") or 0)
         if available >= 1:
-            return True, "DeploymentAvailable", f"{available}/{want} replicas available", budget
-        return False, "DeploymentUnavailable", "waiting for vLLM to load the model (startup probe on /v1/models)", budget
+            return True, REASON_DEPLOYMENT_AVAILABLE, f"{available}/{want} replicas available", budget
+        return False, REASON_DEPLOYMENT_UNAVAILABLE, "waiting for vLLM to load the model (startup probe on /v1/models)", budget
 
     def _reachable(self, url: str) -> tuple[bool, str, str]:
         cached = self._reach.get(url)
         if cached and time.monotonic() - cached[0] < 30:
-            return (cached[1], "EndpointReachable" if cached[1] else "EndpointUnreachable", cached[2])
+            return (cached[1], REASON_ENDPOINT_REACHABLE if cached[1] else REASON_ENDPOINT_UNREACHABLE, cached[2])
         try:
             r = httpx.get(url.rstrip("/") + "/v1/models", timeout=3.0)
             ok, msg = r.status_code < 500, f"GET /v1/models -> {r.status_code}"
         except httpx.HTTPError as e:
             ok, msg = False, f"GET /v1/models failed: {e}"
         self._reach[url] = (time.monotonic(), ok, msg)
-        return ok, "EndpointReachable" if ok else "EndpointUnreachable", msg
+        return ok, REASON_ENDPOINT_REACHABLE if ok else REASON_ENDPOINT_UNREACHABLE, msg
 
     def _batches(
         self,
@@ -394,7 +369,7 @@ class Reconciler:
                 self.kube.annotate_job(job.namespace, sj["metadata"]["name"], {ANNOTATION_BATCH: json.dumps(batch, sort_keys=True)})
                 recorded.append(batch)
                 metrics.BATCHES_SEALED.inc()
-                res.events.append(("Normal", "BatchSealed", f"batch {seq} sealed: {batch['traces']} traces at {batch['uri']}"))
+                res.events.append((NORMAL, EVENT_BATCH_SEALED, f"batch {seq} sealed: {batch['traces']} traces at {batch['uri']}"))
                 self._notify(job, batch, sj["metadata"]["name"])
         # new batches: whole groups whose sessions have all finished, in task order
         finished = set(succeeded) | set(failed)
