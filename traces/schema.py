@@ -41,8 +41,8 @@ class Span(BaseModel):
     policy_version: int
     finish_reason: str | None = None
     # the sampling parameters the proxy sent for this call; None = the engine's default (vLLM: the model's
-    # generation_config.json). vLLM's default logprobs are taken before temperature/top-p/top-k, so they are
-    # the behaviour policy's only at T=1 with no truncation (or under --logprobs-mode processed_logprobs)
+    # generation_config.json). The span's logprobs are the behaviour policy's because tracefleet runs vLLM with
+    # --logprobs-mode processed_logprobs (tracefleet.vllm); vLLM's default would give them before temperature
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None

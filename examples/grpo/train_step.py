@@ -69,11 +69,11 @@ def token_logprobs(policy: nn.Module, batch: dict[str, torch.Tensor]) -> torch.T
 def grpo_loss(policy: nn.Module, batch: dict[str, torch.Tensor], clip: float = 0.2) -> torch.Tensor:
     """Clipped surrogate on sampled tokens, averaged over trainable tokens (token-level GRPO/DAPO).
 
-    `old_logprobs` are the engine's. vLLM's default (`--logprobs-mode raw_logprobs`) takes them before
-    temperature and top-p/top-k, so they are the behaviour policy only when sampling ran at T=1 with no
-    truncation; with any other sampling the engine must run `--logprobs-mode processed_logprobs` (the
-    logprobs of the distribution that sampled, after temperature), and the new logprobs are taken at the
-    temperature each span records (`span_temperatures`). Top-p/top-k truncation is not re-applied: keep
+    `old_logprobs` are the engine's. tracefleet runs vLLM with `--logprobs-mode processed_logprobs`
+    (tracefleet.vllm: the operator's Deployment, `tracefleet engine --backend vllm`, the tests' server), so they
+    are the logprobs of the distribution that sampled, after temperature and top-k/top-p; vLLM's own default,
+    `raw_logprobs`, would give the T=1 distribution's whatever the sampling. The new logprobs are taken at the
+    temperature each span records (`span_temperatures`). Top-p/top-k truncation is not re-applied here: keep
     them off for on-policy training."""
     mask = batch["loss_mask"][:, 1:]
     new = token_logprobs(policy, batch)

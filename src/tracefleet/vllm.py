@@ -10,6 +10,11 @@ What the arguments are for (the reasons are in the desk check of vLLM's source, 
   exact mode parses the same format), or `capture.toolParser` / `capture.modelFamily` when given.
 - `--reasoning-parser qwen3` for Qwen models that think, so server mode returns reasoning apart from content.
 - `--enable-prompt-tokens-details`: `usage.prompt_tokens_details.cached_tokens` per call (prefix-cache hits).
+- `--logprobs-mode processed_logprobs`: the sampled tokens' logprobs are those of the distribution that sampled
+  them (after temperature and top-k/top-p), i.e. the behaviour policy a trainer's importance ratio divides by.
+  vLLM's default, `raw_logprobs`, reports the T=1 distribution whatever the call's sampling parameters
+  (measured: a T=0.5 call records exactly an unscaled re-score). Greedy calls and T=1 without truncation
+  record the same values in both modes; prompt logprobs are raw in both (vLLM's `logprobs_mode` docstring).
 - `VLLM_SERVER_DEV_MODE=1`: from v0.24 on, `/pause`, `/resume` and the weight routes a trainer's weight sync
   uses exist only in dev mode.
 - `extraArgs` come last: vLLM's argument parser keeps the last value, so a job can override any default.
@@ -39,6 +44,7 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 # vLLM reads its API key from this variable (same as --api-key, but kept out of the pod's command line).
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
+LOGPROBS_MODE = "processed_logprobs"  # the behaviour policy's logprobs (see the module docstring)
 HEALTH_PATH = "/health"  # never behind --api-key, unlike /v1/models
 
 # Model family (tracefleet.formats.families) -> vLLM tool-call parser that reads the same output format.
@@ -112,6 +118,7 @@ def vllm_server(inference: Inference, *, host: str, port: int) -> VllmServer:
         "--enable-auto-tool-choice",
         "--tool-call-parser", tool_call_parser(m.model, **hints),
         "--enable-prompt-tokens-details",
+        "--logprobs-mode", LOGPROBS_MODE,
     ]
     if (reasoning := reasoning_parser(m.model, **hints)) is not None:
         args += ["--reasoning-parser", reasoning]

@@ -1,8 +1,9 @@
 """Against real vLLM (the session's `vllm_server`): what the recorded ids and logprobs are.
 
-- vLLM's default logprobs (`--logprobs-mode raw_logprobs`) are taken before temperature: a call sampled at
-  T=0.5 records exactly the logprobs of an unscaled re-score. So every record carries the sampling
-  parameters and where they came from, which a trainer needs to know what distribution sampled.
+- The server runs `--logprobs-mode processed_logprobs` (tracefleet.vllm): a call sampled at T=0.5 with
+  top_k=20 records the logprobs of that distribution, the top 20 of the raw logprobs divided by T and
+  renormalised (vLLM's default, raw_logprobs, would record the unscaled T=1 ones). Every record also carries
+  the sampling parameters and where they came from.
 - Server mode, streamed, with tools (the hermes parser holds text back): the ids and logprobs are all there,
   len(ids) == usage.completion_tokens == len(logprobs), and no record is flagged.
 - `tool_choice: "none"` with tools: exact mode renders the prompt vLLM renders (tools included, as vLLM
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import httpx
@@ -21,25 +23,37 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
 
 
-def rescore(vllm: Any, prompt_ids: list[int], ids: list[int]) -> list[float]:
-    """vLLM's own logprob of each of `ids` after `prompt_ids` (prompt_logprobs of the whole sequence)."""
+def rescore(vllm: Any, prompt_ids: list[int], ids: list[int], top: int = 0) -> list[dict[int, float]]:
+    """vLLM's own raw logprobs after `prompt_ids` (prompt_logprobs of the whole sequence): per token of `ids`,
+    its own logprob and those of the `top` most likely tokens at that position."""
     r = httpx.post(vllm.url + "/v1/completions", json={"model": vllm.model, "prompt": prompt_ids + ids, "max_tokens": 1,
-                                                      "prompt_logprobs": 0}, timeout=60).raise_for_status().json()
+                                                      "prompt_logprobs": top}, timeout=60).raise_for_status().json()
     scored = r["choices"][0]["prompt_logprobs"][len(prompt_ids):]
-    return [scored[i][str(t)]["logprob"] for i, t in enumerate(ids)]
+    return [{int(k): v["logprob"] for k, v in scored[i].items()} for i in range(len(ids))]
 
 
-def test_recorded_logprobs_are_vllms_raw_ones_and_the_record_says_how_it_sampled(vllm_server: Any, proxies: Any) -> None:
-    proxy = proxies["exact"]
-    path, body = dialect_request("chat", vllm_server.model, "Say hello.", 10, temperature=0.5, seed=3)
+def own(scores: list[dict[int, float]], ids: list[int]) -> list[float]:
+    return [s[t] for s, t in zip(scores, ids, strict=True)]
+
+
+def test_recorded_logprobs_are_the_distribution_that_sampled(vllm_server: Any, proxies: Any) -> None:
+    proxy, temperature, top_k = proxies["exact"], 0.5, 20
+    path, body = dialect_request("chat", vllm_server.model, "Say hello.", 10, temperature=temperature, top_k=top_k, seed=3)
     assert post(proxy, "chat", path, body).status_code == 200
     rec = proxy.records()[-1]
-    assert rec.sampling == {"temperature": {"value": 0.5, "source": "request"},
+    assert rec.sampling == {"temperature": {"value": temperature, "source": "request"},
                             "top_p": {"value": None, "source": "engine_default"},
-                            "top_k": {"value": None, "source": "engine_default"}}
-    again = rescore(vllm_server, rec.prompt_ids, rec.completion_ids)
-    # raw_logprobs: the T=1 distribution's, not the T=0.5 one that sampled
-    assert max(abs(a - b) for a, b in zip(rec.logprobs, again, strict=True)) < 1e-4, (rec.logprobs, again)
+                            "top_k": {"value": top_k, "source": "request"}}
+    raw = rescore(vllm_server, rec.prompt_ids, rec.completion_ids, top=top_k)
+    expected = []
+    for position, token in zip(raw, rec.completion_ids, strict=True):
+        kept = sorted(position.values(), reverse=True)[:top_k]  # the top-k the sampler kept (+ the sampled one)
+        scaled = [lp / temperature for lp in kept]
+        peak = max(scaled)
+        expected.append(position[token] / temperature - peak - math.log(sum(math.exp(x - peak) for x in scaled)))
+    assert max(abs(a - b) for a, b in zip(rec.logprobs, expected, strict=True)) < 1e-3, (rec.logprobs, expected)
+    unscaled = own(raw, rec.completion_ids)
+    assert max(abs(a - b) for a, b in zip(rec.logprobs, unscaled, strict=True)) > 1e-3  # not the raw T=1 ones
 
 
 def test_server_mode_streamed_tool_call_records_every_token(vllm_server: Any, proxies: Any) -> None:
@@ -52,7 +66,7 @@ def test_server_mode_streamed_tool_call_records_every_token(vllm_server: Any, pr
     rec = proxy.records()[-1]
     assert rec.status == "ok" and rec.flags == [], rec
     assert len(rec.completion_ids) == rec.completion_tokens == len(rec.logprobs) > 0
-    again = rescore(vllm_server, rec.prompt_ids, rec.completion_ids)
+    again = own(rescore(vllm_server, rec.prompt_ids, rec.completion_ids), rec.completion_ids)
     assert max(abs(a - b) for a, b in zip(rec.logprobs, again, strict=True)) < 1e-4, (rec.logprobs, again)
 
 

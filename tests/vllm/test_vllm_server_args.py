@@ -25,6 +25,7 @@ def test_server_args_carry_model_endpoint_tool_parser_and_dev_mode() -> None:
                            "--tensor-parallel-size", "2", "--host", "0.0.0.0", "--port", "8000"]
     assert "--enable-auto-tool-choice" in s.args and flag(s.args, "--tool-call-parser") == "hermes"
     assert "--enable-prompt-tokens-details" in s.args and "--reasoning-parser" not in s.args
+    assert flag(s.args, "--logprobs-mode") == "processed_logprobs"  # the behaviour policy's logprobs
     assert s.args[-2:] == ["--max-model-len", "4096"]  # extraArgs last: vLLM keeps the last value of a flag
     assert s.env == {DEV_MODE_ENV: "1"}
 
