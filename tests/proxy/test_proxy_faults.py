@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +19,8 @@ import orjson
 import pytest
 
 from tracefleet.capture import read_capture_log
+
+from fixtures.servers import stop_process_group
 
 LONG = " ".join(f"word{i}" for i in range(60))
 
@@ -147,6 +150,35 @@ def test_context_length_maps_to_each_dialect(make_scripted_engine, start_proxy):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error" and "context length" in r.json()["error"]["message"]
     recs = read_capture_log(proxy.capture_dir / f"{s['session_id']}.jsonl").records
     assert [r.error.kind for r in recs] == ["context_length", "context_length"]
+
+
+# -- the port file ---------------------------------------------------------------------------------
+
+def test_the_port_file_names_a_port_that_already_accepts(make_scripted_engine, tmp_path: Path):
+    """Issue 13: a harness connected to the port the file named before the proxy listened (refused). The
+    proxy is frozen (SIGSTOP) the moment the file appears: the connection must still be taken (the kernel
+    queues it), and answered once the proxy runs on."""
+    engine = make_scripted_engine()
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tracefleet.cli", "proxy", "--engine", engine.url, "--capture-dir", str(tmp_path / "cap"),
+         "--admin-token", "adm-token", "--port", "0", "--port-file", str(port_file)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while not port_file.exists():
+            assert time.time() < deadline and proc.poll() is None, proc.stdout.read().decode() if proc.poll() is not None else "no port"
+            time.sleep(0.002)
+        os.kill(proc.pid, signal.SIGSTOP)
+        port = int(port_file.read_text())
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:  # refused if not yet listening
+            conn.sendall(b"GET /health HTTP/1.1\r\nhost: proxy\r\nconnection: close\r\n\r\n")
+            os.kill(proc.pid, signal.SIGCONT)
+            conn.settimeout(30)
+            assert conn.recv(64).startswith(b"HTTP/1.1 200")
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        stop_process_group(proc)
 
 
 # -- proxy SIGKILLed mid-session ------------------------------------------------------------------
