@@ -12,7 +12,8 @@ the model's unconstrained logprobs. The turns after each tool result are free.
 
 Asserted: every call is spliced onto the previous one (prompt = previous prompt + previous sampled ids),
 `len(ids) == usage.completion_tokens` on every call, the free turns' recorded logprobs equal a
-`prompt_logprobs` re-score of the whole final sequence, the forced turns' are never below it (the mask
+`prompt_logprobs` re-score of the whole final sequence (greedy: vLLM's processed logprobs, which
+tracefleet.vllm asks for, are then its raw ones, and prompt logprobs are raw), the forced turns' are never below it (the mask
 renormalises over fewer tokens), and vLLM's own prefix-cache counters show the chain's reuse.
 """
 
