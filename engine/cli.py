@@ -98,11 +98,10 @@ def main(args: argparse.Namespace) -> int:
             return 2
         return serve_vllm(args)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import socket
-
     import uvicorn
 
     from tracefleet.formats.models import ModelMissing
+    from tracefleet.sockets import listening_socket
     from .server import create_app
 
     try:
@@ -112,14 +111,12 @@ def main(args: argparse.Namespace) -> int:
         return 2
     app = create_app(backend, default_max_tokens=args.default_max_tokens or None,
                      clamp_max_tokens=args.clamp_max_tokens)
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    sock = listening_socket(args.host, args.port, config.backlog)  # before the line below names the port
     port = sock.getsockname()[1]
     # One line a supervisor can parse (the test fixtures wait for it).
     print(json.dumps({"event": "listening", "url": f"http://{args.host}:{port}", "model": backend.model_name,
                       "backend": args.backend}), flush=True)
-    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
     server.run(sockets=[sock])
     return 0

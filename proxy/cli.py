@@ -91,9 +91,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import socket
-
     import uvicorn
+
+    from tracefleet.sockets import listening_socket
 
     from .app import create_app
     from .config import PresetSession, ProxyConfig
@@ -138,9 +138,10 @@ def main(args: argparse.Namespace) -> int:
         return 2
     decision = app.state.proxy.mode_decision
     print(f"tracefleet proxy: capture mode {decision.mode} ({decision.reason})", flush=True)
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
+    # proxy_headers off: nothing here reads the client's address, so X-Forwarded-* rewriting per call buys nothing
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_keep_alive=75,
+                                           proxy_headers=False))
+    sock = listening_socket(args.host, args.port, server.config.backlog)  # before the port file names it
     port = sock.getsockname()[1]
     if args.port_file:
         tmp = args.port_file.with_suffix(".tmp")
@@ -148,9 +149,6 @@ def main(args: argparse.Namespace) -> int:
         tmp.replace(args.port_file)
     print(f"tracefleet proxy listening on http://{args.host}:{port} -> engine {args.engine}, capture {args.capture_dir}",
           flush=True)
-    # proxy_headers off: nothing here reads the client's address, so X-Forwarded-* rewriting per call buys nothing
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_keep_alive=75,
-                                           proxy_headers=False))
     # What start-up built (FastAPI, pydantic schemas, the tokenizer) lives as long as the process:
     # frozen out of the collector, so periodic full collections stop walking it on the call path
     gc.collect()

@@ -30,6 +30,11 @@ _MAX_TOKENS_MARKERS = ("'max_tokens'", "max_completion_tokens", "output tokens")
 _JSON = {"content-type": "application/json"}
 _SSE = {"content-type": "application/json", "accept": "text/event-stream"}
 RETRY_AFTER_DEFAULT_S = 1
+# How long an idle engine connection stays in the pool: shorter than the engine keeps it. vLLM and the CPU
+# engine serve with uvicorn, which closes a connection idle for 5 s (its default timeout_keep_alive); a
+# request written onto a connection the engine is closing is lost ("Can not write request body", or the
+# connection closes with no answer), and a harness that does not retry fails its session on it.
+ENGINE_KEEPALIVE_S = 2.0
 
 
 def is_max_tokens_error(err: ProxyError) -> bool:
@@ -102,6 +107,12 @@ def _transport_error(exc: BaseException, started: bool) -> ProxyError:
 
 
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+# The connection closed before the engine sent a single byte of an answer: an idle connection the engine
+# closed as the request was written (the engine drops it unread). Sent again once, on a new connection.
+# (aiohttp itself resends only idempotent methods; every engine call is a POST.) A request the engine did
+# read before dropping the connection has no effect the harness could see: nothing was answered, and vLLM
+# aborts a request whose connection is gone. A connect failure is not resent: nothing listens.
+_CLOSED_UNANSWERED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
 class EngineClient:
@@ -123,13 +134,14 @@ class EngineClient:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
         self._max_connections = max_connections
         self._http: aiohttp.ClientSession | None = None
+        self.resent = 0  # requests sent a second time after the engine closed their connection unanswered
 
     def _session(self) -> aiohttp.ClientSession:
         # created lazily: an aiohttp session belongs to the running event loop
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=self._max_connections,
-                                               keepalive_timeout=60),
+                                               keepalive_timeout=ENGINE_KEEPALIVE_S),
                 timeout=self._timeout, auto_decompress=False, skip_auto_headers=("User-Agent",),
                 cookie_jar=aiohttp.DummyCookieJar())  # the engine sets none: skip the per-request cookie filtering
         return self._http
@@ -139,11 +151,23 @@ class EngineClient:
             await self._http.close()
             self._http = None
 
+    async def _response(self, method: str, path: str, data: bytes | None,
+                        headers: dict[str, str] | None) -> aiohttp.ClientResponse:
+        """The engine's response (status and headers read) to one request; sent a second time when the
+        connection closed before any answer (see _CLOSED_UNANSWERED)."""
+        try:
+            return await self._session().request(method, self.base_url + path, data=data, headers=headers)
+        except aiohttp.ClientConnectorError:
+            raise
+        except _CLOSED_UNANSWERED:
+            self.resent += 1
+            return await self._session().request(method, self.base_url + path, data=data, headers=headers)
+
     async def _request_json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
-            async with self._session().request(
-                method, self.base_url + path, data=orjson.dumps(body) if body is not None else None,
-                headers=self._json_headers if body is not None else self._get_headers,
+            async with await self._response(
+                method, path, orjson.dumps(body) if body is not None else None,
+                self._json_headers if body is not None else self._get_headers,
             ) as resp:
                 data = await resp.read()
                 status = resp.status
@@ -239,8 +263,7 @@ class EngineClient:
         done = False
         loads = orjson.loads
         try:
-            async with self._session().post(self.base_url + path, data=orjson.dumps(body),
-                                            headers=self._sse_headers) as resp:
+            async with await self._response("POST", path, orjson.dumps(body), self._sse_headers) as resp:
                 if resp.status >= 400:
                     raise _engine_error(resp.status, await resp.read(), resp.headers.get("retry-after"))
                 started = True

@@ -1,5 +1,6 @@
 """The engine client's own HTTP/1.1 transport against a raw TCP server on loopback: chunked SSE split
-at awkward byte boundaries, keep-alive reuse, and each failure mapped to its ProxyError kind."""
+at awkward byte boundaries, keep-alive reuse (and retirement before the engine's idle timeout), a request
+the engine dropped unanswered sent again once, and each failure mapped to its ProxyError kind."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 import pytest
 
-from tracefleet.proxy.engine_client import EngineClient
+from tracefleet.proxy.engine_client import ENGINE_KEEPALIVE_S, EngineClient
 from tracefleet.proxy.errors import ProxyError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -117,3 +118,74 @@ async def test_engine_failures_map_to_error_kinds() -> None:
     with pytest.raises(ProxyError) as exc:
         await EngineClient(f"http://127.0.0.1:{port}").chat({})
     assert exc.value.kind == "engine_unavailable"
+
+
+def _answer(writer: asyncio.StreamWriter, stream: bool) -> None:
+    if stream:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                     + _sse_wire([{"choices": []}]))
+    else:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+
+
+async def _call(client: EngineClient, stream: bool) -> None:
+    if stream:
+        assert [c async for c in client.completions_stream({"stream": True})] == [{"choices": []}]
+    else:
+        assert await client.completions({}) == {}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_request_on_a_connection_the_engine_closes_unanswered_is_sent_again_once(stream: bool) -> None:
+    """The race behind `engine_disconnect: Can not write request body`: the engine closes a kept-alive
+    connection (its idle timeout) just as the proxy writes the next request onto it. The server here answers
+    the first request of each connection and drops the connection at the next one, unanswered."""
+    async def closes_at_second_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        _answer(writer, stream)
+        await writer.drain()
+        await _read_request(reader)  # then writer.close(), no answer
+
+    server, url, conns = await _serve(closes_at_second_request)
+    async with server:
+        client = EngineClient(url)
+        await _call(client, stream)
+        await _call(client, stream)  # written onto the kept-alive connection, which the engine drops
+        await client.aclose()
+    assert len(conns) == 2 and client.resent == 1
+
+    async def never_answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+
+    server, url, conns = await _serve(never_answers)
+    async with server:  # sent twice, no more: then the harness gets the error
+        client = EngineClient(url)
+        with pytest.raises(ProxyError) as exc:
+            await _call(client, stream)
+        await client.aclose()
+    assert exc.value.kind == "engine_disconnect" and len(conns) == 2 and client.resent == 1
+
+
+async def test_idle_engine_connections_are_closed_before_the_engines_keep_alive_ends() -> None:
+    """uvicorn (vLLM's and the CPU engine's server) closes a connection idle for 5 s: the proxy stops reusing
+    one well before, so it never writes onto a connection the engine is closing."""
+    uvicorn_keep_alive_s = 5.0
+    assert ENGINE_KEEPALIVE_S <= uvicorn_keep_alive_s / 2
+
+    async def keeps_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await _read_request(reader)
+            _answer(writer, False)
+            await writer.drain()
+
+    server, url, conns = await _serve(keeps_alive)
+    async with server:
+        client = EngineClient(url)
+        await _call(client, False)
+        await asyncio.sleep(0.2)
+        await _call(client, False)
+        assert len(conns) == 1  # reused while fresh
+        await asyncio.sleep(ENGINE_KEEPALIVE_S + 0.5)
+        await _call(client, False)
+        await client.aclose()
+    assert len(conns) == 2 and client.resent == 0

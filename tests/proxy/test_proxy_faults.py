@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +19,8 @@ import orjson
 import pytest
 
 from tracefleet.capture import read_capture_log
+
+from fixtures.servers import stop_process_group
 
 LONG = " ".join(f"word{i}" for i in range(60))
 
@@ -149,22 +152,53 @@ def test_context_length_maps_to_each_dialect(make_scripted_engine, start_proxy):
     assert [r.error.kind for r in recs] == ["context_length", "context_length"]
 
 
+# -- the port file ---------------------------------------------------------------------------------
+
+def _proxy_cli(engine_url: str, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
+    """`tracefleet proxy` on a free port, capturing into tmp_path/cap, its port written to tmp_path/port."""
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tracefleet.cli", "proxy", "--engine", engine_url, "--capture-dir", str(tmp_path / "cap"),
+         "--admin-token", "adm-token", "--port", "0", "--port-file", str(port_file), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, port_file
+
+
+def _written_port(proc: subprocess.Popen, port_file: Path, poll_s: float) -> int:
+    deadline = time.time() + 60
+    while not port_file.exists():
+        assert time.time() < deadline and proc.poll() is None, proc.stdout.read().decode() if proc.poll() is not None else "no port"
+        time.sleep(poll_s)
+    return int(port_file.read_text())
+
+
+def test_the_port_file_names_a_port_that_already_accepts(make_scripted_engine, tmp_path: Path):
+    """Issue 13: a harness connected to the port the file named before the proxy listened (refused). The
+    proxy is frozen (SIGSTOP) the moment the file appears: the connection must still be taken (the kernel
+    queues it), and answered once the proxy runs on."""
+    proc, port_file = _proxy_cli(make_scripted_engine().url, tmp_path)
+    try:
+        port = _written_port(proc, port_file, poll_s=0.002)
+        os.kill(proc.pid, signal.SIGSTOP)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:  # refused if not yet listening
+            conn.sendall(b"GET /health HTTP/1.1\r\nhost: proxy\r\nconnection: close\r\n\r\n")
+            os.kill(proc.pid, signal.SIGCONT)
+            conn.settimeout(30)
+            assert conn.recv(64).startswith(b"HTTP/1.1 200")
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        stop_process_group(proc)
+
+
 # -- proxy SIGKILLed mid-session ------------------------------------------------------------------
 
 def test_proxy_sigkill_leaves_a_readable_log(make_scripted_engine, tmp_path: Path):
     engine = make_scripted_engine()
-    capture, port_file = tmp_path / "cap", tmp_path / "port"
+    capture = tmp_path / "cap"
     secret = "tfs-" + "k" * 24
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tracefleet.cli", "proxy", "--engine", engine.url, "--capture-dir", str(capture),
-         "--admin-token", "adm-token", "--port", "0", "--port-file", str(port_file), "--session", f"sess1:{secret}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc, port_file = _proxy_cli(engine.url, tmp_path, "--session", f"sess1:{secret}")
     try:
-        deadline = time.time() + 60
-        while not port_file.exists():
-            assert time.time() < deadline and proc.poll() is None, proc.stdout.read().decode() if proc.poll() is not None else "no port"
-            time.sleep(0.05)
-        url = f"http://127.0.0.1:{port_file.read_text()}"
+        url = f"http://127.0.0.1:{_written_port(proc, port_file, poll_s=0.05)}"
         oc = openai.OpenAI(base_url=url + "/s/sess1/v1", api_key=secret, max_retries=0)
         ac = anthropic.Anthropic(base_url=url, api_key=secret, max_retries=0)
         done = [oc.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}]).id.removeprefix("chatcmpl-"),
