@@ -74,15 +74,17 @@ def served_model_name(engine_url: str, *, timeout_s: float = 30.0) -> str:
     return ids[0]
 
 
-def start_cpu_engine(model: str, log: Path, *, threads: int = 1, timeout_s: float = 300) -> EngineProcess:
+def start_cpu_engine(model: str, log: Path, *, threads: int = 1, timeout_s: float = 300,
+                     max_model_len: int | None = None) -> EngineProcess:
     """`tracefleet engine --backend llama --model MODEL --port 0` as a child in its own process group
     (a Ctrl-C at the terminal reaches only us, and we stop it in order). Its JSON `listening` line
-    on stdout says where it listens."""
+    on stdout says where it listens. `max_model_len` None: the engine's own default context."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": str(threads)}
     argv = [
         sys.executable, "-m", "tracefleet.cli", "engine", "--backend", "llama", "--model", model,
         "--host", "127.0.0.1", "--port", "0", "--threads", str(threads),
+        *(["--max-model-len", str(max_model_len)] if max_model_len else []),
     ]
     offset = log.stat().st_size if log.exists() else 0
     with open(log, "ab") as out:
