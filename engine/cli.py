@@ -111,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"tracefleet engine: {exc}", file=sys.stderr)
         return 2
     app = create_app(backend, default_max_tokens=args.default_max_tokens or None,
-                     clamp_max_tokens=args.clamp_max_tokens)
+                     clamp_max_tokens=args.clamp_max_tokens, model_root=args.model)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))

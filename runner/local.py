@@ -295,7 +295,9 @@ class LocalRun:
                 capture_dir=self.work_dir / "capture",
                 mode=capture.mode,
                 served_model=model_hint,
-                model_path=capture.tokenizer or model_hint,
+                # None: the served name when it names a tokenizer here, else the engine's own `root`
+                # (tracefleet.proxy.mode.engine_named_model)
+                model_path=capture.tokenizer,
                 model_family=capture.model_family,
                 tool_parser=capture.tool_parser,
                 policy_version=spec.inference.policy_version,

@@ -62,16 +62,15 @@ class EngineProcess:
 def served_model_name(engine_url: str, *, timeout_s: float = 30.0) -> str:
     """The first model an OpenAI-compatible engine lists on /v1/models: the name harnesses must request
     (and the tokenizer exact mode loads, when none is configured). An engine that lists none is an error."""
-    url = engine_url.rstrip("/") + "/v1/models"
+    from tracefleet.proxy.engine_client import EngineModelsUnreadable, engine_model_cards
+
     try:
-        response = httpx.get(url, timeout=timeout_s)
-        response.raise_for_status()
-        ids = [m["id"] for m in response.json().get("data", []) if isinstance(m, dict) and m.get("id")]
-    except (httpx.HTTPError, ValueError, AttributeError) as exc:
-        raise RuntimeError(f"cannot read the served model from {url}: {type(exc).__name__}: {exc}") from exc
-    if not ids:
-        raise RuntimeError(f"the engine at {engine_url} serves no model ({url} lists none)")
-    return ids[0]
+        cards = engine_model_cards(engine_url, timeout_s=timeout_s)
+    except EngineModelsUnreadable as exc:
+        raise RuntimeError(str(exc)) from exc
+    if not cards:
+        raise RuntimeError(f"the engine at {engine_url} serves no model ({engine_url.rstrip('/')}/v1/models lists none)")
+    return cards[0]["id"]
 
 
 def start_cpu_engine(model: str, log: Path, *, threads: int = 1, timeout_s: float = 300,
