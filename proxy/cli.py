@@ -142,6 +142,9 @@ def main(args: argparse.Namespace) -> int:
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
+    # listening before the port file says where: a client that reads it queues in the backlog until
+    # uvicorn accepts, instead of being refused while start-up (gc.freeze, uvicorn's own) runs
+    sock.listen(2048)
     port = sock.getsockname()[1]
     if args.port_file:
         tmp = args.port_file.with_suffix(".tmp")
