@@ -110,7 +110,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"tracefleet engine: {exc}", file=sys.stderr)
         return 2
     app = create_app(backend, default_max_tokens=args.default_max_tokens or None,
-                     clamp_max_tokens=args.clamp_max_tokens)
+                     clamp_max_tokens=args.clamp_max_tokens, model_root=args.model)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     sock = listening_socket(args.host, args.port, config.backlog)  # before the line below names the port

@@ -61,9 +61,11 @@ def _sse(obj: Any) -> bytes:
 
 class EngineApp:
     def __init__(self, backend: Backend, served_model_names: list[str] | None = None,
-                 default_max_tokens: int | None = None, clamp_max_tokens: bool = False) -> None:
+                 default_max_tokens: int | None = None, clamp_max_tokens: bool = False,
+                 model_root: str | None = None) -> None:
         self.backend = backend
         self.names = served_model_names or [backend.model_name]
+        self.root = model_root  # /v1/models' `root`: the model as given (`--model`), as vLLM reports it
         self.default_max_tokens = default_max_tokens
         self.clamp_max_tokens = clamp_max_tokens
         self.created = int(time.time())
@@ -507,7 +509,7 @@ class EngineApp:
 
     def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": self.created, "owned_by": "tracefleet", "root": name,
+            {"id": name, "object": "model", "created": self.created, "owned_by": "tracefleet", "root": self.root or name,
              "parent": None, "max_model_len": self.backend.max_model_len, "permission": []}
             for name in self.names]}
 
@@ -537,12 +539,13 @@ async def _disconnected(request: Request) -> None:
 
 
 def create_app(backend: Backend, *, served_model_names: list[str] | None = None,
-               default_max_tokens: int | None = None, clamp_max_tokens: bool = False) -> FastAPI:
+               default_max_tokens: int | None = None, clamp_max_tokens: bool = False,
+               model_root: str | None = None) -> FastAPI:
     """The engine app for one backend. `default_max_tokens` caps replies that give no max_tokens
     (vLLM would allow the whole remaining context; a CPU model should not spend minutes on it).
     `clamp_max_tokens` shortens a max_tokens that does not fit the context instead of answering 400
     (vLLM answers 400; real harnesses ask for 32k-token replies that a 4k CPU context cannot hold)."""
-    engine = EngineApp(backend, served_model_names, default_max_tokens, clamp_max_tokens)
+    engine = EngineApp(backend, served_model_names, default_max_tokens, clamp_max_tokens, model_root)
     app = FastAPI(title="tracefleet engine", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.engine = engine
 

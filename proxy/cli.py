@@ -67,7 +67,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-path", metavar="REF",
                         help="exact mode: a shipped model name (smollm2, gemma3-270m), a .gguf file, a Hugging Face "
                              "model directory (tokenizer.json + tokenizer_config.json) or a hub id already in the local "
-                             "Hugging Face cache ($HF_HOME/hub, e.g. a mounted vLLM model cache); default: --served-model")
+                             "Hugging Face cache ($HF_HOME/hub, e.g. a mounted vLLM model cache); default: --served-model, else "
+                             "the model the engine's /v1/models names (its root, then its id)")
     parser.add_argument("--model-family", metavar="NAME", help="exact mode: override the detected model family")
     parser.add_argument("--tool-parser", metavar="NAME", help="exact mode: override the tool-call output parser")
     parser.add_argument("--served-model", metavar="NAME", help="engine model name (default: first from the engine's /v1/models)")

@@ -37,6 +37,26 @@ RETRY_AFTER_DEFAULT_S = 1
 ENGINE_KEEPALIVE_S = 2.0
 
 
+class EngineModelsUnreadable(RuntimeError):
+    """The engine's /v1/models could not be read (not up, not OpenAI-compatible, an error status)."""
+
+
+def engine_model_cards(engine_url: str, *, api_key: str | None = None, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+    """/v1/models' cards (`id`; on vLLM and `tracefleet engine` also `root` and `max_model_len`), asked
+    synchronously: for start-up decisions (the served name, exact mode's tokenizer) before any event loop runs."""
+    import httpx
+
+    url = engine_url.rstrip("/") + "/v1/models"
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else None
+    try:
+        response = httpx.get(url, timeout=timeout_s, headers=headers)
+        response.raise_for_status()
+        cards = response.json().get("data", [])
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        raise EngineModelsUnreadable(f"cannot read the served model from {url}: {type(exc).__name__}: {exc}") from exc
+    return [c for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str) and c["id"]]
+
+
 def is_max_tokens_error(err: ProxyError) -> bool:
     """The engine refused max_tokens as too large for the room the prompt leaves (not a prompt overflow)."""
     return err.kind == "engine_4xx" and err.param == "max_tokens"

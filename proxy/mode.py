@@ -5,19 +5,25 @@ template belongs to a family whose output we parse, and server otherwise: a job 
 still runs, with drift, instead of failing. `exact` asked for explicitly fails closed: the proxy refuses
 to start with the reason, rather than silently capturing something else. The decision is printed at
 start, served on `/health`, exported as a metric and carried by every capture record (`mode`).
+
+A proxy given no model (`tracefleet proxy --engine URL` alone, an external engine without `model`) asks
+the engine which one it serves (`engine_named_model`), so `auto` runs exact for a supported model instead
+of falling back to server for want of a name.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from tracefleet.formats.families import FAMILIES, ModelFormat, load_model_format, recognised_family
+from tracefleet.formats.families import FAMILIES, ModelFormat, load_model_format, model_dir, recognised_family
+from tracefleet.formats.models import MODELS
 
 from .config import ProxyConfig
-from .engine_client import EngineClient
+from .engine_client import EngineClient, EngineModelsUnreadable, engine_model_cards
 from .exact.engine import ExactTokenEngine
 from .token_engine import ServerTokenEngine, TokenEngine
 
@@ -42,6 +48,41 @@ def _model_ref(config: ProxyConfig) -> str | None:
     return config.model_path or config.served_model
 
 
+def _readable_here(ref: str) -> bool:
+    """Whether `ref` names a tokenizer this machine has: a shipped model, a .gguf file, a Hugging Face
+    model directory or a hub id in the local cache (never downloaded)."""
+    if ref in MODELS or (ref.endswith(".gguf") and Path(ref).expanduser().is_file()):
+        return True
+    try:
+        return model_dir(ref) is not None
+    except FileNotFoundError:  # not a directory, not in the local hub cache
+        return False
+
+
+def engine_named_model(config: ProxyConfig) -> ProxyConfig:
+    """`config` with what the engine says filled in where the config names no tokenizer it can read (capture
+    mode auto or exact): the served name harness calls go out under, and as exact mode's tokenizer the
+    engine's `root` (vLLM: the path or hub id it loaded) or its model id, the first this machine can read.
+    Unchanged when the engine cannot be asked (a sidecar may start before its engine): the decision then
+    says there is no model, as before."""
+    if config.mode == "server" or config.model_path or (config.served_model and _readable_here(config.served_model)):
+        return config
+    try:
+        cards = engine_model_cards(config.engine_url, api_key=config.engine_api_key,
+                                   timeout_s=min(5.0, config.engine_connect_timeout_s))
+    except EngineModelsUnreadable:
+        return config
+    card = next((c for c in cards if c["id"] == config.served_model), None if config.served_model else
+                next(iter(cards), None))
+    if card is None:
+        return config
+    # `root` first: the files the engine itself loaded (vLLM's model directory or hub id), when this machine
+    # has them, render exactly as the engine does; a served name is only a name
+    refs = [r for r in (card.get("root"), card["id"]) if isinstance(r, str) and r]
+    return config.model_copy(update={"served_model": card["id"],
+                                     "model_path": next((r for r in refs if _readable_here(r)), None)})
+
+
 def _exact_format(config: ProxyConfig) -> ModelFormat:
     """The model format exact mode renders with, or ExactModeUnavailable saying why there is none."""
     ref = _model_ref(config)
@@ -64,6 +105,7 @@ def _exact_format(config: ProxyConfig) -> ModelFormat:
 def select_token_engine(config: ProxyConfig, client: EngineClient) -> tuple[TokenEngine, ModeDecision]:
     """The token engine for `config.mode`, and the decision that picked it."""
     requested = config.mode
+    config = engine_named_model(config)
     if requested == "server":
         return ServerTokenEngine(client, config.served_model), ModeDecision(requested, "server", "asked for")
     try:

@@ -46,6 +46,22 @@ LOCAL_MODEL_ALIASES = {
 }
 
 
+def max_model_len_arg(extra_args: list[str]) -> int | None:
+    """The value of vLLM's `--max-model-len N` / `--max-model-len=N` in a managed engine's extraArgs (the
+    last one wins, as in vLLM's own parser), or None."""
+    value = None
+    for i, arg in enumerate(extra_args):
+        if arg == "--max-model-len" and i + 1 < len(extra_args):
+            value = extra_args[i + 1]
+        elif arg.startswith("--max-model-len="):
+            value = arg.partition("=")[2]
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise SystemExit(f"spec.inference.managed.extraArgs: --max-model-len {value!r} is not a positive number of tokens")
+    return int(value)
+
+
 @dataclass
 class LocalOptions:
     job_path: Path
@@ -230,10 +246,17 @@ class LocalRun:
                 f"spec.inference.managed.model {model!r} needs a GPU (vLLM); on this machine use one of "
                 f"{sorted(set(LOCAL_MODEL_ALIASES.values()))} or pass --engine-url URL of an OpenAI-compatible engine"
             )
+        from tracefleet.formats.models import trained_context
         from tracefleet.runner.services import start_cpu_engine
 
-        self._say(f"starting the CPU engine ({local}, {self.options.engine_threads} thread) ...")
-        engine = start_cpu_engine(local, self.work_dir / "engine.log", threads=self.options.engine_threads)
+        # `managed.extraArgs: [--max-model-len, N]` means what it means to vLLM on a cluster; without it the
+        # model's whole trained context, as vLLM serves it: real harness prompts are large (README, "Which
+        # harness fits which model").
+        context = max_model_len_arg(inference.managed.extra_args or []) or trained_context(local)
+        self._say(f"starting the CPU engine ({local}, context {context or 'default'}, "
+                  f"{self.options.engine_threads} thread) ...")
+        engine = start_cpu_engine(local, self.work_dir / "engine.log", threads=self.options.engine_threads,
+                                  max_model_len=context)
         return engine.url, engine, local
 
     def _say(self, text: str) -> None:
@@ -272,7 +295,9 @@ class LocalRun:
                 capture_dir=self.work_dir / "capture",
                 mode=capture.mode,
                 served_model=model_hint,
-                model_path=capture.tokenizer or model_hint,
+                # None: the served name when it names a tokenizer here, else the engine's own `root`
+                # (tracefleet.proxy.mode.engine_named_model)
+                model_path=capture.tokenizer,
                 model_family=capture.model_family,
                 tool_parser=capture.tool_parser,
                 policy_version=spec.inference.policy_version,

@@ -62,27 +62,28 @@ class EngineProcess:
 def served_model_name(engine_url: str, *, timeout_s: float = 30.0) -> str:
     """The first model an OpenAI-compatible engine lists on /v1/models: the name harnesses must request
     (and the tokenizer exact mode loads, when none is configured). An engine that lists none is an error."""
-    url = engine_url.rstrip("/") + "/v1/models"
+    from tracefleet.proxy.engine_client import EngineModelsUnreadable, engine_model_cards
+
     try:
-        response = httpx.get(url, timeout=timeout_s)
-        response.raise_for_status()
-        ids = [m["id"] for m in response.json().get("data", []) if isinstance(m, dict) and m.get("id")]
-    except (httpx.HTTPError, ValueError, AttributeError) as exc:
-        raise RuntimeError(f"cannot read the served model from {url}: {type(exc).__name__}: {exc}") from exc
-    if not ids:
-        raise RuntimeError(f"the engine at {engine_url} serves no model ({url} lists none)")
-    return ids[0]
+        cards = engine_model_cards(engine_url, timeout_s=timeout_s)
+    except EngineModelsUnreadable as exc:
+        raise RuntimeError(str(exc)) from exc
+    if not cards:
+        raise RuntimeError(f"the engine at {engine_url} serves no model ({engine_url.rstrip('/')}/v1/models lists none)")
+    return cards[0]["id"]
 
 
-def start_cpu_engine(model: str, log: Path, *, threads: int = 1, timeout_s: float = 300) -> EngineProcess:
+def start_cpu_engine(model: str, log: Path, *, threads: int = 1, timeout_s: float = 300,
+                     max_model_len: int | None = None) -> EngineProcess:
     """`tracefleet engine --backend llama --model MODEL --port 0` as a child in its own process group
     (a Ctrl-C at the terminal reaches only us, and we stop it in order). Its JSON `listening` line
-    on stdout says where it listens."""
+    on stdout says where it listens. `max_model_len` None: the engine's own default context."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": str(threads)}
     argv = [
         sys.executable, "-m", "tracefleet.cli", "engine", "--backend", "llama", "--model", model,
         "--host", "127.0.0.1", "--port", "0", "--threads", str(threads),
+        *(["--max-model-len", str(max_model_len)] if max_model_len else []),
     ]
     offset = log.stat().st_size if log.exists() else 0
     with open(log, "ab") as out:

@@ -81,6 +81,14 @@ def _start_cli(args: list[str], tmp_path: Path, env: dict[str, str]) -> tuple[su
     return proc, port_file
 
 
+def _cli_url(proc: subprocess.Popen, port_file: Path) -> str:
+    deadline = time.monotonic() + 60
+    while not (port_file.exists() and port_file.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.1)
+    return f"http://127.0.0.1:{port_file.read_text()}"
+
+
 def test_cli_resolves_a_hub_model_in_the_local_cache_and_refuses_impossible_exact(scripted_engine, tmp_path: Path):
     """A proxy sidecar with a vLLM model cache mounted: `--model-path ORG/NAME` resolves offline in $HF_HOME/hub."""
     hf_home = tmp_path / "hf"
@@ -88,11 +96,7 @@ def test_cli_resolves_a_hub_model_in_the_local_cache_and_refuses_impossible_exac
     env = quiet_child_env(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
     proc, port_file = _start_cli(["--engine", scripted_engine.url, "--model-path", "acme/tiny-chat"], tmp_path, env)
     try:
-        deadline = time.monotonic() + 60
-        while not (port_file.exists() and port_file.read_text().strip()):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
-            time.sleep(0.1)
-        url = f"http://127.0.0.1:{port_file.read_text()}"
+        url = _cli_url(proc, port_file)
         health = httpx.get(url + "/health", timeout=10).json()
         assert health["capture_mode"]["mode"] == "exact" and health["capture_mode"]["model"] == "acme/tiny-chat"
         assert _one_call(url).status_code == 200
@@ -109,3 +113,42 @@ def test_cli_resolves_a_hub_model_in_the_local_cache_and_refuses_impossible_exac
                            f"s1:{SECRET}"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "'acme/not-there'" in done.stdout and "local cache" in done.stdout
+
+
+def test_cli_given_only_the_engine_asks_it_for_the_model_and_runs_exact(cpu_engine, tmp_path: Path):
+    """`tracefleet proxy --engine URL` alone, in front of the real CPU engine: the proxy reads the served model
+    (and the engine its context) from /v1/models, resolves the shipped model's tokenizer and runs exact."""
+    (card,) = httpx.get(cpu_engine.url + "/v1/models", timeout=10).json()["data"]
+    assert card["id"] == "smollm2" and card["max_model_len"] == 4096  # `tracefleet engine`'s llama default
+    proc, port_file = _start_cli(["--engine", cpu_engine.url], tmp_path, quiet_child_env())
+    try:
+        url = _cli_url(proc, port_file)
+        health = httpx.get(url + "/health", timeout=10).json()["capture_mode"]
+        assert (health["mode"], health["requested"], health["model"]) == ("exact", "auto", "smollm2"), health
+        assert _one_call(url).status_code == 200
+    finally:
+        stop_process_group(proc)
+    assert "capture mode exact (the model's family is supported)" in (proc.stdout.read() if proc.stdout else "")
+    (rec,) = read_capture_log(tmp_path / "capture" / "s1.jsonl").records
+    assert rec.mode == "exact" and rec.engine_model == "smollm2" and rec.completion_ids
+
+
+def test_an_engine_that_cannot_be_asked_leaves_auto_on_server_with_the_reason(tmp_path: Path):
+    from tracefleet.runner.services import free_port  # nothing listens there: a sidecar started before its engine
+
+    app = create_app(_config(f"http://127.0.0.1:{free_port()}", tmp_path, mode="auto"))
+    decision = app.state.proxy.mode_decision
+    assert decision.mode == "server" and "no model to read a tokenizer from" in decision.reason
+
+
+def test_an_engine_serving_an_alias_gives_its_root_as_the_tokenizer(make_scripted_engine, tmp_path: Path):
+    """Served under another name (vLLM --served-model-name): the name reads as no tokenizer here, the engine's
+    `root` (the model as it was given, `smollm2`) does; calls still go out under the served name."""
+    engine = make_scripted_engine(extra_args=["--served-model-name", "policy-v3"])
+    app = create_app(_config(engine.url, tmp_path, mode="auto"))
+    decision = app.state.proxy.mode_decision
+    assert (decision.mode, decision.model, decision.family) == ("exact", "smollm2", "chatml"), decision
+    with serving(app) as served:
+        assert _one_call(served.url).status_code == 200
+    (rec,) = read_capture_log(tmp_path / "capture" / "s1.jsonl").records
+    assert rec.mode == "exact" and rec.engine_model == "policy-v3"

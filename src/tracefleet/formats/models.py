@@ -128,6 +128,15 @@ def gguf_metadata(path: Path, keys: tuple[str, ...]) -> dict[str, object]:
     return out
 
 
+def trained_context(name_or_path: str) -> int | None:
+    """The context length the model was trained for (GGUF `<architecture>.context_length`; SmolLM2 8192,
+    Gemma 3 270M 32768): what vLLM serves when given no --max-model-len. None when the file does not say."""
+    path = resolve_model(name_or_path).gguf_path
+    arch = gguf_metadata(path, ("general.architecture",)).get("general.architecture")
+    value = gguf_metadata(path, (f"{arch}.context_length",)).get(f"{arch}.context_length") if arch else None
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
 def _fingerprint(path: Path) -> str:
     st = path.stat()
     return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
