@@ -12,11 +12,11 @@ in S3 → evaluator Job (`tests` preset) writes reward.json → sealer Job seals
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from tracefleet.api.model import Capture, RolloutJob
 from tracefleet.api.semantics import session_plan
@@ -34,12 +34,20 @@ from fixtures.pods import Kubelet, run_job_container, run_pod
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart"
+# The bug-fix task the quickstart used to ship (its folder stays in examples/quickstart/tasks/calc).
+CALC_TASK = {
+    "id": "calc-add",
+    "prompt": "add(a, b) in calc.py returns the wrong result. Fix it so the tests pass.",
+    "workspace": {"repo": str(QUICKSTART / "tasks" / "calc")},  # the path the task has in the image
+    "failToPass": ["test_calc.py::test_add"],
+    "passToPass": ["test_calc.py::test_mul"],
+    "metadata": {"protected": ["test_calc.py"]},
+}
 FIXED_CALC = "```python\ndef add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n```"
 
 
 def rollout_job(engine: Any, bucket_uri: str, samples: int = 1) -> RolloutJob:
-    calc = yaml.safe_load((QUICKSTART / "job.yaml").read_text())["spec"]["tasks"]["inline"][0]
-    calc["workspace"]["repo"] = str(QUICKSTART / "tasks" / "calc")  # the path the task has in the image
+    calc = copy.deepcopy(CALC_TASK)
     manifest = {
         "apiVersion": "tracefleet.io/v1alpha1",
         "kind": "RolloutJob",
