@@ -116,3 +116,14 @@ def session_uri(bucket_uri: str, job: str, session: int) -> str:
 def batch_uri(bucket_uri: str, job: str, seq: int) -> str:
     """A sealed batch's folder as a URI, with the trailing slash (RolloutJob status.recentBatches)."""
     return f"{bucket_uri.rstrip('/')}/{batch_dir(job, seq)}/"
+
+
+# ---- session evidence (tracefleet.diagnostics): what the diagnostics read, kept beside the session
+
+EVIDENCE = "evidence.json"
+
+
+def evidence_key(job: str, session: int) -> str:
+    """The session's evidence (tracefleet.diagnostics.evidence.SessionEvidence), written by the evaluator
+    Job (it holds the patch, the task and the judging) and read by the sealer and `tracefleet diagnose`."""
+    return session_prefix(job, session) + EVIDENCE
