@@ -200,6 +200,8 @@ def plan_sessions(job: Any, tasks: list[Task], model: str, harness: HarnessConfi
             evaluator=ev,
             model=model,
             builder=spec.output.builder,
+            diagnostics=spec.diagnostics,
+            policy_version=spec.inference.policy_version,
         )
         for p in session_plan(job.name, [t.id for t in tasks], spec.tasks.samples_per_task)
     ]
