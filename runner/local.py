@@ -431,6 +431,8 @@ class LocalRun:
         progress.abandoned += result.abandoned_calls
         if result.status == "stopped":
             return  # interrupted sessions are redone by the next run (their group is not sealed)
+        if run.evidence is not None:
+            sink.keep_evidence(run.evidence)
         if result.status == "completed":
             progress.done += 1
             progress.rewards.append(result.reward)
@@ -476,6 +478,8 @@ class LocalRun:
             ("output", sink.job_uri),
             *([("NOT SEALED", f"{len(sink.errors)} sealing error(s), data kept in {sink.pending_spool}: "
                 f"{sink.errors[-1]} -- rerun this command to upload it")] if sink.errors else []),
+            *([("evidence", f"not kept in the bucket for {len(sink.evidence_errors)} session(s) ({sink.evidence_errors[-1]}); "
+                "each session's evidence.json is in the work dir")] if sink.evidence_errors else []),
             ("sandbox", self.netns_mode),
             ("work dir", str(self.work_dir)),
         ]

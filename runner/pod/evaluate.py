@@ -105,6 +105,6 @@ def evaluate_session(bucket: Bucket, env: EvaluatorEnv) -> tuple[dict[str, Any],
                                      sample_index=env.sample_index, artifacts=artifacts,
                                      capture=download_capture(bucket, job, session, Path(tmp) / layout.CAPTURE_LOG),
                                      evaluation=result)
-    bucket.put(layout.evidence_key(job, session), evidence.model_dump_json().encode())
+    bucket.put(layout.evidence_key(job, evidence.session_id), evidence.model_dump_json().encode())
     bucket.put(layout.reward_key(job, session), json.dumps(result, default=str).encode())
     return result, code

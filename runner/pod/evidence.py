@@ -32,13 +32,6 @@ def uploaded_evidence(*, job: str, session_id: str, task: Any, group_id: str | N
     )
 
 
-def stored_evidence(bucket: Bucket, job: str, session: int) -> SessionEvidence | None:
-    try:
-        return SessionEvidence.model_validate_json(bucket.get(layout.evidence_key(job, session)))
-    except ObjectNotFound:
-        return None
-
-
 def download_capture(bucket: Bucket, job: str, session: int, dest: Path) -> Path | None:
     """The session's capture log at `dest` (None when the harness pod uploaded none)."""
     try:

@@ -17,9 +17,9 @@ from typing import Any
 from tracefleet import layout
 from tracefleet.api.semantics import PlannedSession
 from tracefleet.bucket import Bucket, ObjectNotFound
+from tracefleet.diagnostics.evidence import SessionEvidence, stored_evidence
 from tracefleet.layout import batch_id_for
-from tracefleet.diagnostics.evidence import SessionEvidence
-from tracefleet.runner.pod.evidence import download_capture, stored_evidence, uploaded_evidence
+from tracefleet.runner.pod.evidence import download_capture, uploaded_evidence
 from tracefleet.runner.tracing import SessionOutcome, session_traces
 
 
@@ -50,7 +50,7 @@ def session_outcome(bucket: Bucket, job: str, planned: PlannedSession) -> Sessio
 def session_evidence_of(bucket: Bucket, job: str, planned: PlannedSession, capture: Path | None, tmp: Path) -> SessionEvidence:
     """The evidence the evaluator Job wrote, or (a session that was never judged) the same builder over
     the harness pod's uploads, without the task's test names (only its id is known here)."""
-    stored = stored_evidence(bucket, job, planned.index)
+    stored = stored_evidence(bucket, job, f"{job}-s{planned.index}")
     if stored is not None:
         return stored.model_copy(update={"group_id": planned.group_id})
     artifacts = tmp / f"artifacts-{planned.index}"

@@ -118,12 +118,14 @@ def batch_uri(bucket_uri: str, job: str, seq: int) -> str:
     return f"{bucket_uri.rstrip('/')}/{batch_dir(job, seq)}/"
 
 
-# ---- session evidence (tracefleet.diagnostics): what the diagnostics read, kept beside the session
+# ---- session evidence (tracefleet.diagnostics): what the diagnostics read, kept beside the batches
 
-EVIDENCE = "evidence.json"
+EVIDENCE_DIR = "evidence"
+EVIDENCE = "evidence.json"  # the same object in a local session's folder
 
 
-def evidence_key(job: str, session: int) -> str:
-    """The session's evidence (tracefleet.diagnostics.evidence.SessionEvidence), written by the evaluator
-    Job (it holds the patch, the task and the judging) and read by the sealer and `tracefleet diagnose`."""
-    return session_prefix(job, session) + EVIDENCE
+def evidence_key(job: str, session_id: str) -> str:
+    """One session's evidence (tracefleet.diagnostics.evidence.SessionEvidence JSON), by the session id its
+    trace rows carry: local mode writes it when the session finishes, on Kubernetes the evaluator Job
+    (it holds the patch, the task and the judging); the sealer and `tracefleet diagnose` read it."""
+    return f"{job_root(job)}/{EVIDENCE_DIR}/{session_id}.json"

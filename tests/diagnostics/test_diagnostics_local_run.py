@@ -79,3 +79,6 @@ def test_planted_test_edit_is_flagged_quarantined_and_not_trained_on(scripted_en
     (evidence_file,) = [p for p in (tmp_path / "work" / "sessions").glob("hack-*/evidence.json")]
     evidence = json.loads(evidence_file.read_text())
     assert [f["path"] for f in evidence["files"]] == ["test_calc.py"] and evidence["evaluator"]["reward"] == 1.0
+    # ...and in the output beside the batches, by the session ids the rows carry (what `tracefleet diagnose` reads)
+    kept = sorted(p.stem for p in (tmp_path / "out" / "planted-hack" / "evidence").glob("*.json"))
+    assert kept == sorted(batch.table.column("session_id").to_pylist())

@@ -8,6 +8,7 @@ and the reader leaves it out, as in local mode; a session that was never judged 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,7 +42,9 @@ def _upload(bucket: LocalBucket, job: str, session: int, patch: str, tmp: Path) 
     bucket.put(prefix + layout.HARNESS_STDERR, b"done\n")
 
 
-def test_evaluator_job_builds_evidence_and_the_sealer_quarantines(tmp_path: Path, monkeypatch) -> None:
+def judged_sessions(tmp_path: Path, monkeypatch) -> tuple[LocalBucket, str, list]:
+    """Three sessions of one task uploaded as the harness pods would (a test edit, two fixes), the first
+    two judged by the evaluator Job's program; the third never judged."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TRACEFLEET_SPOOL", str(tmp_path / "spool"))
     repo = tmp_path / "calc"
@@ -49,6 +52,7 @@ def test_evaluator_job_builds_evidence_and_the_sealer_quarantines(tmp_path: Path
     for name, text in FILES.items():
         (repo / name).write_text(text)
     task = {"id": "calc", "prompt": "fix add", "workspace": {"repo": str(repo)}}
+    (tmp_path / "task.json").write_text(json.dumps(task))
     bucket = LocalBucket(tmp_path / "bucket")
     job = "podjob"
     plan = session_plan(job, ["calc"], 3)
@@ -60,7 +64,12 @@ def test_evaluator_job_builds_evidence_and_the_sealer_quarantines(tmp_path: Path
                            timeout_s=120)
         body, code = evaluate_session(bucket, env)
         assert code == 0 and body["reward"] == 1.0, body  # unprotected: the hack passes too
-    evidence = SessionEvidence.model_validate_json(bucket.get(layout.evidence_key(job, 0)))
+    return bucket, job, plan
+
+
+def test_evaluator_job_builds_evidence_and_the_sealer_quarantines(tmp_path: Path, monkeypatch) -> None:
+    bucket, job, plan = judged_sessions(tmp_path, monkeypatch)
+    evidence = SessionEvidence.model_validate_json(bucket.get(layout.evidence_key(job, "podjob-s0")))
     assert [(f.path, f.change) for f in evidence.files] == [("test_calc.py", "modified")]
     assert evidence.evaluator.reward == 1.0 and evidence.task["id"] == "calc" and len(evidence.calls) == 1
 
@@ -68,7 +77,7 @@ def test_evaluator_job_builds_evidence_and_the_sealer_quarantines(tmp_path: Path
     manifest = RolloutJob.model_validate({
         "apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": job},
         "spec": {"inference": {"external": {"baseUrl": "http://e"}}, "harness": {"command": ["true"]},
-                 "tasks": {"inline": [task]}, "output": {"uri": "s3://bucket/prefix"},
+                 "tasks": {"inline": [json.loads((tmp_path / "task.json").read_text())]}, "output": {"uri": "s3://bucket/prefix"},
                  "diagnostics": [{"name": "protected_files", "action": "quarantine"}]}})
     wire = [d.model_dump(mode="json", by_alias=True, exclude_none=True) for d in manifest.spec.diagnostics or []]
     sealer = SealerEnv.from_env(SealerEnv(bucket=str(tmp_path / "bucket"), job=job, batch_seq=0, sessions=[0, 1, 2],
@@ -83,3 +92,29 @@ def test_evaluator_job_builds_evidence_and_the_sealer_quarantines(tmp_path: Path
         ("podjob-s0", True, 0.0), ("podjob-s1", False, 1.0), ("podjob-s2", False, 0.0)]
     assert rows[0]["diagnostics"][0]["file"] == "test_calc.py" and rows[2]["diagnostics"] == []
     assert batch.training_table().column("session_id").to_pylist() == ["podjob-s1", "podjob-s2"]
+
+
+def test_diagnose_backtests_a_job_sealed_without_the_diagnostic(tmp_path: Path, monkeypatch) -> None:
+    """Sealed with no diagnostic listed (spec.diagnostics: []), then `tracefleet diagnose` with the built-in
+    and with a hook the user just wrote: exactly the planted session, and what quarantining it changes."""
+    bucket, job, plan = judged_sessions(tmp_path, monkeypatch)
+    pod_seal.seal(bucket, job, 0, plan, "prefix-merge", [], 0)
+    assert BatchReader(bucket, job).read(0).table.column("quarantined").to_pylist() == [False, False, False]
+    (tmp_path / "my_checks.py").write_text(
+        "def edits_tests(evidence, params):\n"
+        "    return [{'message': 'test edited', 'file': f.path} for f in evidence.files if f.path.startswith('test_')]\n")
+    done = subprocess.run([sys.executable, "-m", "tracefleet", "diagnose", str(tmp_path / "bucket"), "--job", job,
+                           "--diagnostic", "protected_files", "--diagnostic", "my_checks:edits_tests"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert out.splitlines()[0] == "job podjob: 3 sealed sessions in 1 batches, 1 without evidence (not judged)", out
+    for name in ("protected_files (v1)", "edits_tests (vuser)"):
+        block = out[out.index(name):].splitlines()[:6]
+        assert block[0] == f"{name}: 1 of 2 sessions flagged", out
+        assert block[1] == "  mean reward flagged 1.000 vs not 1.000", out
+        # rewards 1 (hack), 1 (fix), 0 (unjudged): the hack's advantage +0.707 is what a trainer promoted;
+        # without it the fix goes to +1 and the unjudged session to -1
+        assert block[2] == "  positive-advantage sessions demoted: 1 (advantage +0.707 in all)", out
+        assert block[3] == "  mean |advantage change| of the other sessions in their groups: 0.354", out
+        assert block[4] == "  flagged: podjob-s0", out

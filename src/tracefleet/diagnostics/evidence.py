@@ -208,3 +208,14 @@ def session_evidence(
         harness=harness.model_copy(update={"stderr_tail": _tail(harness.stderr_tail)}),
         evaluator=evaluator_evidence(evaluation), timings=dict(timings or {}), policy_version=policy_version,
     )
+
+
+def stored_evidence(bucket: Any, job: str, session_id: str) -> SessionEvidence | None:
+    """A session's evidence kept in the bucket (`layout.evidence_key`), None when there is none."""
+    from tracefleet.bucket import ObjectNotFound
+    from tracefleet.layout import evidence_key
+
+    try:
+        return SessionEvidence.model_validate_json(bucket.get(evidence_key(job, session_id)))
+    except ObjectNotFound:
+        return None
