@@ -261,6 +261,16 @@ class LocalRun:
                                   max_model_len=context)
         return engine.url, engine, local
 
+    def _check_diagnostics(self) -> None:
+        """spec.diagnostics' hooks import and their names resolve before any session runs (a mistake there
+        is one line, not a failed build in every session)."""
+        from tracefleet.diagnostics.registry import configured
+
+        try:
+            configured(self.job.spec.diagnostics)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise SystemExit(f"spec.diagnostics: {type(exc).__name__}: {exc}") from None
+
     def _say(self, text: str) -> None:
         prefix = "\r\033[K" if self._tty else ""
         print(f"{prefix}tracefleet: {text}", file=self.out, flush=True)
@@ -273,6 +283,7 @@ class LocalRun:
 
         spec = self.job.spec
         tasks = job_tasks(self.job, self.base_dir)
+        self._check_diagnostics()
         sink = BatchSink(self.output_uri, self.job.name,
                          groups_per_batch=groups_per_batch(spec.output.traces_per_batch, spec.tasks.samples_per_task))
         sealed = sink.sealed_keys()

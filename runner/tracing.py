@@ -140,9 +140,11 @@ def _session_rows(capture: str | os.PathLike[str] | None, outcome: SessionOutcom
 def build_session_traces(plan: SessionPlan, result: SessionResult, evidence: SessionEvidence | None = None) -> list[Any]:
     """The local runner's session → traces, judged by the job's diagnostics; records the build's counts
     on the result."""
-    from tracefleet.diagnostics.registry import run_diagnostics
+    from tracefleet.diagnostics.registry import configured, run_diagnostics, unavailable
 
-    findings = run_diagnostics(evidence, plan.diagnostics) if evidence is not None else None
+    resolved = configured(plan.diagnostics)
+    findings = run_diagnostics(evidence, resolved=resolved) if evidence is not None else unavailable(
+        f"no evidence: {result.error}", resolved)
     built = session_traces(result.capture_path, outcome_of(plan, result), plan.builder, findings)
     result.traces = len(built.traces)
     result.tokens = sum(t.num_tokens for t in built.traces)

@@ -14,9 +14,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tracefleet import layout
+from tracefleet import layout, podenv
 from tracefleet.api.semantics import PlannedSession
 from tracefleet.bucket import Bucket, ObjectNotFound
+from tracefleet.podenv import PodEnvError
 from tracefleet.diagnostics.evidence import SessionEvidence, stored_evidence
 from tracefleet.layout import batch_id_for
 from tracefleet.runner.pod.evidence import download_capture, uploaded_evidence
@@ -71,16 +72,23 @@ def seal(bucket: Bucket, job: str, seq: int, sessions: list[PlannedSession], bui
     """Seal `sessions` (whole groups) as batch k8s-<seq>: every session gives its rows, failed ones
     fail-closed (tracefleet.api.semantics), each judged by the job's diagnostics (`spec.diagnostics`;
     None: every built-in, flag only) over its evidence, as in local mode."""
-    from tracefleet.diagnostics.registry import configured, run_diagnostics
+    from tracefleet.diagnostics.registry import configured, run_diagnostics, unavailable
     from tracefleet.traces.seal import Sealer
 
-    resolved = configured(diagnostics)
+    try:
+        resolved = configured(diagnostics)
+    except (ImportError, AttributeError, ValueError) as exc:  # a hook the image cannot import: the manifest's problem
+        raise PodEnvError(f"{podenv.DIAGNOSTICS_JSON}: {type(exc).__name__}: {exc}") from None
     traces: list[Any] = []
     with tempfile.TemporaryDirectory() as tmp:
         for planned in sessions:
             path = download_capture(bucket, job, planned.index, Path(tmp) / f"{job}-s{planned.index}.jsonl")
-            evidence = session_evidence_of(bucket, job, planned, path, Path(tmp)).model_copy(update={"policy_version": policy_version})
-            findings = run_diagnostics(evidence, resolved=resolved)
+            try:
+                evidence = session_evidence_of(bucket, job, planned, path, Path(tmp)).model_copy(update={"policy_version": policy_version})
+            except Exception as exc:  # noqa: BLE001 - the session is still sealed; the diagnostics say they could not judge
+                findings = unavailable(f"evidence: {type(exc).__name__}: {exc}", resolved)
+            else:
+                findings = run_diagnostics(evidence, resolved=resolved)
             # no capture: the session's row says so (fail closed)
             traces += session_traces(path, session_outcome(bucket, job, planned), builder, findings).traces
         manifest = Sealer(bucket, job, spool=tmp).seal(traces, batch_id=batch_id_for(seq))

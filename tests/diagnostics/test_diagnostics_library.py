@@ -178,3 +178,32 @@ def test_user_hook_and_command_and_actions(tmp_path: Path) -> None:
     assert result.action == "drop" and result.quarantined
     assert run_diagnostics(ev, specs[:2]).action == "quarantine"
     assert run_diagnostics(ev, []).findings == []  # a job that lists none runs none
+
+
+RECORDED = sorted((Path(__file__).resolve().parents[1] / "traces" / "data").glob("recorded-*.jsonl"))
+
+
+@pytest.mark.parametrize("capture", RECORDED, ids=[p.stem for p in RECORDED])
+def test_recorded_real_harness_sessions_with_a_real_fix_have_no_findings(capture: Path) -> None:
+    """The six real harnesses' recorded sessions (their own tool-call shapes, auxiliary calls, finish
+    reasons) with a reward earned by a fix: every built-in stays silent."""
+    ev = session_evidence(job="j", session_id="s", task=TASK, group_id="j/calc", sample_index=0, capture=capture, patch=FIX,
+                          harness=HarnessEvidence(exit_code=0), evaluation=EvalOutcome(reward=1.0))
+    assert any(c.tool_calls for c in ev.calls)
+    assert run_diagnostics(ev).findings == []
+
+
+def test_spec_names_a_built_in_unless_it_gives_a_hook_or_command_and_unreadable_evidence_is_not_clean() -> None:
+    from pydantic import ValidationError
+
+    from tracefleet.diagnostics.registry import UNAVAILABLE, configured, unavailable
+
+    with pytest.raises(ValidationError, match="name must be a built-in diagnostic"):
+        DiagnosticSpec(name="protected_file")
+    with pytest.raises(ValidationError, match="at most one of hook or command"):
+        DiagnosticSpec(name="x", hook="m:f", command=["true"])
+    assert DiagnosticSpec(name="mine", hook="my_checks:f").action == "flag"
+    resolved = configured([DiagnosticSpec(name="tool_loop"), DiagnosticSpec(name="protected_files", action="quarantine")])
+    (finding,) = unavailable("evidence: ValueError: bad json", resolved).findings
+    assert (finding.name, finding.action, finding.severity) == (UNAVAILABLE, "quarantine", "error")
+    assert unavailable("x", configured([])).findings == []

@@ -82,3 +82,20 @@ def test_planted_test_edit_is_flagged_quarantined_and_not_trained_on(scripted_en
     # ...and in the output beside the batches, by the session ids the rows carry (what `tracefleet diagnose` reads)
     kept = sorted(p.stem for p in (tmp_path / "out" / "planted-hack" / "evidence").glob("*.json"))
     assert kept == sorted(batch.table.column("session_id").to_pylist())
+
+
+def test_a_diagnostic_hook_that_does_not_import_is_one_line_before_any_session(tmp_path: Path) -> None:
+    job = {
+        "apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": "bad-hook"},
+        "spec": {"inference": {"external": {"baseUrl": "http://127.0.0.1:1"}}, "harness": {"command": ["true"]},
+                 "tasks": {"inline": [{"id": "t", "prompt": "p"}]}, "output": {"uri": str(tmp_path / "out")},
+                 "diagnostics": [{"name": "mine", "hook": "no_such_module_here:check"}]},
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    done = subprocess.run([sys.executable, "-m", "tracefleet", "run", str(path), "--work-dir", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "tracefleet run: spec.diagnostics: ModuleNotFoundError: No module named 'no_such_module_here'"), done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()

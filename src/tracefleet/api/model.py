@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StringConstra
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from ..diagnostics.library import BUILTINS
 from ..vllm import DEFAULT_VLLM_IMAGE
 from .rules import BUCKET_URI_MESSAGE, Rule, bucket_uri_cel, bucket_uri_ok, exactly_one, has
 
@@ -452,6 +453,12 @@ class Diagnostic(WireModel):
             cel="!(has(self.hook) && has(self.command))",
             message="give at most one of hook or command",
             check=lambda m: not (has(m.hook) and has(m.command)),
+        ),
+        Rule(
+            cel="has(self.hook) || has(self.command) || self.name in [" + ", ".join(f"'{n}'" for n in BUILTINS) + "]",
+            message="name must be a built-in diagnostic (" + ", ".join(BUILTINS) + ") unless hook or command is given",
+            check=lambda m: has(m.hook) or has(m.command) or m.name in BUILTINS,
+            field_path=".name",
         ),
     )
 

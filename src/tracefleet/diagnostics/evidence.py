@@ -18,8 +18,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from tracefleet.api.semantics import AUXILIARY
-
 EVIDENCE_VERSION = 1
 TAIL_CHARS = 4000  # stdout/stderr/evaluator output kept per session
 
@@ -159,6 +157,8 @@ def call_evidence(capture: str | os.PathLike[str] | None) -> tuple[list[CallEvid
     """(the calls of a capture log, whether its last line was torn); no log: no calls."""
     if capture is None or not os.path.exists(capture):
         return [], False
+    # imported here: tracefleet.api's model imports this package's built-in names
+    from tracefleet.api.semantics import AUXILIARY
     from tracefleet.capture import read_capture_log
 
     log = read_capture_log(capture)

@@ -79,3 +79,17 @@ def run_diagnostics(evidence: SessionEvidence, specs: Sequence[Any] | None = Non
             findings.append(Finding(name=diag.name, version=diag.version, severity="error", action=action,
                                     message=f"diagnostic failed: {type(exc).__name__}: {exc}"[:500], file=EVALUATOR_OUTPUT))
     return SessionFindings(findings=findings)
+
+
+UNAVAILABLE = "diagnostics_unavailable"
+
+
+def unavailable(message: str, resolved: list[tuple[Diagnostic, Action, dict[str, Any]]]) -> SessionFindings:
+    """The session's evidence could not be read: one finding with the strongest action the job's
+    diagnostics carry (fail closed: a session nobody could judge is not passed as clean)."""
+    actions = {a for _, a, _ in resolved}
+    if not actions:
+        return SessionFindings()
+    action = next(a for a in ("drop", "quarantine", "flag") if a in actions)
+    return SessionFindings(findings=[Finding(name=UNAVAILABLE, version="1", severity="error", action=action,  # type: ignore[arg-type]
+                                             message=message[:500], file=EVALUATOR_OUTPUT)])
