@@ -104,6 +104,8 @@ class JobView:
     inference: Inference | None = None
     # (Secret name, key) of the engine's API key: the managed vLLM's or the external engine's
     engine_api_key: tuple[str, str] | None = None
+    # spec.diagnostics in its wire form (None: the job lists none); the sealer Job runs them
+    diagnostics: tuple[dict[str, Any], ...] | None = None
 
     @property
     def inline_task_count(self) -> int | None:
@@ -172,6 +174,8 @@ class JobView:
             served_model=served,
             capture_mode=inf.capture.mode,
             policy_version=inf.policy_version,
+            diagnostics=None if s.diagnostics is None else tuple(
+                d.model_dump(mode="json", by_alias=True, exclude_none=True) for d in s.diagnostics),
             harness=harness,
             evaluator=evaluator,
             tasks_inline=[x.model_dump(mode="json", by_alias=True, exclude_none=True) for x in t.inline] if t.inline is not None else None,

@@ -200,6 +200,8 @@ def plan_sessions(job: Any, tasks: list[Task], model: str, harness: HarnessConfi
             evaluator=ev,
             model=model,
             builder=spec.output.builder,
+            diagnostics=spec.diagnostics,
+            policy_version=spec.inference.policy_version,
         )
         for p in session_plan(job.name, [t.id for t in tasks], spec.tasks.samples_per_task)
     ]
@@ -259,6 +261,16 @@ class LocalRun:
                                   max_model_len=context)
         return engine.url, engine, local
 
+    def _check_diagnostics(self) -> None:
+        """spec.diagnostics' hooks import and their names resolve before any session runs (a mistake there
+        is one line, not a failed build in every session)."""
+        from tracefleet.diagnostics.registry import configured
+
+        try:
+            configured(self.job.spec.diagnostics)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise SystemExit(f"spec.diagnostics: {type(exc).__name__}: {exc}") from None
+
     def _say(self, text: str) -> None:
         prefix = "\r\033[K" if self._tty else ""
         print(f"{prefix}tracefleet: {text}", file=self.out, flush=True)
@@ -271,6 +283,7 @@ class LocalRun:
 
         spec = self.job.spec
         tasks = job_tasks(self.job, self.base_dir)
+        self._check_diagnostics()
         sink = BatchSink(self.output_uri, self.job.name,
                          groups_per_batch=groups_per_batch(spec.output.traces_per_batch, spec.tasks.samples_per_task))
         sealed = sink.sealed_keys()
@@ -429,6 +442,8 @@ class LocalRun:
         progress.abandoned += result.abandoned_calls
         if result.status == "stopped":
             return  # interrupted sessions are redone by the next run (their group is not sealed)
+        if run.evidence is not None:
+            sink.keep_evidence(run.evidence)
         if result.status == "completed":
             progress.done += 1
             progress.rewards.append(result.reward)
@@ -474,6 +489,8 @@ class LocalRun:
             ("output", sink.job_uri),
             *([("NOT SEALED", f"{len(sink.errors)} sealing error(s), data kept in {sink.pending_spool}: "
                 f"{sink.errors[-1]} -- rerun this command to upload it")] if sink.errors else []),
+            *([("evidence", f"not kept in the bucket for {len(sink.evidence_errors)} session(s) ({sink.evidence_errors[-1]}); "
+                "each session's evidence.json is in the work dir")] if sink.evidence_errors else []),
             ("sandbox", self.netns_mode),
             ("work dir", str(self.work_dir)),
         ]

@@ -24,6 +24,8 @@ from typing import Any, Iterator, Literal
 from pydantic import BaseModel, Field
 
 from tracefleet import layout
+from tracefleet.api.model import Diagnostic as DiagnosticSpec
+from tracefleet.diagnostics.evidence import HarnessEvidence, SessionEvidence, read_tail, session_evidence
 from tracefleet.runner.evaluators import EvalContext, EvalOutcome, EvaluatorSpec, get_evaluator
 from tracefleet.runner.proxy_admin import ProxyAdmin, RegisteredSession
 from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, run_sandboxed
@@ -54,6 +56,8 @@ class SessionPlan(BaseModel):
     model: str
     builder: str = "prefix-merge"
     setup_timeout_s: float = 600
+    diagnostics: list[DiagnosticSpec] | None = None  # spec.diagnostics (None: built-ins, flag only)
+    policy_version: int | None = None  # the job's policy version (off-policy lag reference)
 
 
 class SessionResult(BaseModel):
@@ -105,6 +109,7 @@ class SessionResult(BaseModel):
 class SessionRun:
     result: SessionResult
     traces: list[Any] = field(default_factory=list)  # built traces, ready for sealing
+    evidence: SessionEvidence | None = None  # what the diagnostics read (tracefleet.diagnostics)
 
 
 class StageFailed(Exception):
@@ -284,6 +289,12 @@ def run_session(
                 _fail(result, "evaluate", "timeout", outcome.message or "evaluator timed out")
 
     traces: list[Any] = []
+    evidence: SessionEvidence | None = None
+    if result.status != "stopped":
+        try:
+            evidence = evidence_stage(plan, result, session_dir, patch)
+        except Exception as exc:  # noqa: BLE001 - the build below reads the same capture and fails closed
+            result.error = f"{result.error + '; ' if result.error else ''}evidence: {type(exc).__name__}: {exc}"
     # Every finished session is sealed, with or without a capture (tracefleet.api.semantics); a stopped
     # one is run again later instead.
     if result.status != "stopped":
@@ -291,14 +302,28 @@ def run_session(
             try:
                 from tracefleet.runner.tracing import build_session_traces
 
-                traces = build_session_traces(plan, result)
+                traces = build_session_traces(plan, result, evidence)
             except Exception as exc:  # noqa: BLE001
                 _fail(result, "build", "error", f"building traces failed: {type(exc).__name__}: {exc}")
     if result.status != "completed":
         result.reward = 0.0
     timings["total"] = round(time.monotonic() - started, 4)
     (session_dir / "result.json").write_text(result.model_dump_json(indent=1))
-    return SessionRun(result=result, traces=traces)
+    return SessionRun(result=result, traces=traces, evidence=evidence)
+
+
+def evidence_stage(plan: SessionPlan, result: SessionResult, session_dir: Path, patch: str) -> SessionEvidence:
+    """The session's evidence for the diagnostics, after judging, written to session_dir/evidence.json.
+    (On Kubernetes the evaluator Job builds it with the same function: tracefleet.runner.pod.evaluate.)"""
+    evidence = session_evidence(
+        job=plan.job, session_id=plan.session_id, task=plan.task, group_id=plan.group_id, sample_index=plan.sample_index,
+        capture=result.capture_path, patch=patch,
+        harness=HarnessEvidence(preset=plan.harness.preset, status=result.status, stage=result.stage, error=result.error,
+                                exit_code=result.harness_exit_code, stderr_tail=read_tail(session_dir / layout.HARNESS_STDERR)),
+        evaluation=result.evaluation, timings=result.timings, policy_version=plan.policy_version,
+    )
+    (session_dir / layout.EVIDENCE).write_text(evidence.model_dump_json())
+    return evidence
 
 
 def _fail(result: SessionResult, stage: Stage, status: SessionStatus, message: str) -> None:

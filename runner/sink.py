@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from tracefleet.api.semantics import next_batches
-from tracefleet.bucket import open_bucket, spool_dir
+from tracefleet import layout
+from tracefleet.bucket import BucketError, open_bucket, spool_dir
 from tracefleet.traces.reader import BatchReader
 from tracefleet.traces.seal import SealError, Sealer
 
@@ -35,6 +36,7 @@ class BatchSink:
         self._ready: list[str] = []  # whole groups, in the order they finished
         self.sealed_traces = 0
         self.errors: list[str] = []
+        self.evidence_errors: list[str] = []
 
     def expect(self, group_sizes: dict[str, int]) -> None:
         """How many sessions of each group this run will finish before the group is sealed."""
@@ -96,6 +98,14 @@ class BatchSink:
         except SealError as exc:
             self.errors.append(str(exc))
         return refs
+
+    def keep_evidence(self, evidence: Any) -> None:
+        """A finished session's evidence (tracefleet.diagnostics), kept in the bucket beside the batches
+        for `tracefleet diagnose`. Best effort: the session's folder in the work dir keeps it too."""
+        try:
+            self.bucket.put(layout.evidence_key(self.job, evidence.session_id), evidence.model_dump_json().encode())
+        except BucketError as exc:
+            self.evidence_errors.append(str(exc))
 
     @property
     def pending_spool(self) -> Path:

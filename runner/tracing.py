@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tracefleet.api.semantics import AUXILIARY, session_failure_reason
+from tracefleet.api.semantics import AUXILIARY, DROPPED_BY_DIAGNOSTICS, session_failure_reason
 
 if TYPE_CHECKING:
+    from tracefleet.diagnostics.base import SessionFindings
+    from tracefleet.diagnostics.evidence import SessionEvidence
     from tracefleet.runner.session import SessionPlan, SessionResult
     from tracefleet.traces.schema import BuildResult
 
@@ -76,10 +78,25 @@ def outcome_of(plan: SessionPlan, result: SessionResult) -> SessionOutcome:
     )
 
 
-def session_traces(capture: str | os.PathLike[str] | None, outcome: SessionOutcome, builder: str = "prefix-merge") -> BuildResult:
+def session_traces(capture: str | os.PathLike[str] | None, outcome: SessionOutcome, builder: str = "prefix-merge",
+                   findings: SessionFindings | None = None) -> BuildResult:
     """The session's traces; a session without a trainable call of the agent's conversation also gets one
     row without tokens, so its GRPO group stays whole (it counts in the group's statistics and trains
-    nothing)."""
+    nothing). `findings` (tracefleet.diagnostics) go on every row; a quarantined session's rewards are
+    forced to <= 0 and its rows marked `quarantined` (the reader leaves them out by default); a dropped
+    session keeps only the row without tokens."""
+    built = _session_rows(capture, outcome, builder, dropped=findings is not None and findings.action == "drop")
+    if findings is not None:
+        labelled = [f.model_dump(mode="json") for f in findings.findings]
+        for t in built.traces:
+            t.meta.diagnostics = labelled
+            t.meta.quarantined = findings.quarantined
+            if findings.quarantined and t.meta.reward is not None:
+                t.meta.reward = min(t.meta.reward, 0.0)
+    return built
+
+
+def _session_rows(capture: str | os.PathLike[str] | None, outcome: SessionOutcome, builder: str, *, dropped: bool) -> BuildResult:
     from tracefleet.traces.build import build_traces, fail_closed_reasons
     from tracefleet.traces.schema import BuildResult, ReconstructionStats, SessionInfo, Trace, TraceMetadata
 
@@ -101,10 +118,12 @@ def session_traces(capture: str | os.PathLike[str] | None, outcome: SessionOutco
         built = build_traces(capture, builder=builder, session=info)
     else:
         built = BuildResult(traces=[], stats=ReconstructionStats(builder=builder))
-    if any(t.meta.new_root_reason != AUXILIARY for t in built.traces):
+    if dropped:
+        built = BuildResult(traces=[], stats=built.stats)  # a diagnostic dropped it: no token row is sealed
+    elif any(t.meta.new_root_reason != AUXILIARY for t in built.traces):
         return built
     # Nothing of the agent's conversation to train on (auxiliary traces are not trained on by default).
-    reasons = fail_closed_reasons([], info, built.stats.torn_tail, built.stats.bad_lines) + [NO_TRAINABLE_CALLS]
+    reasons = fail_closed_reasons([], info, built.stats.torn_tail, built.stats.bad_lines) + [DROPPED_BY_DIAGNOSTICS if dropped else NO_TRAINABLE_CALLS]
     meta = TraceMetadata(
         trace_id=f"{outcome.session_id}:{len(built.traces):04d}", job=outcome.job, session_id=outcome.session_id, task_id=outcome.task_id,
         group_id=outcome.group_id, sample_index=outcome.sample_index, harness=outcome.harness, model=outcome.model,
@@ -118,9 +137,15 @@ def session_traces(capture: str | os.PathLike[str] | None, outcome: SessionOutco
     return BuildResult(traces=[*built.traces, empty], stats=built.stats, outcome="fail_closed", fail_closed_reasons=reasons)
 
 
-def build_session_traces(plan: SessionPlan, result: SessionResult) -> list[Any]:
-    """The local runner's session → traces; records the build's counts on the result."""
-    built = session_traces(result.capture_path, outcome_of(plan, result), plan.builder)
+def build_session_traces(plan: SessionPlan, result: SessionResult, evidence: SessionEvidence | None = None) -> list[Any]:
+    """The local runner's session → traces, judged by the job's diagnostics; records the build's counts
+    on the result."""
+    from tracefleet.diagnostics.registry import configured, run_diagnostics, unavailable
+
+    resolved = configured(plan.diagnostics)
+    findings = run_diagnostics(evidence, resolved=resolved) if evidence is not None else unavailable(
+        f"no evidence: {result.error}", resolved)
+    built = session_traces(result.capture_path, outcome_of(plan, result), plan.builder, findings)
     result.traces = len(built.traces)
     result.tokens = sum(t.num_tokens for t in built.traces)
     result.trainable_tokens = sum(t.num_trainable for t in built.traces)

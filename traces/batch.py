@@ -13,6 +13,8 @@ Parquet columns (one row per trace):
 | `sample_index`, `num_tokens`, `num_trainable`, `policy_version_min`, `policy_version_max`, `schema_version` | int32 | |
 | `reward`, `evaluator_reward` | float64 | reward after the fail-closed rules / as the evaluator gave it |
 | `fail_closed_reasons`, `finish_reasons` | list<string> | |
+| `diagnostics` | list<struct<name, version, severity, message, action, file, line, call_id>> | the session's diagnostic findings (tracefleet.diagnostics) |
+| `quarantined` | bool | a diagnostic quarantined the session: reward <= 0, left out of training by default (BatchReader) |
 | `metadata_json` | string | the full `TraceMetadata` (timings, reconstruction stats, extra) |
 """
 
@@ -25,6 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, Field
+
+from tracefleet.api.semantics import DROPPED_BY_DIAGNOSTICS
 
 from .schema import TRACE_SCHEMA_VERSION, Span, Trace, TraceMetadata
 
@@ -43,6 +47,21 @@ SPAN_TYPE = pa.struct(
         ("top_k", pa.int32()),
     ]
 )
+
+
+FINDING_TYPE = pa.struct(
+    [
+        ("name", pa.string()),
+        ("version", pa.string()),
+        ("severity", pa.string()),
+        ("message", pa.string()),
+        ("action", pa.string()),
+        ("file", pa.string()),
+        ("line", pa.int32()),
+        ("call_id", pa.string()),
+    ]
+)
+_FINDING_FIELDS = [f.name for f in FINDING_TYPE]
 
 
 def _list_column(arrays: list[np.ndarray], dtype: np.dtype, arrow_type: pa.DataType, null_nan: bool = False) -> pa.Array:
@@ -90,6 +109,9 @@ def traces_to_table(traces: list[Trace]) -> pa.Table:
             "loss_mask": _list_column([t.loss_mask for t in traces], np.dtype(np.uint8), pa.uint8()),
             "logprobs": _list_column([t.logprobs for t in traces], np.dtype(np.float32), pa.float32(), null_nan=True),
             "spans": pa.array(spans, pa.list_(SPAN_TYPE)),
+            "diagnostics": pa.array([[{k: d.get(k) for k in _FINDING_FIELDS} for d in m.diagnostics] for m in metas],
+                                    pa.list_(FINDING_TYPE)),
+            "quarantined": pa.array([m.quarantined for m in metas], pa.bool_()),
             "schema_version": pa.array([TRACE_SCHEMA_VERSION] * len(traces), pa.int32()),
             "metadata_json": pa.array([m.model_dump_json() for m in metas], pa.string()),
         }
@@ -164,6 +186,15 @@ class RewardStats(BaseModel):
     fail_closed: int = 0  # sessions marked fail_closed
 
 
+class DiagnosticStats(BaseModel):
+    """One diagnostic's findings in a batch."""
+
+    findings: int = 0
+    sessions: int = 0  # sessions with at least one finding of it
+    quarantined: int = 0  # of those, sessions quarantined (by any finding)
+    dropped: int = 0  # of those, sessions whose token rows were dropped
+
+
 class BatchManifest(BaseModel):
     """`manifest.json`: written last, with a conditional create. A batch exists iff its manifest does."""
 
@@ -181,6 +212,8 @@ class BatchManifest(BaseModel):
     trainable_tokens: int = 0
     builders: dict[str, int] = Field(default_factory=dict)
     reward: RewardStats = Field(default_factory=RewardStats)
+    quarantined_sessions: int = 0
+    diagnostics: dict[str, DiagnosticStats] = Field(default_factory=dict)  # by diagnostic name
     objects: list[ObjectEntry] = Field(default_factory=list)
 
 
@@ -198,6 +231,23 @@ def summarize(traces: list[Trace]) -> dict[str, Any]:
         positive=int((rewards > 0).sum()),
         fail_closed=sum(1 for _, o in sessions.values() if o == "fail_closed"),
     )
+    quarantined: set[str] = set()
+    diagnostics: dict[str, DiagnosticStats] = {}
+    judged: set[str] = set()
+    for t in traces:
+        if t.meta.session_id in judged:
+            continue  # a session's findings are on each of its rows: count them once
+        judged.add(t.meta.session_id)
+        if t.meta.quarantined:
+            quarantined.add(t.meta.session_id)
+        dropped = DROPPED_BY_DIAGNOSTICS in t.meta.fail_closed_reasons
+        for name in {d["name"] for d in t.meta.diagnostics}:
+            entry = diagnostics.setdefault(name, DiagnosticStats())
+            entry.sessions += 1
+            entry.quarantined += int(t.meta.quarantined)
+            entry.dropped += int(dropped)
+        for d in t.meta.diagnostics:
+            diagnostics[d["name"]].findings += 1
     if rewards.size:
         stats.mean, stats.std = float(rewards.mean()), float(rewards.std())
         stats.min, stats.max = float(rewards.min()), float(rewards.max())
@@ -209,4 +259,6 @@ def summarize(traces: list[Trace]) -> dict[str, Any]:
         "trainable_tokens": sum(t.num_trainable for t in traces),
         "builders": builders,
         "reward": stats,
+        "quarantined_sessions": len(quarantined),
+        "diagnostics": diagnostics,
     }

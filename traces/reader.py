@@ -9,7 +9,9 @@
 
 `tensors()` and `advantages()` leave out auxiliary traces (a harness's title or summary calls: sealed,
 labelled, not trained on by default; `include_auxiliary=True` keeps them) and compute GRPO statistics
-over the rest (tracefleet.api.semantics).
+over the rest (tracefleet.api.semantics). Quarantined traces (a diagnostic judged how the session earned its
+reward invalid: `quarantined` column, reward already <= 0) are left out the same way unless
+`include_quarantined=True`.
 
 Only manifests make batches visible; every object is checked against the manifest's size and sha256.
 The cursor (`<job>/consumers/<consumer>.json`, {"next_seq": N}) moves only on `commit`, so a trainer that
@@ -59,15 +61,15 @@ class Batch:
             self._traces = table_to_traces(self.table)
         return self._traces
 
-    def training_table(self, *, include_auxiliary: bool = False) -> pa.Table:
+    def training_table(self, *, include_auxiliary: bool = False, include_quarantined: bool = False) -> pa.Table:
         """The rows a trainer trains on: all but auxiliary traces (a title or summary call beside the
-        agent's conversation, tracefleet.api.semantics) unless `include_auxiliary`."""
-        return training_rows(self.table, include_auxiliary=include_auxiliary)
+        agent's conversation) and quarantined ones (tracefleet.api.semantics) unless asked for."""
+        return training_rows(self.table, include_auxiliary=include_auxiliary, include_quarantined=include_quarantined)
 
     def advantages(self, *, leave_one_out: bool = False, normalize_std: bool = True,
-                   include_auxiliary: bool = False) -> np.ndarray:
+                   include_auxiliary: bool = False, include_quarantined: bool = False) -> np.ndarray:
         """One advantage per row of `training_table()`."""
-        table = self.training_table(include_auxiliary=include_auxiliary)
+        table = self.training_table(include_auxiliary=include_auxiliary, include_quarantined=include_quarantined)
         return group_advantages(
             table.column("reward").to_pylist(),
             table.column("group_id").to_pylist(),
@@ -76,19 +78,24 @@ class Batch:
             normalize_std=normalize_std,
         )
 
-    def tensors(self, *, include_auxiliary: bool = False, **kwargs: Any) -> dict[str, Any]:
+    def tensors(self, *, include_auxiliary: bool = False, include_quarantined: bool = False, **kwargs: Any) -> dict[str, Any]:
         """Padded tensors of `training_table()`'s rows (see padded_tensors)."""
-        return padded_tensors(self.training_table(include_auxiliary=include_auxiliary), **kwargs)
+        return padded_tensors(self.training_table(include_auxiliary=include_auxiliary,
+                                                  include_quarantined=include_quarantined), **kwargs)
 
 
-def training_rows(table: pa.Table, *, include_auxiliary: bool = False) -> pa.Table:
-    """`table` without its auxiliary rows (unless `include_auxiliary`); batches sealed before the
-    `new_root_reason` column existed have none."""
-    if include_auxiliary or "new_root_reason" not in table.column_names:
+def training_rows(table: pa.Table, *, include_auxiliary: bool = False, include_quarantined: bool = False) -> pa.Table:
+    """`table` without its auxiliary rows (unless `include_auxiliary`) and quarantined rows (unless
+    `include_quarantined`); batches sealed before those columns existed have none."""
+    n = table.num_rows
+    keep = [True] * n
+    if not include_auxiliary and "new_root_reason" in table.column_names:
+        keep = [k and r != AUXILIARY for k, r in zip(keep, table.column("new_root_reason").to_pylist())]
+    if not include_quarantined and "quarantined" in table.column_names:
+        keep = [k and not q for k, q in zip(keep, table.column("quarantined").to_pylist())]
+    if all(keep):
         return table
-    reasons = table.column("new_root_reason").to_pylist()
-    keep = [i for i, r in enumerate(reasons) if r != AUXILIARY]
-    return table if len(keep) == len(reasons) else table.take(pa.array(keep, pa.int64()))
+    return table.take(pa.array([i for i, k in enumerate(keep) if k], pa.int64()))
 
 
 def padded_tensors(

@@ -99,6 +99,10 @@ class TraceMetadata(BaseModel):
     new_root_reason: str | None = None
     timings: Timing = Field(default_factory=Timing)
     stats: ReconstructionStats = Field(default_factory=ReconstructionStats)
+    # the session's diagnostic findings (tracefleet.diagnostics.base.Finding as JSON) and whether they
+    # quarantine it (reward forced to <= 0; the reader leaves it out of training by default)
+    diagnostics: list[dict[str, Any]] = Field(default_factory=list)
+    quarantined: bool = False
     extra: dict[str, Any] = Field(default_factory=dict)
 
 

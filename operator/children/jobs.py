@@ -92,7 +92,8 @@ def sealer_job(job: JobView, cfg: OperatorConfig, seq: int, sessions: list[Plann
     indices = [p.index for p in sessions]
     ranges = n.encode_ranges(indices)
     env = SealerEnv(bucket=job.bucket_uri, endpoint=job.bucket_endpoint or None, job=job.name, batch_seq=seq, sessions=indices,
-                    builder=job.builder, session_plan=encode_sessions(sessions))
+                    builder=job.builder, session_plan=encode_sessions(sessions), policy_version=job.policy_version,
+                    diagnostics=None if job.diagnostics is None else list(job.diagnostics))
     container = {
         "name": "sealer",
         "image": cfg.proxy_image,

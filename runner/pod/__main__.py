@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv[0] == "seal":
             sealer = SealerEnv.from_env()
-            out = seal(open_bucket(sealer.bucket), sealer.job, sealer.batch_seq, sealer.planned_sessions(), sealer.builder)
+            out = seal(open_bucket(sealer.bucket), sealer.job, sealer.batch_seq, sealer.planned_sessions(), sealer.builder,
+                       sealer.diagnostic_specs(), sealer.policy_version)
         else:
             env = EvaluatorEnv.from_env()
             bucket = open_bucket(env.bucket)

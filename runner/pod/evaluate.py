@@ -21,6 +21,7 @@ from tracefleet.api.semantics import evaluator_type
 from tracefleet.bucket import Bucket
 from tracefleet.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, PodEnvError
 from tracefleet.runner.evaluators import EvalContext, EvaluatorSpec, get_evaluator
+from tracefleet.runner.pod.evidence import download_capture, uploaded_evidence
 from tracefleet.runner.pod.harness import task_from_env
 from tracefleet.runner.workspace import WorkspaceError, prepare_workspace
 
@@ -99,5 +100,11 @@ def evaluate_session(bucket: Bucket, env: EvaluatorEnv) -> tuple[dict[str, Any],
                 else:
                     result.update(reward=outcome.reward if outcome.status == "ok" else 0.0, status=outcome.status,
                                   message=outcome.message, details=outcome.details, duration_s=round(outcome.duration_s, 3))
+        # the diagnostics' evidence, built here where the task, the patch and the judging are (runner.pod.evidence)
+        evidence = uploaded_evidence(job=job, session_id=f"{job}-s{session}", task=task, group_id=None,
+                                     sample_index=env.sample_index, artifacts=artifacts,
+                                     capture=download_capture(bucket, job, session, Path(tmp) / layout.CAPTURE_LOG),
+                                     evaluation=result)
+    bucket.put(layout.evidence_key(job, evidence.session_id), evidence.model_dump_json().encode())
     bucket.put(layout.reward_key(job, session), json.dumps(result, default=str).encode())
     return result, code

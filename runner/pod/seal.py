@@ -14,10 +14,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tracefleet import layout
+from tracefleet import layout, podenv
 from tracefleet.api.semantics import PlannedSession
 from tracefleet.bucket import Bucket, ObjectNotFound
+from tracefleet.podenv import PodEnvError
+from tracefleet.diagnostics.evidence import SessionEvidence, stored_evidence
 from tracefleet.layout import batch_id_for
+from tracefleet.runner.pod.evidence import download_capture, uploaded_evidence
 from tracefleet.runner.tracing import SessionOutcome, session_traces
 
 
@@ -45,19 +48,48 @@ def session_outcome(bucket: Bucket, job: str, planned: PlannedSession) -> Sessio
                "session_error": harness.get("error"), "harness_exit_code": harness.get("harness_exit_code")},
     )
 
-def seal(bucket: Bucket, job: str, seq: int, sessions: list[PlannedSession], builder: str = "prefix-merge") -> dict[str, Any]:
+def session_evidence_of(bucket: Bucket, job: str, planned: PlannedSession, capture: Path | None, tmp: Path) -> SessionEvidence:
+    """The evidence the evaluator Job wrote, or (a session that was never judged) the same builder over
+    the harness pod's uploads, without the task's test names (only its id is known here)."""
+    stored = stored_evidence(bucket, job, f"{job}-s{planned.index}")
+    if stored is not None:
+        return stored.model_copy(update={"group_id": planned.group_id})
+    artifacts = tmp / f"artifacts-{planned.index}"
+    artifacts.mkdir()
+    prefix = layout.artifacts_prefix(job, planned.index)
+    for name in (layout.PATCH, layout.RESULT, layout.HARNESS_STDERR):
+        try:
+            (artifacts / name).write_bytes(bucket.get(prefix + name))
+        except ObjectNotFound:
+            pass
+    return uploaded_evidence(job=job, session_id=f"{job}-s{planned.index}", task={"id": planned.task_id},
+                             group_id=planned.group_id, sample_index=planned.sample_index, artifacts=artifacts,
+                             capture=capture, evaluation=_json_object(bucket, layout.reward_key(job, planned.index)))
+
+
+def seal(bucket: Bucket, job: str, seq: int, sessions: list[PlannedSession], builder: str = "prefix-merge",
+         diagnostics: list[Any] | None = None, policy_version: int | None = None) -> dict[str, Any]:
     """Seal `sessions` (whole groups) as batch k8s-<seq>: every session gives its rows, failed ones
-    fail-closed (tracefleet.api.semantics)."""
+    fail-closed (tracefleet.api.semantics), each judged by the job's diagnostics (`spec.diagnostics`;
+    None: every built-in, flag only) over its evidence, as in local mode."""
+    from tracefleet.diagnostics.registry import configured, run_diagnostics, unavailable
     from tracefleet.traces.seal import Sealer
 
+    try:
+        resolved = configured(diagnostics)
+    except (ImportError, AttributeError, ValueError) as exc:  # a hook the image cannot import: the manifest's problem
+        raise PodEnvError(f"{podenv.DIAGNOSTICS_JSON}: {type(exc).__name__}: {exc}") from None
     traces: list[Any] = []
     with tempfile.TemporaryDirectory() as tmp:
         for planned in sessions:
-            path: Path | None = Path(tmp) / f"{job}-s{planned.index}.jsonl"
+            path = download_capture(bucket, job, planned.index, Path(tmp) / f"{job}-s{planned.index}.jsonl")
             try:
-                path.write_bytes(bucket.get(layout.capture_key(job, planned.index)))
-            except ObjectNotFound:
-                path = None  # no capture: the session's row says so (fail closed)
-            traces += session_traces(path, session_outcome(bucket, job, planned), builder).traces
+                evidence = session_evidence_of(bucket, job, planned, path, Path(tmp)).model_copy(update={"policy_version": policy_version})
+            except Exception as exc:  # noqa: BLE001 - the session is still sealed; the diagnostics say they could not judge
+                findings = unavailable(f"evidence: {type(exc).__name__}: {exc}", resolved)
+            else:
+                findings = run_diagnostics(evidence, resolved=resolved)
+            # no capture: the session's row says so (fail closed)
+            traces += session_traces(path, session_outcome(bucket, job, planned), builder, findings).traces
         manifest = Sealer(bucket, job, spool=tmp).seal(traces, batch_id=batch_id_for(seq))
     return manifest.model_dump(mode="json")

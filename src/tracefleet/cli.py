@@ -45,6 +45,8 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                server=True),
     Subcommand("operator", "tracefleet.operator.cli", "run the Kubernetes operator for RolloutJob resources", server=True),
     Subcommand("traces", "tracefleet.traces.cli", "list, show and export trace batches in a bucket or directory"),
+    Subcommand("diagnose", "tracefleet.diagnostics.cli",
+               "backtest rollout diagnostics over a job's sealed batches and the evidence kept in the bucket"),
     Subcommand("crd", "tracefleet.api.cli_crd", "write the RolloutJob CRD generated from the API model"),
     Subcommand("validate", "tracefleet.api.cli_validate", "check RolloutJob manifests and print every problem with its field path"),
 )

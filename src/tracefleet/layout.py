@@ -116,3 +116,16 @@ def session_uri(bucket_uri: str, job: str, session: int) -> str:
 def batch_uri(bucket_uri: str, job: str, seq: int) -> str:
     """A sealed batch's folder as a URI, with the trailing slash (RolloutJob status.recentBatches)."""
     return f"{bucket_uri.rstrip('/')}/{batch_dir(job, seq)}/"
+
+
+# ---- session evidence (tracefleet.diagnostics): what the diagnostics read, kept beside the batches
+
+EVIDENCE_DIR = "evidence"
+EVIDENCE = "evidence.json"  # the same object in a local session's folder
+
+
+def evidence_key(job: str, session_id: str) -> str:
+    """One session's evidence (tracefleet.diagnostics.evidence.SessionEvidence JSON), by the session id its
+    trace rows carry: local mode writes it when the session finishes, on Kubernetes the evaluator Job
+    (it holds the patch, the task and the judging); the sealer and `tracefleet diagnose` read it."""
+    return f"{job_root(job)}/{EVIDENCE_DIR}/{session_id}.json"

@@ -77,6 +77,10 @@ BUILDER = "TRACEFLEET_BUILDER"
 # the sessions' tasks and samples, tracefleet.api.semantics.encode_sessions (JSON [[index, task index,
 # task id, sample], ...]): a failed session's pod may have left nothing that says which task it ran
 SESSION_PLAN = "TRACEFLEET_SESSION_PLAN"
+# spec.diagnostics in its wire form, JSON (unset: every built-in, action flag) and the job's policy version
+# (the off-policy lag reference): the sealer runs the diagnostics (tracefleet.diagnostics)
+DIAGNOSTICS_JSON = "TRACEFLEET_DIAGNOSTICS_JSON"
+POLICY_VERSION = "TRACEFLEET_POLICY_VERSION"
 
 
 # The evaluator Job's exit code for "this session's artifacts are unusable": its podFailurePolicy fails
@@ -100,6 +104,7 @@ def _from_ranges(value: Any) -> Any:
 JsonList = Annotated[list[str], BeforeValidator(_from_json), PlainSerializer(lambda v: json.dumps(v, sort_keys=True))]
 JsonObject = Annotated[dict[str, Any], BeforeValidator(_from_json), PlainSerializer(lambda v: json.dumps(v, sort_keys=True))]
 Ranges = Annotated[list[int], BeforeValidator(_from_ranges), PlainSerializer(encode_ranges)]
+JsonObjects = Annotated[list[dict[str, Any]], BeforeValidator(_from_json), PlainSerializer(lambda v: json.dumps(v, sort_keys=True))]
 
 
 def _text(value: Any) -> str:
@@ -215,6 +220,22 @@ class SealerEnv(BucketEnv):
     sessions: Ranges = Field(alias=SESSIONS)
     builder: str = Field(alias=BUILDER)
     session_plan: str = Field(alias=SESSION_PLAN)  # the sessions with their tasks and samples
+    diagnostics: JsonObjects | None = Field(default=None, alias=DIAGNOSTICS_JSON)
+    policy_version: int | None = Field(default=None, ge=0, alias=POLICY_VERSION)
+
+    def diagnostic_specs(self) -> list[Any] | None:
+        """spec.diagnostics (tracefleet.api.model.Diagnostic), None when the job lists none."""
+        if self.diagnostics is None:
+            return None
+        from pydantic import TypeAdapter
+
+        from tracefleet.api.model import Diagnostic
+
+        try:
+            return TypeAdapter(list[Diagnostic]).validate_python(self.diagnostics)
+        except ValidationError as exc:
+            raise PodEnvError(f"{DIAGNOSTICS_JSON}: {exc.errors(include_url=False)[0]['msg']} "
+                              f"(the operator sets it on the {self.container})") from None
 
     def planned_sessions(self) -> list[PlannedSession]:
         """The sessions to seal, with their tasks, groups and samples."""

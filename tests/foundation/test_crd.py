@@ -27,7 +27,7 @@ CRD_PATH = REPO / "crds" / CRD_FILENAME
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 NAMESPACE = "foundation-crd"
 # Free-form objects, where unknown fields are the point; everywhere else the apiserver prunes/refuses.
-FREE_FORM = {"spec.tasks.inline[].metadata"}
+FREE_FORM = {"spec.tasks.inline[].metadata", "spec.diagnostics[].params"}
 
 
 # ---------------------------------------------------------------- without a cluster

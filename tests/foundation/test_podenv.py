@@ -77,6 +77,7 @@ def test_evaluator_and_sealer_env_read_back(job: JobView) -> None:
     assert (sealer.bucket, sealer.endpoint, sealer.job, sealer.batch_seq, sealer.sessions, sealer.builder) == (
         "s3://traces/runs", "http://10.0.0.9:8333", "demo", 4, [0, 1, 3], "prefix-merge")
     assert sorted(sealer.planned_sessions(), key=lambda p: p.index) == [plan[0], plan[1], plan[3]]
+    assert sealer.policy_version == job.policy_version and sealer.diagnostics is None
     assert _env(seal)[podenv.SESSIONS] == "0-1,3"
 
 

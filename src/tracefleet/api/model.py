@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StringConstra
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from ..diagnostics.library import BUILTINS
 from ..vllm import DEFAULT_VLLM_IMAGE
 from .rules import BUCKET_URI_MESSAGE, Rule, bucket_uri_cel, bucket_uri_ok, exactly_one, has
 
@@ -428,6 +429,40 @@ class Trainer(WireModel):
     webhook: Webhook | None = Field(default=None, description="Notify the trainer of every sealed batch.")
 
 
+class Diagnostic(WireModel):
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][\w.-]*$", max_length=63)] = Field(
+        description="A built-in diagnostic (protected_files, test_skipping, runner_bypass, success_without_work, "
+        "failure_rewarded, tool_loop, off_policy), or the name findings of a hook/command carry."
+    )
+    hook: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", max_length=512)] | None = Field(
+        default=None, description="Python hook `module:function(evidence, params)` returning findings."
+    )
+    command: Command | None = Field(
+        default=None, description="Program reading the session evidence JSON on stdin, printing a JSON list of findings."
+    )
+    action: Literal["flag", "quarantine", "drop"] = Field(
+        default="flag",
+        description="flag: recorded only; quarantine: sealed with the finding, reward forced to <= 0 and left out of "
+        "training and group statistics by default; drop: the session's token rows are not sealed (one row without "
+        "tokens keeps the finding, so the group stays whole).",
+    )
+    params: dict[str, Any] | None = Field(default=None, description="Passed to the diagnostic (e.g. repeats, max_lag).")
+
+    x_rules = (
+        Rule(
+            cel="!(has(self.hook) && has(self.command))",
+            message="give at most one of hook or command",
+            check=lambda m: not (has(m.hook) and has(m.command)),
+        ),
+        Rule(
+            cel="has(self.hook) || has(self.command) || self.name in [" + ", ".join(f"'{n}'" for n in BUILTINS) + "]",
+            message="name must be a built-in diagnostic (" + ", ".join(BUILTINS) + ") unless hook or command is given",
+            check=lambda m: has(m.hook) or has(m.command) or m.name in BUILTINS,
+            field_path=".name",
+        ),
+    )
+
+
 # ---------------------------------------------------------------- spec
 
 
@@ -438,6 +473,11 @@ class RolloutJobSpec(WireModel):
     evaluator: Evaluator | None = Field(default=None, description="Scores each session; without one rewards are 0.")
     output: Output = Field(description="Where sealed trace batches go.")
     trainer: Trainer | None = Field(default=None, description="How the trainer hears about new batches.")
+    diagnostics: Annotated[list[Diagnostic], Field(max_length=64)] | None = Field(
+        default=None,
+        description="Judge how each session earned its reward before sealing (findings are batch columns). Unset: "
+        "every built-in runs with action flag (recorded only).",
+    )
     parallelism: int = Field(default=1, ge=1, le=10000, description="Sessions running at once.")
     max_retries: int = Field(default=2, ge=0, le=100, description="Retries of a session that failed before its first model call (an infrastructure failure). A "
         "session that failed after a model call is not retried: it is sealed fail-closed, as the policy's outcome.")

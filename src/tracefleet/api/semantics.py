@@ -41,6 +41,19 @@ Auxiliary calls
     out of the group statistics) unless asked with `include_auxiliary=True`. A session whose only
     traces are auxiliary also gets the row without tokens, so its group stays whole.
 
+Diagnostics (`spec.diagnostics`, tracefleet.diagnostics)
+    After judging, each finished session's evidence (calls, workspace diff, evaluator, harness, timings,
+    task) is read by the job's diagnostics; every finding is a `diagnostics` column entry on the
+    session's rows and counted per diagnostic in the batch manifest. Without `spec.diagnostics` every
+    built-in runs with action `flag` (recorded only). `quarantine`: the session is sealed with its findings,
+    its reward forced to <= 0 and its rows marked `quarantined`; `BatchReader` leaves quarantined rows out
+    of `advantages()` and `tensors()` and out of the group statistics unless `include_quarantined=True`.
+    Why out of the statistics, and not only a reward of 0: a finding says the reward is not evidence of
+    the task being done, so the group's baseline is estimated from the sessions whose rewards are valid;
+    a trainer that wants the hacks as negative examples includes them (their reward is <= 0). `drop`: the
+    session's token rows are not sealed; it leaves one row without tokens (reason
+    `dropped_by_diagnostics`, its findings, `quarantined`), so the drop is counted and the group whole.
+
 Presets
     A harness without a preset runs its `command` (preset `command`); an evaluator preset maps to the
     runner's evaluator type (`hook` is the runner's `python` evaluator), and no preset means `command`.
@@ -77,6 +90,11 @@ def evaluator_type(preset: str | None) -> str:
 # ---------------------------------------------------------------- auxiliary calls
 
 AUXILIARY = "auxiliary"  # new_root_reason of a call beside the agent's conversation
+
+
+# ---------------------------------------------------------------- diagnostics
+
+DROPPED_BY_DIAGNOSTICS = "dropped_by_diagnostics"  # fail-closed reason of the row a dropped session leaves
 
 
 # ---------------------------------------------------------------- the session plan

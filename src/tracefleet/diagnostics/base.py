@@ -1,0 +1,84 @@
+"""What a diagnostic is and what it returns.
+
+A diagnostic is a function `(evidence: SessionEvidence, params: dict) -> iterable of Hit` with a name, a
+version and a severity. Each hit names where the problem is (a file and line of the workspace diff, a
+model call id, or a harness/evaluator stream), so every finding can be checked by a person. The runner
+turns hits into `Finding`s (diagnostic name, version, severity, message, evidence, the job's action).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from .evidence import SessionEvidence
+
+Severity = Literal["info", "warning", "error"]
+Action = Literal["flag", "quarantine", "drop"]
+ACTIONS: tuple[Action, ...] = ("flag", "quarantine", "drop")
+# flag: recorded only. quarantine: sealed with the finding, reward forced to <= 0, and left out of
+# training and of GRPO group statistics by default (tracefleet.traces.reader). drop: the session's
+# token rows are not sealed; one row without tokens keeps the finding and the group whole (counted).
+
+# Where a finding points when it is not a file or a call.
+HARNESS_STDERR = "harness.stderr"
+EVALUATOR_OUTPUT = "evaluator"
+
+
+class Hit(BaseModel):
+    """One problem a diagnostic found: a message and where (at least one of file, call_id)."""
+
+    message: str
+    file: str | None = None
+    line: int | None = None
+    call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _has_evidence(self) -> Hit:
+        if self.file is None and self.call_id is None:
+            raise ValueError(f"finding {self.message!r} names no evidence: give a file (and line) or a call_id")
+        return self
+
+
+class Finding(Hit):
+    name: str  # the diagnostic's
+    version: str
+    severity: Severity
+    action: Action = "flag"
+
+
+Check = Callable[[SessionEvidence, dict[str, Any]], Iterable[Hit]]
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    name: str
+    version: str
+    severity: Severity
+    check: Check
+    doc: str = ""
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+    def run(self, evidence: SessionEvidence, params: dict[str, Any] | None, action: Action) -> list[Finding]:
+        merged = {**self.defaults, **(params or {})}
+        return [Finding(**hit.model_dump(), name=self.name, version=self.version, severity=self.severity, action=action)
+                for hit in self.check(evidence, merged)]
+
+
+class SessionFindings(BaseModel):
+    """Every finding of one session and what they decide."""
+
+    findings: list[Finding] = Field(default_factory=list)
+
+    @property
+    def action(self) -> Action | None:
+        """The strongest action any finding carries (drop > quarantine > flag), None without findings."""
+        acts = {f.action for f in self.findings}
+        return next((a for a in reversed(ACTIONS) if a in acts), None)
+
+    @property
+    def quarantined(self) -> bool:
+        return self.action in ("quarantine", "drop")
