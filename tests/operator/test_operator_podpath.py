@@ -17,7 +17,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-
 from tracefleet.api.model import Capture, RolloutJob
 from tracefleet.api.semantics import session_plan
 from tracefleet.bucket import open_bucket
