@@ -1,0 +1,40 @@
+"""Real harnesses, unmodified, through a real `tracefleet proxy` (server mode) against real vLLM.
+
+vLLM runs with the arguments the operator gives it for the same model (the `vllm_server` fixture). The
+model is SmolLM2-135M, so the session's task is not expected to succeed: what must hold is the protocol
+(the harness sees no wire error and ends by itself) and the capture (every call recorded with vLLM's
+prompt ids, sampled ids and one logprob per sampled id, as many as vLLM counted). One Chat Completions
+harness (Pi, whose prompt is small) and one Responses harness (Codex, ~5k-token prompts that fit the
+8192-token context); Claude Code (~21k) and Qwen Code (~19k) do not fit SmolLM2's context.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fixtures.harness_runs import capture_problems, run_through_proxy_process
+
+pytestmark = pytest.mark.slow
+
+HARNESS_TIMEOUT_S = 420  # a 5k-token prefill is ~35 s here, and the model may ramble for a few hundred tokens
+
+
+# Pi (like OpenCode, 32000) asks for max_tokens=16384, more than the whole context: vLLM answers 400 ("cannot be
+# greater than max_model_len") until the proxy clamps max_tokens to max_model_len - len(prompt) in server mode
+# too (shared/vllm-facts.md, ranked change 5). Strict: this test fails once the clamp lands; drop the marker then.
+NEEDS_SERVER_MODE_CLAMP = pytest.mark.xfail(strict=True, reason="server mode forwards max_tokens > max_model_len")
+
+
+@pytest.mark.parametrize("name", [pytest.param("pi", marks=NEEDS_SERVER_MODE_CLAMP), "codex"])
+def test_real_harness_session_on_real_vllm_is_healthy_and_fully_captured(name: str, harness_binaries, vllm_server,
+                                                                        tmp_path: Path) -> None:
+    run = run_through_proxy_process(name, vllm_server.url, tmp_path, timeout_s=HARNESS_TIMEOUT_S)
+    assert not run.timed_out, run.transcript
+    assert capture_problems(run) == [], run.transcript
+    recs = run.capture_log().records
+    assert all(r.engine_model == vllm_server.model for r in recs), [r.engine_model for r in recs]
+    print(f"\n{name} on vLLM: exit {run.exit_code} in {run.duration_s:.0f} s, {len(recs)} calls, prompt tokens "
+          f"{[r.prompt_tokens for r in recs]}, sampled {[r.completion_tokens for r in recs]}, "
+          f"finish {[r.finish_reason for r in recs]}")
