@@ -24,13 +24,7 @@ HARNESS_TIMEOUT_S = 420
 TRUNCATION_REPORT = "reason: max_output_tokens"
 
 
-# Pi (like OpenCode, 32000) asks for max_tokens=16384, more than the whole context: vLLM answers 400 ("cannot be
-# greater than max_model_len") until the proxy clamps max_tokens to max_model_len - len(prompt) in server mode
-# too (shared/vllm-facts.md, ranked change 5). Strict: this test fails once the clamp lands; drop the marker then.
-NEEDS_SERVER_MODE_CLAMP = pytest.mark.xfail(strict=True, reason="server mode forwards max_tokens > max_model_len")
-
-
-@pytest.mark.parametrize("name", [pytest.param("pi", marks=NEEDS_SERVER_MODE_CLAMP), "codex"])
+@pytest.mark.parametrize("name", ["pi", "codex"])
 def test_real_harness_session_on_real_vllm_is_healthy_and_fully_captured(name: str, harness_binaries, vllm_server,
                                                                         tmp_path: Path) -> None:
     run = run_through_proxy_process(name, vllm_server.url, tmp_path, timeout_s=HARNESS_TIMEOUT_S)
