@@ -79,12 +79,13 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(5)
 
 
-async def drive(url: str, key: str, concurrency: int, calls: int, stream: bool) -> tuple[list[float], float]:
-    """`calls` requests from `concurrency` workers; per-call latency to the last byte, and calls/s.
-    aiohttp as the client: httpx's pool is itself the bottleneck at 64+ concurrent streams."""
+async def drive(url: str, key: str, concurrency: int, calls: int, stream: bool,
+                request: dict | None = None) -> tuple[list[float], float]:
+    """`calls` requests (`request`, default BODY) from `concurrency` workers; per-call latency to the last
+    byte, and calls/s. aiohttp as the client: httpx's pool is itself the bottleneck at 64+ concurrent streams."""
     import aiohttp
 
-    body = orjson.dumps({**BODY, "stream": stream})
+    body = orjson.dumps({**(request or BODY), "stream": stream})
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
     lat: list[float] = []
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)

@@ -51,6 +51,9 @@ class Generation:
     steps: list[Step] = field(default_factory=list)
 
 
+SYSTEM_FINGERPRINT = "tracefleet-engine"  # vLLM sends `vllm-<version>-<hash>` in the same places
+
+
 def _json(obj: Any) -> bytes:
     return orjson.dumps(obj)
 
@@ -305,9 +308,11 @@ class EngineApp:
         finish = gen.steps[-1].finish_reason if gen.steps else "length"
         if calls and finish == "stop":
             finish = "tool_calls"
-        message: dict[str, Any] = {"role": "assistant", "reasoning_content": None,
-                                   "content": content if (content or not calls) else None,
-                                   "tool_calls": [c.openai() for c in calls]}
+        # as vLLM >= 0.17: the reasoning field is `reasoning`, and `tool_calls` is there only when there are calls
+        message: dict[str, Any] = {"role": "assistant", "reasoning": None,
+                                   "content": content if (content or not calls) else None}
+        if calls:
+            message["tool_calls"] = [c.openai() for c in calls]
         choice: dict[str, Any] = {
             "index": 0, "message": message,
             "logprobs": {"content": [self.chat_logprob(s.token, top) for s in gen.steps]} if body.logprobs else None,
@@ -317,6 +322,7 @@ class EngineApp:
         n_out = len(gen.steps)
         return Response(_json({
             "id": rid, "object": "chat.completion", "created": created, "model": model, "choices": [choice],
+            "system_fingerprint": SYSTEM_FINGERPRINT,
             "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": n_out,
                       "total_tokens": len(prompt_ids) + n_out, "prompt_tokens_details": None},
             "prompt_logprobs": self.prompt_logprobs_body(gen.prompt_logprobs),
@@ -387,7 +393,8 @@ class EngineApp:
         if not n_out:
             yield _sse(first)
         if include_usage:
-            yield _sse(chunk([], usage={"prompt_tokens": n_prompt, "completion_tokens": n_out,
+            yield _sse(chunk([], system_fingerprint=SYSTEM_FINGERPRINT,
+                             usage={"prompt_tokens": n_prompt, "completion_tokens": n_out,
                                         "total_tokens": n_prompt + n_out}))
         yield b"data: [DONE]\n\n"
 
@@ -438,6 +445,7 @@ class EngineApp:
         n_out = len(gen.steps)
         return Response(_json({
             "id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice],
+            "system_fingerprint": SYSTEM_FINGERPRINT,
             "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": n_out,
                       "total_tokens": len(prompt_ids) + n_out, "prompt_tokens_details": None},
             "kv_transfer_params": None,
@@ -477,6 +485,7 @@ class EngineApp:
             await steps.aclose()
         if include_usage:
             yield _sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
+                        "system_fingerprint": SYSTEM_FINGERPRINT,
                         "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out,
                                   "total_tokens": n_prompt + n_out}})
         yield b"data: [DONE]\n\n"
@@ -510,7 +519,11 @@ class EngineApp:
     def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": self.created, "owned_by": "tracefleet", "root": self.root or name,
-             "parent": None, "max_model_len": self.backend.max_model_len, "permission": []}
+             "parent": None, "max_model_len": self.backend.max_model_len, "permission": [
+                 {"id": f"modelperm-{name}", "object": "model_permission", "created": self.created,
+                  "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                  "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                  "organization": "*", "group": None, "is_blocking": False}]}
             for name in self.names]}
 
 

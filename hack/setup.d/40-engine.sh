@@ -38,4 +38,4 @@ fi
 # so the quickstart door needs torch too (PyPI's wheel, the CUDA build, runs on CPU; about 1 min, 4 GB).
 "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch>=2.3"
 # shellcheck disable=SC2086  # one word per model
-"$PY" -m tracefleet.engine.models --ensure $models
+"$PY" -m tracefleet.formats.models --ensure $models

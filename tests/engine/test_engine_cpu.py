@@ -107,7 +107,7 @@ def test_gemma_logprobs_do_not_depend_on_batching_or_cache_reuse(gemma_engine):
 def test_tokenizer_matches_llama_cpp(cpu_engine):
     from llama_cpp import Llama
 
-    from tracefleet.engine.models import resolve_model
+    from tracefleet.formats.models import resolve_model
 
     llm = Llama(model_path=str(resolve_model("smollm2").gguf_path), vocab_only=True, verbose=False)
     for text in ["ok  123456 héllo 世界", "\t\tdef f():\n    return 1", '<|im_start|>user\n<tool_call>\n{"a": 1}']:

@@ -89,7 +89,7 @@ def test_script_rounds_then_final_text(scripted_engine):
     assert json.loads(second["message"]["tool_calls"][0]["function"]["arguments"]) == {"command": "ls"}
     final = _post(scripted_engine, "/v1/chat/completions",
                   {"messages": _history(calls, 2), "tools": [BASH]}).json()["choices"][0]
-    assert final["finish_reason"] == "stop" and final["message"]["tool_calls"] == []
+    assert final["finish_reason"] == "stop" and final["message"].get("tool_calls", []) == []  # vLLM omits an empty list
     assert final["message"]["content"].startswith("Done.")
     no_tools = _post(scripted_engine, "/v1/chat/completions", {"messages": USER}).json()["choices"][0]
     assert no_tools["finish_reason"] == "stop" and "scripted engine" in no_tools["message"]["content"]

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from tracefleet.engine.chat_template import TemplateError, render_chat
-from tracefleet.engine.models import ensure_tokenizer_json, resolve_model
+from tracefleet.formats.chat_template import TemplateError, render_chat
+from tracefleet.formats.models import ensure_tokenizer_json, resolve_model
 from tracefleet.engine.scripted import Script, ScriptStep, chat_from_prompt_text, decide
-from tracefleet.engine.tokenizer import HFTokenizer
-from tracefleet.engine.tool_parser import StreamingToolParser, parse_tool_calls
+from tracefleet.formats.tokenizer import HFTokenizer
+from tracefleet.formats.tool_parser import StreamingToolParser, parse_tool_calls
 
 CONVERSATIONS = [
     [{"role": "user", "content": "hi"}],
