@@ -179,9 +179,14 @@ class EngineClient:
             return await self._session().request(method, self.base_url + path, data=data, headers=headers)
         except aiohttp.ClientConnectorError:
             raise
-        except _CLOSED_UNANSWERED:
+        except _CLOSED_UNANSWERED as first:
             self.resent += 1
-            return await self._session().request(method, self.base_url + path, data=data, headers=headers)
+            try:
+                return await self._session().request(method, self.base_url + path, data=data, headers=headers)
+            except aiohttp.ClientConnectorError:
+                # the engine took the first connection and is gone now (it died mid-call): that is what happened
+                # to this call, not "unreachable"
+                raise first from None
 
     async def _request_json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
