@@ -14,8 +14,15 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
+
+import httpx
+import pytest
 
 from tracefleet.api.model import Capture, RolloutJob
 from tracefleet.api.semantics import session_plan
@@ -28,6 +35,7 @@ from tracefleet.operator.view import JobView, OperatorConfig
 from tracefleet.proxy.upload import upload_outputs
 from tracefleet.traces.reader import BatchReader
 
+from fixtures.abandoning_client import abandon, request_bytes
 from fixtures.hub_cache import write_hub_model
 from fixtures.pods import Kubelet, run_job_container, run_pod
 
@@ -266,3 +274,48 @@ def test_sidecar_renders_exactly_with_the_tokenizer_from_its_mounted_cache(scrip
     (rec,) = log.records
     assert rec.status == "ok" and rec.mode == "exact" and rec.splice is not None
     assert rec.splice.new_root_reason == "new_conversation" and rec.completion_ids
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_sidecar_records_and_cancels_a_call_its_harness_abandons(scripted_engine, tmp_path: Path, stream: bool) -> None:
+    """A harness container that hangs up mid-generation (its own client timeout), against the proxy sidecar
+    run with the argv and env the operator gives it: the call is recorded (`client_disconnect`) within a
+    second, the engine stops generating it at once, and the record reaches the bucket when the pod stops."""
+    scripted_engine.configure(token_delay_s=0.02, no_tools_text=" ".join(f"word{i}" for i in range(2000)))
+    job = JobView.from_model(rollout_job(scripted_engine, str(tmp_path / "bucket")))
+    pod = harness_pod(job, OperatorConfig(), session=0, attempt=0)
+    kubelet = Kubelet(tmp_path / "pod", {"bucket-credentials": {}}, pod["spec"]["volumes"])
+    argv, env, cwd = kubelet.process(pod["spec"]["initContainers"][0])
+    session_id, secret = argv[argv.index("--session") + 1].split(":", 1)
+    capture = Path(argv[argv.index("--capture-dir") + 1]) / f"{session_id}.jsonl"
+    sidecar = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        assert wait_until(lambda: _answers(f"http://127.0.0.1:{kubelet.port}/health"), 60), "the sidecar never listened"
+        hung_up = abandon("127.0.0.1", kubelet.port, request_bytes("openai-chat", stream, secret), stream, hold_s=10,
+                          ready=lambda: scripted_engine.running() == 1 and time.sleep(0.3) is None)
+        assert wait_until(lambda: capture.exists() and read_capture_log(capture).records, 1.0), \
+            f"no record within a second of the hang-up ({time.time() - hung_up:.2f}s)"
+        (rec,) = read_capture_log(capture).records
+        assert rec.error is not None and rec.error.kind == "client_disconnect" and rec.stream == stream, rec
+        assert wait_until(lambda: scripted_engine.running() == 0, 5.0), "the engine request is still running"
+    finally:
+        os.killpg(sidecar.pid, signal.SIGTERM)  # the harness is gone: the kubelet stops the sidecar
+        out, _ = sidecar.communicate(timeout=60)
+    assert sidecar.returncode == 0, out
+    (uploaded,) = read_capture_log(tmp_path / "bucket" / "podpath" / "sessions" / "0" / "capture.jsonl").records
+    assert uploaded.call_id == rec.call_id and uploaded.error.kind == "client_disconnect"
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_until(check: Any, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (value := check()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return value
