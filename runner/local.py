@@ -1,4 +1,4 @@
-"""Local mode: run a whole RolloutJob on this machine (design §5).
+"""Local mode: run a whole RolloutJob on this machine.
 
 Starts the CPU engine (or uses `inference.external.baseUrl` / `--engine-url`), the proxy in-process,
 and up to `parallelism` sessions at once over tasks × samplesPerTask; seals traces into batches in

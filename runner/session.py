@@ -1,4 +1,4 @@
-"""One session end to end (design §5):
+"""One session end to end:
 
 prepare workspace → register with the proxy → start the harness (preset: argv, env, HOME files) in its
 own process group / workdir / HOME (optionally a loopback-only net namespace) → wait under the session

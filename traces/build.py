@@ -3,7 +3,7 @@
     result = build_traces("capture/sess-1.jsonl", builder="prefix-merge",
                           session=SessionInfo(job="j", task_id="t", group_id="t", sample_index=0, reward=1.0))
 
-Fail-closed (design §2.4): if the session did not complete (`SessionInfo.failure`), the capture is incomplete (torn last line, unparsable lines, or the runner
+Fail-closed: if the session did not complete (`SessionInfo.failure`), the capture is incomplete (torn last line, unparsable lines, or the runner
 did not see the session close cleanly), the evaluator errored / timed out / gave no reward, or any call
 carries unparsed tool calls, every trace of the session is marked `outcome="fail_closed"` with the
 reasons, and its reward is clamped to `min(reward, 0)` (0 when there was none): never a positive reward.

@@ -14,7 +14,7 @@ A trace is one causal token stream, held columnar (numpy) because traces are lon
 - `meta`: `TraceMetadata` (job, session, task, group, sample index, harness, model, tokenizer, reward,
   outcome, finish reasons, timings, the session's reconstruction stats, ...).
 
-Invariant (design §2.1), checked by the tests: `tokens[loss_mask == 1]` and `logprobs[loss_mask == 1]`
+Token fidelity, checked by the tests: `tokens[loss_mask == 1]` and `logprobs[loss_mask == 1]`
 are exactly the capture log's `completion_ids` and `logprobs` of the trace's calls, concatenated in span
 order, and the tokens before each span are exactly that call's `prompt_ids`.
 """

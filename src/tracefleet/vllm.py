@@ -4,7 +4,7 @@
 server's arguments and environment. The operator's inference Deployment, `tracefleet engine --backend vllm`
 and the tests' real-vLLM fixture all call it, so what the tests run is what a cluster runs.
 
-What the arguments are for (the reasons are in the desk check of vLLM's source, shared/vllm-facts.md):
+What the arguments are for (each is checked against the real server in tests/vllm/):
 - `--enable-auto-tool-choice --tool-call-parser P`: without them vLLM answers 400 to every chat request that
   carries tools, i.e. every server-mode call of a coding harness. P follows the model family (the proxy's
   exact mode parses the same format), or `capture.toolParser` / `capture.modelFamily` when given.

@@ -1,7 +1,7 @@
 """The proxy's engine-facing logic against answers in vLLM's shapes that the real engines here cannot be made
 to give on demand: a generation vLLM aborted (`finish_reason: "abort"`, what `/pause?mode=abort` ends
 in-flight calls with), a 503 while paused, a stream whose token ids disagree with its usage count, the
-"max_tokens too large" 400 of vLLM < 0.33. The answers are vLLM's (see /work/shared/vllm-facts.md); what
+"max_tokens too large" 400 of vLLM < 0.33. The answers are shaped as vLLM's; what
 vLLM itself does is checked against the real server in tests/vllm/.
 """
 

@@ -1,4 +1,4 @@
-"""What real vLLM answers, on the points the proxy relies on (shared/vllm-facts.md sections 1-2, 4).
+"""What real vLLM answers, on the points the proxy relies on (completions, chat, token-in routes).
 
 Against the `vllm_server` fixture (vLLM's CPU build started with the operator's arguments for SmolLM2):
 completions return the prompt and sampled ids per choice (the prompt ids only in the first streamed

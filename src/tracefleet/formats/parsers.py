@@ -14,8 +14,8 @@ still turn into a tag is held back, nothing else. The rules follow the engines' 
 A tool call that does not parse is never dropped: its text is returned as content and the reason is
 appended to `errors`, so the caller can flag the call (the evaluator fails it closed).
 
-Where these rules differ from vLLM's parsers on purpose (checked against vLLM v0.11 and v0.33 sources,
-/work/shared/vllm-facts.md section 5; the token ids a trace records are the same in both modes, only the
+Where these rules differ from vLLM's parsers on purpose (read from vLLM v0.11 and v0.33's tool_parsers
+and reasoning parsers; the token ids a trace records are the same in both modes, only the
 message the harness is shown can differ; tests/exact/test_exact_parsers.py pins each difference):
 
 - hermes, per call instead of all or nothing: vLLM returns no calls at all and the whole output as content
