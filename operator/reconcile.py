@@ -194,9 +194,10 @@ class Reconciler:
                     budget -= 1
 
         # --- network policy once per job (per operator process)
-        if "netpol" not in self._ensured.setdefault(job.uid, set()) and budget > 0:
+        ensured = self._ensured.setdefault(job.uid, set())  # one reference (see _after_finish)
+        if "netpol" not in ensured and budget > 0:
             self.kube.create(harness_network_policy(job))
-            self._ensured[job.uid].add("netpol")
+            ensured.add("netpol")
             budget -= 1
 
         # --- harness pods and evaluator Jobs
@@ -249,11 +250,13 @@ class Reconciler:
 
     def _after_finish(self, job: JobView, old: dict[str, Any], now: datetime, res: Result) -> Result:
         """Finished jobs: nothing runs; scale inference to zero, then honour ttlSecondsAfterFinished."""
-        if job.managed is not None and "scaled-down" not in self._ensured.setdefault(job.uid, set()):
+        # one reference to the set: the deletion handler (another thread) may drop the job's entry meanwhile
+        ensured = self._ensured.setdefault(job.uid, set())
+        if job.managed is not None and "scaled-down" not in ensured:
             dep = self.kube.get_deployment(job.namespace, n.inference_name(job.name))
             if dep and (dep.get("spec") or {}).get("replicas", 0) != 0:
                 self.kube.scale_deployment(job.namespace, n.inference_name(job.name), 0)
-            self._ensured[job.uid].add("scaled-down")
+            ensured.add("scaled-down")
         if job.ttl_after_finished_s is not None and old.get("completionTime"):
             done = datetime.fromisoformat(old["completionTime"].replace("Z", "+00:00"))
             if (now - done).total_seconds() >= job.ttl_after_finished_s:
