@@ -21,7 +21,11 @@ from fixtures.abandoning_client import abandon, request_bytes
 from fixtures.servers import ServedApp, serve_in_thread
 
 ADMIN = "admin-token-for-vllm-tests"
-PROMPT = "Count from 1 to 2000, one number per line."  # greedy SmolLM2: ~115 tokens, seconds on CPU
+# Greedy SmolLM2 writes to the 512-token cap on this (~35 s on 2 loaded cores): the call is still generating
+# when the client hangs up, however fast the machine. A short answer (a count to 2000 stops after ~120
+# tokens) could finish first on a faster CI machine, and the record would then rightly be `ok`.
+PROMPT = "Write a 3000-word essay on the history of Rome."
+HOLD_S = 5.0  # the most the client waits for vLLM to report the request running before it hangs up anyway
 
 
 @pytest.fixture
@@ -37,6 +41,15 @@ def running(vllm_server: Any) -> int:
     return int(vllm_server.counter("vllm:num_requests_running"))
 
 
+def settled_running(vllm_server: Any, wait_s: float = 10.0) -> int:
+    """Requests vLLM is running once an earlier test's aborted calls are gone (or after `wait_s`): a stale
+    count would make `ready` wait for a rise that never comes."""
+    deadline = time.monotonic() + wait_s
+    while (now := running(vllm_server)) > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return now
+
+
 @pytest.mark.parametrize(("dialect", "stream"), [("openai-chat", False), ("openai-chat", True), ("anthropic", False),
                                                  ("google", True)])
 def test_abandoned_call_is_aborted_at_vllm(vllm_server: Any, proxy: ServedApp, tmp_path: Path, dialect: str,
@@ -44,9 +57,9 @@ def test_abandoned_call_is_aborted_at_vllm(vllm_server: Any, proxy: ServedApp, t
     session = httpx.post(proxy.url + "/admin/sessions", json={}, headers={"authorization": f"Bearer {ADMIN}"},
                          timeout=30).json()
     url = urlsplit(proxy.url)
-    before = running(vllm_server)
+    before = settled_running(vllm_server)
     hung_up = abandon(url.hostname, url.port, request_bytes(dialect, stream, session["secret"], prompt=PROMPT, greedy=True), stream,
-                      hold_s=30, ready=lambda: running(vllm_server) > before)
+                      hold_s=HOLD_S, ready=lambda: running(vllm_server) > before)
     log = tmp_path / f"{session['session_id']}.jsonl"
     while not (log.exists() and read_capture_log(log).records) and time.time() < hung_up + 1.0:
         time.sleep(0.02)
