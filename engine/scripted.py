@@ -42,6 +42,16 @@ class ScriptStep(BaseModel):
     text: str = ""
 
 
+class ScriptRoute(BaseModel):
+    """Another plan for conversations whose messages contain `marker` (e.g. a tag in a task's prompt), so
+    one engine can drive different sessions of a job differently: one shell round per command, then
+    `final_text`. No commands: the reply is the final text at once (a claim with no work done)."""
+
+    marker: str
+    commands: list[str] = Field(default_factory=list)
+    final_text: str | None = None
+
+
 class Script(BaseModel):
     tool_rounds: int = 2  # K: answer with a tool call while the conversation has fewer than K tool results
     steps: list[ScriptStep] = Field(default_factory=list)  # step i is used for round i (when present)
@@ -52,6 +62,15 @@ class Script(BaseModel):
     no_tools_text: str = "Hello from the tracefleet scripted engine."  # when no tools are offered
     token_delay_s: float = 0.0  # sleep before each token (streaming and fault tests)
     first_token_delay_s: float = 0.0
+    routes: list[ScriptRoute] = Field(default_factory=list)  # first route whose marker the conversation holds
+
+    def routed(self, conversation: str) -> Script:
+        """The script for a conversation: a matching route's commands and final text, else this one."""
+        for route in self.routes:
+            if route.marker in conversation:
+                return self.model_copy(update={"commands": route.commands, "tool_rounds": len(route.commands),
+                                               "final_text": route.final_text or self.final_text, "routes": []})
+        return self
 
 
 @dataclass
@@ -191,6 +210,16 @@ def chat_from_prompt_text(prompt: str) -> ChatContext:
     return ChatContext(messages=messages, tools=tools or None)
 
 
+def conversation_text(chat: ChatContext) -> str:
+    """Every message's text (string contents and text parts), for route markers."""
+    out = []
+    for m in chat.messages:
+        content = m.get("content")
+        parts = content if isinstance(content, list) else [content]
+        out += [p if isinstance(p, str) else str(p.get("text", "")) for p in parts if isinstance(p, (str, dict))]
+    return "\n".join(out)
+
+
 def count_tool_results(chat: ChatContext) -> int:
     return sum(1 for m in chat.messages if m.get("role") == "tool")
 
@@ -248,8 +277,12 @@ class ScriptedBackend:
         self.end_of_turn = min(self.stop_token_ids)
 
     def decision(self, request: GenerationRequest) -> Decision:
-        chat = request.chat or chat_from_prompt_text(self.tokenizer.decode(request.prompt_ids, skip_special_tokens=False))
-        return decide(self.script, chat.tools, count_tool_results(chat))
+        text = None if request.chat else self.tokenizer.decode(request.prompt_ids, skip_special_tokens=False)
+        chat = request.chat or chat_from_prompt_text(text or "")
+        script = self.script
+        if script.routes:
+            script = script.routed(text if text is not None else conversation_text(chat))
+        return decide(script, chat.tools, count_tool_results(chat))
 
     def generate(self, request: GenerationRequest) -> ScriptedStream:
         text = self.decision(request).text

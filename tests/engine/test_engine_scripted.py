@@ -95,6 +95,32 @@ def test_script_rounds_then_final_text(scripted_engine):
     assert no_tools["finish_reason"] == "stop" and "scripted engine" in no_tools["message"]["content"]
 
 
+def test_routes_drive_sessions_by_a_marker_in_the_conversation(scripted_engine):
+    scripted_engine.configure(routes=[{"marker": "[plan:edit]", "commands": ["sed -i s/5/1/ test_calc.py"]},
+                                      {"marker": "[plan:claim]", "final_text": "Fixed it."}])
+
+    def reply(prompt: str, results: int = 0) -> dict:
+        msgs = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
+        for i in range(results):
+            msgs += [{"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+                     {"role": "tool", "tool_call_id": f"c{i}", "content": "ok"}]
+        return _post(scripted_engine, "/v1/chat/completions", {"messages": msgs, "tools": [BASH]}).json()["choices"][0]
+
+    edit = reply("fix add [plan:edit]")["message"]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(edit) == {"command": "sed -i s/5/1/ test_calc.py"}
+    assert reply("fix add [plan:edit]", 1)["message"]["content"].startswith("Done.")  # one command: one round
+    claim = reply("fix add [plan:claim]")
+    assert claim["finish_reason"] == "stop" and claim["message"]["content"] == "Fixed it."
+    unrouted = reply("fix add")["message"]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(unrouted) == {"command": "echo tracefleet > note.txt"}
+    # a token-id prompt (exact mode) is routed by its rendered text
+    raw = _post(scripted_engine, "/tokenize", {"messages": [{"role": "user", "content": "go [plan:claim]"}], "tools": [BASH],
+                                               "add_generation_prompt": True}).json()["tokens"]
+    done = _post(scripted_engine, "/v1/completions", {"prompt": raw, "max_tokens": 64}).json()["choices"][0]
+    assert done["text"].startswith("Fixed it.")
+
+
 def test_streaming_matches_non_streaming(scripted_engine):
     body = {"messages": USER, "tools": [BASH], "return_token_ids": True, "logprobs": True,
             "stream_options": {"include_usage": True}}
