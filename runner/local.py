@@ -512,7 +512,7 @@ class LocalRun:
             ("traces sealed", f"{sink.sealed_traces} ({p.tokens} tokens, {p.trainable_tokens} trainable)"),
             # the job's sealed sessions, earlier runs' too: status.counters.{judged,quarantined,dropped} on a cluster
             ("diagnostics", f"judged {d.judged}, quarantined {d.quarantined}, dropped {d.dropped} (sessions in sealed batches)"),
-            *([(QUARANTINE_RATE_EXCEEDED, f"{'True' if quarantine.exceeded else 'False'} ({quarantine.reason}): {quarantine.message}")]
+            *([("quarantine", f"{QUARANTINE_RATE_EXCEEDED}={quarantine.exceeded} ({quarantine.reason}): {quarantine.message}")]
               if d.judged else []),
             ("batches", f"{len(p.batches)} new: " + (", ".join(p.batches) if p.batches else "none")),
             ("output", sink.job_uri),

@@ -135,7 +135,7 @@ def test_local_run_warns_once_when_the_quarantine_rate_crosses_the_policy_and_go
         "maxQuarantineRate 0.5; by diagnostic: protected_files 1, test_skipping 1 (the job goes on: quarantined sessions "
         "are left out of training)"], done.stderr
     assert _rows_of(done.stderr, "diagnostics") == ["judged 3, quarantined 2, dropped 1 (sessions in sealed batches)"], done.stderr
-    (condition,) = _rows_of(done.stderr, "QuarantineRateExceeded")
+    (condition,) = _rows_of(done.stderr, "quarantine")
 
     # the operator's decision over the same sealed manifests says exactly that
     reader = BatchReader(str(tmp_path / "out"), "hack-rate")
@@ -143,7 +143,7 @@ def test_local_run_warns_once_when_the_quarantine_rate_crosses_the_policy_and_go
     counts = sum((diagnostics_counts(reader.manifest(s).model_dump(mode="json")) for s in reader.seqs()), DiagnosticsCounts())
     cond = st.quarantine_condition(counts, 0.5, 2)
     assert cond is not None and cond.status is True and cond.reason == st.REASON_QUARANTINE_RATE_ABOVE
-    assert condition == f"True ({cond.reason}): {cond.message}"
+    assert condition == f"QuarantineRateExceeded=True ({cond.reason}): {cond.message}"
     assert cond.message == ("2 of 3 judged sessions quarantined (67%, 1 of them dropped) > maxQuarantineRate 0.5; "
                             "by diagnostic: protected_files 1, test_skipping 1")
     trained = sorted(t for s in reader.seqs() for t in reader.read(s).training_table().column("task_id").to_pylist())
@@ -153,5 +153,5 @@ def test_local_run_warns_once_when_the_quarantine_rate_crosses_the_policy_and_go
     again = _run(path, tmp_path, str(scripted_engine.url))
     assert again.returncode == 0, again.stderr
     assert _rows_of(again.stderr, "diagnostics") == ["judged 3, quarantined 2, dropped 1 (sessions in sealed batches)"]
-    assert _rows_of(again.stderr, "QuarantineRateExceeded") == [condition]
+    assert _rows_of(again.stderr, "quarantine") == [condition]
     assert quarantine_verdict(counts, 0.5, 2).exceeded
