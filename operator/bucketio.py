@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tracefleet.api.semantics import diagnostics_counts
 from tracefleet.bucket import ObjectNotFound, open_bucket
 from tracefleet.layout import batch_uri, capture_key, manifest_key, session_prefix
 
@@ -49,7 +50,8 @@ def read_text(uri: str, creds: dict[str, str] | None = None, endpoint: str | Non
 def find_batch(
     uri: str, job: str, batch_id: str, skip_seqs: set[int], creds: dict[str, str] | None = None, endpoint: str | None = None
 ) -> dict[str, Any] | None:
-    """The sealed batch with `batch_id`: {seq, uri, traces, tokens, meanReward, sealedAt}, or None.
+    """The sealed batch with `batch_id`: {seq, uri, traces, tokens, meanReward, sessions, diagnostics}, or
+    None; `diagnostics` is what the job's diagnostics made of its sessions (semantics.DiagnosticsCounts).
 
     One listing of the job's batches, then manifest reads only for seqs not yet attributed."""
     from tracefleet.traces.seal import sealed_seqs
@@ -70,5 +72,6 @@ def find_batch(
                 "tokens": int(m.get("tokens") or 0),
                 "meanReward": reward.get("mean"),
                 "sessions": int(m.get("sessions") or 0),
+                "diagnostics": diagnostics_counts(m).to_json(),
             }
     return None

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from tracefleet.api.semantics import DiagnosticsCounts
 
 from .status import PHASES
+
+# What the diagnostics made of a job's sealed sessions (tracefleet.api.semantics.DiagnosticsCounts), by
+# name for dashboards and alerts; Prometheus adds `_total` to the counters' names.
+SESSIONS_JUDGED = "tracefleet_sessions_judged"  # {namespace, job}
+SESSIONS_QUARANTINED = "tracefleet_sessions_quarantined"  # {namespace, job, diagnostic}
+SESSIONS_DROPPED = "tracefleet_sessions_dropped"  # {namespace, job, diagnostic}
+QUARANTINE_RATE = "tracefleet_quarantine_rate"  # {namespace, job}
 
 REGISTRY = CollectorRegistry()
 
@@ -39,11 +52,57 @@ WEBHOOKS = Counter(
 _STATES = ("pending", "running", "succeeded", "failed")
 
 
-def record_job(namespace: str, job: str, phase: str, counters: dict[str, int]) -> None:
+class DiagnosticsCollector:
+    """The diagnostics' counts per job as counters whose values are the job's totals over its recorded
+    batches (state in the cluster, not in this process): after an operator restart the first reconcile
+    shows the same totals, and a batch is never counted twice."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[tuple[str, str], DiagnosticsCounts] = {}
+        self._lock = threading.Lock()
+
+    def set(self, namespace: str, job: str, counts: DiagnosticsCounts) -> None:
+        with self._lock:
+            self._jobs[(namespace, job)] = counts
+
+    def forget(self, namespace: str, job: str) -> None:
+        with self._lock:
+            self._jobs.pop((namespace, job), None)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            jobs = sorted(self._jobs.items())
+        judged = CounterMetricFamily(SESSIONS_JUDGED, "Sessions of a RolloutJob sealed, each judged by its diagnostics",
+                                     labels=["namespace", "job"])
+        quarantined = CounterMetricFamily(
+            SESSIONS_QUARANTINED, "Sealed sessions quarantined or dropped (left out of training) with a finding of "
+            "`diagnostic`; a session with findings of two diagnostics counts for both", labels=["namespace", "job", "diagnostic"])
+        dropped = CounterMetricFamily(SESSIONS_DROPPED, "Sealed sessions whose token rows were dropped, with a finding of "
+                                      "`diagnostic`", labels=["namespace", "job", "diagnostic"])
+        rate = GaugeMetricFamily(QUARANTINE_RATE, "Quarantined / judged sessions of a RolloutJob (spec.diagnosticsPolicy "
+                                 "compares it with maxQuarantineRate)", labels=["namespace", "job"])
+        for (ns, job), c in jobs:
+            judged.add_metric([ns, job], c.judged)
+            rate.add_metric([ns, job], c.rate)
+            for name, value in c.quarantined_by.items():
+                quarantined.add_metric([ns, job, name], value)
+            for name, value in c.dropped_by.items():
+                dropped.add_metric([ns, job, name], value)
+        yield from (judged, quarantined, dropped, rate)
+
+
+DIAGNOSTICS = DiagnosticsCollector()
+REGISTRY.register(DIAGNOSTICS)
+
+
+def record_job(namespace: str, job: str, phase: str, counters: dict[str, int],
+               diagnostics: DiagnosticsCounts | None = None) -> None:
     for p in PHASES:
         JOBS_BY_PHASE.labels(namespace, job, p).set(1 if p == phase else 0)
     for s in _STATES:
         SESSIONS.labels(namespace, job, s).set(counters.get(s, 0))
+    if diagnostics is not None:
+        DIAGNOSTICS.set(namespace, job, diagnostics)
 
 
 def forget_job(namespace: str, job: str) -> None:
@@ -57,6 +116,7 @@ def forget_job(namespace: str, job: str) -> None:
             SESSIONS.remove(namespace, job, s)
         except KeyError:
             pass
+    DIAGNOSTICS.forget(namespace, job)
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:

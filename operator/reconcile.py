@@ -22,7 +22,7 @@ import httpx
 import kopf
 from pydantic import ValidationError
 
-from tracefleet.api.semantics import groups_per_batch, next_batches, session_plan
+from tracefleet.api.semantics import DiagnosticsCounts, groups_per_batch, next_batches, session_plan
 from tracefleet.layout import batch_id_for
 
 from . import bucketio, metrics
@@ -52,6 +52,7 @@ from .status import (
     calculate_status,
     condition_events,
     failed_status,
+    quarantine_condition,
     status_changed,
 )
 from .view import JobView, OperatorConfig
@@ -214,6 +215,8 @@ class Reconciler:
         batches, seal_failed, unsealed, budget = self._batches(job, task_ids, sealers, p.succeeded, p.failed, budget, res)
 
         # --- counters, phase, conditions
+        # what the diagnostics made of the sealed sessions, from the recorded manifests (as `tracefleet run` counts)
+        diagnosed = sum((DiagnosticsCounts.from_json(b.get("diagnostics")) for b in batches), DiagnosticsCounts())
         counts = SessionCounts(
             total=total,
             running=p.running + created_pods,
@@ -221,6 +224,9 @@ class Reconciler:
             failed=len(p.failed),
             traces=sum(b.get("traces", 0) for b in batches),
             tokens=sum(b.get("tokens", 0) for b in batches),
+            judged=diagnosed.judged,
+            quarantined=diagnosed.quarantined,
+            dropped=diagnosed.dropped,
         )
         counts.pending = max(0, total - counts.running - counts.succeeded - counts.failed)
         refused = (f"changes to spec.{{{','.join(IMMUTABLE_SPEC_FIELDS)}}} are not applied; revert them or create a new RolloutJob"
@@ -235,12 +241,14 @@ class Reconciler:
             unsealed=unsealed,
             suspended=job.suspend,
             terminating=table.terminating,
+            quarantine=quarantine_condition(diagnosed, job.diagnostics_policy.max_quarantine_rate,
+                                            job.diagnostics_policy.min_judged_sessions),
         ))
         new_status = build_status(old_status, obs, min(self.cfg.recent_batches, 10), now)
         res.events += condition_events(old_status.get("conditions"), new_status["conditions"])
         if status_changed(old_status, new_status):
             res.status = new_status
-        metrics.record_job(job.namespace, job.name, obs.phase, counts.as_status())
+        metrics.record_job(job.namespace, job.name, obs.phase, counts.as_status(), diagnosed)
         return res
 
     # ------------------------------------------------------------------ pieces

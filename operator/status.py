@@ -13,6 +13,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from tracefleet.api.semantics import QUARANTINE_RATE_EXCEEDED, DiagnosticsCounts, quarantine_verdict
+# Reasons of QuarantineRateExceeded, defined with it in semantics (the True one is also its Warning Event's).
+from tracefleet.api.semantics import (  # noqa: F401 - listed here with the other names a platform team sees
+    REASON_QUARANTINE_RATE_ABOVE,
+    REASON_QUARANTINE_RATE_WITHIN,
+    REASON_TOO_FEW_JUDGED,
+)
+
 # Phases (tracefleet.api.model.Phase).
 PENDING = "Pending"
 RUNNING = "Running"
@@ -30,6 +38,9 @@ COND_RUNNING = "Running"
 COND_COMPLETE = "Complete"
 COND_FAILED = "Failed"
 COND_SUSPENDED = "Suspended"
+# True while the share of sealed sessions the diagnostics quarantined is above spec.diagnosticsPolicy
+# (tracefleet.api.semantics: the same condition `tracefleet run` reports); present once a batch is sealed.
+COND_QUARANTINE_RATE = QUARANTINE_RATE_EXCEEDED
 
 # Reasons of the job's conditions.
 REASON_INVALID_SPEC = "InvalidSpec"
@@ -74,9 +85,13 @@ class SessionCounts:
     failed: int = 0
     traces: int = 0
     tokens: int = 0
+    judged: int = 0  # sessions in sealed batches (tracefleet.api.semantics.DiagnosticsCounts)
+    quarantined: int = 0
+    dropped: int = 0
 
     def as_status(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in ("total", "pending", "running", "succeeded", "failed", "traces", "tokens")}
+        return {k: getattr(self, k) for k in ("total", "pending", "running", "succeeded", "failed", "traces", "tokens",
+                                              "judged", "quarantined", "dropped")}
 
     @property
     def finished(self) -> int:
@@ -137,6 +152,16 @@ class Progress:
     unsealed: bool = False  # finished sessions or sealer Jobs whose batch is not recorded yet
     suspended: bool = False
     terminating: int = 0  # harness pods deleted by suspend, still going away
+    quarantine: Cond | None = None  # QuarantineRateExceeded (quarantine_condition); None before a batch is sealed
+
+
+def quarantine_condition(diagnostics: DiagnosticsCounts, max_rate: float, min_judged: int) -> Cond | None:
+    """QuarantineRateExceeded from the sealed batches' counts (tracefleet.api.semantics.quarantine_verdict,
+    as `tracefleet run` decides it); None while nothing is judged."""
+    if diagnostics.judged == 0:
+        return None
+    v = quarantine_verdict(diagnostics, max_rate, min_judged)
+    return Cond(COND_QUARANTINE_RATE, v.exceeded, v.reason, v.message)
 
 
 def calculate_status(p: Progress) -> Observed:
@@ -180,6 +205,8 @@ def calculate_status(p: Progress) -> Observed:
             Cond(COND_FAILED, False, REASON_NOT_FAILED),
             Cond(COND_SUSPENDED, False, REASON_NOT_SUSPENDED),
         ]
+    if p.quarantine is not None:  # the job goes on either way (tracefleet.api.semantics)
+        conds.append(p.quarantine)
     return Observed(generation=p.generation, counts=counts, conditions=conds, phase=phase, batches=p.batches,
                     started=phase in STARTED_PHASES, finished=finished)
 
@@ -200,14 +227,14 @@ def failed_status(old: dict[str, Any], generation: int, reason: str, message: st
 
 
 def condition_events(old: list[dict[str, Any]] | None, new: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    """(type, reason, message) of the Events for conditions that became True - Warning for Failed - and
-    for a spec change that became refused."""
+    """(type, reason, message) of the Events for conditions that became True - Warning for Failed and
+    QuarantineRateExceeded - and for a spec change that became refused."""
     by_type = {c.get("type"): c for c in old or []}
     events = []
     for c in new:
         prev = by_type.get(c["type"])
         if c["status"] == "True" and (prev is None or prev.get("status") != "True"):
-            kind = WARNING if c["type"] in (COND_FAILED, COND_SPEC_ACCEPTED) else NORMAL
+            kind = WARNING if c["type"] in (COND_FAILED, COND_SPEC_ACCEPTED, COND_QUARANTINE_RATE) else NORMAL
             events.append((kind, c["reason"], f"{c['type']}: {c['message']}".strip(": ")))
         if c["type"] == COND_SPEC_ACCEPTED and c["status"] == "False" and (prev is None or prev.get("status") != "False"):
             events.append((WARNING, c["reason"], c["message"]))

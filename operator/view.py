@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracefleet.api.model import Inference, RolloutJob
+from tracefleet.api.model import DiagnosticsPolicy, Inference, RolloutJob
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,8 @@ class JobView:
     engine_api_key: tuple[str, str] | None = None
     # spec.diagnostics in its wire form (None: the job lists none); the sealer Job runs them
     diagnostics: tuple[dict[str, Any], ...] | None = None
+    # spec.diagnosticsPolicy: when the job's quarantine rate is a condition (tracefleet.api.semantics)
+    diagnostics_policy: DiagnosticsPolicy = field(default_factory=DiagnosticsPolicy)
 
     @property
     def inline_task_count(self) -> int | None:
@@ -176,6 +178,7 @@ class JobView:
             policy_version=inf.policy_version,
             diagnostics=None if s.diagnostics is None else tuple(
                 d.model_dump(mode="json", by_alias=True, exclude_none=True) for d in s.diagnostics),
+            diagnostics_policy=s.diagnostics_policy,
             harness=harness,
             evaluator=evaluator,
             tasks_inline=[x.model_dump(mode="json", by_alias=True, exclude_none=True) for x in t.inline] if t.inline is not None else None,

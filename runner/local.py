@@ -28,7 +28,16 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from tracefleet import podenv
-from tracefleet.api.semantics import evaluator_type, groups_per_batch, harness_preset, session_plan, should_retry
+from tracefleet.api.semantics import (
+    QUARANTINE_RATE_EXCEEDED,
+    QuarantineVerdict,
+    evaluator_type,
+    groups_per_batch,
+    harness_preset,
+    quarantine_verdict,
+    session_plan,
+    should_retry,
+)
 from tracefleet.runner.evaluators import EvaluatorSpec
 from tracefleet.runner.failures import run_verdict
 from tracefleet.runner.learning_signal import learning_signal_line
@@ -225,6 +234,7 @@ class LocalRun:
         self._attempts: dict[str, int] = {}
         self._retry_base: dict[str, str] = {}
         self._tty = bool(getattr(out, "isatty", lambda: False)())
+        self._quarantine_exceeded = False  # the QuarantineRateExceeded condition, as last reported
 
     # ------------------------------------------------------------------ pieces
 
@@ -270,6 +280,17 @@ class LocalRun:
             configured(self.job.spec.diagnostics)
         except (ImportError, AttributeError, ValueError) as exc:
             raise SystemExit(f"spec.diagnostics: {type(exc).__name__}: {exc}") from None
+
+    def _quarantine(self, sink: Any) -> QuarantineVerdict:
+        """The job's QuarantineRateExceeded condition over its sealed batches (tracefleet.api.semantics, as
+        the operator decides it); one WARNING line when it becomes true, as the operator's Warning Event."""
+        policy = self.job.spec.diagnostics_policy
+        verdict = quarantine_verdict(sink.diagnostics, policy.max_quarantine_rate, policy.min_judged_sessions)
+        if verdict.exceeded and not self._quarantine_exceeded:
+            self._say(f"WARNING {QUARANTINE_RATE_EXCEEDED}: {verdict.message} (the job goes on: quarantined sessions "
+                      "are left out of training)")
+        self._quarantine_exceeded = verdict.exceeded
+        return verdict
 
     def _say(self, text: str) -> None:
         prefix = "\r\033[K" if self._tty else ""
@@ -456,8 +477,10 @@ class LocalRun:
             progress.traces += len(run.traces)
             progress.tokens += result.tokens
             progress.trainable_tokens += result.trainable_tokens
-        for ref in sink.add(result.group_id, run.traces if accepted else []):
-            progress.batches.append(ref)
+        sealed = sink.add(result.group_id, run.traces if accepted else [])
+        progress.batches += sealed
+        if sealed:
+            self._quarantine(sink)
         if not accepted:
             return
         if not self.options.keep_workspaces and result.status == "completed":
@@ -475,6 +498,8 @@ class LocalRun:
         if self._tty:
             print(file=self.out)
         attempted = p.done + p.failed
+        d = sink.diagnostics
+        quarantine = self._quarantine(sink)
         rows = [
             ("job", self.job.name),
             ("sessions", f"{attempted} run now, {p.skipped} already sealed earlier, {p.total} in the job"
@@ -485,6 +510,10 @@ class LocalRun:
             ("model calls", str(p.calls) + (f" ({p.abandoned} abandoned in flight: recorded, engine requests cancelled)"
                                             if p.abandoned else "")),
             ("traces sealed", f"{sink.sealed_traces} ({p.tokens} tokens, {p.trainable_tokens} trainable)"),
+            # the job's sealed sessions, earlier runs' too: status.counters.{judged,quarantined,dropped} on a cluster
+            ("diagnostics", f"judged {d.judged}, quarantined {d.quarantined}, dropped {d.dropped} (sessions in sealed batches)"),
+            *([("quarantine", f"{QUARANTINE_RATE_EXCEEDED}={quarantine.exceeded} ({quarantine.reason}): {quarantine.message}")]
+              if d.judged else []),
             ("batches", f"{len(p.batches)} new: " + (", ".join(p.batches) if p.batches else "none")),
             ("output", sink.job_uri),
             *([("NOT SEALED", f"{len(sink.errors)} sealing error(s), data kept in {sink.pending_spool}: "

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tracefleet.api.semantics import next_batches
+from tracefleet.api.semantics import DiagnosticsCounts, diagnostics_counts, next_batches
 from tracefleet import layout
 from tracefleet.bucket import BucketError, open_bucket, spool_dir
 from tracefleet.traces.reader import BatchReader
@@ -35,6 +35,9 @@ class BatchSink:
         self._groups: dict[str, list[Any]] = {}  # group -> traces of its finished sessions
         self._ready: list[str] = []  # whole groups, in the order they finished
         self.sealed_traces = 0
+        # what the diagnostics made of every sealed session of the job, earlier runs' batches included
+        # (as the operator counts a job's recorded batches: tracefleet.api.semantics)
+        self.diagnostics = DiagnosticsCounts()
         self.errors: list[str] = []
         self.evidence_errors: list[str] = []
 
@@ -52,7 +55,9 @@ class BatchSink:
         keys: set[tuple[str, int]] = set()
         reader = BatchReader(self.bucket, self.job)
         for seq in reader.seqs():
-            table = reader.read_table(seq).select(["task_id", "sample_index"])
+            manifest = reader.manifest(seq)
+            self.diagnostics += diagnostics_counts(manifest.model_dump(mode="json"))
+            table = reader.read_table(manifest).select(["task_id", "sample_index"])
             for task, sample in zip(table.column("task_id").to_pylist(), table.column("sample_index").to_pylist()):
                 if task is not None and sample is not None:
                     keys.add((task, int(sample)))
@@ -64,8 +69,12 @@ class BatchSink:
         except SealError as exc:
             self.errors.append(str(exc))
             return []
-        self.sealed_traces += manifest.traces
+        self._count(manifest)
         return [f"{self.job_uri}/batches/{manifest.seq:06d}"]
+
+    def _count(self, manifest: Any) -> None:
+        self.sealed_traces += manifest.traces
+        self.diagnostics += diagnostics_counts(manifest.model_dump(mode="json"))
 
     def add(self, group_id: str, session_traces: list[Any]) -> list[str]:
         """One finished session's traces (none when the session is not to be sealed, e.g. not accepted).
@@ -93,7 +102,7 @@ class BatchSink:
         refs = self._seal_ready(final=True)
         try:
             for manifest in self.sealer.flush():
-                self.sealed_traces += manifest.traces
+                self._count(manifest)
                 refs.append(f"{self.job_uri}/batches/{manifest.seq:06d}")
         except SealError as exc:
             self.errors.append(str(exc))

@@ -212,7 +212,8 @@ class BatchManifest(BaseModel):
     trainable_tokens: int = 0
     builders: dict[str, int] = Field(default_factory=dict)
     reward: RewardStats = Field(default_factory=RewardStats)
-    quarantined_sessions: int = 0
+    quarantined_sessions: int = 0  # a diagnostic quarantined or dropped them (left out of training)
+    dropped_sessions: int = 0  # of those, sessions whose token rows were not sealed
     diagnostics: dict[str, DiagnosticStats] = Field(default_factory=dict)  # by diagnostic name
     objects: list[ObjectEntry] = Field(default_factory=list)
 
@@ -232,6 +233,7 @@ def summarize(traces: list[Trace]) -> dict[str, Any]:
         fail_closed=sum(1 for _, o in sessions.values() if o == "fail_closed"),
     )
     quarantined: set[str] = set()
+    dropped_sessions: set[str] = set()
     diagnostics: dict[str, DiagnosticStats] = {}
     judged: set[str] = set()
     for t in traces:
@@ -241,6 +243,8 @@ def summarize(traces: list[Trace]) -> dict[str, Any]:
         if t.meta.quarantined:
             quarantined.add(t.meta.session_id)
         dropped = DROPPED_BY_DIAGNOSTICS in t.meta.fail_closed_reasons
+        if dropped:
+            dropped_sessions.add(t.meta.session_id)
         for name in {d["name"] for d in t.meta.diagnostics}:
             entry = diagnostics.setdefault(name, DiagnosticStats())
             entry.sessions += 1
@@ -260,5 +264,6 @@ def summarize(traces: list[Trace]) -> dict[str, Any]:
         "builders": builders,
         "reward": stats,
         "quarantined_sessions": len(quarantined),
+        "dropped_sessions": len(dropped_sessions),
         "diagnostics": diagnostics,
     }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from fixtures.controlplane import free_port
 from tracefleet import layout
 from tracefleet.api import semantics
 from tracefleet.bucket import open_bucket
+from tracefleet.operator import metrics
 from tracefleet.operator import names as n
 from tracefleet.operator.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, verify_signature
 from tracefleet.podenv import SealerEnv
@@ -259,7 +261,7 @@ def play_sealers(env: Env, ns: str, job: str) -> None:
             continue
         cenv = SealerEnv.from_env({e.name: e.value for e in sj.spec.template.spec.containers[0].env if e.value is not None})
         bucket = open_bucket(cenv.bucket, **env.s3.bucket_options())
-        seal(bucket, cenv.job, cenv.batch_seq, cenv.planned_sessions(), cenv.builder)
+        seal(bucket, cenv.job, cenv.batch_seq, cenv.planned_sessions(), cenv.builder, cenv.diagnostic_specs(), cenv.policy_version)
         env.sealed.add(sj.metadata.uid)
 
 
@@ -372,6 +374,42 @@ def test_rolloutjob_runs_to_complete(env: Env) -> None:
               if line.startswith("tracefleet_rolloutjobs{") and 'job="happy"' in line and 'namespace="rj-happy"' in line}
     assert phases["Succeeded"] == 1.0 and phases["Running"] == 0.0, phases
     assert urllib.request.urlopen(f"http://127.0.0.1:{env.op.liveness_port}/healthz", timeout=5).status == 200
+
+
+def test_quarantine_rate_is_counted_warned_and_the_job_goes_on(env: Env) -> None:
+    """spec.diagnostics quarantine sessions rewarded for an empty diff (these harness pods upload no patch):
+    sample 0 of each task gets reward 1, so half the sealed sessions are quarantined; over
+    diagnosticsPolicy's 0.25 once 4 are judged: condition, one Warning Event, counters and metrics."""
+    ns = new_namespace(env, "rj-quarantine")
+    rolloutjob(env, ns, "hacks", tasks=3, samples=2, parallelism=2, per_batch=2,
+               diagnostics=[{"name": "success_without_work", "action": "quarantine"}],
+               diagnosticsPolicy={"maxQuarantineRate": 0.25, "minJudgedSessions": 4})
+    drive(env, ns, "hacks", parallelism=2, reward=lambda p: float(p.metadata.labels[n.LABEL_SAMPLE] == "0"))
+    st = env.status(ns, "hacks")
+    assert st["phase"] == "Succeeded", st  # the job goes on (tracefleet.api.semantics)
+    c = st["counters"]
+    assert (c["succeeded"], c["judged"], c["quarantined"], c["dropped"]) == (6, 6, 3, 0), c
+    cond = {x["type"]: x for x in st["conditions"]}[semantics.QUARANTINE_RATE_EXCEEDED]
+    assert (cond["status"], cond["reason"]) == ("True", semantics.REASON_QUARANTINE_RATE_ABOVE)
+    assert cond["message"] == ("3 of 6 judged sessions quarantined (50%) > maxQuarantineRate 0.25; "
+                               "by diagnostic: success_without_work 3")
+    warned = wait_for("the Warning Event", lambda: [e for e in events(env, ns, "hacks")
+                                                   if e.reason == semantics.REASON_QUARANTINE_RATE_ABOVE], 30)
+    assert len(warned) == 1 and warned[0].type == "Warning" and warned[0].count in (None, 1)
+    # raised when the batches recorded made at least 4 judged sessions (one reconcile may record two)
+    assert re.match(r"QuarantineRateExceeded: (2 of 4|3 of 6) judged sessions quarantined \(50%\) > maxQuarantineRate 0\.25",
+                    warned[0].message), warned[0].message
+    # what a trainer reads agrees: the rewarded empty-diff sessions are out of training
+    reader = BatchReader(env.bucket_uri(ns), "hacks", **env.s3.bucket_options())
+    assert sorted(i for s in reader.seqs() for i in reader.read(s).training_table().column("sample_index").to_pylist()) == [1, 1, 1]
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{env.op.metrics_port}/metrics", timeout=5).read().decode()
+    mine = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if 'job="hacks"' in line and 'namespace="rj-quarantine"' in line}
+    assert mine[f'{metrics.SESSIONS_QUARANTINED}_total{{diagnostic="success_without_work",job="hacks",namespace="rj-quarantine"}}'] == 3
+    assert mine[f'{metrics.SESSIONS_JUDGED}_total{{job="hacks",namespace="rj-quarantine"}}'] == 6
+    assert mine[f'{metrics.QUARANTINE_RATE}{{job="hacks",namespace="rj-quarantine"}}'] == 0.5
 
 
 def test_restart_mid_job_no_duplicates(env: Env) -> None:

@@ -11,6 +11,7 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import MaxRetryError
 
 from tracefleet.api.model import Phase
+from tracefleet.api.semantics import DiagnosticsCounts
 from tracefleet.operator import status as st
 from tracefleet.operator.kube import API_RETRY_DELAY_S, FORBIDDEN_RETRY_DELAY_S, retry_intent
 from tracefleet.operator.status import Cond, Progress, SessionCounts, calculate_status, condition_events
@@ -83,6 +84,41 @@ def test_failed_status_keeps_counters_and_writes_once() -> None:
     assert new is not None and new["phase"] == st.FAILED and new["counters"]["succeeded"] == 1
     assert {c["type"]: c["reason"] for c in new["conditions"]}[st.COND_FAILED] == st.REASON_CHILD_REJECTED
     assert st.failed_status(new, 3, st.REASON_CHILD_REJECTED, "create pods: 422", 5) is None
+
+
+def test_quarantine_rate_is_a_warning_condition_and_the_job_goes_on() -> None:
+    # counters and the condition both come from the sealed batches' counts (tracefleet.api.semantics)
+    assert st.quarantine_condition(DiagnosticsCounts(), 0.25, 4) is None  # nothing judged yet: no condition
+    few = st.quarantine_condition(DiagnosticsCounts(judged=2, quarantined=2, quarantined_by={"protected_files": 2}), 0.25, 4)
+    assert few is not None and (few.type, few.status, few.reason) == (st.COND_QUARANTINE_RATE, False, st.REASON_TOO_FEW_JUDGED)
+    hacks = DiagnosticsCounts(judged=6, quarantined=4, dropped=1, quarantined_by={"protected_files": 3, "test_skipping": 2},
+                              dropped_by={"test_skipping": 1})
+    over = st.quarantine_condition(hacks, 0.25, 4)
+    assert over is not None and (over.status, over.reason) == (True, st.REASON_QUARANTINE_RATE_ABOVE)
+    assert over.message == ("4 of 6 judged sessions quarantined (67%, 1 of them dropped) > maxQuarantineRate 0.25; "
+                            "by diagnostic: protected_files 3, test_skipping 2")
+    counts = SessionCounts(total=8, running=2, succeeded=6, judged=6, quarantined=4, dropped=1)
+    running = calculate_status(Progress(1, counts, READY, quarantine=over))
+    assert running.phase == st.RUNNING and conds(running)[st.COND_QUARANTINE_RATE] == (True, st.REASON_QUARANTINE_RATE_ABOVE)
+    status = st.build_status({}, running, 5)
+    assert {k: status["counters"][k] for k in ("judged", "quarantined", "dropped")} == {"judged": 6, "quarantined": 4, "dropped": 1}
+    events = condition_events([], status["conditions"])
+    assert (st.WARNING, st.REASON_QUARANTINE_RATE_ABOVE, f"{st.COND_QUARANTINE_RATE}: {over.message}") in events
+    # the job goes on to Succeeded with the condition kept; no second Event while it holds
+    done = calculate_status(Progress(1, SessionCounts(total=8, succeeded=8, judged=8, quarantined=4), READY,
+                                     batches=[{"seq": 0}], quarantine=over))
+    assert done.phase == st.SUCCEEDED and conds(done)[st.COND_QUARANTINE_RATE][0] is True
+    later = st.build_status(status, done, 5)
+    assert not [e for e in condition_events(status["conditions"], later["conditions"]) if e[0] == st.WARNING]
+    # back within the threshold: False, no Event; crossing again warns again
+    within = st.quarantine_condition(DiagnosticsCounts(judged=20, quarantined=5), 0.25, 4)
+    assert within is not None and (within.status, within.reason) == (False, st.REASON_QUARANTINE_RATE_WITHIN)
+    assert within.message == "5 of 20 judged sessions quarantined (25%) <= maxQuarantineRate 0.25"
+    calm = st.build_status(later, calculate_status(Progress(1, counts, READY, quarantine=within)), 5)
+    assert not [e for e in condition_events(later["conditions"], calm["conditions"]) if e[0] == st.WARNING]
+    again = st.build_status(calm, calculate_status(Progress(1, counts, READY, quarantine=over)), 5)
+    assert [e[1] for e in condition_events(calm["conditions"], again["conditions"]) if e[0] == st.WARNING] == [
+        st.REASON_QUARANTINE_RATE_ABOVE]
 
 
 def _api_error(status: int, headers: dict[str, str] | None = None) -> ApiException:

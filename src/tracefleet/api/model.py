@@ -21,6 +21,7 @@ from pydantic_core import PydanticCustomError
 from ..diagnostics.library import BUILTINS
 from ..vllm import DEFAULT_VLLM_IMAGE
 from .rules import BUCKET_URI_MESSAGE, Rule, bucket_uri_cel, bucket_uri_ok, exactly_one, has
+from .semantics import DEFAULT_MAX_QUARANTINE_RATE, DEFAULT_MIN_JUDGED_SESSIONS
 
 GROUP = "tracefleet.io"
 VERSION = "v1alpha1"
@@ -463,6 +464,19 @@ class Diagnostic(WireModel):
     )
 
 
+class DiagnosticsPolicy(WireModel):
+    max_quarantine_rate: float = Field(
+        default=DEFAULT_MAX_QUARANTINE_RATE, ge=0, le=1,
+        description="Quarantined (or dropped) / judged sessions above which the job gets the condition "
+        "QuarantineRateExceeded and a Warning Event; the job goes on (quarantined sessions are already out of "
+        "training). 1 never warns; 0 warns at the first quarantined session.",
+    )
+    min_judged_sessions: int = Field(
+        default=DEFAULT_MIN_JUDGED_SESSIONS, ge=1, le=1000000,
+        description="Sealed sessions needed before the rate is judged (a small first group says little).",
+    )
+
+
 # ---------------------------------------------------------------- spec
 
 
@@ -478,6 +492,8 @@ class RolloutJobSpec(WireModel):
         description="Judge how each session earned its reward before sealing (findings are batch columns). Unset: "
         "every built-in runs with action flag (recorded only).",
     )
+    diagnostics_policy: DiagnosticsPolicy = _object(
+        DiagnosticsPolicy, "When the share of sessions the diagnostics quarantine is worth a warning.")
     parallelism: int = Field(default=1, ge=1, le=10000, description="Sessions running at once.")
     max_retries: int = Field(default=2, ge=0, le=100, description="Retries of a session that failed before its first model call (an infrastructure failure). A "
         "session that failed after a model call is not retried: it is sealed fail-closed, as the policy's outcome.")
@@ -517,7 +533,7 @@ Phase = Literal["Pending", "Running", "Suspended", "Succeeded", "Failed"]
 
 class Condition(WireModel):
     type: Annotated[str, StringConstraints(min_length=1, max_length=316)] = Field(
-        description="InferenceReady, Running, Complete, Failed or Suspended."
+        description="InferenceReady, Running, Complete, Failed, Suspended, SpecAccepted or QuarantineRateExceeded."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
     reason: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
@@ -542,6 +558,10 @@ class Counters(WireModel):
     failed: int = Field(default=0, ge=0, description="Sessions that failed after all retries.")
     traces: int = Field(default=0, ge=0, description="Traces sealed into batches.")
     tokens: int = Field(default=0, ge=0, description="Tokens in sealed traces.")
+    judged: int = Field(default=0, ge=0, description="Sessions in sealed batches (each judged by the diagnostics).")
+    quarantined: int = Field(default=0, ge=0, description="Of those, sessions a diagnostic quarantined or dropped "
+                             "(left out of training).")
+    dropped: int = Field(default=0, ge=0, description="Of the quarantined, sessions whose token rows were not sealed.")
 
 
 class BatchRef(WireModel):

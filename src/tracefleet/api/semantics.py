@@ -54,6 +54,20 @@ Diagnostics (`spec.diagnostics`, tracefleet.diagnostics)
     session's token rows are not sealed; it leaves one row without tokens (reason
     `dropped_by_diagnostics`, its findings, `quarantined`), so the drop is counted and the group whole.
 
+Quarantine rate (`spec.diagnosticsPolicy`)
+    Both drivers count a job's sessions from its sealed batch manifests (`diagnostics_counts`): `judged`
+    (every sealed session was judged), `quarantined` (kept out of training by a diagnostic: quarantine
+    or drop) and `dropped` (of those, the ones whose token rows were not sealed); the operator's status
+    `counters` and `tracefleet run`'s summary show the same numbers. Once at least `minJudgedSessions`
+    sessions are judged, a quarantine rate (quarantined / judged) above `maxQuarantineRate` sets the
+    condition `QuarantineRateExceeded` (reason `QuarantineRateAboveThreshold`, a Warning Event with the
+    numbers on the operator, one WARNING line locally); back at or below it, the condition turns False.
+    The job goes on: what a diagnostic quarantined is already out of training, so the batches a trainer
+    reads stay valid, and a rate measured on the first batches is a signal for a person (an exploitable
+    evaluator, a diagnostic that misfires), not a verdict on the rest; suspend the job to stop it.
+    Defaults (0.25 over at least 8 sessions): a job whose sessions are mostly hacks shows at its first
+    full batch, while one or two quarantined sessions in a small first group do not.
+
 Presets
     A harness without a preset runs its `command` (preset `command`); an evaluator preset maps to the
     runner's evaluator type (`hook` is the runner's `python` evaluator), and no preset means `command`.
@@ -63,8 +77,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 # ---------------------------------------------------------------- presets
 
@@ -95,6 +110,87 @@ AUXILIARY = "auxiliary"  # new_root_reason of a call beside the agent's conversa
 # ---------------------------------------------------------------- diagnostics
 
 DROPPED_BY_DIAGNOSTICS = "dropped_by_diagnostics"  # fail-closed reason of the row a dropped session leaves
+
+# The quarantine-rate condition, the same in both drivers (the operator's status and Event, `tracefleet run`).
+QUARANTINE_RATE_EXCEEDED = "QuarantineRateExceeded"  # condition type
+REASON_QUARANTINE_RATE_ABOVE = "QuarantineRateAboveThreshold"  # condition True; also the Warning Event's reason
+REASON_QUARANTINE_RATE_WITHIN = "QuarantineRateWithinThreshold"
+REASON_TOO_FEW_JUDGED = "TooFewSessionsJudged"
+DEFAULT_MAX_QUARANTINE_RATE = 0.25
+DEFAULT_MIN_JUDGED_SESSIONS = 8
+
+
+@dataclass(frozen=True)
+class DiagnosticsCounts:
+    """Sessions of sealed batches as the diagnostics judged them; per diagnostic, the quarantined (dropped)
+    sessions with a finding of it, as the manifest counts them (a session with findings of two diagnostics
+    counts for both)."""
+
+    judged: int = 0
+    quarantined: int = 0  # quarantine or drop: left out of training
+    dropped: int = 0  # of those, no token rows sealed
+    quarantined_by: dict[str, int] = field(default_factory=dict)
+    dropped_by: dict[str, int] = field(default_factory=dict)
+
+    def __add__(self, other: DiagnosticsCounts) -> DiagnosticsCounts:
+        return DiagnosticsCounts(
+            self.judged + other.judged, self.quarantined + other.quarantined, self.dropped + other.dropped,
+            _add_counts(self.quarantined_by, other.quarantined_by), _add_counts(self.dropped_by, other.dropped_by))
+
+    @property
+    def rate(self) -> float:
+        """Quarantined / judged (0 before anything is judged)."""
+        return self.quarantined / self.judged if self.judged else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire form the operator keeps with a recorded batch (`from_json` reads it back)."""
+        return {"judged": self.judged, "quarantined": self.quarantined, "dropped": self.dropped,
+                "quarantinedBy": dict(self.quarantined_by), "droppedBy": dict(self.dropped_by)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> DiagnosticsCounts:
+        data = data or {}
+        return cls(int(data.get("judged", 0)), int(data.get("quarantined", 0)), int(data.get("dropped", 0)),
+                   {str(k): int(v) for k, v in (data.get("quarantinedBy") or {}).items()},
+                   {str(k): int(v) for k, v in (data.get("droppedBy") or {}).items()})
+
+
+def _add_counts(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in sorted({*a, *b})}
+
+
+def diagnostics_counts(manifest: Mapping[str, Any]) -> DiagnosticsCounts:
+    """One sealed batch's counts, from its manifest's JSON (tracefleet.traces.batch.BatchManifest)."""
+    per = manifest.get("diagnostics") or {}
+    return DiagnosticsCounts(
+        judged=int(manifest.get("sessions") or 0),
+        quarantined=int(manifest.get("quarantined_sessions") or 0),
+        dropped=int(manifest.get("dropped_sessions") or 0),
+        quarantined_by={k: int(v.get("quarantined") or 0) for k, v in sorted(per.items()) if v.get("quarantined")},
+        dropped_by={k: int(v.get("dropped") or 0) for k, v in sorted(per.items()) if v.get("dropped")},
+    )
+
+
+@dataclass(frozen=True)
+class QuarantineVerdict:
+    """The `QuarantineRateExceeded` condition: whether it holds, why, and the numbers."""
+
+    exceeded: bool
+    reason: str
+    message: str
+
+
+def quarantine_verdict(counts: DiagnosticsCounts, max_rate: float = DEFAULT_MAX_QUARANTINE_RATE,
+                       min_judged: int = DEFAULT_MIN_JUDGED_SESSIONS) -> QuarantineVerdict:
+    """Whether the job's quarantine rate crossed `spec.diagnosticsPolicy` (see the module doc)."""
+    numbers = (f"{counts.quarantined} of {counts.judged} judged sessions quarantined ({counts.rate:.0%}"
+               + (f", {counts.dropped} of them dropped" if counts.dropped else "") + ")")
+    by = "; by diagnostic: " + ", ".join(f"{k} {v}" for k, v in counts.quarantined_by.items()) if counts.quarantined_by else ""
+    if counts.judged < min_judged:
+        return QuarantineVerdict(False, REASON_TOO_FEW_JUDGED, f"{numbers}; the rate applies from {min_judged} judged sessions{by}")
+    if counts.rate > max_rate:
+        return QuarantineVerdict(True, REASON_QUARANTINE_RATE_ABOVE, f"{numbers} > maxQuarantineRate {max_rate:g}{by}")
+    return QuarantineVerdict(False, REASON_QUARANTINE_RATE_WITHIN, f"{numbers} <= maxQuarantineRate {max_rate:g}{by}")
 
 
 # ---------------------------------------------------------------- the session plan
