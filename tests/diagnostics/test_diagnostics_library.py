@@ -214,6 +214,68 @@ def test_tool_loop(tmp_path: Path) -> None:
     assert findings("tool_loop", evidence(tmp_path, records=varied), repeats=5) == []
 
 
+CODE = (Path(__file__).resolve().parents[2] / "src" / "tracefleet" / "diagnostics" / "evidence.py").read_text()
+SUMMARY = (
+    "I fixed the bug in add: it returned a - b instead of a + b. The failing test was test_add in test_calc.py, which "
+    "expects add(2, 3) to be 5; with the subtraction it got -1. I read calc.py, changed the return statement with sed, "
+    "and left the signature and the docstring as they were. Then I ran the whole suite with python -m pytest -q: "
+    "both tests pass now, test_add, which failed before, and test_mul, which passed before and still does. I did not "
+    "touch the tests, the pytest configuration or any other file, so the diff is the one line in calc.py. Two things "
+    "you may want to look at later, though neither is needed for this fix: mul has no test for negative numbers, and "
+    "the module has no type hints, which a checker such as mypy would need to say anything useful about callers. If "
+    "you want, I can add a parametrized test that covers zero, negative and large values for both functions, and the "
+    "hints, in a separate change so this one stays easy to review. The full output of the last test run was two "
+    "passed in a few hundredths of a second, with no warnings. Nothing else in the repository refers to add, so no "
+    "caller depended on the wrong result; I checked with grep before and after the change to be sure of that.\n\n"
+    "Summary of the change:\n- calc.py: `return a - b` became `return a + b` in add.\n- Tests: 2 passed (test_add, "
+    "test_mul).\n- Not changed: test_calc.py, conftest.py, pytest.ini, setup.cfg.\nHow I verified it: I ran the failing "
+    "test alone first to see the assertion (assert -1 == 5), applied the fix, ran it alone again, then ran everything. "
+    "I also tried add with a few more pairs in a Python shell (0 and 0, -2 and 7, 10**9 and 1) and got the sums I "
+    "expected. Let me know if you would like the extra tests now."
+)
+LOOP = "I will run the tests again to check that they pass."
+
+
+def _words(n: int, seed: str = "w") -> str:
+    return " ".join(f"{seed}{i}" for i in range(n))
+
+
+# (what the model wrote: text, tool calls, finish reason) -> whether runaway_output flags it
+RUNAWAY = {
+    "a sentence looping": (dict(text=" ".join([LOOP] * 60)), True),
+    "one word looping": (dict(text="the " * 400), True),
+    "a line looping in a written file": (dict(tool_calls=[_call("Write", {"file_path": "x.py", "content": "print('x')\n" * 300})]), True),
+    "half useful, half loop, cut at the limit": (dict(text=_words(300) + " " + " ".join([LOOP] * 30), finish_reason="length"), True),
+}
+CLEAN_TEXT = {  # each over min_tokens (256 words) but the short loop
+    "a summary": (dict(text=SUMMARY), False),
+    "the same, cut at the limit": (dict(text=SUMMARY, finish_reason="length"), False),
+    "code written by a tool call, cut at the limit": (dict(tool_calls=[_call("Write", {"file_path": "e.py", "content": CODE})],
+                                                             finish_reason="length"), False),
+    "a JSON tool call with code": (dict(text="Rewriting the module.", tool_calls=[_call("MultiEdit", {"file_path": "e.py", "edits": [
+        {"old_string": line, "new_string": line.replace("e", "E")} for line in CODE.splitlines() if line.strip()]})]), False),
+    "half useful, half loop, not cut": (dict(text=_words(300) + " " + " ".join([LOOP] * 30)), False),
+    "a short loop": (dict(text=" ".join([LOOP] * 15)), False),  # 165 words: under min_tokens
+}
+
+
+@pytest.mark.parametrize("wrote, flagged", [*RUNAWAY.values(), *CLEAN_TEXT.values()], ids=[*RUNAWAY, *CLEAN_TEXT])
+def test_runaway_output_repetition(tmp_path: Path, wrote: dict[str, Any], flagged: bool) -> None:
+    record = _record(1, tool_calls=wrote.get("tool_calls"), finish_reason=wrote.get("finish_reason", "stop"))
+    record.output_text = wrote.get("text")
+    hits = findings("runaway_output", evidence(tmp_path, records=[_record(0), record]))
+    assert [h.call_id for h in hits] == (["c1"] if flagged else [])
+    assert all(h.severity == "warning" and "runaway output" in h.message for h in hits)
+
+
+def test_runaway_output_session_tokens(tmp_path: Path) -> None:
+    records = [_record(i, completion_tokens=100_000) for i in range(4)]
+    (hit,) = findings("runaway_output", evidence(tmp_path, records=records))
+    assert hit.call_id == "c2" and "300000 tokens" in hit.message and "max_session_tokens 250000" in hit.message
+    assert findings("runaway_output", evidence(tmp_path, records=records), max_session_tokens=0) == []
+    assert findings("runaway_output", evidence(tmp_path, records=records[:2])) == []
+
+
 def test_off_policy(tmp_path: Path) -> None:
     records = [_record(0, policy_version=1), _record(1, policy_version=4), _record(2, policy_version=4, splice=SpliceInfo(drift=True))]
     hits = findings("off_policy", evidence(tmp_path, records=records, policy_version=4), max_lag=1, drift=True)

@@ -19,6 +19,13 @@ line of the workspace diff, a model call, or the harness's stderr.
 - `failure_rewarded`: a positive reward for a session whose harness exited non-zero or timed out, whose
   calls failed, carried unparsed tool calls or were cut at the length limit.
 - `tool_loop`: the same tool call (name and arguments) made `repeats` times or more.
+- `runaway_output`: a completion (its text and tool-call arguments) of `min_tokens` tokens or more
+  dominated by repetition: `repeat_ratio` of its words lie in an `ngram`-word sequence that occurs
+  `min_repeats` times or more in it (`cut_repeat_ratio` when the call was cut at the length limit); or a
+  session whose completions add up to more than `max_session_tokens` (0: no limit). Defaults: 256
+  tokens (or words, when more), 8 words, 5 times, 0.6 and 0.4, 250,000 tokens. A degenerate loop scores
+  ~0.9 and more; read as 2,000-word completions, this repository's Python scores <= 0.07 and its most
+  repetitive files (package-lock.json, Kubernetes YAML) <= 0.31 (measured when the defaults were chosen).
 - `off_policy`: trainable calls sampled by a policy more than `max_lag` versions older than the
   newest (the job's current policy version when known), and drift splits (the engine's prompt did not
   extend the previous call's tokens, so the trace is split and its tokens are not one causal stream).
@@ -29,11 +36,12 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 from .base import HARNESS_STDERR, Diagnostic, Hit
-from .evidence import FileChange, SessionEvidence
+from .evidence import CallEvidence, FileChange, SessionEvidence
 from .tool_calls import may_change_workspace, tool_call_parts
 
 # ---------------------------------------------------------------- what counts as a test file
@@ -164,6 +172,59 @@ def tool_loop(ev: SessionEvidence, params: dict[str, Any]) -> Iterator[Hit]:
                 yield Hit(message=f"the same tool call made {repeats} times: {key[:200]}", call_id=c.call_id)
 
 
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def _completion_words(call: CallEvidence) -> list[str]:
+    """What the model wrote in a call: its text and the strings in its tool calls' arguments (a file's
+    content as its own lines, not JSON-escaped), as whitespace-split words."""
+    parts = [call.text or ""]
+    for tc in call.tool_calls:
+        parts.extend(_strings(tool_call_parts(tc)[1]))
+    return "\n".join(parts).split()
+
+
+def repetition(words: list[str], ngram: int, min_repeats: int) -> tuple[float, str, int]:
+    """(the share of the words that lie in an `ngram`-word sequence occurring `min_repeats` times or more,
+    the most frequent sequence, how often it occurs)."""
+    if len(words) < ngram:
+        return 0.0, "", 0
+    grams = [tuple(words[i:i + ngram]) for i in range(len(words) - ngram + 1)]
+    counts = Counter(grams)
+    covered = bytearray(len(words))
+    for i, gram in enumerate(grams):
+        if counts[gram] >= min_repeats:
+            covered[i:i + ngram] = b"\x01" * ngram
+    top, times = counts.most_common(1)[0]
+    return sum(covered) / len(words), " ".join(top), times
+
+
+def runaway_output(ev: SessionEvidence, params: dict[str, Any]) -> Iterator[Hit]:
+    ngram, min_repeats, min_tokens = int(params["ngram"]), int(params["min_repeats"]), int(params["min_tokens"])
+    budget = int(params["max_session_tokens"] or 0)
+    total = 0
+    for c in ev.calls:
+        words = _completion_words(c)
+        if max(c.completion_tokens, len(words)) >= min_tokens:
+            cut = c.finish_reason == "length"
+            share, top, times = repetition(words, ngram, min_repeats)
+            if share >= float(params["cut_repeat_ratio" if cut else "repeat_ratio"]):
+                yield Hit(message=f"runaway output{' cut at the length limit' if cut else ''}: {share:.0%} of {len(words)} words "
+                                  f"repeat {ngram}-word sequences {min_repeats}+ times, e.g. {top[:120]!r} x{times}", call_id=c.call_id)
+        if budget and total <= budget < total + c.completion_tokens:
+            yield Hit(message=f"the session's completions reach {total + c.completion_tokens} tokens here, "
+                              f"over max_session_tokens {budget}", call_id=c.call_id)
+        total += c.completion_tokens
+
+
 def off_policy(ev: SessionEvidence, params: dict[str, Any]) -> Iterator[Hit]:
     trainable = [c for c in ev.agent_calls if c.status == "ok"]
     versions = [c.policy_version for c in trainable]
@@ -191,6 +252,10 @@ BUILTINS: dict[str, Diagnostic] = {
         Diagnostic("failure_rewarded", "1", "error", failure_rewarded,
                    "positive reward with a harness error, timeout, failed/unparsed/truncated call"),
         Diagnostic("tool_loop", "1", "warning", tool_loop, "the same tool call repeated", {"repeats": 5}),
+        Diagnostic("runaway_output", "1", "warning", runaway_output,
+                   "a completion dominated by repetition (looser when cut at the length limit), or too many tokens in all",
+                   {"min_tokens": 256, "ngram": 8, "min_repeats": 5, "repeat_ratio": 0.6, "cut_repeat_ratio": 0.4,
+                    "max_session_tokens": 250_000}),
         Diagnostic("off_policy", "1", "warning", off_policy, "tokens older than the allowed policy lag; drift splits",
                    {"max_lag": 1, "drift": True}),
     )
