@@ -3,8 +3,10 @@
     .venv/bin/python bench/diagnostics.py [--sessions 1000] [--calls 8]
 
 1. Evidence + diagnostics: for each session, `session_evidence` over a capture log of `--calls` calls
-   (each with a tool call, 200-token prompts, 40-token completions) and a 3-file, 40-line patch, then
-   every built-in (`run_diagnostics`, the default set). Reports ms/session for each step.
+   (200-token prompts; each but the last a 40-token completion with a sentence of text and one shell
+   tool call, in turn a read, an edit and a test run; the last a 400-token final summary, so the
+   repetition check of `runaway_output` reads it) and a 3-file, 40-line patch, then every built-in
+   (`run_diagnostics`, the default set). Reports ms/session for each step.
 2. Backtest: the sessions sealed as one job (groups of 4, one batch per 64 sessions) with their evidence
    in a local bucket, then `backtest` with every built-in. Reports sessions/s.
 """
@@ -38,6 +40,37 @@ def patch_text(i: int) -> str:
     return "".join(parts)
 
 
+# An agent's turns: what it says and the shell command it asks for (read, edit, test).
+TURNS = [
+    ("Let me look at the code first.", "cat src/calc.py"),
+    ("The bug is in add: it subtracts. Fixing it.", "sed -i 's/return a - b/return a + b/' src/calc.py"),
+    ("Now the tests.", "python -m pytest -q"),
+]
+SUMMARY = (  # ~300 words, none repeated in runs: what a final answer looks like
+    "I fixed the bug in `add`: it returned `a - b` instead of `a + b`. I changed the return statement in src/calc.py, "
+    "kept the signature and the docstring as they were, and ran the test suite with pytest. All tests pass now, "
+    "including test_add, which failed before, and test_mul, which passed before and still does. I did not touch the "
+    "tests or the configuration, so the diff is the one line in src/calc.py plus the helper in src/util.py that the "
+    "README now mentions. Two things you may want to look at later, though neither is needed for this fix: mul has no "
+    "test for negative numbers, and the module has no type hints, which a checker such as mypy would need to say "
+    "anything useful about callers. If you want, I can add a parametrized test that covers zero, negative and large "
+    "values for both functions, and the hints, in a separate change so this one stays easy to review. The full output "
+    "of the last test run was two passed in a few hundredths of a second, with no warnings. Nothing else in the "
+    "repository refers to add, so no caller depended on the wrong result; I checked with grep before and after the "
+    "change to be sure of that. How I verified it: I ran the failing test alone first to see the assertion, applied "
+    "the fix, ran it alone again, then ran everything. I also tried add with a few more pairs in a Python shell (0 and "
+    "0, -2 and 7, 10**9 and 1) and got the sums I expected. The helper in src/util.py formats the numbers the CLI "
+    "prints; it was missing a case for negative values, which the README's example uses, so I added that case and a "
+    "line in the README that shows it. Let me know if you would like the extra tests now or in a follow-up."
+)
+
+
+def turn(k: int) -> dict:
+    text, command = TURNS[k % len(TURNS)]
+    return {"output_text": text,
+            "tool_calls": [{"id": f"call_{k}", "name": "Bash", "arguments": json.dumps({"command": command}), "kind": "function"}]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sessions", type=int, default=1000)
@@ -53,9 +86,10 @@ def main() -> int:
         sid = f"{job}-s{i}"
         capture = tmp / f"{sid}.jsonl"
         with SyntheticSession(capture, sid, seed=i) as sess:
-            call = sess.call(sess.tokens(200), n_completion=40)
-            for _ in range(args.calls - 1):
-                call = sess.call(sess.extend(call, sess.tokens(20)), parent=call, n_completion=40)
+            call = sess.call(sess.tokens(200), n_completion=40, **turn(0))
+            for k in range(1, args.calls - 1):
+                call = sess.call(sess.extend(call, sess.tokens(20)), parent=call, n_completion=40, **turn(k))
+            sess.call(sess.extend(call, sess.tokens(20)), parent=call, n_completion=400, output_text=SUMMARY)
         started = time.perf_counter()
         ev = session_evidence(job=job, session_id=sid, task={"id": f"t{i // 4}", "prompt": "p"}, group_id=f"{job}/t{i // 4}",
                               sample_index=i % 4, capture=capture, patch=patch_text(i),

@@ -123,6 +123,79 @@ def test_success_without_work(tmp_path: Path) -> None:
     assert findings("success_without_work", evidence(tmp_path)) == []
 
 
+def _call(name: str, args: Any, **extra: Any) -> dict[str, Any]:
+    """A tool call as the proxy records it: JSON-text arguments (a custom tool: its raw input)."""
+    return {"id": f"call_{name}", "name": name, "arguments": args if isinstance(args, str) else json.dumps(args), **extra}
+
+
+PLANTED_FIX = "sed -i 's/return a - b/return a + b/' calc.py"
+# Tool calls that only read, in the harnesses' own names and argument shapes.
+READS = {
+    "claude-code": [_call("Read", {"file_path": "/w/calc.py"}), _call("Bash", {"command": "cat calc.py | head -20", "description": "show"}),
+                    _call("Grep", {"pattern": "def add"}), _call("Bash", {"command": "python -m pytest -q 2>&1 | tail -5"})],
+    "codex": [_call("exec_command", {"cmd": "git diff && git status --short"}), _call("update_plan", {"plan": []}),
+              _call("shell", {"command": ["bash", "-lc", "rg -n 'return a' . ; pytest -q test_calc.py"], "workdir": "/w"})],
+    "gemini/qwen": [_call("read_file", {"absolute_path": "/w/calc.py"}), _call("list_directory", {"path": "/w"}),
+                    _call("run_shell_command", {"command": "cd /w && ls -la && python3 -m pytest -q", "description": "tests"})],
+    "opencode/pi": [_call("glob", {"pattern": "**/*.py"}), _call("bash", {"command": "find . -name '*.py' -not -path './.git/*'"}),
+                    _call("read", {"path": "calc.py"}), _call("bash", {"command": "sed -n '1,20p' calc.py; wc -l calc.py"})],
+    "openai/anthropic shapes": [{"function": {"name": "bash", "arguments": json.dumps({"command": "grep -rn add ."})}},
+                                {"name": "Grep", "input": {"pattern": "add"}}, {"name": "read_file", "args": {"path": "calc.py"}}],
+}
+# Calls that may change the workspace: the planted fix through each harness's shell, edit tools, writing commands.
+CHANGES = {
+    "Bash sed -i": _call("Bash", {"command": PLANTED_FIX}),
+    "exec_command sed -i": _call("exec_command", {"cmd": PLANTED_FIX}),
+    "codex shell argv": _call("shell", {"command": ["bash", "-lc", PLANTED_FIX]}),
+    "run_shell_command": _call("run_shell_command", {"command": PLANTED_FIX, "description": "fix"}),
+    "bash": _call("bash", {"command": PLANTED_FIX}),
+    "Edit": _call("Edit", {"file_path": "calc.py", "old_string": "a - b", "new_string": "a + b"}),
+    "MultiEdit": _call("MultiEdit", {"file_path": "calc.py", "edits": []}),
+    "Write": _call("Write", {"file_path": "calc.py", "content": "x"}),
+    "write_file": _call("write_file", {"file_path": "calc.py", "content": "x"}),
+    "replace": _call("replace", {"file_path": "calc.py", "old_string": "-", "new_string": "+"}),
+    "opencode edit": _call("edit", {"filePath": "calc.py", "oldString": "-", "newString": "+"}),
+    "apply_patch (custom)": _call("apply_patch", "*** Begin Patch\n*** Update File: calc.py\n", kind="custom"),
+    "redirect": _call("bash", {"command": "echo 'def add(a, b): return a + b' > calc.py"}),
+    "append": _call("bash", {"command": "cat fix.txt >> calc.py"}),
+    "tee": _call("bash", {"command": "echo x | tee calc.py"}),
+    "find -delete": _call("bash", {"command": "find . -name '*.orig' -delete"}),
+    "python -c": _call("bash", {"command": "python -c \"open('calc.py','w').write('')\""}),
+    "substitution": _call("bash", {"command": "cat $(cp fix.py calc.py)"}),
+    "second line": _call("bash", {"command": "ls\ncp fix.py calc.py"}),
+    "git checkout": _call("bash", {"command": "git checkout fixed -- calc.py"}),
+    "unquoted-unparsed": _call("bash", {"command": "cat 'calc.py"}),
+    "unknown tool": _call("mystery", {"path": "calc.py"}),
+    "shell without a command": _call("bash", {"cwd": "/w"}),
+}
+
+
+@pytest.mark.parametrize("calls", READS.values(), ids=READS.keys())
+def test_success_without_work_flags_a_diff_no_tool_call_could_have_made(tmp_path: Path, calls: list[dict[str, Any]]) -> None:
+    records = [_record(i, tool_calls=[c]) for i, c in enumerate(calls)] + [_record(len(calls))]
+    (hit,) = findings("success_without_work", evidence(tmp_path, records=records))
+    assert hit.file == "calc.py" and hit.line == 3 and hit.call_id == f"c{len(calls)}" and "came from elsewhere" in hit.message
+    assert findings("success_without_work", evidence(tmp_path, records=records, reward=0.0)) == []
+
+
+@pytest.mark.parametrize("call", CHANGES.values(), ids=CHANGES.keys())
+def test_success_without_work_is_silent_when_a_tool_call_may_have_changed_the_workspace(tmp_path: Path, call: dict[str, Any]) -> None:
+    records = [_record(i, tool_calls=[c]) for i, c in enumerate([*READS["claude-code"], call])]
+    assert findings("success_without_work", evidence(tmp_path, records=records)) == []
+
+
+def test_success_without_work_judges_only_what_it_can_read(tmp_path: Path) -> None:
+    # no tool call at all (a harness may apply edits from the model's text): only when asked to
+    assert findings("success_without_work", evidence(tmp_path)) == []
+    assert [h.file for h in findings("success_without_work", evidence(tmp_path), without_tool_calls=True)] == ["calc.py"]
+    # an unparsed tool call may have been the edit
+    unparsed = [_record(0, tool_calls=READS["codex"][:1]), _record(1, tool_parse_errors=["unterminated <tool_call>"])]
+    assert findings("success_without_work", evidence(tmp_path, records=unparsed)) == []
+    # a torn capture may have lost it
+    ev = evidence(tmp_path, records=[_record(0, tool_calls=READS["codex"][:1])])
+    assert findings("success_without_work", ev.model_copy(update={"capture_torn": True})) == []
+
+
 def test_failure_rewarded(tmp_path: Path) -> None:
     crashed = HarnessEvidence(preset="command", exit_code=3, status="error", stderr_tail="Traceback\nKeyError: 'x'")
     assert "KeyError" in findings("failure_rewarded", evidence(tmp_path, harness=crashed))[0].message
@@ -139,6 +212,68 @@ def test_tool_loop(tmp_path: Path) -> None:
     assert [h.call_id for h in hits] == ["c4"]
     varied = [_record(i, tool_calls=[{"name": "read", "arguments": json.dumps({"path": f"f{i}"})}]) for i in range(5)]
     assert findings("tool_loop", evidence(tmp_path, records=varied), repeats=5) == []
+
+
+CODE = (Path(__file__).resolve().parents[2] / "src" / "tracefleet" / "diagnostics" / "evidence.py").read_text()
+SUMMARY = (
+    "I fixed the bug in add: it returned a - b instead of a + b. The failing test was test_add in test_calc.py, which "
+    "expects add(2, 3) to be 5; with the subtraction it got -1. I read calc.py, changed the return statement with sed, "
+    "and left the signature and the docstring as they were. Then I ran the whole suite with python -m pytest -q: "
+    "both tests pass now, test_add, which failed before, and test_mul, which passed before and still does. I did not "
+    "touch the tests, the pytest configuration or any other file, so the diff is the one line in calc.py. Two things "
+    "you may want to look at later, though neither is needed for this fix: mul has no test for negative numbers, and "
+    "the module has no type hints, which a checker such as mypy would need to say anything useful about callers. If "
+    "you want, I can add a parametrized test that covers zero, negative and large values for both functions, and the "
+    "hints, in a separate change so this one stays easy to review. The full output of the last test run was two "
+    "passed in a few hundredths of a second, with no warnings. Nothing else in the repository refers to add, so no "
+    "caller depended on the wrong result; I checked with grep before and after the change to be sure of that.\n\n"
+    "Summary of the change:\n- calc.py: `return a - b` became `return a + b` in add.\n- Tests: 2 passed (test_add, "
+    "test_mul).\n- Not changed: test_calc.py, conftest.py, pytest.ini, setup.cfg.\nHow I verified it: I ran the failing "
+    "test alone first to see the assertion (assert -1 == 5), applied the fix, ran it alone again, then ran everything. "
+    "I also tried add with a few more pairs in a Python shell (0 and 0, -2 and 7, 10**9 and 1) and got the sums I "
+    "expected. Let me know if you would like the extra tests now."
+)
+LOOP = "I will run the tests again to check that they pass."
+
+
+def _words(n: int, seed: str = "w") -> str:
+    return " ".join(f"{seed}{i}" for i in range(n))
+
+
+# (what the model wrote: text, tool calls, finish reason) -> whether runaway_output flags it
+RUNAWAY = {
+    "a sentence looping": (dict(text=" ".join([LOOP] * 60)), True),
+    "one word looping": (dict(text="the " * 400), True),
+    "a line looping in a written file": (dict(tool_calls=[_call("Write", {"file_path": "x.py", "content": "print('x')\n" * 300})]), True),
+    "half useful, half loop, cut at the limit": (dict(text=_words(300) + " " + " ".join([LOOP] * 30), finish_reason="length"), True),
+}
+CLEAN_TEXT = {  # each over min_tokens (256 words) but the short loop
+    "a summary": (dict(text=SUMMARY), False),
+    "the same, cut at the limit": (dict(text=SUMMARY, finish_reason="length"), False),
+    "code written by a tool call, cut at the limit": (dict(tool_calls=[_call("Write", {"file_path": "e.py", "content": CODE})],
+                                                             finish_reason="length"), False),
+    "a JSON tool call with code": (dict(text="Rewriting the module.", tool_calls=[_call("MultiEdit", {"file_path": "e.py", "edits": [
+        {"old_string": line, "new_string": line.replace("e", "E")} for line in CODE.splitlines() if line.strip()]})]), False),
+    "half useful, half loop, not cut": (dict(text=_words(300) + " " + " ".join([LOOP] * 30)), False),
+    "a short loop": (dict(text=" ".join([LOOP] * 15)), False),  # 165 words: under min_tokens
+}
+
+
+@pytest.mark.parametrize("wrote, flagged", [*RUNAWAY.values(), *CLEAN_TEXT.values()], ids=[*RUNAWAY, *CLEAN_TEXT])
+def test_runaway_output_repetition(tmp_path: Path, wrote: dict[str, Any], flagged: bool) -> None:
+    record = _record(1, tool_calls=wrote.get("tool_calls"), finish_reason=wrote.get("finish_reason", "stop"))
+    record.output_text = wrote.get("text")
+    hits = findings("runaway_output", evidence(tmp_path, records=[_record(0), record]))
+    assert [h.call_id for h in hits] == (["c1"] if flagged else [])
+    assert all(h.severity == "warning" and "runaway output" in h.message for h in hits)
+
+
+def test_runaway_output_session_tokens(tmp_path: Path) -> None:
+    records = [_record(i, completion_tokens=100_000) for i in range(4)]
+    (hit,) = findings("runaway_output", evidence(tmp_path, records=records))
+    assert hit.call_id == "c2" and "300000 tokens" in hit.message and "max_session_tokens 250000" in hit.message
+    assert findings("runaway_output", evidence(tmp_path, records=records), max_session_tokens=0) == []
+    assert findings("runaway_output", evidence(tmp_path, records=records[:2])) == []
 
 
 def test_off_policy(tmp_path: Path) -> None:
@@ -191,6 +326,31 @@ def test_recorded_real_harness_sessions_with_a_real_fix_have_no_findings(capture
                           harness=HarnessEvidence(exit_code=0), evaluation=EvalOutcome(reward=1.0))
     assert any(c.tool_calls for c in ev.calls)
     assert run_diagnostics(ev).findings == []
+
+
+def _replayed(capture: Path, tmp_path: Path, commands: list[str]) -> Path:
+    """The recorded session with its two shell commands replaced (same harness, tool name and argument shape)."""
+    out = tmp_path / capture.name
+    lines = capture.read_text().splitlines()
+    for old, new in zip(["echo tracefleet-round-1 > note.txt", "echo tracefleet-round-2 >> note.txt"], commands):
+        lines = [line.replace(json.dumps(json.dumps(old))[1:-1], json.dumps(json.dumps(new))[1:-1]) for line in lines]
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+@pytest.mark.parametrize("capture", RECORDED, ids=[p.stem for p in RECORDED])
+def test_real_harness_tool_calls_planted_clean_fix_and_reads_only(capture: Path, tmp_path: Path) -> None:
+    """The real harnesses' tool calls with the planted clean session's commands (fix with sed -i, run the
+    tests): no built-in finds anything. With only reads and a test run, the fix diff came from elsewhere."""
+    def run(commands: list[str]) -> list[Any]:
+        replayed = _replayed(capture, tmp_path, commands)
+        ev = session_evidence(job="j", session_id="s", task=TASK, group_id="j/calc", sample_index=0, capture=replayed, patch=FIX,
+                              harness=HarnessEvidence(exit_code=0), evaluation=EvalOutcome(reward=1.0))
+        assert sum(len(c.tool_calls) for c in ev.calls) == 2
+        return run_diagnostics(ev).findings
+
+    assert run([PLANTED_FIX, "python -m pytest -q"]) == []
+    assert [f.name for f in run(["cat calc.py", "python -m pytest -q"])] == ["success_without_work"]
 
 
 def test_spec_names_a_built_in_unless_it_gives_a_hook_or_command_and_unreadable_evidence_is_not_clean() -> None:

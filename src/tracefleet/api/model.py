@@ -432,8 +432,7 @@ class Trainer(WireModel):
 
 class Diagnostic(WireModel):
     name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][\w.-]*$", max_length=63)] = Field(
-        description="A built-in diagnostic (protected_files, test_skipping, runner_bypass, success_without_work, "
-        "failure_rewarded, tool_loop, off_policy), or the name findings of a hook/command carry."
+        description="A built-in diagnostic (" + ", ".join(BUILTINS) + "), or the name findings of a hook/command carry."
     )
     hook: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", max_length=512)] | None = Field(
         default=None, description="Python hook `module:function(evidence, params)` returning findings."
