@@ -6,4 +6,5 @@ pytest_plugins = [
     "fixtures.engines",
     "fixtures.harnesses",
     "fixtures.vllm",
+    "fixtures.drivers",
 ]

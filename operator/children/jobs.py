@@ -46,6 +46,7 @@ def evaluator_job(job: JobView, cfg: OperatorConfig, session: int) -> Manifest:
         command=list(e.command) or None,
         entrypoint=e.entry_point or None,
         timeout_s=e.timeout_s,
+        policy_version=job.policy_version,
     )
     container = {
         "name": "evaluator",

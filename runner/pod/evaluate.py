@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tracefleet import layout, podenv
-from tracefleet.api.semantics import evaluator_type
+from tracefleet.api.semantics import evaluator_type, group_id
 from tracefleet.bucket import Bucket
 from tracefleet.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, PodEnvError
 from tracefleet.runner.evaluators import EvalContext, EvaluatorSpec, get_evaluator
@@ -100,11 +100,13 @@ def evaluate_session(bucket: Bucket, env: EvaluatorEnv) -> tuple[dict[str, Any],
                 else:
                     result.update(reward=outcome.reward if outcome.status == "ok" else 0.0, status=outcome.status,
                                   message=outcome.message, details=outcome.details, duration_s=round(outcome.duration_s, 3))
-        # the diagnostics' evidence, built here where the task, the patch and the judging are (runner.pod.evidence)
-        evidence = uploaded_evidence(job=job, session_id=f"{job}-s{session}", task=task, group_id=None,
+        # the diagnostics' evidence, built here where the task, the patch and the judging are (runner.pod.evidence),
+        # with the session's group and the job's policy version as local mode keeps them: `tracefleet diagnose`
+        # reads it as stored
+        evidence = uploaded_evidence(job=job, session_id=f"{job}-s{session}", task=task, group_id=group_id(job, task.id),
                                      sample_index=env.sample_index, artifacts=artifacts,
                                      capture=download_capture(bucket, job, session, Path(tmp) / layout.CAPTURE_LOG),
-                                     evaluation=result)
+                                     evaluation=result, policy_version=env.policy_version)
     bucket.put(layout.evidence_key(job, evidence.session_id), evidence.model_dump_json().encode())
     bucket.put(layout.reward_key(job, session), json.dumps(result, default=str).encode())
     return result, code

@@ -16,9 +16,10 @@ from tracefleet.diagnostics.evidence import HarnessEvidence, SessionEvidence, re
 
 
 def uploaded_evidence(*, job: str, session_id: str, task: Any, group_id: str | None, sample_index: int,
-                      artifacts: Path, capture: Path | None, evaluation: Any) -> SessionEvidence:
+                      artifacts: Path, capture: Path | None, evaluation: Any, policy_version: int | None = None
+                      ) -> SessionEvidence:
     """Evidence from the harness pod's artifacts folder (session.patch, result.json, harness.stderr) and
-    its capture log, with the evaluation (the reward.json body or None)."""
+    its capture log, with the evaluation (the reward.json body or None) and the job's policy version."""
     result_file = artifacts / layout.RESULT
     harness = json.loads(result_file.read_text()) if result_file.exists() else {}
     patch_file = artifacts / layout.PATCH
@@ -28,7 +29,7 @@ def uploaded_evidence(*, job: str, session_id: str, task: Any, group_id: str | N
         harness=HarnessEvidence(preset=harness.get("harness"), status=harness.get("status") or "error",
                                 stage=harness.get("stage"), error=harness.get("error"),
                                 exit_code=harness.get("harness_exit_code"), stderr_tail=read_tail(artifacts / layout.HARNESS_STDERR)),
-        evaluation=evaluation, timings=harness.get("timings") or {},
+        evaluation=evaluation, timings=harness.get("timings") or {}, policy_version=policy_version,
     )
 
 

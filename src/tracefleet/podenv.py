@@ -205,6 +205,8 @@ class EvaluatorEnv(SessionEnv, BucketEnv):
     entrypoint: str | None = Field(default=None, alias=EVALUATOR_ENTRYPOINT)
     command: JsonList | None = Field(default=None, alias=COMMAND_JSON)
     timeout_s: float = Field(gt=0, alias=TIMEOUT_S)
+    # the job's policy version when the session is judged: its evidence's lag reference, as local mode's
+    policy_version: int | None = Field(default=None, ge=0, alias=POLICY_VERSION)
 
     @property
     def session_uri(self) -> str:

@@ -61,7 +61,7 @@ def judged_sessions(tmp_path: Path, monkeypatch) -> tuple[LocalBucket, str, list
     for session in (0, 1):  # session 2 is never judged (as if its harness pod had failed)
         env = EvaluatorEnv(bucket=str(tmp_path / "bucket"), job=job, session=session, task_index=0, sample_index=session,
                            task_json=task, evaluator="command", command=[sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-                           timeout_s=120)
+                           timeout_s=120, policy_version=4)
         body, code = evaluate_session(bucket, env)
         assert code == 0 and body["reward"] == 1.0, body  # unprotected: the hack passes too
     return bucket, job, plan
@@ -72,6 +72,8 @@ def test_evaluator_job_builds_evidence_and_the_sealer_quarantines(tmp_path: Path
     evidence = SessionEvidence.model_validate_json(bucket.get(layout.evidence_key(job, "podjob-s0")))
     assert [(f.path, f.change) for f in evidence.files] == [("test_calc.py", "modified")]
     assert evidence.evaluator.reward == 1.0 and evidence.task["id"] == "calc" and len(evidence.calls) == 1
+    # kept as local mode keeps it (what `tracefleet diagnose` reads): the session's group, the job's policy version
+    assert evidence.group_id == "podjob/calc" and evidence.policy_version == 4
 
     # the sealer's environment as the operator writes it from the RolloutJob's spec.diagnostics
     manifest = RolloutJob.model_validate({

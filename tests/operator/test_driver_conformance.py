@@ -3,9 +3,9 @@ the test cluster gives a trainer the same batches (tracefleet.api.semantics).
 
 Real parts: the control plane + KWOK, SeaweedFS, the scripted engine, the operator as a subprocess.
 KWOK cannot run code, so the test plays the kubelet for the pods the operator creates, with the pods'
-own containers as the operator built them (tests/fixtures/pods.py): each harness pod (proxy sidecar +
-`tracefleet run --in-pod`, uploading to S3), then the pod's phase as its exit code says; each
-evaluator Job and sealer Job with its own environment.
+own containers as the operator built them (tests/fixtures/drivers.py and pods.py): each harness
+pod (proxy sidecar + `tracefleet run --in-pod`, uploading to S3), then the pod's phase as its exit code
+says; each evaluator Job and sealer Job with its own environment.
 
 The job: 3 tasks × 3 samples, a deterministic harness whose rewards differ within each group, one
 session that fails after its model call (not retried: its failure is data), one that fails before its
@@ -25,26 +25,17 @@ per group as multisets, and every column a trainer reads must agree except:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 import threading
 import time
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
-import yaml
-from kubernetes import client
 
-from fixtures.controlplane import free_port
-from fixtures.pods import Kubelet, run_job_container, run_pod
+from fixtures.drivers import CREDENTIALS_SECRET, PlayedCluster, run_local, submit
 from tracefleet.api import semantics
-from tracefleet.bucket import open_bucket
 from tracefleet.operator import names as n
 from tracefleet.traces.reader import BatchReader
 
@@ -107,7 +98,7 @@ def manifest(engine: Any, tmp: Path, output: str, ns: str | None = None) -> dict
             "tasks": {"inline": [{"id": f"t{i}", "prompt": f"t{i}", "workspace": {"repo": str(CALC)}} for i in range(TASKS)],
                       "samplesPerTask": SAMPLES},
             "evaluator": {"preset": "command", "command": ["python", str(tmp / "evaluate.py")], "timeoutSeconds": 60},
-            "output": {"uri": output, "credentialsSecretRef": {"name": "bucket-creds"}, "tracesPerBatch": PER_BATCH},
+            "output": {"uri": output, "credentialsSecretRef": {"name": CREDENTIALS_SECRET}, "tracesPerBatch": PER_BATCH},
             "parallelism": 3,
             "maxRetries": 2,
         },
@@ -187,95 +178,6 @@ def assert_expected_semantics(batches: list[dict[str, Any]]) -> None:
         assert abs(sum(adv)) < 1e-3
 
 
-# ---------------------------------------------------------------- the cluster side
-
-
-def sanitize(api: client.ApiClient, obj: Any) -> dict[str, Any]:
-    return api.sanitize_for_serialization(obj)
-
-
-def set_pod_finished(core: client.CoreV1Api, ns: str, name: str, exit_code: int) -> None:
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    phase = "Succeeded" if exit_code == 0 else "Failed"
-    statuses = [{"name": "harness", "image": "reg.local/tracefleet:test", "imageID": "", "ready": False, "restartCount": 0,
-                 "state": {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-                                          "startedAt": now, "finishedAt": now}}}]
-    core.patch_namespaced_pod_status(name, ns, {"status": {"phase": phase, "containerStatuses": statuses}})
-
-
-class PlayedCluster:
-    """Plays the kubelet for one RolloutJob's pods, with the pods' own containers."""
-
-    def __init__(self, kube: Any, ns: str, secrets: dict[str, dict[str, str]], root: Path) -> None:
-        self.api = kube.api_client()
-        self.core, self.batch = client.CoreV1Api(self.api), client.BatchV1Api(self.api)
-        self.custom = client.CustomObjectsApi(self.api)
-        self.ns, self.secrets, self.root = ns, secrets, root
-        self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="pod")
-        self.pods: dict[str, Future[None]] = {}
-        self.done_jobs: set[str] = set()
-
-    def status(self) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(n.GROUP, n.VERSION, self.ns, n.PLURAL, JOB).get("status") or {}
-
-    def _run_pod(self, pod: dict[str, Any]) -> None:
-        name = pod["metadata"]["name"]
-        kubelet = Kubelet(self.root / name, self.secrets, pod["spec"]["volumes"])
-        harness, proxy_rc, out = run_pod(pod, kubelet, timeout_s=180)
-        assert proxy_rc == 0 and "uploaded" in out, out
-        set_pod_finished(self.core, self.ns, name, harness.returncode)
-
-    def _run_jobs(self, component: str) -> None:
-        for job in self.batch.list_namespaced_job(self.ns, label_selector=n.job_selector(JOB, component)).items:
-            if job.metadata.name in self.done_jobs:
-                continue
-            body = sanitize(self.api, job)
-            done = run_job_container(body, Kubelet(self.root / job.metadata.name, self.secrets, []), self.root)
-            assert done.returncode == 0, done.stdout + done.stderr
-            self.done_jobs.add(job.metadata.name)
-
-    def step(self) -> None:
-        for pod in self.core.list_namespaced_pod(self.ns, label_selector=n.job_selector(JOB, n.COMPONENT_HARNESS)).items:
-            if pod.status.phase == "Running" and pod.metadata.name not in self.pods:
-                self.pods[pod.metadata.name] = self.pool.submit(self._run_pod, sanitize(self.api, pod))
-        for fut in self.pods.values():
-            if fut.done():
-                fut.result()  # a pod the test could not play fails the test here
-        self._run_jobs(n.COMPONENT_EVALUATOR)
-        # A sealer Job exists only once its sessions' evaluator Jobs completed: those are listed (and
-        # played) again first, so every reward.json is written before the sealer reads it.
-        if self.batch.list_namespaced_job(self.ns, label_selector=n.job_selector(JOB, n.COMPONENT_SEALER)).items:
-            self._run_jobs(n.COMPONENT_EVALUATOR)
-            self._run_jobs(n.COMPONENT_SEALER)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-@pytest.fixture
-def operator(kube: Any, tmp_path: Path) -> Any:
-    """The operator as a subprocess with the admin kubeconfig, watching only the test's namespace."""
-    ns = f"conform-{os.getpid()}"
-    r = kube.kubectl("apply", "-f", str(REPO / "crds"))
-    assert r.returncode == 0, r.stderr
-    assert kube.kubectl("create", "namespace", ns).returncode == 0
-    log = tmp_path / "operator.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tracefleet.operator", "--namespace", ns, "--interval", "0.5", "--retry-backoff", "1",
-             "--metrics-port", "0", "--liveness-port", str(free_port()), "--bind-address", "127.0.0.1",
-             "--proxy-image", "reg.local/tracefleet:test", "--evaluator-image", "reg.local/tracefleet:test"],
-            env={**os.environ, "KUBECONFIG": str(kube.kubeconfig)}, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        yield ns, log
-    finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(30)
-        kube.kubectl("delete", "namespace", ns, "--wait=false")
-
-
 def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: Any, scripted_engine: Any, operator: Any,
                                                                tmp_path: Path) -> None:
     ns, operator_log = operator
@@ -286,23 +188,14 @@ def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: A
 
     # ---- tracefleet run
     reset_counters(tmp_path)
-    job_file = tmp_path / "job.yaml"
-    job_file.write_text(yaml.safe_dump(manifest(scripted_engine, tmp_path, f"s3://{bucket_name}/local")))
-    started = time.monotonic()
-    local = subprocess.run([sys.executable, "-m", "tracefleet.cli", "run", str(job_file), "--work-dir", str(tmp_path / "work")],
-                           capture_output=True, text=True, timeout=400, cwd=tmp_path,
-                           env={**os.environ, **creds, "TRACEFLEET_SPOOL": str(tmp_path / "spool")})
-    local_s = time.monotonic() - started
+    local, local_s = run_local(manifest(scripted_engine, tmp_path, f"s3://{bucket_name}/local"), tmp_path, creds, 400)
     assert local.returncode == 0, local.stdout + local.stderr
     local_starts = starts(tmp_path)
     assert "retry 1/2" in local.stderr, local.stderr  # the failure before the model call was retried
 
     # ---- the operator on the cluster, through the real pod data path
     reset_counters(tmp_path)
-    core = client.CoreV1Api(kube.api_client())
-    core.create_namespaced_secret(ns, {"metadata": {"name": "bucket-creds"}, "stringData": creds})
-    body = manifest(scripted_engine, tmp_path, f"s3://{bucket_name}/cluster", ns)
-    client.CustomObjectsApi(kube.api_client()).create_namespaced_custom_object(n.GROUP, n.VERSION, ns, n.PLURAL, body)
+    submit(kube, ns, manifest(scripted_engine, tmp_path, f"s3://{bucket_name}/cluster", ns), creds)
 
     # a trainer follows the cluster's batches while the job runs
     cluster_reader = BatchReader(f"s3://{bucket_name}/cluster", JOB, consumer="trainer", **s3.bucket_options())
@@ -319,26 +212,18 @@ def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: A
 
     follower = threading.Thread(target=trainer, daemon=True)
     follower.start()
-    played = PlayedCluster(kube, ns, {"bucket-creds": creds}, tmp_path / "pods")
+    played = PlayedCluster(kube, ns, JOB, {CREDENTIALS_SECRET: creds}, tmp_path / "pods")
     started = time.monotonic()
-    try:
-        deadline = time.monotonic() + 400
-        while played.status().get("phase") not in ("Succeeded", "Failed"):
-            assert time.monotonic() < deadline, f"{json.dumps(played.status())[:1500]}\n{operator_log.read_text()[-4000:]}"
-            played.step()
-            time.sleep(0.3)
-    finally:
-        played.close()
+    status = played.run_until_finished(400, operator_log)
     cluster_s = time.monotonic() - started
     follower.join(60)
-    status = played.status()
     assert status["phase"] == "Succeeded", status
     print(f"local run {local_s:.1f} s, cluster run {cluster_s:.1f} s")
 
     # maxRetries, the same in both drivers: the failure before the first model call ran again (t2: one more
     # start), the failure after it did not (t1: three starts)
     assert starts(tmp_path) == local_starts == {"t0": 3, "t1": 3, "t2": 4}
-    pods = core.list_namespaced_pod(ns, label_selector=n.job_selector(JOB, n.COMPONENT_HARNESS)).items
+    pods = played.core.list_namespaced_pod(ns, label_selector=n.job_selector(JOB, n.COMPONENT_HARNESS)).items
     attempts = Counter(int(p.metadata.labels[n.LABEL_ATTEMPT]) for p in pods)
     assert attempts == {0: 9, 1: 1}, attempts
 

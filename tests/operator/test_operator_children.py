@@ -257,6 +257,11 @@ def test_evaluator_job_has_failure_policy_and_deadline(job: JobView) -> None:
     assert ctr["image"] == "ghcr.io/acme/eval:1"
     env = EvaluatorEnv.from_env({e["name"]: e.get("value") for e in ctr["env"]})
     assert env.session_uri == "s3://traces/runs/demo/sessions/6/"
+    # the lag reference of the session's evidence, as local mode keeps it
+    body = yaml.safe_load(MANAGED)
+    body["spec"]["inference"]["policyVersion"] = 7
+    (ctr,) = evaluator_job(JobView.from_body(body), CFG, session=6)["spec"]["template"]["spec"]["containers"]
+    assert EvaluatorEnv.from_env({e["name"]: e.get("value") for e in ctr["env"]}).policy_version == 7
     assert spec["template"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
 
 
