@@ -29,6 +29,13 @@ GIT_IDENTITY = {
 }
 
 
+# Untracked files no session's patch should carry: byte-code and test caches that running the tests
+# leaves in the workspace (binary noise in every patch, in the evidence diagnostics read and in the
+# bucket). Written to the repository's own .git/info/exclude, so a task's tree is unchanged and files
+# the task tracks are still diffed.
+UNTRACKED_CACHES = ("__pycache__/", "*.py[cod]", ".pytest_cache/")
+
+
 class WorkspaceError(RuntimeError):
     pass
 
@@ -129,6 +136,10 @@ def prepare_workspace(task: Task, session_dir: Path, *, setup_timeout_s: float =
     elif task.ref:
         git(original, "checkout", "-q", "--detach", task.ref)
     _run_setup(task, original, setup_timeout_s, session_dir / layout.SETUP_LOG)
+    exclude = original / git(original, "rev-parse", "--git-path", "info/exclude").strip()
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    with exclude.open("a") as f:
+        f.write("\n# tracefleet: caches, not changes\n" + "\n".join(UNTRACKED_CACHES) + "\n")
     git(original, "add", "-A")
     git(original, "commit", "-q", "--allow-empty", "-m", f"tracefleet base for task {task.id}")
     base = git(original, "rev-parse", "HEAD").strip()

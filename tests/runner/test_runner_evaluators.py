@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import textwrap
 import threading
@@ -52,6 +53,12 @@ def test_workspace_is_a_fresh_repo_and_patch_has_untracked_files(tmp_path: Path)
     (ws.workdir / "notes.txt").write_text("new file\n")
     patch = workspace_patch(ws.workdir, ws.base_commit)
     assert "+    return a + b" in patch and "notes.txt" in patch
+    # the byte-code and test caches a test run leaves are not changes
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "."], cwd=ws.workdir, check=True)
+    (ws.workdir / ".pytest_cache" / "v").mkdir(parents=True)
+    (ws.workdir / ".pytest_cache" / "v" / "lastfailed").write_text("{}")
+    assert list((ws.workdir / "__pycache__").glob("calc.*.pyc"))
+    assert workspace_patch(ws.workdir, ws.base_commit) == patch
     # the original stays pristine
     assert "return a - b" in (ws.original / "calc.py").read_text()
 
