@@ -9,6 +9,9 @@
    (`run_diagnostics`, the default set). Reports ms/session for each step.
 2. Backtest: the sessions sealed as one job (groups of 4, one batch per 64 sessions) with their evidence
    in a local bucket, then `backtest` with every built-in. Reports sessions/s.
+3. Reader cost with overlays: every batch read by a BatchReader without overlays, with overlays but
+   none written, and with one overlay quarantining every other session (the backtest's verdicts
+   of a diagnostic flagging odd sessions). Reports ms per reader open and per batch read.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from pathlib import Path
 
 from tracefleet import layout
 from tracefleet.bucket import LocalBucket
-from tracefleet.diagnostics.backtest import backtest, selected
+from tracefleet.diagnostics.backtest import DiagnosticReport, backtest, selected
+from tracefleet.diagnostics.base import Finding
 from tracefleet.diagnostics.evidence import HarnessEvidence, session_evidence
 from tracefleet.diagnostics.registry import run_diagnostics
 from tracefleet.runner.tracing import SessionOutcome, session_traces
+from tracefleet.traces.overlay import write_overlay
 from tracefleet.traces.reader import BatchReader
 from tracefleet.traces.seal import Sealer
 from tracefleet.traces.synthetic import SyntheticSession
@@ -71,6 +76,18 @@ def turn(k: int) -> dict:
             "tool_calls": [{"id": f"call_{k}", "name": "Bash", "arguments": json.dumps({"command": command}), "kind": "function"}]}
 
 
+def reader_cost(bucket: LocalBucket, job: str, **options: bool) -> dict[str, float]:
+    """ms to open a reader (and list its batches), ms per batch read with the training table taken."""
+    started = time.perf_counter()
+    reader = BatchReader(bucket, job, **options)
+    seqs = reader.seqs()
+    t_open = time.perf_counter() - started
+    started = time.perf_counter()
+    rows = sum(reader.read(seq).training_table().num_rows for seq in seqs)
+    t_read = time.perf_counter() - started
+    return {"open_ms": round(t_open * 1000, 2), "read_ms_per_batch": round(t_read / len(seqs) * 1000, 2), "training_rows": rows}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sessions", type=int, default=1000)
@@ -107,14 +124,22 @@ def main() -> int:
             traces = []
     n = args.sessions
     started = time.perf_counter()
-    reports, sessions, missing = backtest(BatchReader(bucket, job), selected(None))
+    result = backtest(BatchReader(bucket, job, overlays=False), selected(None))
+    reports, sessions, missing = result.reports, result.sessions, result.missing
     t_back = time.perf_counter() - started
+    reading = {"no_overlays": reader_cost(bucket, job, overlays=False), "overlays_none_written": reader_cost(bucket, job)}
+    odd = DiagnosticReport("bench_odd", "1", "quarantine", findings={
+        f"{job}-s{i}": [Finding(name="bench_odd", version="1", severity="error", message="odd", file="x.py", line=1,
+                                action="quarantine")] for i in range(1, n, 2)})
+    write_overlay(bucket, odd.overlay(job, result.seqs))
+    reading["one_overlay"] = reader_cost(bucket, job)
     print(json.dumps({
         "sessions": n, "calls_per_session": args.calls,
         "evidence_ms_per_session": round(t_evidence / n * 1000, 3),
         "diagnostics_ms_per_session": round(t_diag / n * 1000, 3),
         "backtest_sessions_per_s": round(sessions / t_back, 1), "backtest_s": round(t_back, 2), "missing_evidence": missing,
         "flagged": {r.name: len(r.flagged) for r in reports},
+        "reader": reading,
     }, indent=1))
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
