@@ -86,6 +86,10 @@ HOOK = textwrap.dedent(
 
     hardcoded_answers.version = "3"
     hardcoded_answers.severity = "error"
+
+
+    def broken(evidence, params):
+        raise KeyError("no such field")
     """
 )
 
@@ -211,7 +215,8 @@ def test_diagnose_reports_the_planted_sessions_and_the_overlay_takes_them_out_of
     # a built-in, then the user's new hook: exactly the planted sessions, the numbers computed here
     built_in = diagnose(sealed, out, "--job", JOB, "--diagnostic", "protected_files")
     assert built_in.returncode == 0, built_in.stderr
-    assert built_in.stdout.splitlines()[0] == f"job {JOB}: 12 sealed sessions in 2 batches"
+    batches = len(BatchReader(out, JOB).seqs())
+    assert batches >= 2 and built_in.stdout.splitlines()[0] == f"job {JOB}: 12 sealed sessions in {batches} batches"
     assert report_of(built_in.stdout, "protected_files") == (
         expected_report(sealed_view, "protected_files", "1", edited), edited)
     hook = diagnose(sealed, out, "--job", JOB, "--diagnostic", "my_checks:hardcoded_answers")
@@ -306,3 +311,10 @@ def test_cli_errors_are_one_line(sealed: Path, args: list[str], message: str) ->
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tracefleet diagnose: ") and re.search(message, lines[0]), done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_hook_that_fails_names_the_session_in_one_line(sealed: Path) -> None:
+    done = diagnose(sealed, str(sealed / "out"), "--job", JOB, "--diagnostic", "my_checks:broken")
+    assert done.returncode == 1, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert re.match(r"tracefleet diagnose: error: RuntimeError: broken failed on session [\w-]+: KeyError: 'no such field'", line)

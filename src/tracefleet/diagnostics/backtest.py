@@ -111,7 +111,10 @@ def backtest(reader: Any, diagnostics: list[tuple[Diagnostic, Action, dict[str, 
             flagged = set()
             for sid, ev in evidence.items():
                 report.sessions += 1
-                found = diag.run(ev, params, action)
+                try:
+                    found = diag.run(ev, params, action)
+                except Exception as exc:  # a user's hook: say on which session (the traceback stays chained)
+                    raise RuntimeError(f"{diag.name} failed on session {sid}: {type(exc).__name__}: {exc}") from exc
                 (report.flagged_rewards if found else report.other_rewards).append(rewards[first[sid]])
                 if found:
                     flagged.add(sid)
