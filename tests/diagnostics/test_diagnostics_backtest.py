@@ -304,6 +304,8 @@ def test_backtest_and_overlay_through_s3(sealed: Path, s3: Any) -> None:
     (["{root}/out", "--job", JOB, "--diagnostic", "no_such"], r"--diagnostic 'no_such': not a built-in"),
     (["{root}/out", "--job", JOB, "--diagnostic", "no_such_module:f"], r"cannot load the hook: ModuleNotFoundError"),
     (["{root}/out", "--job", JOB, "--diagnostic", "my_checks:missing"], r"cannot load the hook: AttributeError"),
+    (["{root}/out", "--job", JOB, "--diagnostic", "protected_files", "--html", "{root}/no/such/dir/page.html"],
+     r"--html .*/no/such/dir/page.html: No such file or directory"),
 ])
 def test_cli_errors_are_one_line(sealed: Path, args: list[str], message: str) -> None:
     done = diagnose(sealed, *[a.format(root=sealed) for a in args])

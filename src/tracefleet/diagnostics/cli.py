@@ -67,6 +67,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"overlay {report.name}: {len(report.flagged)} sessions, action {report.action}: {key}")
     if args.html:
         path = Path(args.html)
-        path.write_text(backtest_page(reader.job, result), encoding="utf-8")
+        try:
+            path.write_text(backtest_page(reader.job, result), encoding="utf-8")
+        except OSError as exc:
+            raise SystemExit(f"--html {path}: {exc.strerror or exc}") from None
         print(f"page: {path}")
     return 0
