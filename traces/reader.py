@@ -67,7 +67,8 @@ class Batch:
     def traces(self) -> list[Trace]:
         if self._traces is None:
             self._traces = table_to_traces(self.table)
-            if self.overlays:  # the metadata JSON is the sealed one: carry the overlays' columns over
+            if self.overlays and {"diagnostics", "quarantined"} <= set(self.table.column_names):
+                # the metadata JSON is the sealed one: carry the overlays' columns over
                 columns = self.table.select(["diagnostics", "quarantined", "reward"]).to_pylist()
                 for t, row in zip(self._traces, columns, strict=True):
                     t.meta.diagnostics, t.meta.quarantined, t.meta.reward = row["diagnostics"], row["quarantined"], row["reward"]
