@@ -31,6 +31,7 @@ import yaml
 from tracefleet.bucket import LocalBucket, open_bucket
 from tracefleet.traces.reader import BatchReader
 
+from fixtures.browser import browser
 from fixtures.command_harness import MODEL_CALL
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
@@ -277,6 +278,11 @@ def test_the_page_shows_each_flagged_sessions_evidence_escaped(sealed: Path) -> 
     # sessions nobody flagged are not on the page
     clean = [s for s in sealed_view if s not in ids(sealed_view, EDITED | HARDCODED)]
     assert not any(f'id="{s}"' in html for s in clean)
+    # as a browser reads it: the diff's <script> is text, no element; each flagged session is a section
+    dom = browser("--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr
+    assert "<script" not in dom.stdout and "&lt;script&gt;alert('diff')&lt;/script&gt;" in dom.stdout
+    assert dom.stdout.count("<section id=") == len(ids(sealed_view, EDITED | HARDCODED))
 
 
 def test_backtest_and_overlay_through_s3(sealed: Path, s3: Any) -> None:
