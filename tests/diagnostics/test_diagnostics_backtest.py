@@ -326,3 +326,18 @@ def test_a_hook_that_fails_names_the_session_in_one_line(sealed: Path) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert re.match(r"tracefleet diagnose: error: RuntimeError: broken failed on session [\w-]+: KeyError: 'no such field'", line)
+
+
+def test_the_diff_excerpt_of_a_deleted_and_a_renamed_file() -> None:
+    from tracefleet.diagnostics.page import diff_excerpt
+
+    patch = ("diff --git a/test_calc.py b/test_calc.py\ndeleted file mode 100644\n--- a/test_calc.py\n+++ /dev/null\n"
+             "@@ -1,2 +0,0 @@\n-def test_add():\n-    assert add(2, 3) == 5\n"
+             "diff --git a/tests/old.py b/tests/new.py\nsimilarity index 90%\nrename from tests/old.py\nrename to tests/new.py\n"
+             "@@ -1,3 +1,3 @@\n a = 1\n-b = 2\n+b = '<b>'\n c = 3\n")
+    deleted = diff_excerpt(patch, "test_calc.py", None)  # no line: the file's diff from its start
+    assert "-    assert add(2, 3) == 5" in deleted and "rename" not in deleted
+    renamed = diff_excerpt(patch, "tests/new.py", 2)
+    assert '<span class="add hit">    2 +b = &#x27;&lt;b&gt;&#x27;</span>' in renamed and "    1  a = 1" in renamed
+    assert diff_excerpt(patch, "tests/old.py", None) == diff_excerpt(patch, "tests/new.py", None)  # either name
+    assert diff_excerpt(patch, "harness.stderr", None) == ""  # not a file of the diff: nothing to show
