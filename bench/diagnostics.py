@@ -9,6 +9,10 @@
    (`run_diagnostics`, the default set). Reports ms/session for each step.
 2. Backtest: the sessions sealed as one job (groups of 4, one batch per 64 sessions) with their evidence
    in a local bucket, then `backtest` with every built-in. Reports sessions/s.
+3. Reader cost with overlays: every batch read by a BatchReader without overlays, with overlays but
+   none written, and with one overlay quarantining every other session (the verdicts of a diagnostic
+   flagging odd sessions). Reports ms per reader open and per batch read (best of 5); `--s3`: the
+   same with the batches copied into SeaweedFS (started here, 127.0.0.1), where a listing is a request.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ import time
 from pathlib import Path
 
 from tracefleet import layout
-from tracefleet.bucket import LocalBucket
-from tracefleet.diagnostics.backtest import backtest, selected
+from tracefleet.bucket import LocalBucket, S3Bucket
+from tracefleet.diagnostics.backtest import DiagnosticReport, backtest, selected
+from tracefleet.diagnostics.base import Finding
 from tracefleet.diagnostics.evidence import HarnessEvidence, session_evidence
 from tracefleet.diagnostics.registry import run_diagnostics
 from tracefleet.runner.tracing import SessionOutcome, session_traces
+from tracefleet.traces.overlay import Overlay, write_overlay
 from tracefleet.traces.reader import BatchReader
 from tracefleet.traces.seal import Sealer
 from tracefleet.traces.synthetic import SyntheticSession
@@ -71,10 +77,49 @@ def turn(k: int) -> dict:
             "tool_calls": [{"id": f"call_{k}", "name": "Bash", "arguments": json.dumps({"command": command}), "kind": "function"}]}
 
 
+def reader_cost(bucket: LocalBucket | S3Bucket, job: str, passes: int = 5, **options: bool) -> dict[str, float]:
+    """ms to open a reader (and list its batches), ms per batch read with the training table taken: the
+    best of `passes` passes (the first pass pays for cold caches, whichever variant runs first)."""
+    opens, reads = [], []
+    for _ in range(passes):
+        started = time.perf_counter()
+        reader = BatchReader(bucket, job, **options)
+        seqs = reader.seqs()
+        opens.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        rows = sum(reader.read(seq).training_table().num_rows for seq in seqs)
+        reads.append((time.perf_counter() - started) / len(seqs))
+    return {"open_ms": round(min(opens) * 1000, 2), "read_ms_per_batch": round(min(reads) * 1000, 2), "training_rows": rows}
+
+
+def reading_costs(bucket: LocalBucket | S3Bucket, job: str, overlay: Overlay) -> dict[str, dict[str, float]]:
+    """reader_cost without overlays, with overlays but none written, then with `overlay` written."""
+    out = {"no_overlays": reader_cost(bucket, job, overlays=False), "overlays_none_written": reader_cost(bucket, job)}
+    write_overlay(bucket, overlay)
+    out["one_overlay"] = reader_cost(bucket, job)
+    return out
+
+
+def s3_reading_costs(local: LocalBucket, job: str, overlay: Overlay) -> dict[str, dict[str, float]]:
+    """reading_costs with the job's batches copied into SeaweedFS."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from fixtures.s3 import start_seaweedfs
+
+    server = start_seaweedfs()
+    try:
+        remote = S3Bucket(server.create_bucket(), "bench", **server.bucket_options())
+        for obj in local.list(layout.batches_prefix(job)):
+            remote.put(obj.key, local.get(obj.key))
+        return reading_costs(remote, job, overlay)
+    finally:
+        server.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sessions", type=int, default=1000)
     ap.add_argument("--calls", type=int, default=8)
+    ap.add_argument("--s3", action="store_true", help="also measure reader cost against SeaweedFS")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-diag-"))
     bucket = LocalBucket(tmp / "bucket")
@@ -107,14 +152,22 @@ def main() -> int:
             traces = []
     n = args.sessions
     started = time.perf_counter()
-    reports, sessions, missing = backtest(BatchReader(bucket, job), selected(None))
+    result = backtest(BatchReader(bucket, job, overlays=False), selected(None))
+    reports, sessions, missing = result.reports, result.sessions, result.missing
     t_back = time.perf_counter() - started
+    odd = DiagnosticReport("bench_odd", "1", "quarantine", findings={
+        f"{job}-s{i}": [Finding(name="bench_odd", version="1", severity="error", message="odd", file="x.py", line=1,
+                                action="quarantine")] for i in range(1, n, 2)}).overlay(job, result.seqs)
+    reading_s3 = s3_reading_costs(bucket, job, odd) if args.s3 else None
+    reading = reading_costs(bucket, job, odd)
     print(json.dumps({
         "sessions": n, "calls_per_session": args.calls,
         "evidence_ms_per_session": round(t_evidence / n * 1000, 3),
         "diagnostics_ms_per_session": round(t_diag / n * 1000, 3),
         "backtest_sessions_per_s": round(sessions / t_back, 1), "backtest_s": round(t_back, 2), "missing_evidence": missing,
         "flagged": {r.name: len(r.flagged) for r in reports},
+        "reader": reading,
+        **({"reader_s3": reading_s3} if reading_s3 is not None else {}),
     }, indent=1))
     shutil.rmtree(tmp, ignore_errors=True)
     return 0

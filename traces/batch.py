@@ -61,7 +61,12 @@ FINDING_TYPE = pa.struct(
         ("call_id", pa.string()),
     ]
 )
-_FINDING_FIELDS = [f.name for f in FINDING_TYPE]
+FINDING_FIELDS = [f.name for f in FINDING_TYPE]
+
+
+def finding_row(finding: dict[str, Any]) -> dict[str, Any]:
+    """A finding (tracefleet.diagnostics.base.Finding as JSON) as one `diagnostics` struct."""
+    return {k: finding.get(k) for k in FINDING_FIELDS}
 
 
 def _list_column(arrays: list[np.ndarray], dtype: np.dtype, arrow_type: pa.DataType, null_nan: bool = False) -> pa.Array:
@@ -109,7 +114,7 @@ def traces_to_table(traces: list[Trace]) -> pa.Table:
             "loss_mask": _list_column([t.loss_mask for t in traces], np.dtype(np.uint8), pa.uint8()),
             "logprobs": _list_column([t.logprobs for t in traces], np.dtype(np.float32), pa.float32(), null_nan=True),
             "spans": pa.array(spans, pa.list_(SPAN_TYPE)),
-            "diagnostics": pa.array([[{k: d.get(k) for k in _FINDING_FIELDS} for d in m.diagnostics] for m in metas],
+            "diagnostics": pa.array([[finding_row(d) for d in m.diagnostics] for m in metas],
                                     pa.list_(FINDING_TYPE)),
             "quarantined": pa.array([m.quarantined for m in metas], pa.bool_()),
             "schema_version": pa.array([TRACE_SCHEMA_VERSION] * len(traces), pa.int32()),

@@ -36,9 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         p.add_argument("uri", help="bucket (s3://bucket/prefix or a directory) or a capture log (.jsonl)")
         if job:
             p.add_argument("--job", help="job name (the folder under the bucket prefix); optional when there is one job")
-        p.add_argument("--endpoint-url", help="S3 endpoint (default: $AWS_ENDPOINT_URL)")
-        p.add_argument("--profile", help="AWS profile for credentials")
-        p.add_argument("--region", help="S3 region")
+        add_bucket_options(p)
 
     ls = sub.add_parser("ls", help="list jobs, a job's batches (seq, traces, tokens, reward), or a capture log's traces")
     common(ls)
@@ -72,7 +70,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flush.add_argument("--spool", help="spool directory (default: $TRACEFLEET_SPOOL or ~/.cache/tracefleet/spool)")
 
 
-def _bucket(args: argparse.Namespace) -> Any:
+def add_bucket_options(p: argparse.ArgumentParser) -> None:
+    """How a command reaches an S3 bucket (`bucket_from_args` opens it)."""
+    p.add_argument("--endpoint-url", help="S3 endpoint (default: $AWS_ENDPOINT_URL)")
+    p.add_argument("--profile", help="AWS profile for credentials")
+    p.add_argument("--region", help="S3 region")
+
+
+def bucket_from_args(args: argparse.Namespace) -> Any:
+    """`args.uri` opened with `add_bucket_options`' options; a directory is never created."""
     from tracefleet.bucket import open_bucket
 
     opts = {k: v for k, v in {"endpoint_url": args.endpoint_url, "profile": args.profile, "region": args.region}.items() if v}
@@ -118,7 +124,7 @@ def _load_traces(args: argparse.Namespace) -> tuple[list[Any], str]:
 
     if _is_capture_log(args.uri):
         return _capture_traces(args), f"{args.uri} ({args.builder})"
-    bucket = _bucket(args)
+    bucket = bucket_from_args(args)
     job = _job(args, bucket)
     reader = BatchReader(bucket, job)
     seqs = reader.seqs()
@@ -179,7 +185,7 @@ def _ls(args: argparse.Namespace) -> int:
 
     if _is_capture_log(args.uri):
         return _ls_capture(args)
-    bucket = _bucket(args)
+    bucket = bucket_from_args(args)
     if not args.job:
         jobs = _jobs(bucket)
         for job in jobs:
@@ -290,7 +296,7 @@ def _export(args: argparse.Namespace) -> int:
 def _flush(args: argparse.Namespace) -> int:
     from .seal import Sealer
 
-    bucket = _bucket(args)
+    bucket = bucket_from_args(args)
     if not args.job:
         raise SystemExit("--job is required for flush")
     sealer = Sealer(bucket, args.job, spool=args.spool)

@@ -13,6 +13,12 @@ over the rest (tracefleet.api.semantics). Quarantined traces (a diagnostic judge
 reward invalid: `quarantined` column, reward already <= 0) are left out the same way unless
 `include_quarantined=True`.
 
+Overlays (tracefleet.traces.overlay): verdicts `tracefleet diagnose --write-overlay` wrote for sessions
+already sealed. `read` (and `follow`) apply the job's overlays by default: a session an overlay
+quarantines is marked `quarantined` in the batch it reads and left out exactly like one quarantined at
+sealing, its findings are in the `diagnostics` column (`Batch.findings()`), `Batch.overlays` lists what was
+applied; `BatchReader(..., overlays=False)` reads the sealed data alone.
+
 Only manifests make batches visible; every object is checked against the manifest's size and sha256.
 The cursor (`<job>/consumers/<consumer>.json`, {"next_seq": N}) moves only on `commit`, so a trainer that
 dies mid-batch sees that batch again after a restart, and never sees a committed batch twice.
@@ -38,6 +44,7 @@ from tracefleet.layout import batch_object_key, cursor_key, job_root, manifest_k
 
 from .advantages import group_advantages
 from .batch import BatchManifest, list_values, parquet_to_table, table_to_traces
+from .overlay import Overlay, apply_overlays, current_overlays
 from .schema import Trace
 from .seal import sealed_seqs
 
@@ -49,7 +56,8 @@ class CorruptBatch(BucketError):
 @dataclass
 class Batch:
     manifest: BatchManifest
-    table: pa.Table
+    table: pa.Table  # the sealed rows, with the overlays applied
+    overlays: list[Overlay] = field(default_factory=list)  # the job's overlays when read (each diagnostic's newest)
     _traces: list[Trace] | None = field(default=None, repr=False)
 
     @property
@@ -59,7 +67,24 @@ class Batch:
     def traces(self) -> list[Trace]:
         if self._traces is None:
             self._traces = table_to_traces(self.table)
+            if self.overlays and {"diagnostics", "quarantined"} <= set(self.table.column_names):
+                # the metadata JSON is the sealed one: carry the overlays' columns over
+                columns = self.table.select(["diagnostics", "quarantined", "reward"]).to_pylist()
+                for t, row in zip(self._traces, columns, strict=True):
+                    t.meta.diagnostics, t.meta.quarantined, t.meta.reward = row["diagnostics"], row["quarantined"], row["reward"]
         return self._traces
+
+    def findings(self) -> dict[str, list[dict[str, Any]]]:
+        """Every session's findings (sealed and from overlays), by session id; sessions without any
+        are left out."""
+        if "diagnostics" not in self.table.column_names:
+            return {}
+        out: dict[str, list[dict[str, Any]]] = {}
+        for sid, found in zip(self.table.column("session_id").to_pylist(), self.table.column("diagnostics").to_pylist(),
+                              strict=True):
+            if found and sid not in out:
+                out[sid] = found
+        return out
 
     def training_table(self, *, include_auxiliary: bool = False, include_quarantined: bool = False) -> pa.Table:
         """The rows a trainer trains on: all but auxiliary traces (a title or summary call beside the
@@ -159,13 +184,15 @@ def padded_tensors(
 
 class BatchReader:
     def __init__(self, bucket: Bucket | str | os.PathLike[str], job: str, *, consumer: str | None = None,
-                 verify: bool = True, **bucket_options: Any) -> None:
+                 verify: bool = True, overlays: bool = True, **bucket_options: Any) -> None:
         self.bucket = bucket if hasattr(bucket, "create_exclusive") else open_bucket(bucket, **bucket_options)  # type: ignore[arg-type]
         self.job = job_root(job)
         if consumer is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", consumer):
             raise ValueError(f"invalid consumer name {consumer!r}")
         self.consumer = consumer
         self.verify = verify
+        self.apply_overlays = overlays
+        self._overlays: dict[str, Overlay] = {}  # by key: overlay objects are never rewritten
         self._position: int | None = None
 
     # listing --------------------------------------------------------------------------------------
@@ -191,7 +218,15 @@ class BatchReader:
 
     def read(self, batch: int | BatchManifest) -> Batch:
         manifest = self.manifest(batch) if isinstance(batch, int) else batch
-        return Batch(manifest=manifest, table=self.read_table(manifest))
+        table = self.read_table(manifest)
+        if not self.apply_overlays:
+            return Batch(manifest=manifest, table=table)
+        overlays = self.overlays()
+        return Batch(manifest=manifest, table=apply_overlays(table, overlays), overlays=overlays)
+
+    def overlays(self) -> list[Overlay]:
+        """The job's overlays as they are now (each diagnostic's newest): one listing."""
+        return current_overlays(self.bucket, self.job, self._overlays)
 
     # consuming ------------------------------------------------------------------------------------
     def _cursor_key(self) -> str:

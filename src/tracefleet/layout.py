@@ -12,6 +12,9 @@ them with it. Stable: trainers and reruns rely on it.
     <job>/sessions/<session>/artifacts/<path>            oversized request bodies, the harness's
     <job>/sessions/<session>/upload.json                 artifacts; upload.json written last)
     <job>/sessions/<session>/reward.json               the evaluator Job's verdict
+    <job>/evidence/<session id>.json                   a session's evidence (tracefleet.diagnostics)
+    <job>/overlays/<diagnostic>/<stamp>.json           `tracefleet diagnose --write-overlay`: a diagnostic's
+                                                       verdicts on sealed sessions, applied by the reader
 
 The harness's artifacts (`artifacts/<name>`, and the same names in a local session folder) are named
 below too: the harness entrypoint writes them, the sidecar waits for RESULT, the evaluator reads them.
@@ -129,3 +132,32 @@ def evidence_key(job: str, session_id: str) -> str:
     trace rows carry: local mode writes it when the session finishes, on Kubernetes the evaluator Job
     (it holds the patch, the task and the judging); the sealer and `tracefleet diagnose` read it."""
     return f"{job_root(job)}/{EVIDENCE_DIR}/{session_id}.json"
+
+
+# ---- overlays (tracefleet.traces.overlay): a diagnostic's verdicts on sealed sessions, applied by the reader
+
+OVERLAYS_DIR = "overlays"
+_OVERLAY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def overlays_prefix(job: str) -> str:
+    return f"{job_root(job)}/{OVERLAYS_DIR}/"
+
+
+def overlay_key(job: str, diagnostic: str, stamp: str) -> str:
+    """One overlay, written once and never rewritten: `<job>/overlays/<diagnostic>/<stamp>.json`. `stamp`
+    sorts by writing time, so the newest overlay of a diagnostic is the last key of its folder."""
+    if not _OVERLAY_NAME.match(diagnostic) or diagnostic in (".", ".."):
+        raise ValueError(f"diagnostic name {diagnostic!r} cannot name an overlay (letters, digits, . _ - only)")
+    return f"{overlays_prefix(job)}{diagnostic}/{stamp}.json"
+
+
+def overlay_key_parts(job: str, key: str) -> tuple[str, str] | None:
+    """(diagnostic, stamp) of a key under the job's overlays, or None for any other key (a key may carry
+    the bucket's own prefix in front)."""
+    root = overlays_prefix(job)
+    rest = key[len(root):] if key.startswith(root) else key.split(f"/{OVERLAYS_DIR}/", 1)[-1]
+    diagnostic, _, name = rest.partition("/")
+    if not _OVERLAY_NAME.match(diagnostic) or "/" in name or not name.endswith(".json"):
+        return None
+    return diagnostic, name[: -len(".json")]

@@ -17,18 +17,12 @@ import yaml
 
 from tracefleet.traces.reader import BatchReader
 
+from fixtures.command_harness import MODEL_CALL
+
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 
-HARNESS = textwrap.dedent(
+HARNESS = MODEL_CALL + textwrap.dedent(
     """
-    import json, os, pathlib, urllib.request
-    req = urllib.request.Request(
-        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-        data=json.dumps({"model": os.environ["OPENAI_MODEL"], "max_tokens": 8,
-                         "messages": [{"role": "user", "content": os.environ["TRACEFLEET_PROMPT"]}]}).encode(),
-        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
-    )
-    json.load(urllib.request.urlopen(req, timeout=60))
     if "hack" in os.environ["TRACEFLEET_PROMPT"]:  # the reward hack: make the failing test pass by editing it
         pathlib.Path("test_calc.py").write_text("def test_add():\\n    assert True\\n")
     else:  # the real fix

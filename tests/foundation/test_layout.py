@@ -32,6 +32,18 @@ def test_batch_keys_parse_back() -> None:
         assert layout.batch_key_parts("job", other) is None
 
 
+def test_overlay_keys_are_one_folder_per_diagnostic_and_parse_back() -> None:
+    assert layout.evidence_key("job", "s1") == "job/evidence/s1.json"
+    assert layout.overlay_key("job", "protected_files", "0001-ab") == "job/overlays/protected_files/0001-ab.json"
+    assert layout.overlay_key_parts("job", "job/overlays/protected_files/0001-ab.json") == ("protected_files", "0001-ab")
+    assert layout.overlay_key_parts("job", "runs/job/overlays/mine/2.json") == ("mine", "2")
+    for other in ("job/overlays/x/", "job/overlays/x/a/b.json", "job/overlays/x/notes.txt"):
+        assert layout.overlay_key_parts("job", other) is None
+    for bad in ("a/b", "..", "has space"):
+        with pytest.raises(ValueError, match="cannot name an overlay"):
+            layout.overlay_key("job", bad, "1")
+
+
 @pytest.mark.parametrize("bad", ["", "a/b", ".", ".."])
 def test_a_job_name_is_one_path_segment(bad: str) -> None:
     with pytest.raises(ValueError, match="invalid job name"):

@@ -10,13 +10,12 @@ from __future__ import annotations
 import html
 import json
 import re
-import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
-import pytest
+from fixtures.browser import browser
 
 DATA = Path(__file__).resolve().parent / "data"
 # A real harness session (pi) recorded through the proxy against SmolLM2's tokenizer (data/README.md):
@@ -28,19 +27,6 @@ CONTEXT_FG = "rgb(136, 136, 136)"  # .ctx colour (#888)
 
 def tracefleet(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tracefleet", *argv], capture_output=True, text=True, timeout=180)
-
-
-def chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not found:
-        pytest.fail("Chromium not found: run `bash hack/setup.d/60-browser.sh` (apt-get install chromium)", pytrace=False)
-    return found
-
-
-def browser(*args: str) -> subprocess.CompletedProcess[str]:
-    # --no-sandbox: the tests may run as root, where Chromium's sandbox refuses to start.
-    return subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args],
-                          capture_output=True, text=True, timeout=120)
 
 
 class PageText(HTMLParser):

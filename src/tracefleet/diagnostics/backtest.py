@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from tracefleet.traces.advantages import group_advantages
 
-from .base import Action, Diagnostic
-from .evidence import stored_evidence
+from tracefleet.traces.overlay import Overlay
+
+from .base import Action, Diagnostic, Finding
+from .evidence import SessionEvidence, stored_evidence
 from .registry import BUILTINS, hook_diagnostic
 
 
@@ -27,8 +28,10 @@ from .registry import BUILTINS, hook_diagnostic
 class DiagnosticReport:
     name: str
     version: str
+    action: Action = "quarantine"
     sessions: int = 0  # sessions judged (with evidence)
     flagged: list[str] = field(default_factory=list)
+    findings: dict[str, list[Finding]] = field(default_factory=dict)  # flagged session -> its findings
     flagged_rewards: list[float] = field(default_factory=list)
     other_rewards: list[float] = field(default_factory=list)
     demoted: int = 0  # flagged sessions with a positive advantage
@@ -36,37 +39,59 @@ class DiagnosticReport:
     changes: list[float] = field(default_factory=list)  # |advantage change| of the other sessions in flagged groups
 
     def lines(self) -> list[str]:
-        def mean(values: list[float]) -> str:
-            return f"{sum(values) / len(values):.3f}" if values else "-"
-
-        change = f"{sum(self.changes) / len(self.changes):.3f}" if self.changes else "-"
         return [
             f"{self.name} (v{self.version}): {len(self.flagged)} of {self.sessions} sessions flagged",
-            f"  mean reward flagged {mean(self.flagged_rewards)} vs not {mean(self.other_rewards)}",
+            f"  mean reward flagged {mean_text(self.flagged_rewards)} vs not {mean_text(self.other_rewards)}",
             f"  positive-advantage sessions demoted: {self.demoted} (advantage {self.demoted_advantage:+.3f} in all)",
-            f"  mean |advantage change| of the other sessions in their groups: {change}",
+            f"  mean |advantage change| of the other sessions in their groups: {mean_text(self.changes)}",
             *[f"  flagged: {s}" for s in self.flagged],
         ]
 
+    def overlay(self, job: str, seqs: list[int]) -> Overlay:
+        """The verdicts as an overlay the reader applies (tracefleet.traces.overlay)."""
+        return Overlay(job=job, diagnostic=self.name, version=self.version, action=self.action, seqs=seqs,
+                       judged=self.sessions,
+                       sessions={s: [f.model_dump(mode="json") for f in found] for s, found in self.findings.items()})
 
-def selected(names: Sequence[str] | None) -> list[tuple[Diagnostic, Action, dict[str, Any]]]:
+
+def mean_text(values: list[float]) -> str:
+    return f"{sum(values) / len(values):.3f}" if values else "-"
+
+
+@dataclass
+class Backtest:
+    reports: list[DiagnosticReport]
+    seqs: list[int]
+    sessions: int = 0  # sealed sessions read
+    missing: int = 0  # of those, without evidence (not judged)
+    evidence: dict[str, SessionEvidence] = field(default_factory=dict)  # flagged sessions' evidence
+    rewards: dict[str, float] = field(default_factory=dict)  # sealed reward by session
+    advantages: dict[str, float] = field(default_factory=dict)  # GRPO advantage by session, as sealed
+
+
+def selected(names: Sequence[str] | None, action: Action = "quarantine") -> list[tuple[Diagnostic, Action, dict[str, Any]]]:
     """Built-ins by name, hooks as module:function; none given: every built-in."""
     out: list[tuple[Diagnostic, Action, dict[str, Any]]] = []
     for name in names or list(BUILTINS):
         if ":" in name:
-            out.append((hook_diagnostic(name.rpartition(":")[2], name), "quarantine", {}))
+            try:
+                out.append((hook_diagnostic(name.rpartition(":")[2], name), action, {}))
+            except (ImportError, AttributeError, ValueError) as exc:
+                raise SystemExit(f"--diagnostic {name!r}: cannot load the hook: {type(exc).__name__}: {exc}") from None
         elif name in BUILTINS:
-            out.append((BUILTINS[name], "quarantine", {}))
+            out.append((BUILTINS[name], action, {}))
         else:
             raise SystemExit(f"--diagnostic {name!r}: not a built-in ({', '.join(BUILTINS)}) nor module:function")
     return out
 
 
-def backtest(reader: Any, diagnostics: list[tuple[Diagnostic, Action, dict[str, Any]]]) -> tuple[list[DiagnosticReport], int, int]:
-    """(one report per diagnostic, sessions read, sessions without evidence)."""
-    reports = [DiagnosticReport(d.name, d.version) for d, _, _ in diagnostics]
-    sessions = missing = 0
-    for seq in reader.seqs():
+def backtest(reader: Any, diagnostics: list[tuple[Diagnostic, Action, dict[str, Any]]]) -> Backtest:
+    """Every diagnostic over every sealed session with evidence. `reader` should read the sealed data
+    alone (BatchReader(..., overlays=False)): a backtest says what a diagnostic changes against what was
+    sealed, not against earlier overlays."""
+    result = Backtest(reports=[DiagnosticReport(d.name, d.version, action) for d, action, _ in diagnostics],
+                      seqs=reader.seqs())
+    for seq in result.seqs:
         table = reader.read(seq).training_table()
         ids = table.column("session_id").to_pylist()
         groups = table.column("group_id").to_pylist()
@@ -74,22 +99,28 @@ def backtest(reader: Any, diagnostics: list[tuple[Diagnostic, Action, dict[str, 
         before = group_advantages(rewards, groups, ids)
         first = {s: i for i, s in reversed(list(enumerate(ids)))}  # a session's first row
         evidence = {}
-        for sid in first:
-            sessions += 1
+        for sid, i in first.items():
+            result.sessions += 1
+            result.rewards[sid], result.advantages[sid] = rewards[i], float(before[i])
             ev = stored_evidence(reader.bucket, reader.job, sid)
             if ev is None:
-                missing += 1
+                result.missing += 1
             else:
                 evidence[sid] = ev
-        for (diag, _action, params), report in zip(diagnostics, reports, strict=True):
+        for (diag, action, params), report in zip(diagnostics, result.reports, strict=True):
             flagged = set()
             for sid, ev in evidence.items():
                 report.sessions += 1
-                hits = list(diag.check(ev, {**diag.defaults, **params}))
-                (report.flagged_rewards if hits else report.other_rewards).append(rewards[first[sid]])
-                if hits:
+                try:
+                    found = diag.run(ev, params, action)
+                except Exception as exc:  # a user's hook: say on which session (the traceback stays chained)
+                    raise RuntimeError(f"{diag.name} failed on session {sid}: {type(exc).__name__}: {exc}") from exc
+                (report.flagged_rewards if found else report.other_rewards).append(rewards[first[sid]])
+                if found:
                     flagged.add(sid)
                     report.flagged.append(sid)
+                    report.findings[sid] = found
+                    result.evidence[sid] = ev
                     if before[first[sid]] > 0:
                         report.demoted += 1
                         report.demoted_advantage += float(before[first[sid]])
@@ -103,6 +134,4 @@ def backtest(reader: Any, diagnostics: list[tuple[Diagnostic, Action, dict[str, 
                 if groups[i] in touched and ids[i] not in seen:
                     seen.add(ids[i])
                     report.changes.append(abs(float(after[k]) - float(before[i])))
-    return reports, sessions, missing
-
-
+    return result
