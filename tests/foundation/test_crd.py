@@ -93,7 +93,7 @@ def test_schema_carries_defaults_enums_and_rules() -> None:
     assert inline["x-kubernetes-list-type"] == "map" and inline["x-kubernetes-list-map-keys"] == ["id"]
     version = crd_manifest()["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Done", "Total", "Batches", "Age"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Done", "Total", "Batches", "Quarantined", "Age"]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -159,14 +159,14 @@ def test_kubectl_get_rj_shows_printer_columns(rj_cluster: Any) -> None:
     job = yaml.safe_load((REPO / "examples" / "local-command.yaml").read_text())
     job["metadata"] = {"name": name, "namespace": NAMESPACE}
     _ok(kubectl(rj_cluster, "apply", "-f", "-", input=json.dumps(job)))
-    status = {"status": {"phase": "Running", "counters": {"total": 10, "succeeded": 3, "running": 2},
+    status = {"status": {"phase": "Running", "counters": {"total": 10, "succeeded": 3, "running": 2, "judged": 3, "quarantined": 1},
                          "batchesCompleted": 1}}
     _ok(kubectl(rj_cluster, "patch", "rolloutjob", name, "-n", NAMESPACE, "--subresource=status",
                 "--type=merge", "-p", json.dumps(status)))
     table = _ok(kubectl(rj_cluster, "get", "rj", name, "-n", NAMESPACE)).splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "DONE", "TOTAL", "BATCHES", "AGE"], table
+    assert table[0].split() == ["NAME", "PHASE", "DONE", "TOTAL", "BATCHES", "QUARANTINED", "AGE"], table
     row = table[1].split()
-    assert row[:5] == [name, "Running", "3", "10", "1"], table
+    assert row[:6] == [name, "Running", "3", "10", "1", "1"], table
     # The category lets `kubectl get tracefleet` list every tracefleet resource.
     assert name in _ok(kubectl(rj_cluster, "get", "tracefleet", "-n", NAMESPACE))
     # The status subresource: a status write through the main resource is ignored.

@@ -136,6 +136,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Done", "type": "integer", "jsonPath": ".status.counters.succeeded", "description": "Sessions succeeded"},
     {"name": "Total", "type": "integer", "jsonPath": ".status.counters.total", "description": "Sessions in the job"},
     {"name": "Batches", "type": "integer", "jsonPath": ".status.batchesCompleted", "description": "Batches sealed"},
+    {"name": "Quarantined", "type": "integer", "jsonPath": ".status.counters.quarantined",
+     "description": "Sessions quarantined or dropped by diagnostics"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
