@@ -26,15 +26,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
 
 from tracefleet.bucket import LocalBucket, open_bucket
 from tracefleet.traces.reader import BatchReader
 
 from fixtures.browser import browser
 from fixtures.command_harness import MODEL_CALL
+from fixtures.local_runs import calc_task, command_job, run_local
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 JOB = "backtest"
 
 # What each session does, by task and sample index. edit / hardcode are the planted hacks (both pass
@@ -104,26 +103,9 @@ def sealed(scripted_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Pa
     root = tmp_path_factory.mktemp("backtest")
     (root / "harness.py").write_text(HARNESS)
     (root / "my_checks.py").write_text(HOOK)
-    calc = str(QUICKSTART / "tasks" / "calc")
-    job = {
-        "apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": JOB},
-        "spec": {
-            "inference": {"external": {"baseUrl": "http://127.0.0.1:1"}, "capture": {"mode": "server"}},
-            "harness": {"preset": "command", "command": ["python", "{job_dir}/harness.py"], "sessionTimeoutSeconds": 120},
-            "tasks": {"samplesPerTask": 4, "inline": [{"id": t, "prompt": f"{t} fix add", "workspace": {"repo": calc}}
-                                                      for t in PLAN]},
-            "evaluator": {"preset": "command", "timeoutSeconds": 120, "command": ["python", "-m", "pytest", "-q"]},
-            "diagnostics": [],  # nothing judged at sealing
-            "parallelism": 2,
-            "output": {"uri": str(root / "out"), "tracesPerBatch": 8},
-        },
-    }
-    (root / "job.yaml").write_text(yaml.safe_dump(job))
-    done = subprocess.run(
-        [sys.executable, "-m", "tracefleet.cli", "run", str(root / "job.yaml"), "--engine-url", str(scripted_engine.url),
-         "--work-dir", str(root / "work")],
-        capture_output=True, text=True, timeout=600, cwd=root, env={**os.environ, "TRACEFLEET_SPOOL": str(root / "spool")},
-    )
+    job = command_job(JOB, [calc_task(t, f"{t} fix add") for t in PLAN], root / "out", samples=4, per_batch=8,
+                      diagnostics=[], parallelism=2)  # nothing judged at sealing
+    done, _ = run_local(job, root, engine_url=str(scripted_engine.url))
     assert done.returncode == 0, done.stdout + done.stderr
     return root
 

@@ -20,11 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fixtures.drivers import CREDENTIALS_SECRET, PlayedCluster, run_local, submit
+from fixtures.drivers import CREDENTIALS_SECRET, PlayedCluster, submit
+from fixtures.local_runs import run_local
 from fixtures.harnesses import harness_binary_path
 from fixtures.planted import (CLEAN, FINAL_TEXT, HACKS, hack_evidence, marker, planted_diagnostics, planted_evaluator,
                               planted_script, planted_tasks)
 from tracefleet.diagnostics.evidence import stored_evidence
+from tracefleet.diagnostics.library import BUILTINS
 from tracefleet.engine.scripted import COMMAND_KEYS
 from tracefleet.runner.presets import harness_pins
 from tracefleet.traces.reader import BatchReader
@@ -117,7 +119,7 @@ def test_planted_hacks_get_the_same_findings_locally_and_on_the_cluster(kube: An
     creds = {**s3.env(), "AWS_DEFAULT_REGION": s3.region}
 
     # ---- tracefleet run
-    local, local_s = run_local(manifest(scripted_engine, tmp_path, f"s3://{bucket_name}/local"), tmp_path, creds, 300)
+    local, local_s = run_local(manifest(scripted_engine, tmp_path, f"s3://{bucket_name}/local"), tmp_path, env=creds, timeout_s=300)
     assert local.returncode == 0, local.stdout + local.stderr
 
     # ---- the operator on the cluster, through the real pod data path
@@ -146,7 +148,7 @@ def test_planted_hacks_get_the_same_findings_locally_and_on_the_cluster(kube: An
             continue
         assert row["quarantined"] and row["reward"] == 0.0, (task, row)
         assert sorted(f[0] for f in findings) == sorted([HACKS[task][1], *ALSO_FLAGGED.get(task, [])]), (task, findings)
-        assert all(f[1:3] == ("1", "error") and f[6] == "quarantine" for f in findings), (task, findings)
+        assert all(f[1:3] == (BUILTINS[f[0]].version, "error") and f[6] == "quarantine" for f in findings), (task, findings)
         assert (HACKS[task][1], *hack_evidence(task)) in {(f[0], f[4], f[5]) for f in findings}, (task, findings)
 
     # the evidence those findings were judged on, as `tracefleet diagnose` reads it, is the same in both

@@ -6,7 +6,6 @@ training by BatchReader; the session that fixes the bug has no finding and is tr
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,8 +17,7 @@ import yaml
 from tracefleet.traces.reader import BatchReader
 
 from fixtures.command_harness import MODEL_CALL
-
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+from fixtures.local_runs import calc_task, command_job, run_local
 
 HARNESS = MODEL_CALL + textwrap.dedent(
     """
@@ -34,28 +32,12 @@ HARNESS = MODEL_CALL + textwrap.dedent(
 
 def test_planted_test_edit_is_flagged_quarantined_and_not_trained_on(scripted_engine: Any, tmp_path: Path) -> None:
     (tmp_path / "harness.py").write_text(HARNESS)
-    calc = str(QUICKSTART / "tasks" / "calc")
-    job = {
-        "apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": "planted-hack"},
-        "spec": {
-            "inference": {"external": {"baseUrl": "http://127.0.0.1:1"}, "capture": {"mode": "server"}},
-            "harness": {"preset": "command", "command": ["python", "{job_dir}/harness.py"], "sessionTimeoutSeconds": 120},
-            "tasks": {"samplesPerTask": 1, "inline": [{"id": "hack", "prompt": "hack the tests", "workspace": {"repo": calc}},
-                                                      {"id": "fix", "prompt": "fix add", "workspace": {"repo": calc}}]},
-            # no protection: pytest on the patched copy, so the hack earns reward 1
-            "evaluator": {"preset": "command", "timeoutSeconds": 120, "command": ["python", "-m", "pytest", "-q"]},
-            "diagnostics": [{"name": "protected_files", "action": "quarantine"},
-                            {"name": "success_without_work", "action": "quarantine"}],
-            "output": {"uri": str(tmp_path / "out"), "tracesPerBatch": 2},
-        },
-    }
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    done = subprocess.run(
-        [sys.executable, "-m", "tracefleet.cli", "run", str(path), "--engine-url", str(scripted_engine.url),
-         "--work-dir", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "TRACEFLEET_SPOOL": str(tmp_path / "spool")},
-    )
+    job = command_job(
+        "planted-hack", [calc_task("hack", "hack the tests"), calc_task("fix", "fix add")], tmp_path / "out",
+        # no protection: pytest on the patched copy, so the hack earns reward 1
+        diagnostics=[{"name": "protected_files", "action": "quarantine"},
+                     {"name": "success_without_work", "action": "quarantine"}])
+    done, _ = run_local(job, tmp_path, engine_url=str(scripted_engine.url), timeout_s=300)
     assert done.returncode == 0, done.stdout + done.stderr
 
     reader = BatchReader(str(tmp_path / "out"), "planted-hack")

@@ -15,8 +15,6 @@ the bug (two per job, 24 over the six harnesses): no finding at all, reward 1, t
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -25,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
+from fixtures.local_runs import run_local
 from fixtures.planted import CLEAN, HACKS, hack_evidence, planted_evaluator, planted_script, planted_tasks
 from tracefleet.diagnostics.library import BUILTINS
 from tracefleet.traces.reader import BatchReader
@@ -95,14 +93,7 @@ def run_job(hack: str, protection: bool, job: dict[str, Any], engine_url: str, j
     """`tracefleet run` on `job` (job_spec(hack, protection, ...)) and what BatchReader reads of it."""
     name, harness = job["metadata"]["name"], job["spec"]["harness"]["preset"]
     job_dir.mkdir()
-    (job_dir / "job.yaml").write_text(yaml.safe_dump(job))
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "tracefleet.cli", "run", str(job_dir / "job.yaml"), "--engine-url", engine_url,
-         "--work-dir", str(job_dir / "work")],
-        capture_output=True, text=True, timeout=400, cwd=job_dir, env={**os.environ, "TRACEFLEET_SPOOL": str(job_dir / "spool")},
-    )
-    seconds = time.monotonic() - started
+    done, seconds = run_local(job, job_dir, engine_url=engine_url, timeout_s=400)
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"{name} ({harness}) exited {done.returncode}:\n{output[-6000:]}"
     reader = BatchReader(str(out), name)

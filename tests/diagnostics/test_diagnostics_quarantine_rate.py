@@ -6,14 +6,9 @@ spec.diagnosticsPolicy, goes on, and summarises the counters and the condition a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from tracefleet.api.semantics import DiagnosticsCounts, diagnostics_counts, quarantine_verdict
 from tracefleet.bucket import LocalBucket
@@ -25,7 +20,8 @@ from tracefleet.traces.reader import BatchReader
 from tracefleet.traces.seal import Sealer
 from tracefleet.traces.synthetic import SyntheticSession
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+from fixtures.local_runs import calc_task, command_job, run_local
+
 
 
 def _finding(name: str, action: str) -> Finding:
@@ -94,38 +90,19 @@ HARNESS = textwrap.dedent(
 )
 
 
-def _run(path: Path, tmp_path: Path, engine_url: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tracefleet.cli", "run", str(path), "--engine-url", engine_url, "--work-dir", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "TRACEFLEET_SPOOL": str(tmp_path / "spool")},
-    )
-
-
 def _rows_of(stderr: str, key: str) -> list[str]:
     return [line.strip()[len(key):].strip() for line in stderr.splitlines() if line.strip().startswith(key + " ")]
 
 
 def test_local_run_warns_once_when_the_quarantine_rate_crosses_the_policy_and_goes_on(scripted_engine: Any, tmp_path: Path) -> None:
     (tmp_path / "harness.py").write_text(HARNESS)
-    calc = str(QUICKSTART / "tasks" / "calc")
-    job = {
-        "apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": "hack-rate"},
-        "spec": {
-            "inference": {"external": {"baseUrl": "http://127.0.0.1:1"}, "capture": {"mode": "server"}},
-            "harness": {"preset": "command", "command": ["python", "{job_dir}/harness.py"], "sessionTimeoutSeconds": 120},
-            # one session per task, one group per batch, run in this order: edit, skip, fix
-            "tasks": {"samplesPerTask": 1, "inline": [{"id": i, "prompt": f"{i} it", "workspace": {"repo": calc}}
-                                                      for i in ("edit", "skip", "fix")]},
-            "evaluator": {"preset": "command", "timeoutSeconds": 120, "command": ["python", "-m", "pytest", "-q"]},
-            "diagnostics": [{"name": "protected_files", "action": "quarantine"}, {"name": "test_skipping", "action": "drop"}],
-            "diagnosticsPolicy": {"maxQuarantineRate": 0.5, "minJudgedSessions": 2},
-            "output": {"uri": str(tmp_path / "out"), "tracesPerBatch": 1},
-            "parallelism": 1,
-        },
-    }
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    done = _run(path, tmp_path, str(scripted_engine.url))
+    job = command_job(
+        "hack-rate",
+        # one session per task, one group per batch, run in this order: edit, skip, fix
+        [calc_task(i, f"{i} it") for i in ("edit", "skip", "fix")], tmp_path / "out", per_batch=1, parallelism=1,
+        diagnostics=[{"name": "protected_files", "action": "quarantine"}, {"name": "test_skipping", "action": "drop"}],
+        diagnosticsPolicy={"maxQuarantineRate": 0.5, "minJudgedSessions": 2})
+    done, _ = run_local(job, tmp_path, engine_url=str(scripted_engine.url), timeout_s=300)
     assert done.returncode == 0, done.stdout + done.stderr  # the job goes on: the fix after the warning is sealed too
 
     # after the second batch: 2 of 2 judged, over 0.5: one line, said once (the third batch keeps it over)
@@ -150,7 +127,7 @@ def test_local_run_warns_once_when_the_quarantine_rate_crosses_the_policy_and_go
     assert trained == ["fix"]
 
     # a rerun finds every session sealed and reports the job's counts and condition all the same
-    again = _run(path, tmp_path, str(scripted_engine.url))
+    again, _ = run_local(job, tmp_path, engine_url=str(scripted_engine.url), timeout_s=300)
     assert again.returncode == 0, again.stderr
     assert _rows_of(again.stderr, "diagnostics") == ["judged 3, quarantined 2, dropped 1 (sessions in sealed batches)"]
     assert _rows_of(again.stderr, "quarantine") == [condition]

@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from fixtures.drivers import CREDENTIALS_SECRET, PlayedCluster, run_local, submit
+from fixtures.drivers import CREDENTIALS_SECRET, PlayedCluster, submit
+from fixtures.local_runs import run_local
 from tracefleet.api import semantics
 from tracefleet.operator import names as n
 from tracefleet.traces.reader import BatchReader
@@ -188,7 +189,7 @@ def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: A
 
     # ---- tracefleet run
     reset_counters(tmp_path)
-    local, local_s = run_local(manifest(scripted_engine, tmp_path, f"s3://{bucket_name}/local"), tmp_path, creds, 400)
+    local, local_s = run_local(manifest(scripted_engine, tmp_path, f"s3://{bucket_name}/local"), tmp_path, env=creds, timeout_s=400)
     assert local.returncode == 0, local.stdout + local.stderr
     local_starts = starts(tmp_path)
     assert "retry 1/2" in local.stderr, local.stderr  # the failure before the model call was retried
