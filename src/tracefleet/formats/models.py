@@ -142,13 +142,7 @@ def _fingerprint(path: Path) -> str:
     return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
 
 
-TOKENIZER_CACHE_VERSION = 2  # bump when the conversion below changes
-
-PRE_TOKENIZERS = {
-    "smollm": {"type": "Sequence", "pretokenizers": [
-        {"type": "Digits", "individual_digits": True},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]},
-}
+TOKENIZER_CACHE_VERSION = 2  # bump when the conversion (formats/gguf_tokenizer.py) changes its output
 
 
 def tokenizer_json_path(gguf_path: Path) -> Path:
@@ -157,31 +151,19 @@ def tokenizer_json_path(gguf_path: Path) -> Path:
 
 
 def ensure_tokenizer_json(gguf_path: Path) -> Path:
-    """The Hugging Face `tokenizers` file converted from the GGUF vocabulary (cached: conversion takes ~20 s)."""
+    """The Hugging Face `tokenizers` file converted from the GGUF vocabulary, cached with a `.meta.json`
+    beside it (bos/eos token text, the embedded chat template). SmolLM2 converts in seconds without torch;
+    vocabularies that need transformers take ~20 s."""
     target = tokenizer_json_path(gguf_path)
     if target.is_file():
         return target
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from transformers import AutoTokenizer
+    from .gguf_tokenizer import converted_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    backend = getattr(tok, "backend_tokenizer", None) or tok._tokenizer
+    converted = converted_tokenizer(gguf_path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
-    backend.save(str(tmp))
-    pre = gguf_metadata(gguf_path, ("tokenizer.ggml.pre",)).get("tokenizer.ggml.pre")
-    if pre in PRE_TOKENIZERS:
-        # transformers' GGUF converter drops the digit split that SmolLM2 (and llama.cpp) apply first,
-        # so "a  1" would tokenize differently from the model's own tokenizer.
-        data = json.loads(tmp.read_text())
-        data["pre_tokenizer"] = PRE_TOKENIZERS[pre]
-        tmp.write_text(json.dumps(data, ensure_ascii=False))
-    meta = {
-        "bos_token": tok.bos_token,
-        "eos_token": tok.eos_token,
-        "chat_template": getattr(tok, "chat_template", None),
-    }
-    tmp.with_suffix(".meta").write_text(json.dumps(meta))
+    tmp.write_text(json.dumps(converted.tokenizer, ensure_ascii=False))
+    tmp.with_suffix(".meta").write_text(json.dumps(converted.meta))
     tmp.with_suffix(".meta").replace(target.with_suffix(".meta.json"))
     tmp.replace(target)
     return target
