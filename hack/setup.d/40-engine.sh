@@ -10,14 +10,14 @@ LLAMA_VERSION=0.3.16
 WHEELS="$CACHE/wheels"
 mkdir -p "$WHEELS"
 
-# llama-cpp-python ships only an sdist: build a portable wheel once (148 s on 2 cores at load 2-3).
+# llama-cpp-python ships only an sdist: build a portable wheel once (90-150 s on 2 cores).
 # GGML_NATIVE=OFF keeps the cached wheel valid on any x86-64 machine the cache moves to. LLAVA_BUILD=OFF
 # leaves out the multimodal library (clip, miniaudio, stb_image: most of the compile time; the engine
 # serves text and llama_cpp imports it only for its vision chat handlers).
 if ! "$PY" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$LLAMA_VERSION')" 2>/dev/null; then
   wheel=$(ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl 2>/dev/null | head -1 || true)
   if [ -z "$wheel" ]; then
-    echo "    building llama-cpp-python $LLAMA_VERSION wheel (one time, several minutes)"
+    echo "    building llama-cpp-python $LLAMA_VERSION wheel (one time, 1-3 minutes)"
     CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF" \
     CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
       "$PY" -m pip wheel -q --no-deps "llama-cpp-python==$LLAMA_VERSION" -w "$WHEELS"
