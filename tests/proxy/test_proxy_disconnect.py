@@ -143,18 +143,21 @@ def test_a_retry_after_a_client_timeout_is_recorded_beside_the_abandoned_call(sl
     assert wait_for(lambda: slow_engine.running() == 0, 5.0)
 
 
-def test_stopping_the_proxy_cuts_off_its_calls_in_flight(slow_engine, tmp_path: Path):
+@pytest.mark.parametrize("mode", ["server", "exact"])
+def test_stopping_the_proxy_cuts_off_its_calls_in_flight(slow_engine, tmp_path: Path, mode: str):
     """`tracefleet proxy` as the pod sidecar runs it (`--session`, `--upload-to`), SIGTERMed with a streamed
     (Anthropic) and a whole (Chat) call generating: it exits within seconds instead of waiting for the engine;
-    both calls are recorded (`proxy_shutdown`, the streamed one with the tokens it had) in the log it uploads,
-    the engine runs nothing, and each harness got its dialect's retryable error."""
+    both calls are recorded (`proxy_shutdown`, with the tokens they had: in server mode a whole answer's ids
+    come only with its end) in the log it uploads, the engine runs nothing, and each harness got its dialect's
+    retryable error."""
     capture, upload, port_file = tmp_path / "cap", tmp_path / "up", tmp_path / "port"
     sid, secret = "sess1", "tfs-" + "s" * 24
     with open(tmp_path / "proxy.log", "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tracefleet", "proxy", "--engine", slow_engine.url, "--capture-dir", str(capture),
              "--port", "0", "--port-file", str(port_file), "--session", f"{sid}:{secret}", "--upload-to", str(upload),
-             "--artifacts-dir", str(tmp_path / "no-artifacts")],
+             "--artifacts-dir", str(tmp_path / "no-artifacts"), "--mode", mode,
+             *(["--model-path", "smollm2"] if mode == "exact" else [])],
             env=quiet_child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         assert wait_for(port_file.exists, 60.0), (tmp_path / "proxy.log").read_text()
@@ -178,6 +181,7 @@ def test_stopping_the_proxy_cuts_off_its_calls_in_flight(slow_engine, tmp_path: 
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
         stopped_s = time.monotonic() - started
+        print(f"stopped in {stopped_s:.2f}s")
         assert stopped_s < 3.0, f"the proxy took {stopped_s:.1f}s to stop"
         for t in threads:
             t.join(10)
@@ -188,8 +192,9 @@ def test_stopping_the_proxy_cuts_off_its_calls_in_flight(slow_engine, tmp_path: 
     recs = log.records
     assert sorted((r.dialect, r.stream) for r in recs) == [("anthropic", True), ("openai-chat", False)], recs
     assert {r.error.kind for r in recs if r.error} == {"proxy_shutdown"} and all(r.error for r in recs)
-    streamed = next(r for r in recs if r.stream)
-    assert streamed.status == "partial" and streamed.completion_ids and streamed.output_text.startswith("word0")
+    for rec in recs if mode == "exact" else [r for r in recs if r.stream]:
+        assert rec.status == "partial" and rec.completion_ids and rec.output_text.startswith("word0"), rec
+        assert len(rec.logprobs) == len(rec.completion_ids)
     assert wait_for(lambda: slow_engine.running() == 0, 5.0), "the engine requests are still running"
     status, text = answers["streamed"]
     assert status == 200 and "event: error" in text and "overloaded_error" in text and "shutting down" in text, text
