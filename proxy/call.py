@@ -28,6 +28,7 @@ class CallContext:
 ABANDON_MESSAGES = {
     "client_disconnect": "the client disconnected before the answer completed",
     "session_closed": "the session was closed while the call was in flight",
+    "proxy_shutdown": "the proxy is shutting down; retry the call",
 }
 
 
@@ -38,7 +39,7 @@ class Flight:
 
     task: asyncio.Task[Any]
     state: CallState
-    reason: str | None = None  # why it is being cut off: client_disconnect | session_closed
+    reason: str | None = None  # why it is being cut off: client_disconnect | session_closed | proxy_shutdown
     closing: bool = False  # its final event is being sent: no longer cut off by a disconnect
     landed: asyncio.Event = field(default_factory=asyncio.Event)
 

@@ -168,10 +168,14 @@ class Persister:
         self._queue.put((session, data, failed, loop, done))
         await done
 
-    def close(self) -> None:
-        if self._thread is not None:
+    def close(self, wait_s: float = 5.0) -> None:
+        """Stop the writer thread once it has written what was queued (it is a daemon: an exiting process
+        would otherwise drop records still in its queue)."""
+        thread = self._thread
+        if thread is not None:
             self._queue.put(None)
             self._thread = None
+            thread.join(wait_s)
 
     def _writer(self) -> None:
         q = self._queue

@@ -92,12 +92,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from tracefleet.sockets import listening_socket
 
     from .app import create_app
     from .config import PresetSession, ProxyConfig
+    from .server import proxy_server
 
     if not args.admin_token and args.session:
         # Sidecar mode: its sessions are given on the command line; nobody needs the admin API, so it
@@ -140,8 +139,7 @@ def main(args: argparse.Namespace) -> int:
     decision = app.state.proxy.mode_decision
     print(f"tracefleet proxy: capture mode {decision.mode} ({decision.reason})", flush=True)
     # proxy_headers off: nothing here reads the client's address, so X-Forwarded-* rewriting per call buys nothing
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_keep_alive=75,
-                                           proxy_headers=False))
+    server = proxy_server(app, log_level=args.log_level, access_log=False, timeout_keep_alive=75, proxy_headers=False)
     sock = listening_socket(args.host, args.port, server.config.backlog)  # before the port file names it
     port = sock.getsockname()[1]
     if args.port_file:

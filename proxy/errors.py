@@ -21,6 +21,7 @@ ErrorKind = Literal[
     "engine_aborted",  # the engine aborted the generation (finish_reason "abort": a pause/weight sync) (503, retryable)
     "client_disconnect",  # the harness went away (recorded only)
     "session_closed",  # the runner closed the session with the call in flight (the harness is gone or going)
+    "proxy_shutdown",  # the proxy was stopped (SIGTERM, the run ending) with the call in flight (503, retryable)
     "internal",  # a bug in the proxy (500)
 ]
 
@@ -41,6 +42,7 @@ STATUS_BY_KIND: dict[str, int] = {
     "engine_aborted": 503,
     "client_disconnect": 499,
     "session_closed": 503,
+    "proxy_shutdown": 503,
     "internal": 500,
 }
 

@@ -41,7 +41,7 @@ class ProxyMetrics:
         self.paused = Gauge("tracefleet_proxy_paused", "1 while paused for a policy update", registry=r)
         self.policy_version = Gauge("tracefleet_proxy_policy_version", "Current policy version", registry=r)
         self.abandoned = Counter("tracefleet_proxy_abandoned_calls", "Calls cut off before their answer completed, by "
-                                 "dialect and reason (client_disconnect, session_closed)", ["dialect", "reason"], registry=r)
+                                 "dialect and reason (client_disconnect, session_closed, proxy_shutdown)", ["dialect", "reason"], registry=r)
         self.engine_cancelled = Counter("tracefleet_proxy_engine_requests_cancelled",
                                         "Engine requests closed early because their call was abandoned", registry=r)
         self.session_in_flight = Gauge("tracefleet_proxy_session_in_flight_calls", "Calls in flight per open session",

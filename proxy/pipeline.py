@@ -84,6 +84,7 @@ class Proxy:
         self.persist = Persister()
         self.in_flight = 0  # admitted calls not yet answered (the persister inlines fsync when alone)
         self.flights: dict[str, set[Flight]] = {}  # session id -> its calls in flight (abandon them at session end)
+        self.stopping = False  # the server is shutting down: calls in flight are cut off, new ones too (`shut_down`)
 
     # -- responses -------------------------------------------------------------------------------
 
@@ -185,6 +186,9 @@ class Proxy:
         assert task is not None
         flight = Flight(task, state)
         self.flights.setdefault(session.session_id, set()).add(flight)
+        if self.stopping:  # admitted while the proxy shuts down: cut off at its first wait, recorded like the others
+            flight.reason = "proxy_shutdown"
+            task.cancel()
         return flight
 
     def _land(self, flight: Flight) -> None:
@@ -201,7 +205,8 @@ class Proxy:
         state = ctx.state
         if state.done_at is not None:
             return
-        kind = flight.reason or "client_disconnect"
+        # no reason: cancelled by the server itself (its graceful-shutdown timeout ran out)
+        kind = flight.reason or ("proxy_shutdown" if self.stopping else "client_disconnect")
         state.error = ProxyError(kind, ABANDON_MESSAGES[kind])
         state.done_at = time.time()
         ctx.session.append_encoded(self._record(ctx), 1, True)
@@ -213,7 +218,20 @@ class Proxy:
 
     async def abandon(self, session_id: str, reason: str = "session_closed", wait_s: float = 5.0) -> int:
         """Cut off every call of a session still in flight and return once each is recorded: how many."""
-        flights = list(self.flights.get(session_id, ()))
+        return await self._cut_off(list(self.flights.get(session_id, ())), reason, wait_s)
+
+    async def shut_down(self, wait_s: float = 5.0) -> int:
+        """Cut off every call in flight, of every session, and return once each is recorded: how many.
+
+        Run when the server stops, before it waits for its connections to finish: a call still generating
+        would otherwise hold the shutdown until the engine is done (or be killed unrecorded). Each is recorded
+        as `proxy_shutdown` with what the engine had produced, its engine request closed (vLLM aborts it), and
+        the harness, if still connected, gets its dialect's retryable 503. Calls admitted from now on too."""
+        self.stopping = True
+        return await self._cut_off([f for calls in self.flights.values() for f in calls], "proxy_shutdown", wait_s)
+
+    @staticmethod
+    async def _cut_off(flights: list[Flight], reason: str, wait_s: float) -> int:
         cut = [f for f in flights if f.reason is None and not f.closing and f.state.done_at is None]
         for flight in cut:
             flight.reason = reason

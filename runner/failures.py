@@ -29,6 +29,7 @@ CALL_ERROR_VERBS = {
     "too_large": "refused by the proxy as too large",
     "rate_limit": "refused while the policy was paused",
     "client_disconnect": "abandoned by the harness",
+    "proxy_shutdown": "cut off by the proxy stopping",
     "internal": "failed in the proxy",
 }
 SESSION_STATUS_VERBS = {"error": "failed", "timeout": "timed out"}

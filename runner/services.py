@@ -116,8 +116,7 @@ class InProcessProxy:
                  tool_parser: str | None = None) -> None:
         from tracefleet.proxy.app import create_app
         from tracefleet.proxy.config import ProxyConfig
-
-        import uvicorn
+        from tracefleet.proxy.server import proxy_server
 
         self.admin_token = secrets.token_urlsafe(24)
         self.config = ProxyConfig(
@@ -134,10 +133,9 @@ class InProcessProxy:
         self.port = free_port()
         app = create_app(self.config)
         self.mode_decision = app.state.proxy.mode_decision
-        self._server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-                           timeout_keep_alive=30, access_log=False, proxy_headers=False)
-        )
+        # its calls still in flight when it stops are cut off and recorded (tracefleet.proxy.server)
+        self._server = proxy_server(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+                                    timeout_keep_alive=30, access_log=False, proxy_headers=False)
         # uvicorn installs no signal handlers off the main thread: Ctrl-C stays ours to handle.
         self._thread = threading.Thread(target=self._server.run, name="tracefleet-proxy", daemon=True)
 

@@ -29,6 +29,7 @@ _ERROR_TYPES = {
     "rate_limit": "rate_limit_error",
     "engine_timeout": "timeout_error",
     "engine_unavailable": "overloaded_error",
+    "proxy_shutdown": "overloaded_error",  # what Claude Code retries
 }
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal"}
