@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tracefleet.api.semantics import AUXILIARY, DROPPED_BY_DIAGNOSTICS, session_failure_reason
+from tracefleet.diagnostics.base import quarantined_reward
 
 if TYPE_CHECKING:
     from tracefleet.diagnostics.base import SessionFindings
@@ -91,8 +92,8 @@ def session_traces(capture: str | os.PathLike[str] | None, outcome: SessionOutco
         for t in built.traces:
             t.meta.diagnostics = labelled
             t.meta.quarantined = findings.quarantined
-            if findings.quarantined and t.meta.reward is not None:
-                t.meta.reward = min(t.meta.reward, 0.0)
+            if findings.quarantined:
+                t.meta.reward = quarantined_reward(t.meta.reward)
     return built
 
 

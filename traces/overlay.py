@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 from pydantic import BaseModel, Field
@@ -39,10 +39,11 @@ from pydantic import BaseModel, Field
 from tracefleet.bucket import Bucket
 from tracefleet.layout import overlay_key, overlay_key_parts, overlays_prefix
 
+from tracefleet.diagnostics.base import QUARANTINING, Action, quarantined_reward
+
 from .batch import FINDING_TYPE, finding_row
 
 OVERLAY_VERSION = 1
-QUARANTINING = ("quarantine", "drop")
 
 
 class Overlay(BaseModel):
@@ -50,7 +51,7 @@ class Overlay(BaseModel):
     job: str
     diagnostic: str
     version: str  # the diagnostic's
-    action: Literal["flag", "quarantine", "drop"]
+    action: Action
     created_at: float = Field(default_factory=time.time)
     seqs: list[int] = Field(default_factory=list)  # the batches judged
     judged: int = 0  # sessions judged (those with evidence)
@@ -116,8 +117,7 @@ def apply_overlays(table: pa.Table, overlays: Iterable[Overlay]) -> pa.Table:
                     diagnostics[i].append(row)
             if sids[i] in o.sessions and o.quarantines:
                 quarantined[i] = True
-                if rewards[i] is not None:
-                    rewards[i] = min(rewards[i], 0.0)
+                rewards[i] = quarantined_reward(rewards[i])
     for name, values, type_ in (("diagnostics", diagnostics, pa.list_(FINDING_TYPE)),
                                 ("quarantined", quarantined, pa.bool_()),
                                 ("reward", rewards, table.schema.field("reward").type)):

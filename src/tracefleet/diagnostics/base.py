@@ -18,10 +18,17 @@ from .evidence import SessionEvidence
 
 Severity = Literal["info", "warning", "error"]
 Action = Literal["flag", "quarantine", "drop"]
-ACTIONS: tuple[Action, ...] = ("flag", "quarantine", "drop")
+ACTIONS: tuple[Action, ...] = ("flag", "quarantine", "drop")  # weakest first
 # flag: recorded only. quarantine: sealed with the finding, reward forced to <= 0, and left out of
 # training and of GRPO group statistics by default (tracefleet.traces.reader). drop: the session's
 # token rows are not sealed; one row without tokens keeps the finding and the group whole (counted).
+# The same rules whether a session is judged at sealing or by an overlay later (tracefleet.traces.overlay).
+QUARANTINING: tuple[Action, ...] = ("quarantine", "drop")  # the actions that leave a session out of training
+
+
+def quarantined_reward(reward: float | None) -> float | None:
+    """A quarantined session's reward: never positive (a trainer that includes it promotes nothing)."""
+    return None if reward is None else min(reward, 0.0)
 
 # Where a finding points when it is not a file or a call.
 HARNESS_STDERR = "harness.stderr"
@@ -81,4 +88,4 @@ class SessionFindings(BaseModel):
 
     @property
     def quarantined(self) -> bool:
-        return self.action in ("quarantine", "drop")
+        return self.action in QUARANTINING

@@ -18,7 +18,7 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .base import EVALUATOR_OUTPUT, Action, Diagnostic, Finding, Hit, SessionFindings
+from .base import ACTIONS, EVALUATOR_OUTPUT, Action, Diagnostic, Finding, Hit, SessionFindings
 from .evidence import SessionEvidence
 from .library import BUILTINS
 
@@ -90,6 +90,6 @@ def unavailable(message: str, resolved: list[tuple[Diagnostic, Action, dict[str,
     actions = {a for _, a, _ in resolved}
     if not actions:
         return SessionFindings()
-    action = next(a for a in ("drop", "quarantine", "flag") if a in actions)
+    action = next(a for a in reversed(ACTIONS) if a in actions)
     return SessionFindings(findings=[Finding(name=UNAVAILABLE, version="1", severity="error", action=action,  # type: ignore[arg-type]
                                              message=message[:500], file=EVALUATOR_OUTPUT)])
