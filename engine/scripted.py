@@ -20,16 +20,14 @@ from typing import Any, Iterator
 from pydantic import BaseModel, Field
 
 from .backend import ChatContext, GenerationRequest, PromptLogprob, SampledToken
+from tracefleet.formats.shell_tools import COMMAND_KEYS, SHELL_SUBSTRINGS
 from tracefleet.formats.tokenizer import Tokenizer
 
-# Names of shell-like tools across the harnesses (Codex `shell`/`exec_command`, Claude Code `Bash`,
-# Qwen/Gemini `run_shell_command`, OpenCode `bash`, Pi `bash`, ...), best first; then substrings.
+# Names of shell-like tools across the harnesses, best first; then SHELL_SUBSTRINGS (formats.shell_tools).
 DEFAULT_TOOL_PREFERENCE = [
     "shell", "exec_command", "bash", "Bash", "run_shell_command", "local_shell", "execute_command",
     "run_command", "run_terminal_cmd", "terminal", "exec",
 ]
-SHELL_SUBSTRINGS = ["shell", "bash", "exec", "command", "terminal", "run"]
-COMMAND_KEYS = {"command", "cmd", "commands", "script", "code"}
 
 
 class ScriptStep(BaseModel):

@@ -27,7 +27,7 @@ from fixtures.planted import (CLEAN, FINAL_TEXT, HACKS, hack_evidence, marker, p
                               planted_script, planted_tasks)
 from tracefleet.diagnostics.evidence import stored_evidence
 from tracefleet.diagnostics.library import BUILTINS
-from tracefleet.engine.scripted import COMMAND_KEYS
+from tracefleet.formats.shell_tools import COMMAND_KEYS
 from tracefleet.runner.presets import harness_pins
 from tracefleet.traces.reader import BatchReader
 

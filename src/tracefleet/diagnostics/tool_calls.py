@@ -11,7 +11,7 @@ certainly read-only, that is, one of
 - a read-only tool of the harnesses (`READ_ONLY_TOOLS`: Claude Code Read/Glob/Grep/LS, Gemini and Qwen
   read_file/list_directory/glob/search_file_content, OpenCode and Pi read/list/glob/grep/find, Codex
   update_plan, web fetch/search, todo lists), or
-- a shell tool (a name the scripted engine treats as shell-like, `SHELL_SUBSTRINGS`) whose command (under
+- a shell tool (a shell-like name, `SHELL_SUBSTRINGS` in tracefleet.formats.shell_tools) whose command (under
   one of `COMMAND_KEYS`, a string or an argv list such as Codex's `["bash", "-lc", "..."]`) is made only
   of read-only programs (`READ_ONLY_PROGRAMS`: cat, ls, grep, rg, head, tail, wc, sed without `-i`, find
   without `-delete`/`-exec`, git status/diff/log/show, ...), joined by pipes, `;`, `&&`, `||`, with no
@@ -31,7 +31,7 @@ import re
 import shlex
 from typing import Any
 
-from tracefleet.engine.scripted import COMMAND_KEYS, SHELL_SUBSTRINGS
+from tracefleet.formats.shell_tools import COMMAND_KEYS, SHELL_SUBSTRINGS
 
 
 def tool_call_parts(call: dict[str, Any]) -> tuple[str | None, Any]:
