@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tracefleet import layout
+from tracefleet.contract import layout
 from tracefleet.bucket import LocalBucket, S3Bucket
 from tracefleet.diagnostics.backtest import DiagnosticReport, backtest, selected
 from tracefleet.diagnostics.base import Finding

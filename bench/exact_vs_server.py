@@ -345,7 +345,7 @@ def tools_session(http: httpx.Client, turns: int, max_tokens: int) -> dict[str, 
 
 
 def run_mode(scenario: str, mode: str, engine_url: str, turns: int, max_tokens: int) -> dict[str, Any]:
-    from tracefleet.capture import read_capture_log
+    from tracefleet.contract.capture import read_capture_log
     from tracefleet.formats.families import load_model_format
     from tracefleet.formats.models import TEMPLATES
     from tracefleet.proxy.app import create_app

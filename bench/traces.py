@@ -91,7 +91,7 @@ def bench_build(calls: list[Call], builder: str, repeat: int = 3) -> tuple[float
 
 def bench_capture_file(calls: list[Call], n: int, tmp: Path) -> tuple[float, float, int]:
     """Write n calls through CaptureWriter, then read + build: (parse s, build s, tokens)."""
-    from tracefleet.capture import CaptureRecord, CaptureWriter, SpliceInfo, Timings, read_capture_log
+    from tracefleet.contract.capture import CaptureRecord, CaptureWriter, SpliceInfo, Timings, read_capture_log
     from tracefleet.traces.calls import calls_from_records
 
     path = tmp / "bench.jsonl"

@@ -39,7 +39,7 @@ import httpx
 from exact_vs_server import serve
 from prometheus_client.parser import text_string_to_metric_families
 
-from tracefleet.capture import read_capture_log
+from tracefleet.contract.capture import read_capture_log
 from tracefleet.proxy.app import create_app
 from tracefleet.proxy.config import PresetSession, ProxyConfig
 

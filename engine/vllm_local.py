@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from tracefleet.api.model import Capture, Inference, ManagedInference
+from tracefleet.contract.job import Capture, Inference, ManagedInference
 from tracefleet.formats.models import MODELS, cache_dir, ensure_tokenizer_json
 from tracefleet.vllm import HEALTH_PATH, SERVER_MODULE, VLLM_VERSION, VllmServer, vllm_server
 

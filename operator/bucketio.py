@@ -1,20 +1,20 @@
 """The operator's bucket reads: tasks JSONL and sealed batch manifests.
 
-The pods write the bucket (the operator never does), where tracefleet.layout says: the proxy sidecar
+The pods write the bucket (the operator never does), where tracefleet.contract.layout says: the proxy sidecar
 each session's capture and artifacts, the evaluator Job its reward, the sealer Job the batches.
 
-A sealer Job seals with `batch_id = k8s-<job seq>` (tracefleet.layout.batch_id_for); the bucket seq is whatever the Sealer claims, so
+A sealer Job seals with `batch_id = k8s-<job seq>` (tracefleet.contract.layout.batch_id_for); the bucket seq is whatever the Sealer claims, so
 the operator finds a Job's batch by its batch_id (a manifest's presence is what "sealed" means).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from tracefleet.api.semantics import diagnostics_counts
+from tracefleet.contract.manifest import BatchManifest
+from tracefleet.contract.semantics import diagnostics_counts
 from tracefleet.bucket import ObjectNotFound, open_bucket
-from tracefleet.layout import batch_uri, capture_key, manifest_key, session_prefix
+from tracefleet.contract.layout import batch_uri, capture_key, manifest_key, session_prefix
 
 
 def bucket_options(creds: dict[str, str] | None, endpoint: str | None = None) -> dict[str, Any]:
@@ -61,17 +61,16 @@ def find_batch(
     for seq in reversed(seqs):
         if seq in skip_seqs:
             continue
-        m = json.loads(bucket.get(manifest_key(job, seq)))
-        if m.get("batch_id") == batch_id:
-            reward = m.get("reward") or {}
+        m = BatchManifest.model_validate_json(bucket.get(manifest_key(job, seq)))
+        if m.batch_id == batch_id:
             return {
                 "seq": seq,
                 "batchId": batch_id,
                 "uri": batch_uri(uri, job, seq),
-                "traces": int(m.get("traces") or 0),
-                "tokens": int(m.get("tokens") or 0),
-                "meanReward": reward.get("mean"),
-                "sessions": int(m.get("sessions") or 0),
+                "traces": m.traces,
+                "tokens": m.tokens,
+                "meanReward": m.reward.mean,
+                "sessions": m.sessions,
                 "diagnostics": diagnostics_counts(m).to_json(),
             }
     return None

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from tracefleet.api.semantics import DiagnosticsCounts
+from tracefleet.contract.semantics import DiagnosticsCounts
 
 from .status import PHASES
 
-# What the diagnostics made of a job's sealed sessions (tracefleet.api.semantics.DiagnosticsCounts), by
+# What the diagnostics made of a job's sealed sessions (tracefleet.contract.semantics.DiagnosticsCounts), by
 # name for dashboards and alerts; Prometheus adds `_total` to the counters' names.
 SESSIONS_JUDGED = "tracefleet_sessions_judged"  # {namespace, job}
 SESSIONS_QUARANTINED = "tracefleet_sessions_quarantined"  # {namespace, job, diagnostic}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from tracefleet.api.semantics import session_index, task_and_sample
+from tracefleet.contract.semantics import decode_ranges, encode_ranges, session_index, task_and_sample  # noqa: F401 - the annotations use them
 
 GROUP = "tracefleet.io"
 VERSION = "v1alpha1"
@@ -86,28 +86,3 @@ def job_selector(job: str, component: str | None = None) -> str:
 # The session numbering is the job's meaning, not a naming scheme: one definition for both drivers.
 session_of = session_index
 task_sample_of = task_and_sample
-
-
-def encode_ranges(indices: list[int]) -> str:
-    """Compact, order-free encoding of a set of session indices: '0-63,70,72-75'."""
-    out: list[str] = []
-    xs = sorted(set(indices))
-    i = 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
-def decode_ranges(text: str) -> list[int]:
-    out: list[int] = []
-    for part in filter(None, (p.strip() for p in (text or "").split(","))):
-        if "-" in part:
-            a, b = part.split("-", 1)
-            out.extend(range(int(a), int(b) + 1))
-        else:
-            out.append(int(part))
-    return out

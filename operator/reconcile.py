@@ -22,8 +22,8 @@ import httpx
 import kopf
 from pydantic import ValidationError
 
-from tracefleet.api.semantics import DiagnosticsCounts, groups_per_batch, next_batches, session_plan
-from tracefleet.layout import batch_id_for
+from tracefleet.contract.semantics import DiagnosticsCounts, groups_per_batch, next_batches, session_plan
+from tracefleet.contract.layout import batch_id_for
 
 from . import bucketio, metrics
 from .children.harness import exact_mode_problem, harness_pod
@@ -353,7 +353,7 @@ class Reconciler:
         budget: int,
         res: Result,
     ) -> tuple[list[dict[str, Any]], str, bool, int]:
-        """Create sealer Jobs for batches of whole finished groups (tracefleet.api.semantics: every finished
+        """Create sealer Jobs for batches of whole finished groups (tracefleet.contract.semantics: every finished
         session is sealed, failed ones fail-closed); record sealed batches."""
         assigned: set[int] = set()
         seqs: list[int] = []

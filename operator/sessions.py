@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable
 
-from tracefleet.api.semantics import should_retry
+from tracefleet.contract.semantics import should_retry
 
 from . import names as n
 
@@ -110,7 +110,7 @@ def plan(
     made_calls: Callable[[int], bool] = lambda s: False,
 ) -> Plan:
     """`made_calls(s)`: whether session s's latest failed attempt made a model call; such a failure is
-    data and is not retried (tracefleet.api.semantics.should_retry)."""
+    data and is not retried (tracefleet.contract.semantics.should_retry)."""
     succeeded: list[int] = []
     failed: list[int] = []
     need_eval: list[int] = []

@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from tracefleet.api.semantics import QUARANTINE_RATE_EXCEEDED, DiagnosticsCounts, quarantine_verdict
+from tracefleet.contract.semantics import QUARANTINE_RATE_EXCEEDED, DiagnosticsCounts, quarantine_verdict
 # Reasons of QuarantineRateExceeded, defined with it in semantics (the True one is also its Warning Event's).
-from tracefleet.api.semantics import (  # noqa: F401 - listed here with the other names a platform team sees
+from tracefleet.contract.semantics import (  # noqa: F401 - listed here with the other names a platform team sees
     REASON_QUARANTINE_RATE_ABOVE,
     REASON_QUARANTINE_RATE_WITHIN,
     REASON_TOO_FEW_JUDGED,
 )
 
-# Phases (tracefleet.api.model.Phase).
+# Phases (tracefleet.contract.job.Phase).
 PENDING = "Pending"
 RUNNING = "Running"
 SUSPENDED = "Suspended"
@@ -39,7 +39,7 @@ COND_COMPLETE = "Complete"
 COND_FAILED = "Failed"
 COND_SUSPENDED = "Suspended"
 # True while the share of sealed sessions the diagnostics quarantined is above spec.diagnosticsPolicy
-# (tracefleet.api.semantics: the same condition `tracefleet run` reports); present once a batch is sealed.
+# (tracefleet.contract.semantics: the same condition `tracefleet run` reports); present once a batch is sealed.
 COND_QUARANTINE_RATE = QUARANTINE_RATE_EXCEEDED
 
 # Reasons of the job's conditions.
@@ -85,7 +85,7 @@ class SessionCounts:
     failed: int = 0
     traces: int = 0
     tokens: int = 0
-    judged: int = 0  # sessions in sealed batches (tracefleet.api.semantics.DiagnosticsCounts)
+    judged: int = 0  # sessions in sealed batches (tracefleet.contract.semantics.DiagnosticsCounts)
     quarantined: int = 0
     dropped: int = 0
 
@@ -156,7 +156,7 @@ class Progress:
 
 
 def quarantine_condition(diagnostics: DiagnosticsCounts, max_rate: float, min_judged: int) -> Cond | None:
-    """QuarantineRateExceeded from the sealed batches' counts (tracefleet.api.semantics.quarantine_verdict,
+    """QuarantineRateExceeded from the sealed batches' counts (tracefleet.contract.semantics.quarantine_verdict,
     as `tracefleet run` decides it); None while nothing is judged."""
     if diagnostics.judged == 0:
         return None
@@ -205,7 +205,7 @@ def calculate_status(p: Progress) -> Observed:
             Cond(COND_FAILED, False, REASON_NOT_FAILED),
             Cond(COND_SUSPENDED, False, REASON_NOT_SUSPENDED),
         ]
-    if p.quarantine is not None:  # the job goes on either way (tracefleet.api.semantics)
+    if p.quarantine is not None:  # the job goes on either way (tracefleet.contract.semantics)
         conds.append(p.quarantine)
     return Observed(generation=p.generation, counts=counts, conditions=conds, phase=phase, batches=p.batches,
                     started=phase in STARTED_PHASES, finished=finished)

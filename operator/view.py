@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracefleet.api.model import DiagnosticsPolicy, Inference, RolloutJob
+from tracefleet.contract.job import DiagnosticsPolicy, Inference, RolloutJob
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class JobView:
     engine_api_key: tuple[str, str] | None = None
     # spec.diagnostics in its wire form (None: the job lists none); the sealer Job runs them
     diagnostics: tuple[dict[str, Any], ...] | None = None
-    # spec.diagnosticsPolicy: when the job's quarantine rate is a condition (tracefleet.api.semantics)
+    # spec.diagnosticsPolicy: when the job's quarantine rate is a condition (tracefleet.contract.semantics)
     diagnostics_policy: DiagnosticsPolicy = field(default_factory=DiagnosticsPolicy)
 
     @property

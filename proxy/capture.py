@@ -1,4 +1,4 @@
-"""Glue from a finished (or failed) call to a `tracefleet.capture.CaptureRecord` on disk."""
+"""Glue from a finished (or failed) call to a `tracefleet.contract.capture.CaptureRecord` on disk."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from tracefleet.capture import CAPTURE_SCHEMA_VERSION, SpliceInfo
+from tracefleet.contract.capture import CAPTURE_SCHEMA_VERSION, SpliceInfo
 
 from .canonical import Conversation
 from .sessions import Session

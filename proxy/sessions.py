@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracefleet.capture import CaptureWriter
+from tracefleet.contract.capture import CaptureWriter
 
 from .errors import ProxyError
 

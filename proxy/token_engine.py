@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from tracefleet.capture import SpliceInfo
+from tracefleet.contract.capture import SpliceInfo
 from tracefleet.vllm import version_tuple
 
 from .canonical import Conversation, Message, ToolCall

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracefleet import layout
+from tracefleet.contract import layout
 from tracefleet.bucket import BucketError, open_bucket
 
 # Native sidecars get terminationGracePeriodSeconds (30 s by default) for all of this.

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
-from tracefleet.capture import CallError, read_capture_log
+from tracefleet.contract.capture import CallError, read_capture_log
 
 if TYPE_CHECKING:
     from tracefleet.runner.session import SessionResult

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from tracefleet import podenv
-from tracefleet.api.semantics import (
+from tracefleet.contract import podenv
+from tracefleet.contract.semantics import (
     QUARANTINE_RATE_EXCEEDED,
     QuarantineVerdict,
     evaluator_type,
@@ -147,15 +147,9 @@ class Progress:
         )
 
 
-def load_job(path: Path) -> Any:
-    from tracefleet.api.model import RolloutJob
-
-    return RolloutJob.from_file(path)
-
-
 def job_tasks(job: Any, base_dir: Path) -> list[Task]:
     """The job's tasks as runner tasks. Inline tasks or a local/s3 JSONL file; ConfigMaps need a cluster."""
-    from tracefleet.api.model import Task as ApiTask
+    from tracefleet.contract.job import Task as ApiTask
 
     spec = job.spec
     extra_setup = list(spec.harness.workspace.setup or [])
@@ -221,6 +215,8 @@ class LocalRun:
         self.options = options
         self.out = out
         self.stop = threading.Event()
+        from tracefleet.api.manifest import load_job
+
         self.job = load_job(options.job_path)
         self.base_dir = options.job_path.resolve().parent
         self.acceptance = Acceptance.parse(options.accept) if options.accept else None
@@ -282,7 +278,7 @@ class LocalRun:
             raise SystemExit(f"spec.diagnostics: {type(exc).__name__}: {exc}") from None
 
     def _quarantine(self, sink: Any) -> QuarantineVerdict:
-        """The job's QuarantineRateExceeded condition over its sealed batches (tracefleet.api.semantics, as
+        """The job's QuarantineRateExceeded condition over its sealed batches (tracefleet.contract.semantics, as
         the operator decides it); one WARNING line when it becomes true, as the operator's Warning Event."""
         policy = self.job.spec.diagnostics_policy
         verdict = quarantine_verdict(sink.diagnostics, policy.max_quarantine_rate, policy.min_judged_sessions)
@@ -441,7 +437,7 @@ class LocalRun:
 
     def _retry(self, plan: SessionPlan, run: SessionRun, queue: list[SessionPlan]) -> bool:
         """A session that failed before its first model call runs again (up to spec.maxRetries, with a fresh
-        session id); after a model call its failure is data (tracefleet.api.semantics.should_retry)."""
+        session id); after a model call its failure is data (tracefleet.contract.semantics.should_retry)."""
         r = run.result
         attempt = self._attempts.get(plan.session_id, 0)
         if (r.status not in ("error", "timeout") or self.stop.is_set()

@@ -23,8 +23,8 @@ from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, Field
 
-from tracefleet import layout
-from tracefleet.api.model import Diagnostic as DiagnosticSpec
+from tracefleet.contract import layout
+from tracefleet.contract.job import DiagnosticSpec
 from tracefleet.diagnostics.evidence import HarnessEvidence, SessionEvidence, read_tail, session_evidence
 from tracefleet.runner.evaluators import EvalContext, EvalOutcome, EvaluatorSpec, get_evaluator
 from tracefleet.runner.proxy_admin import ProxyAdmin, RegisteredSession
@@ -295,7 +295,7 @@ def run_session(
             evidence = evidence_stage(plan, result, session_dir, patch)
         except Exception as exc:  # noqa: BLE001 - the build below reads the same capture and fails closed
             result.error = f"{result.error + '; ' if result.error else ''}evidence: {type(exc).__name__}: {exc}"
-    # Every finished session is sealed, with or without a capture (tracefleet.api.semantics); a stopped
+    # Every finished session is sealed, with or without a capture (tracefleet.contract.semantics); a stopped
     # one is run again later instead.
     if result.status != "stopped":
         with _timed(timings, "build"):

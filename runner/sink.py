@@ -1,5 +1,5 @@
 """Where local mode's traces go: collected per GRPO group, sealed into batches of whole groups
-(`tracefleet.api.semantics`: a batch is `groups_per_batch` groups; `tracefleet.traces.seal`).
+(`tracefleet.contract.semantics`: a batch is `groups_per_batch` groups; `tracefleet.traces.seal`).
 
 A group is sealed only once every session of it has finished, and never straddles two batches, so
 "this (task, sample) is in a sealed batch" is a yes/no question a rerun can ask (`sealed_keys`), and a
@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tracefleet.api.semantics import DiagnosticsCounts, diagnostics_counts, next_batches
-from tracefleet import layout
+from tracefleet.contract.semantics import DiagnosticsCounts, diagnostics_counts, next_batches
+from tracefleet.contract import layout
 from tracefleet.bucket import BucketError, open_bucket, spool_dir
 from tracefleet.traces.reader import BatchReader
 from tracefleet.traces.seal import SealError, Sealer
@@ -36,7 +36,7 @@ class BatchSink:
         self._ready: list[str] = []  # whole groups, in the order they finished
         self.sealed_traces = 0
         # what the diagnostics made of every sealed session of the job, earlier runs' batches included
-        # (as the operator counts a job's recorded batches: tracefleet.api.semantics)
+        # (as the operator counts a job's recorded batches: tracefleet.contract.semantics)
         self.diagnostics = DiagnosticsCounts()
         self.errors: list[str] = []
         self.evidence_errors: list[str] = []
@@ -56,7 +56,7 @@ class BatchSink:
         reader = BatchReader(self.bucket, self.job)
         for seq in reader.seqs():
             manifest = reader.manifest(seq)
-            self.diagnostics += diagnostics_counts(manifest.model_dump(mode="json"))
+            self.diagnostics += diagnostics_counts(manifest)
             table = reader.read_table(manifest).select(["task_id", "sample_index"])
             for task, sample in zip(table.column("task_id").to_pylist(), table.column("sample_index").to_pylist()):
                 if task is not None and sample is not None:
@@ -74,7 +74,7 @@ class BatchSink:
 
     def _count(self, manifest: Any) -> None:
         self.sealed_traces += manifest.traces
-        self.diagnostics += diagnostics_counts(manifest.model_dump(mode="json"))
+        self.diagnostics += diagnostics_counts(manifest)
 
     def add(self, group_id: str, session_traces: list[Any]) -> list[str]:
         """One finished session's traces (none when the session is not to be sealed, e.g. not accepted).

@@ -11,9 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
-def is_remote(location: str) -> bool:
-    return location.startswith(("http://", "https://", "s3://", "git@", "ssh://", "git://", "file://"))
+from tracefleet.contract.job import is_remote
 
 
 class Task(BaseModel):

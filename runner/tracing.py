@@ -1,5 +1,5 @@
 """A finished session's rows for sealing, in both drivers: its capture log built into traces with the
-session's reward and outcome attached, so the fail-closed rules apply (`tracefleet.api.semantics`).
+session's reward and outcome attached, so the fail-closed rules apply (`tracefleet.contract.semantics`).
 
 `session_traces` is what the local runner and the sealer Job call; `SessionOutcome` is what each of
 them knows about the session (from its `SessionResult` or from the files the pods uploaded).
@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tracefleet.api.semantics import AUXILIARY, DROPPED_BY_DIAGNOSTICS, session_failure_reason
-from tracefleet.diagnostics.base import quarantined_reward
+from tracefleet.contract.semantics import AUXILIARY, DROPPED_BY_DIAGNOSTICS, session_failure_reason
+from tracefleet.contract.diagnostics import quarantined_reward
 
 if TYPE_CHECKING:
-    from tracefleet.diagnostics.base import SessionFindings
+    from tracefleet.contract.diagnostics import SessionFindings
     from tracefleet.diagnostics.evidence import SessionEvidence
     from tracefleet.runner.session import SessionPlan, SessionResult
     from tracefleet.traces.schema import BuildResult

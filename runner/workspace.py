@@ -16,8 +16,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracefleet import layout
-from tracefleet.runner.task import Task, is_remote
+from tracefleet.contract import layout
+from tracefleet.contract.job import is_remote
+from tracefleet.runner.task import Task
 
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "tracefleet",

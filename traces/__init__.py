@@ -9,7 +9,9 @@ See README.md in this folder for the schema and the bucket layout.
 """
 
 from .advantages import group_advantages
-from .batch import BatchManifest, table_to_traces, traces_to_table
+from tracefleet.contract.manifest import BatchManifest
+
+from .batch import table_to_traces, traces_to_table
 from .build import BUILDERS, build_from_calls, build_traces
 from .calls import Call, calls_from_records
 from .reader import Batch, BatchReader, padded_tensors

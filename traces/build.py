@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tracefleet.capture import CaptureLog, CaptureRecord, read_capture_log
+from tracefleet.contract.capture import CaptureLog, CaptureRecord, read_capture_log
 
 from .calls import Call, calls_from_records, engine_seconds, split_kept
 from .merge import build_tree, chains

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tracefleet.capture import CaptureRecord
+from tracefleet.contract.capture import CaptureRecord
 
 
 @dataclass

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tracefleet.layout import batches_prefix
+from tracefleet.contract.layout import batches_prefix
 from tracefleet.usage import USAGE_EXIT, UsageError
 
 EXAMPLES = """examples:
@@ -153,7 +153,7 @@ def _seq_ranges(seqs: list[int]) -> str:
 def _capture_traces(args: argparse.Namespace) -> list[Any]:
     """The traces a capture log builds into; the model the engine served rides along as trace metadata
     (a capture log has no runner to name it), so `show` can find the tokenizer."""
-    from tracefleet.capture import read_capture_log
+    from tracefleet.contract.capture import read_capture_log
 
     from .build import build_traces
     from .schema import SessionInfo

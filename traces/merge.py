@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracefleet.api.semantics import AUXILIARY
+from tracefleet.contract.semantics import AUXILIARY
 
 from .calls import Call
 from .schema import ReconstructionStats
@@ -109,7 +109,7 @@ def build_tree(calls: Sequence[Call], stats: ReconstructionStats, dropped_ids: d
     retry_of: list[int] = []
     ambiguous: list[list[str]] = []
     dropped_ids = dropped_ids or {}
-    # Auxiliary calls (tracefleet.api.semantics): a root that offers no tools in a session whose agent
+    # Auxiliary calls (tracefleet.contract.semantics): a root that offers no tools in a session whose agent
     # conversation offers them (OpenCode's title generator, a summary request) is not the conversation.
     agent_has_tools = any(c.offers_tools for c in calls)
     conversation_started = False

@@ -37,9 +37,9 @@ import pyarrow as pa
 from pydantic import BaseModel, Field
 
 from tracefleet.bucket import Bucket
-from tracefleet.layout import overlay_key, overlay_key_parts, overlays_prefix
+from tracefleet.contract.layout import overlay_key, overlay_key_parts, overlays_prefix
 
-from tracefleet.diagnostics.base import QUARANTINING, Action, quarantined_reward
+from tracefleet.contract.diagnostics import QUARANTINING, Action, quarantined_reward
 
 from .batch import FINDING_TYPE, finding_row
 

@@ -9,7 +9,7 @@
 
 `tensors()` and `advantages()` leave out auxiliary traces (a harness's title or summary calls: sealed,
 labelled, not trained on by default; `include_auxiliary=True` keeps them) and compute GRPO statistics
-over the rest (tracefleet.api.semantics). Quarantined traces (a diagnostic judged how the session earned its
+over the rest (tracefleet.contract.semantics). Quarantined traces (a diagnostic judged how the session earned its
 reward invalid: `quarantined` column, reward already <= 0) are left out the same way unless
 `include_quarantined=True`.
 
@@ -38,12 +38,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tracefleet.api.semantics import AUXILIARY
+from tracefleet.contract.semantics import AUXILIARY
 from tracefleet.bucket import Bucket, BucketError, ObjectNotFound, open_bucket
-from tracefleet.layout import batch_object_key, cursor_key, job_root, manifest_key
+from tracefleet.contract.layout import batch_object_key, cursor_key, job_root, manifest_key
 
 from .advantages import group_advantages
-from .batch import BatchManifest, list_values, parquet_to_table, table_to_traces
+from tracefleet.contract.manifest import BatchManifest
+
+from .batch import list_values, parquet_to_table, table_to_traces
 from .overlay import Overlay, apply_overlays, current_overlays
 from .schema import Trace
 from .seal import sealed_seqs
@@ -88,7 +90,7 @@ class Batch:
 
     def training_table(self, *, include_auxiliary: bool = False, include_quarantined: bool = False) -> pa.Table:
         """The rows a trainer trains on: all but auxiliary traces (a title or summary call beside the
-        agent's conversation) and quarantined ones (tracefleet.api.semantics) unless asked for."""
+        agent's conversation) and quarantined ones (tracefleet.contract.semantics) unless asked for."""
         return training_rows(self.table, include_auxiliary=include_auxiliary, include_quarantined=include_quarantined)
 
     def advantages(self, *, leave_one_out: bool = False, normalize_std: bool = True,

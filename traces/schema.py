@@ -27,7 +27,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-TRACE_SCHEMA_VERSION = 1
+from tracefleet.contract.manifest import TRACE_SCHEMA_VERSION
 
 Outcome = Literal["ok", "fail_closed"]
 BuilderName = Literal["per-request", "prefix-merge"]

@@ -40,7 +40,9 @@ import pyarrow as pa
 
 from tracefleet.bucket import Bucket, BucketError, ObjectNotFound, spool_dir
 
-from .batch import BatchManifest, ObjectEntry, summarize, table_to_parquet, table_to_traces, traces_to_table
+from tracefleet.contract.manifest import BatchManifest, ObjectEntry
+
+from .batch import summarize, table_to_parquet, table_to_traces, traces_to_table
 from .schema import Trace
 
 _SEQ_DIR = re.compile(r"^(\d{6,})$")

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tracefleet.capture import CallError, CaptureRecord, CaptureWriter, SpliceInfo, Timings
+from tracefleet.contract.capture import CallError, CaptureRecord, CaptureWriter, SpliceInfo, Timings
 
 
 class SyntheticSession:

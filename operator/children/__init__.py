@@ -8,7 +8,7 @@ sidecar and its sandboxing (no service-account token, non-root, runtimeClassName
 labels and ownerReferences (`metadata`), security contexts (`security`) and what every pod is
 given from outside — bucket access and its task (`inputs`).
 
-Data path (keys: tracefleet.layout): the proxy sidecar records the capture log on a volume shared with the
+Data path (keys: tracefleet.contract.layout): the proxy sidecar records the capture log on a volume shared with the
 harness container and, when the pod stops, uploads capture + artifacts to
 `<bucket>/<job>/sessions/<session>/`; the evaluator Job reads them and writes `reward.json`
 there; a sealer Job builds and seals `<bucket>/<job>/batches/<seq>/` from a fixed set of

@@ -5,9 +5,9 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from tracefleet import layout, podenv
-from tracefleet.api.semantics import harness_preset
-from tracefleet.podenv import HarnessEnv, ProxySidecarEnv
+from tracefleet.contract import layout, podenv
+from tracefleet.contract.semantics import harness_preset
+from tracefleet.contract.podenv import HarnessEnv, ProxySidecarEnv
 
 from .. import names as n
 from ..view import JobView, OperatorConfig

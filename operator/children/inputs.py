@@ -1,6 +1,6 @@
 """What pods are given from outside: environment lists, bucket credentials and the session's task.
 
-The variables themselves are the typed pod environment (tracefleet.podenv); this module turns them
+The variables themselves are the typed pod environment (tracefleet.contract.podenv); this module turns them
 into a container's `env` and gives the task its volumes."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def bucket_env_from(job: JobView) -> list[dict[str, Any]]:
 
 
 def task_source(job: JobView, task: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(task fields of tracefleet.podenv.SessionEnv, volumes, mounts) that give a pod its task; the
+    """(task fields of tracefleet.contract.podenv.SessionEnv, volumes, mounts) that give a pod its task; the
     harness pod and the evaluator Job read it the same way, and neither needs API access for it."""
     if job.tasks_inline is not None:
         # Inline tasks travel in the pod itself.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracefleet.api.semantics import PlannedSession, encode_sessions
-from tracefleet.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, SealerEnv
+from tracefleet.contract.semantics import PlannedSession, encode_sessions
+from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, SealerEnv
 
 from .. import names as n
 from ..view import JobView, OperatorConfig

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from tracefleet.capture import SpliceInfo
+from tracefleet.contract.capture import SpliceInfo
 from tracefleet.formats.families import ModelFormat
 from tracefleet.formats.parsers import make_parser
 

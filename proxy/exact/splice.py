@@ -30,8 +30,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracefleet.api.semantics import AUXILIARY
-from tracefleet.capture import SpliceInfo
+from tracefleet.contract.semantics import AUXILIARY
+from tracefleet.contract.capture import SpliceInfo
 from tracefleet.formats.families import ModelFormat
 
 from ..canonical import Conversation

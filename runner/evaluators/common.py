@@ -7,7 +7,7 @@ import shlex
 import time
 from pathlib import Path
 
-from tracefleet.layout import PATCH
+from tracefleet.contract.layout import PATCH
 from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, EvaluatorSpec
 from tracefleet.runner.sandbox import ProcessResult, run_sandboxed
 from tracefleet.runner.workspace import WorkspaceError, apply_patch, fresh_copy, restore_paths

@@ -10,7 +10,7 @@ import json
 import sys
 
 from tracefleet.bucket import open_bucket
-from tracefleet.podenv import EvaluatorEnv, PodEnvError, SealerEnv
+from tracefleet.contract.podenv import EvaluatorEnv, PodEnvError, SealerEnv
 
 from .evaluate import evaluate, evaluate_session
 from .seal import seal

@@ -1,10 +1,10 @@
 """The evaluator Job's program: score one finished session and write its reward.json.
 
-`python -m tracefleet.runner.pod evaluate`, configured by tracefleet.podenv.EvaluatorEnv. With a task
+`python -m tracefleet.runner.pod evaluate`, configured by tracefleet.contract.podenv.EvaluatorEnv. With a task
 in the environment (set by the operator) the runner's evaluators judge it exactly as in local mode: the
 task's workspace is rebuilt, the uploaded session.patch applied to a fresh copy, and the evaluator preset
 picks `tests` (FAIL_TO_PASS / PASS_TO_PASS), `hook` (its entry point) or `command` (its argv), mapped to
-the runner's evaluator types by tracefleet.api.semantics. Without a task: run the command in the
+the runner's evaluator types by tracefleet.contract.semantics. Without a task: run the command in the
 downloaded artifacts folder (reward 1.0 on exit 0, 0.0 otherwise; JSON {"reward": x} on stdout wins).
 """
 
@@ -16,10 +16,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tracefleet import layout, podenv
-from tracefleet.api.semantics import evaluator_type, group_id
+from tracefleet.contract import layout, podenv
+from tracefleet.contract.semantics import evaluator_type, group_id
 from tracefleet.bucket import Bucket
-from tracefleet.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, PodEnvError
+from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, PodEnvError
 from tracefleet.runner.evaluators import EvalContext, EvaluatorSpec, get_evaluator
 from tracefleet.runner.pod.evidence import download_capture, uploaded_evidence
 from tracefleet.runner.pod.harness import task_from_env

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tracefleet import layout
+from tracefleet.contract import layout
 from tracefleet.bucket import Bucket, ObjectNotFound
 from tracefleet.diagnostics.evidence import HarnessEvidence, SessionEvidence, read_tail, session_evidence
 

@@ -2,7 +2,7 @@
 
 The operator (tracefleet.operator.children.harness.harness_pod) starts this as the harness container,
 next to the proxy sidecar that already holds the session (`--session ID:SECRET`). Everything comes from
-the environment it sets, read as tracefleet.podenv.HarnessEnv: the task (inline, ConfigMap file or JSONL
+the environment it sets, read as tracefleet.contract.podenv.HarnessEnv: the task (inline, ConfigMap file or JSONL
 URI), the preset and its command, spec.harness.workspace.setup, the sidecar's URL, the session secret,
 the model, the session's ids and timeout, where the artifacts go.
 
@@ -10,7 +10,7 @@ Steps (the same lifecycle stages as local mode, tracefleet.runner.session): prep
 the working directory, wait for the proxy, launch the preset's harness in its own process group under
 the session timeout, then write the artifacts the sidecar uploads when the pod stops: session.patch
 (git diff against the base commit), harness.stdout / harness.stderr, setup.log, exit_code and
-result.json (tracefleet.layout names them). The evaluator Job scores them later; this process never sees
+result.json (tracefleet.contract.layout names them). The evaluator Job scores them later; this process never sees
 bucket credentials. Exit status: 0 completed, 1 error, 124 timeout, 2 bad configuration.
 """
 
@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tracefleet import layout
-from tracefleet.api.semantics import group_id, harness_preset
-from tracefleet.podenv import PREFIX, HarnessEnv, PodEnvError, SessionEnv
+from tracefleet.contract import layout
+from tracefleet.contract.semantics import group_id, harness_preset
+from tracefleet.contract.podenv import PREFIX, HarnessEnv, PodEnvError, SessionEnv
 from tracefleet.runner.evaluators import EvaluatorSpec
 from tracefleet.runner.sandbox import run_sandboxed
 from tracefleet.runner.session import (
@@ -61,7 +61,7 @@ def _task_line(text: str, index: int, where: str) -> dict[str, Any]:
 def task_from_env(env: SessionEnv, base: Path, extra_setup: list[str] | None = None) -> Task:
     """The session's task from the pod environment (harness pods and evaluator Jobs alike); `base` is
     where relative task paths start."""
-    from tracefleet.api.model import Task as ApiTask
+    from tracefleet.contract.job import Task as ApiTask
 
     if env.task_json is not None:
         raw = env.task_json

@@ -1,7 +1,7 @@
 """The sealer Job's program: seal whole groups of finished sessions as one batch.
 
 `python -m tracefleet.runner.pod seal`. The operator names the sessions (with their tasks and samples,
-tracefleet.api.semantics.encode_sessions) and the batch's job seq; each session's rows are built from
+tracefleet.contract.semantics.encode_sessions) and the batch's job seq; each session's rows are built from
 what its pods uploaded (capture log, the harness's result.json, the evaluator's reward.json) with the
 same function local mode uses (tracefleet.runner.tracing.session_traces), failed sessions fail-closed,
 and sealed with batch_id k8s-<seq>: a rerun of the Job finds the same batch instead of sealing twice.
@@ -14,12 +14,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tracefleet import layout, podenv
-from tracefleet.api.semantics import PlannedSession
+from tracefleet.contract import layout, podenv
+from tracefleet.contract.semantics import PlannedSession
 from tracefleet.bucket import Bucket, ObjectNotFound
-from tracefleet.podenv import PodEnvError
+from tracefleet.contract.podenv import PodEnvError
 from tracefleet.diagnostics.evidence import SessionEvidence, stored_evidence
-from tracefleet.layout import batch_id_for
+from tracefleet.contract.layout import batch_id_for
 from tracefleet.runner.pod.evidence import download_capture, uploaded_evidence
 from tracefleet.runner.tracing import SessionOutcome, session_traces
 
@@ -70,7 +70,7 @@ def session_evidence_of(bucket: Bucket, job: str, planned: PlannedSession, captu
 def seal(bucket: Bucket, job: str, seq: int, sessions: list[PlannedSession], builder: str = "prefix-merge",
          diagnostics: list[Any] | None = None, policy_version: int | None = None) -> dict[str, Any]:
     """Seal `sessions` (whole groups) as batch k8s-<seq>: every session gives its rows, failed ones
-    fail-closed (tracefleet.api.semantics), each judged by the job's diagnostics (`spec.diagnostics`;
+    fail-closed (tracefleet.contract.semantics), each judged by the job's diagnostics (`spec.diagnostics`;
     None: every built-in, flag only) over its evidence, as in local mode."""
     from tracefleet.diagnostics.registry import configured, run_diagnostics, unavailable
     from tracefleet.traces.seal import Sealer

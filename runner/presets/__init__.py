@@ -10,7 +10,7 @@ hack/setup.d/50-harnesses.sh), and a line in PRESETS below.
 
 from __future__ import annotations
 
-from tracefleet.api.semantics import harness_preset
+from tracefleet.contract.semantics import harness_preset
 
 from . import claude_code, codex, command, gemini_cli, opencode, pi, qwen_code
 from .base import (

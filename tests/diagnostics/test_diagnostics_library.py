@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tracefleet.api.model import Diagnostic as DiagnosticSpec
-from tracefleet.capture import CaptureRecord, CaptureWriter, SpliceInfo, Timings
+from tracefleet.contract.job import DiagnosticSpec
+from tracefleet.contract.capture import CaptureRecord, CaptureWriter, SpliceInfo, Timings
 from tracefleet.diagnostics.evidence import HarnessEvidence, SessionEvidence, session_evidence
 from tracefleet.diagnostics.library import BUILTINS
 from tracefleet.diagnostics.registry import DIAGNOSTIC_PARAMS_ENV, run_diagnostics

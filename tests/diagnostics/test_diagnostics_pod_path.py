@@ -12,12 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tracefleet import layout
-from tracefleet.api.model import RolloutJob
-from tracefleet.api.semantics import encode_sessions, session_plan
+from tracefleet.contract import layout
+from tracefleet.contract.job import RolloutJob
+from tracefleet.contract.semantics import encode_sessions, session_plan
 from tracefleet.bucket import LocalBucket
 from tracefleet.diagnostics.evidence import SessionEvidence
-from tracefleet.podenv import EvaluatorEnv, SealerEnv
+from tracefleet.contract.podenv import EvaluatorEnv, SealerEnv
 from tracefleet.runner.pod import seal as pod_seal
 from tracefleet.runner.pod.evaluate import evaluate_session
 from tracefleet.traces.reader import BatchReader

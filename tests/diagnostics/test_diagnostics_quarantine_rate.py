@@ -1,5 +1,5 @@
 """What the diagnostics did, counted where a platform team looks, the same in both drivers
-(tracefleet.api.semantics, "Quarantine rate"): counts come from the sealed manifests (the operator's
+(tracefleet.contract.semantics, "Quarantine rate"): counts come from the sealed manifests (the operator's
 bucket read gives what `tracefleet run` counts), and `tracefleet run` against the scripted engine with
 the command harness prints the QuarantineRateExceeded line once when the rate crosses
 spec.diagnosticsPolicy, goes on, and summarises the counters and the condition as the operator decides it."""
@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from tracefleet.api.semantics import DiagnosticsCounts, diagnostics_counts, quarantine_verdict
+from tracefleet.contract.semantics import DiagnosticsCounts, diagnostics_counts, quarantine_verdict
 from tracefleet.bucket import LocalBucket
 from tracefleet.diagnostics.base import Finding, SessionFindings
 from tracefleet.operator import bucketio
@@ -50,11 +50,11 @@ def test_counts_come_from_the_manifests_and_the_operator_reads_the_same(tmp_path
     second = sealer.seal(_rows(tmp_path, job, 4, []) + _rows(tmp_path, job, 5, [_finding("test_skipping", "drop")]),
                          batch_id="k8s-1")
     assert (first.quarantined_sessions, first.dropped_sessions) == (2, 1)
-    counts = diagnostics_counts(first.model_dump(mode="json"))
+    counts = diagnostics_counts(first)
     # by diagnostic: the quarantined (dropped) sessions with a finding of it, as the manifest counts them
     assert counts == DiagnosticsCounts(judged=4, quarantined=2, dropped=1, quarantined_by={"protected_files": 2, "test_skipping": 1},
                                        dropped_by={"protected_files": 1, "test_skipping": 1})
-    total = counts + diagnostics_counts(second.model_dump(mode="json"))
+    total = counts + diagnostics_counts(second)
     assert total == DiagnosticsCounts(judged=6, quarantined=3, dropped=2, quarantined_by={"protected_files": 2, "test_skipping": 2},
                                       dropped_by={"protected_files": 1, "test_skipping": 2})
     assert total.rate == 0.5
@@ -62,7 +62,7 @@ def test_counts_come_from_the_manifests_and_the_operator_reads_the_same(tmp_path
     for seq, manifest in ((0, first), (1, second)):
         recorded = bucketio.find_batch(str(tmp_path / "bucket"), job, f"k8s-{seq}", set())
         assert recorded is not None
-        assert DiagnosticsCounts.from_json(recorded["diagnostics"]) == diagnostics_counts(manifest.model_dump(mode="json"))
+        assert DiagnosticsCounts.from_json(recorded["diagnostics"]) == diagnostics_counts(manifest)
     assert DiagnosticsCounts.from_json(None) == DiagnosticsCounts()  # a batch recorded before the counts existed
 
 
@@ -117,7 +117,7 @@ def test_local_run_warns_once_when_the_quarantine_rate_crosses_the_policy_and_go
     # the operator's decision over the same sealed manifests says exactly that
     reader = BatchReader(str(tmp_path / "out"), "hack-rate")
     assert len(reader.seqs()) == 3
-    counts = sum((diagnostics_counts(reader.manifest(s).model_dump(mode="json")) for s in reader.seqs()), DiagnosticsCounts())
+    counts = sum((diagnostics_counts(reader.manifest(s)) for s in reader.seqs()), DiagnosticsCounts())
     cond = st.quarantine_condition(counts, 0.5, 2)
     assert cond is not None and cond.status is True and cond.reason == st.REASON_QUARANTINE_RATE_ABOVE
     assert condition == f"QuarantineRateExceeded=True ({cond.reason}): {cond.message}"

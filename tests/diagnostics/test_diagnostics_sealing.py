@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tracefleet.api.semantics import DROPPED_BY_DIAGNOSTICS
+from tracefleet.contract.semantics import DROPPED_BY_DIAGNOSTICS
 from tracefleet.bucket import LocalBucket
 from tracefleet.diagnostics.base import Finding, SessionFindings
 from tracefleet.runner.tracing import SessionOutcome, session_traces

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tracefleet.capture import read_capture_log
+from tracefleet.contract.capture import read_capture_log
 from tracefleet.formats.families import load_model_format
 from tracefleet.proxy.app import create_app
 from tracefleet.proxy.config import PresetSession, ProxyConfig

@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tracefleet.api import RolloutJob
+from tracefleet.api import RolloutJob, load_job
 from tracefleet.api.crd import CRD_FILENAME, crd_manifest, crd_yaml, openapi_schema
 from tracefleet.api.reference import END, START, manifest_reference, readme_section
 
@@ -151,7 +151,7 @@ def test_apiserver_defaults_match_the_model(rj_cluster: Any, path: Path) -> None
     """Server-side dry-run returns the object after pruning and defaulting: it must equal the model's view."""
     out = _ok(kubectl(rj_cluster, "create", "--dry-run=server", "-n", NAMESPACE, "-o", "json", "-f", str(path)))
     stored = json.loads(out)
-    assert stored["spec"] == RolloutJob.from_file(path).to_manifest()["spec"]
+    assert stored["spec"] == load_job(path).to_manifest()["spec"]
 
 
 def test_kubectl_get_rj_shows_printer_columns(rj_cluster: Any) -> None:

@@ -1,10 +1,10 @@
-"""What a RolloutJob means (tracefleet.api.semantics): the pure rules both drivers call."""
+"""What a RolloutJob means (tracefleet.contract.semantics): the pure rules both drivers call."""
 
 from __future__ import annotations
 
 import pytest
 
-from tracefleet.api import semantics as sem
+from tracefleet.contract import semantics as sem
 
 
 def test_session_plan_numbers_sessions_by_task_then_sample_and_names_groups() -> None:

@@ -1,4 +1,4 @@
-"""The bucket layout (tracefleet.layout): the keys trainers, reruns and the pods rely on, pinned as
+"""The bucket layout (tracefleet.contract.layout): the keys trainers, reruns and the pods rely on, pinned as
 strings, and a real seal + read + cursor commit into a directory bucket landing exactly there."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tracefleet import layout
+from tracefleet.contract import layout
 from tracefleet.bucket import LocalBucket
 from tracefleet.traces import BatchReader, Sealer, SessionInfo, build_traces
 from tracefleet.traces.synthetic import SyntheticSession

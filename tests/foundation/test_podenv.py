@@ -1,6 +1,6 @@
 """The typed pod environment: what the operator's builders write is what the pod programs read back,
 a bad variable is a one-line error that names it, and no `TRACEFLEET_*` name is spelled outside
-tracefleet.podenv."""
+tracefleet.contract.podenv."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tracefleet import podenv
-from tracefleet.api.semantics import session_plan
+from tracefleet.contract import podenv
+from tracefleet.contract.semantics import session_plan
 from tracefleet.operator.children.harness import harness_pod
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.operator.view import JobView, OperatorConfig
-from tracefleet.podenv import EvaluatorEnv, HarnessEnv, PodEnvError, ProxySidecarEnv, SealerEnv
+from tracefleet.contract.podenv import EvaluatorEnv, HarnessEnv, PodEnvError, ProxySidecarEnv, SealerEnv
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -114,7 +114,7 @@ def test_a_bad_variable_is_one_line_naming_it(job: JobView, change: dict, messag
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
-# Where every `TRACEFLEET_*` string must come from tracefleet.podenv (folders or files): the writer
+# Where every `TRACEFLEET_*` string must come from tracefleet.contract.podenv (folders or files): the writer
 # (the operator's child builders) and the pod programs that read it.
 CHECKED = ("operator", "runner/pod")
 # Names that stay where they are, and why (keep this short).
@@ -143,4 +143,4 @@ def test_no_pod_env_name_is_spelled_outside_podenv() -> None:
             for line, text in _string_literals(ast.parse(path.read_text(), str(path))):
                 if podenv.PREFIX in text and text not in ALLOWED.get(rel, set()):
                     found.append(f"{rel}:{line}: {text!r}")
-    assert not found, "use the constants of tracefleet.podenv:\n" + "\n".join(sorted(found))
+    assert not found, "use the constants of tracefleet.contract.podenv:\n" + "\n".join(sorted(found))

@@ -1,5 +1,5 @@
 """Driver conformance (design invariant 6): one RolloutJob run by `tracefleet run` and by the operator on
-the test cluster gives a trainer the same batches (tracefleet.api.semantics).
+the test cluster gives a trainer the same batches (tracefleet.contract.semantics).
 
 Real parts: the control plane + KWOK, SeaweedFS, the scripted engine, the operator as a subprocess.
 KWOK cannot run code, so the test plays the kubelet for the pods the operator creates, with the pods'
@@ -36,7 +36,7 @@ import numpy as np
 
 from fixtures.drivers import CREDENTIALS_SECRET, PlayedCluster, submit
 from fixtures.local_runs import run_local
-from tracefleet.api import semantics
+from tracefleet.contract import semantics
 from tracefleet.operator import names as n
 from tracefleet.traces.reader import BatchReader
 

@@ -12,10 +12,10 @@ from tracefleet.operator.children.inference import ENGINE_PORT, inference_deploy
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.operator.children.network_policy import harness_network_policy
 from tracefleet.operator import names as n
-from tracefleet import podenv
+from tracefleet.contract import podenv
 from tracefleet.api import DEFAULT_VLLM_IMAGE
-from tracefleet.api.semantics import session_plan
-from tracefleet.podenv import EvaluatorEnv
+from tracefleet.contract.semantics import session_plan
+from tracefleet.contract.podenv import EvaluatorEnv
 from tracefleet.vllm import vllm_server
 from tracefleet.operator.view import JobView, OperatorConfig
 

@@ -32,13 +32,13 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from fixtures.controlplane import free_port
-from tracefleet import layout
-from tracefleet.api import semantics
+from tracefleet.contract import layout
+from tracefleet.contract import semantics
 from tracefleet.bucket import open_bucket
 from tracefleet.operator import metrics
 from tracefleet.operator import names as n
 from tracefleet.operator.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, verify_signature
-from tracefleet.podenv import SealerEnv
+from tracefleet.contract.podenv import SealerEnv
 from tracefleet.runner.pod.seal import seal
 from tracefleet.traces.reader import BatchReader
 from tracefleet.traces.synthetic import SyntheticSession
@@ -386,7 +386,7 @@ def test_quarantine_rate_is_counted_warned_and_the_job_goes_on(env: Env) -> None
                diagnosticsPolicy={"maxQuarantineRate": 0.25, "minJudgedSessions": 4})
     drive(env, ns, "hacks", parallelism=2, reward=lambda p: float(p.metadata.labels[n.LABEL_SAMPLE] == "0"))
     st = env.status(ns, "hacks")
-    assert st["phase"] == "Succeeded", st  # the job goes on (tracefleet.api.semantics)
+    assert st["phase"] == "Succeeded", st  # the job goes on (tracefleet.contract.semantics)
     c = st["counters"]
     assert (c["succeeded"], c["judged"], c["quarantined"], c["dropped"]) == (6, 6, 3, 0), c
     cond = {x["type"]: x for x in st["conditions"]}[semantics.QUARANTINE_RATE_EXCEEDED]

@@ -8,12 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tracefleet import layout
-from tracefleet.api.semantics import encode_sessions, session_plan
+from tracefleet.contract import layout
+from tracefleet.contract.semantics import encode_sessions, session_plan
 from tracefleet.bucket import open_bucket
 from tracefleet.operator import bucketio
 from tracefleet.operator.names import POD_PROGRAMS
-from tracefleet.podenv import SealerEnv
+from tracefleet.contract.podenv import SealerEnv
 from tracefleet.runner.pod import evaluate as pod_evaluate, seal as pod_seal
 from tracefleet.traces.reader import BatchReader
 from tracefleet.traces.synthetic import SyntheticSession

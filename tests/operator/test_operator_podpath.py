@@ -24,13 +24,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tracefleet.api.model import Capture, RolloutJob
-from tracefleet.api.semantics import session_plan
+from tracefleet.contract.job import Capture, RolloutJob
+from tracefleet.contract.semantics import session_plan
 from tracefleet.bucket import open_bucket
-from tracefleet.capture import read_capture_log
+from tracefleet.contract.capture import read_capture_log
 from tracefleet.operator.children.harness import harness_pod
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
-from tracefleet.podenv import EVALUATOR_FATAL_EXIT_CODE
+from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE
 from tracefleet.operator.view import JobView, OperatorConfig
 from tracefleet.proxy.upload import upload_outputs
 from tracefleet.traces.reader import BatchReader

@@ -10,8 +10,8 @@ import pytest
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import MaxRetryError
 
-from tracefleet.api.model import Phase
-from tracefleet.api.semantics import DiagnosticsCounts
+from tracefleet.contract.job import Phase
+from tracefleet.contract.semantics import DiagnosticsCounts
 from tracefleet.operator import status as st
 from tracefleet.operator.kube import API_RETRY_DELAY_S, FORBIDDEN_RETRY_DELAY_S, retry_intent
 from tracefleet.operator.status import Cond, Progress, SessionCounts, calculate_status, condition_events
@@ -87,7 +87,7 @@ def test_failed_status_keeps_counters_and_writes_once() -> None:
 
 
 def test_quarantine_rate_is_a_warning_condition_and_the_job_goes_on() -> None:
-    # counters and the condition both come from the sealed batches' counts (tracefleet.api.semantics)
+    # counters and the condition both come from the sealed batches' counts (tracefleet.contract.semantics)
     assert st.quarantine_condition(DiagnosticsCounts(), 0.25, 4) is None  # nothing judged yet: no condition
     few = st.quarantine_condition(DiagnosticsCounts(judged=2, quarantined=2, quarantined_by={"protected_files": 2}), 0.25, 4)
     assert few is not None and (few.type, few.status, few.reason) == (st.COND_QUARANTINE_RATE, False, st.REASON_TOO_FEW_JUDGED)

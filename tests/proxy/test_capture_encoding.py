@@ -9,7 +9,7 @@ import time
 import orjson
 import pytest
 
-from tracefleet.capture import CallError, CaptureRecord, SpliceInfo, Timings, read_capture_log
+from tracefleet.contract.capture import CallError, CaptureRecord, SpliceInfo, Timings, read_capture_log
 from tracefleet.proxy.canonical import ToolCall
 from tracefleet.proxy.capture import RecordHead, canonical_dump, encode_record_line
 from tracefleet.proxy.dialects.openai_chat import OpenAIChat

@@ -17,7 +17,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from tracefleet.capture import read_capture_log
+from tracefleet.contract.capture import read_capture_log
 from tracefleet.formats.families import load_model_format
 from tracefleet.proxy.exact.engine import ExactTokenEngine
 from tracefleet.proxy.canonical import Conversation, Message, Part, Sampling

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tracefleet.capture import CaptureRecord, read_capture_log
+from tracefleet.contract.capture import CaptureRecord, read_capture_log
 
 from fixtures.abandoning_client import DIALECTS, abandon, request_bytes
 from fixtures.servers import quiet_child_env, stop_process_group

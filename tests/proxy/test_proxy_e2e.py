@@ -15,7 +15,7 @@ import openai
 import orjson
 import pytest
 
-from tracefleet.capture import read_capture_log
+from tracefleet.contract.capture import read_capture_log
 from tracefleet.proxy.canonical import Conversation
 from tracefleet.proxy.token_engine import engine_messages, engine_tools
 

@@ -18,7 +18,7 @@ import openai
 import orjson
 import pytest
 
-from tracefleet.capture import read_capture_log
+from tracefleet.contract.capture import read_capture_log
 
 from fixtures.servers import stop_process_group
 

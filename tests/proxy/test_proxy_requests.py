@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tracefleet.capture import read_capture_log
+from tracefleet.contract.capture import read_capture_log
 
 
 def is_openai(body: dict[str, Any]) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import yaml
 
-from tracefleet.capture import read_capture_log
+from tracefleet.contract.capture import read_capture_log
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 MARK = "tracefleet-local-test-harness"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tracefleet.capture import read_capture_log
+from tracefleet.contract.capture import read_capture_log
 from tracefleet.runner.netns import UnixToTcpBridge
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.services import InProcessProxy

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.harnesses import harness_binary_path
-from tracefleet.capture import read_capture_log
+from tracefleet.contract.capture import read_capture_log
 from tracefleet.traces.reader import BatchReader
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tracefleet.capture import read_capture_log
+from tracefleet.contract.capture import read_capture_log
 from tracefleet.engine.scripted import Script
 from tracefleet.runner.evaluators import EvaluatorSpec
 from tracefleet.runner.netns import UnixToTcpBridge

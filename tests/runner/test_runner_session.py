@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tracefleet.capture import read_capture_log
+from tracefleet.contract.capture import read_capture_log
 from tracefleet.runner.evaluators import EvaluatorSpec
 from tracefleet.runner.netns import UnixToTcpBridge
 from tracefleet.runner.proxy_admin import ProxyAdmin
@@ -143,7 +143,7 @@ def test_proxy_down_is_an_error_at_register(tmp_path: Path) -> None:
     admin = ProxyAdmin("http://127.0.0.1:9", "x", timeout_s=2)
     run = run_session(plan_for(tmp_path, "fix"), admin=admin, proxy_url="http://127.0.0.1:9", session_root=tmp_path / "s")
     assert (run.result.status, run.result.stage) == ("error", "register")
-    # sealed all the same (tracefleet.api.semantics), so its GRPO group stays whole: one row without tokens
+    # sealed all the same (tracefleet.contract.semantics), so its GRPO group stays whole: one row without tokens
     (row,) = run.traces
     assert row.num_tokens == 0 and row.meta.outcome == "fail_closed" and row.meta.reward == 0.0
     assert row.meta.fail_closed_reasons == ["session_error:register", "evaluator_missing", "no_trainable_calls"]

@@ -1,5 +1,5 @@
 """A finished session's rows (tracefleet.runner.tracing.session_traces), what both drivers seal: the
-fail-closed rules of tracefleet.api.semantics on real capture logs written by the CaptureWriter."""
+fail-closed rules of tracefleet.contract.semantics on real capture logs written by the CaptureWriter."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracefleet.capture import CaptureRecord, read_capture_log
+from tracefleet.contract.capture import CaptureRecord, read_capture_log
 from tracefleet.traces import SessionInfo, Trace, build_traces
 from tracefleet.traces.synthetic import SyntheticSession
 
@@ -270,7 +270,7 @@ def test_retries_of_abandoned_calls_are_siblings_never_a_chain(tmp_path: Path) -
 
 
 def test_spans_carry_the_sampling_parameters_and_flagged_calls_are_not_trained_on() -> None:
-    from tracefleet.capture import Timings
+    from tracefleet.contract.capture import Timings
     from tracefleet.traces.batch import table_to_traces, traces_to_table
     from tracefleet.traces.build import build_from_calls
     from tracefleet.traces.calls import calls_from_records

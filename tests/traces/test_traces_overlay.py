@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tracefleet.bucket import LocalBucket
-from tracefleet.layout import OVERLAYS_DIR
+from tracefleet.contract.layout import OVERLAYS_DIR
 from tracefleet.traces import BatchReader, Sealer, SessionInfo, build_traces, group_advantages
 from tracefleet.traces.overlay import Overlay, write_overlay
 from tracefleet.traces.synthetic import SyntheticSession

@@ -13,7 +13,7 @@ What was observed, and is asserted per harness below:
   prompt[k-1] + completion[k-1] token for token (the sampled end-of-turn token included): the history is
   append-only in token space, there is no drift, and prefix-merge builds ONE trace of all three calls.
 - opencode: four calls. The first is its title generator (its own system prompt, no tools), which shares
-  no prefix with the conversation: an auxiliary call, its own root (`auxiliary`, tracefleet.api.semantics);
+  no prefix with the conversation: an auxiliary call, its own root (`auxiliary`, tracefleet.contract.semantics);
   the three conversation calls then form one chain whose root is the agent's `session_start`.
 - No harness re-rendered its history in a way that changed earlier tokens, so drift_splits == 0
   everywhere. That the builder would split (never train across) a re-rendered history is shown on the
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracefleet.capture import CaptureLog, CaptureRecord, SpliceInfo, read_capture_log
+from tracefleet.contract.capture import CaptureLog, CaptureRecord, SpliceInfo, read_capture_log
 from tracefleet.runner.presets import get_preset
 from tracefleet.traces import BuildResult, SessionInfo, build_traces, table_to_traces, traces_to_table
 

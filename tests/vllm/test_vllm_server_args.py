@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tracefleet.api.model import Capture, Inference, ManagedInference
+from tracefleet.contract.job import Capture, Inference, ManagedInference
 from tracefleet.vllm import (DEFAULT_VLLM_IMAGE, DEV_MODE_ENV, MIN_VLLM_VERSION, VLLM_VERSION, supported_version,
                              version_tuple, vllm_server)
 

@@ -1,11 +1,12 @@
-"""The RolloutJob API model: the single source of truth for manifests, the CRD and validation.
+"""The RolloutJob's public API: the model (defined once, on the contract floor: tracefleet.contract.job), its
+YAML manifests, the CRD generated from it and validation.
 
-    from tracefleet.api import RolloutJob
-    job = RolloutJob.from_file("examples/local-command.yaml")
+    from tracefleet.api import load_job
+    job = load_job("examples/local-command.yaml")
     job.spec.inference.is_managed, job.session_count(), job.to_manifest()
 """
 
-from .model import (
+from tracefleet.contract.job import (
     API_VERSION,
     CATEGORIES,
     CRD_NAME,
@@ -45,6 +46,7 @@ from .model import (
     Webhook,
     Workspace,
 )
+from .manifest import job_from_yaml, job_to_yaml, load_job
 from .validation import Problem, validate_file, validate_manifest, validate_text, validate_update
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from .model import API_VERSION, CATEGORIES, CRD_NAME, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, RolloutJob
+from tracefleet.contract.job import API_VERSION, CATEGORIES, CRD_NAME, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, RolloutJob
 
 CRD_FILENAME = f"{CRD_NAME}.yaml"
 

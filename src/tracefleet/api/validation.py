@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .model import API_VERSION, KIND, RolloutJob
+from tracefleet.contract.job import API_VERSION, KIND, RolloutJob
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def validate_update(old: RolloutJob, new: RolloutJob) -> list[Problem]:
 def local_problems(job: RolloutJob, base_dir: Path) -> list[Problem]:
     """What only the machine that runs the job can check: task sources given as local paths (relative
     to the manifest's directory, as `tracefleet run` reads them) exist. Remote ones are left to the run."""
-    from tracefleet.runner.task import is_remote
+    from tracefleet.contract.job import is_remote
 
     def missing(value: str | None) -> str | None:
         if not value or is_remote(value):

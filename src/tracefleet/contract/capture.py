@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 CAPTURE_SCHEMA_VERSION = 1
@@ -153,7 +152,7 @@ def read_capture_log(path: str | os.PathLike[str]) -> CaptureLog:
         if not line.strip():
             continue
         try:
-            records.append(CaptureRecord.model_validate(orjson.loads(line)))
+            records.append(CaptureRecord.model_validate_json(line))
         except ValueError:
             bad.append(number)
     return CaptureLog(records=records, torn_tail=bool(tail), torn_bytes=len(tail), bad_lines=bad)

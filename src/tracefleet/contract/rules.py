@@ -2,7 +2,7 @@
 
 Each `Rule` carries the CEL expression the kube-apiserver evaluates (it lands in the CRD as an
 `x-kubernetes-validations` entry on the object the rule belongs to), the Python predicate that
-`tracefleet validate` and `RolloutJob.from_yaml` evaluate, and the one message and field path both
+`tracefleet validate` and `job_from_yaml` evaluate, and the one message and field path both
 report. The two expressions sit side by side so a reviewer sees they say the same thing; the test
 table in tests/foundation/test_validate.py proves it against the real apiserver.
 """

@@ -81,6 +81,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .manifest import BatchManifest
+
 # ---------------------------------------------------------------- presets
 
 DEFAULT_PRESET = "command"  # harness and evaluator alike: no preset means "run the command"
@@ -159,15 +161,15 @@ def _add_counts(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
     return {k: a.get(k, 0) + b.get(k, 0) for k in sorted({*a, *b})}
 
 
-def diagnostics_counts(manifest: Mapping[str, Any]) -> DiagnosticsCounts:
-    """One sealed batch's counts, from its manifest's JSON (tracefleet.traces.batch.BatchManifest)."""
-    per = manifest.get("diagnostics") or {}
+def diagnostics_counts(manifest: BatchManifest) -> DiagnosticsCounts:
+    """One sealed batch's counts, from its manifest."""
+    per = manifest.diagnostics
     return DiagnosticsCounts(
-        judged=int(manifest.get("sessions") or 0),
-        quarantined=int(manifest.get("quarantined_sessions") or 0),
-        dropped=int(manifest.get("dropped_sessions") or 0),
-        quarantined_by={k: int(v.get("quarantined") or 0) for k, v in sorted(per.items()) if v.get("quarantined")},
-        dropped_by={k: int(v.get("dropped") or 0) for k, v in sorted(per.items()) if v.get("dropped")},
+        judged=manifest.sessions,
+        quarantined=manifest.quarantined_sessions,
+        dropped=manifest.dropped_sessions,
+        quarantined_by={k: v.quarantined for k, v in sorted(per.items()) if v.quarantined},
+        dropped_by={k: v.dropped for k, v in sorted(per.items()) if v.dropped},
     )
 
 
@@ -277,4 +279,32 @@ def next_batches(ready_groups: Iterable[int], per_batch: int, *, final: bool) ->
     out = [ready[i : i + per_batch] for i in range(0, len(ready), per_batch)]
     if out and len(out[-1]) < per_batch and not final:
         out.pop()
+    return out
+
+
+# ---------------------------------------------------------------- session sets on the wire
+
+
+def encode_ranges(indices: list[int]) -> str:
+    """Compact, order-free encoding of a set of session indices: '0-63,70,72-75'."""
+    out: list[str] = []
+    xs = sorted(set(indices))
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def decode_ranges(text: str) -> list[int]:
+    out: list[int] = []
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out.extend(range(int(a), int(b) + 1))
+        else:
+            out.append(int(part))
     return out

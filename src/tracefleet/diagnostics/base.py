@@ -10,52 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
+
+from tracefleet.contract.diagnostics import (  # noqa: F401 - the findings' models, re-exported for diagnostic authors
+    ACTIONS, EVALUATOR_OUTPUT, HARNESS_STDERR, QUARANTINING, Action, Finding, Hit, SessionFindings, Severity,
+    quarantined_reward,
+)
 
 from .evidence import SessionEvidence
-
-Severity = Literal["info", "warning", "error"]
-Action = Literal["flag", "quarantine", "drop"]
-ACTIONS: tuple[Action, ...] = ("flag", "quarantine", "drop")  # weakest first
-# flag: recorded only. quarantine: sealed with the finding, reward forced to <= 0, and left out of
-# training and of GRPO group statistics by default (tracefleet.traces.reader). drop: the session's
-# token rows are not sealed; one row without tokens keeps the finding and the group whole (counted).
-# The same rules whether a session is judged at sealing or by an overlay later (tracefleet.traces.overlay).
-QUARANTINING: tuple[Action, ...] = ("quarantine", "drop")  # the actions that leave a session out of training
-
-
-def quarantined_reward(reward: float | None) -> float | None:
-    """A quarantined session's reward: never positive (a trainer that includes it promotes nothing)."""
-    return None if reward is None else min(reward, 0.0)
-
-# Where a finding points when it is not a file or a call.
-HARNESS_STDERR = "harness.stderr"
-EVALUATOR_OUTPUT = "evaluator"
-
-
-class Hit(BaseModel):
-    """One problem a diagnostic found: a message and where (at least one of file, call_id)."""
-
-    message: str
-    file: str | None = None
-    line: int | None = None
-    call_id: str | None = None
-
-    @model_validator(mode="after")
-    def _has_evidence(self) -> Hit:
-        if self.file is None and self.call_id is None:
-            raise ValueError(f"finding {self.message!r} names no evidence: give a file (and line) or a call_id")
-        return self
-
-
-class Finding(Hit):
-    name: str  # the diagnostic's
-    version: str
-    severity: Severity
-    action: Action = "flag"
-
 
 Check = Callable[[SessionEvidence, dict[str, Any]], Iterable[Hit]]
 
@@ -73,19 +36,3 @@ class Diagnostic:
         merged = {**self.defaults, **(params or {})}
         return [Finding(**hit.model_dump(), name=self.name, version=self.version, severity=self.severity, action=action)
                 for hit in self.check(evidence, merged)]
-
-
-class SessionFindings(BaseModel):
-    """Every finding of one session and what they decide."""
-
-    findings: list[Finding] = Field(default_factory=list)
-
-    @property
-    def action(self) -> Action | None:
-        """The strongest action any finding carries (drop > quarantine > flag), None without findings."""
-        acts = {f.action for f in self.findings}
-        return next((a for a in reversed(ACTIONS) if a in acts), None)
-
-    @property
-    def quarantined(self) -> bool:
-        return self.action in QUARANTINING

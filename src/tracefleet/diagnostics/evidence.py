@@ -158,8 +158,8 @@ def call_evidence(capture: str | os.PathLike[str] | None) -> tuple[list[CallEvid
     if capture is None or not os.path.exists(capture):
         return [], False
     # imported here: tracefleet.api's model imports this package's built-in names
-    from tracefleet.api.semantics import AUXILIARY
-    from tracefleet.capture import read_capture_log
+    from tracefleet.contract.semantics import AUXILIARY
+    from tracefleet.contract.capture import read_capture_log
 
     log = read_capture_log(capture)
     calls = [
@@ -213,7 +213,7 @@ def session_evidence(
 def stored_evidence(bucket: Any, job: str, session_id: str) -> SessionEvidence | None:
     """A session's evidence kept in the bucket (`layout.evidence_key`), None when there is none."""
     from tracefleet.bucket import ObjectNotFound
-    from tracefleet.layout import evidence_key
+    from tracefleet.contract.layout import evidence_key
 
     try:
         return SessionEvidence.model_validate_json(bucket.get(evidence_key(job, session_id)))

@@ -1,4 +1,4 @@
-"""The diagnostics a job runs, resolved from `spec.diagnostics` (tracefleet.api.model.DiagnosticSpec),
+"""The diagnostics a job runs, resolved from `spec.diagnostics` (tracefleet.contract.job.DiagnosticSpec),
 and running them over one session's evidence.
 
 A job without `spec.diagnostics` runs every built-in with action `flag`: findings are recorded in the

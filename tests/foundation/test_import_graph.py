@@ -1,0 +1,104 @@
+"""The layering rules, read from the source: the contract floor (tracefleet.contract) imports only the standard
+library, pydantic and itself; no two packages of tracefleet import each other, directly or around a cycle.
+
+Every import counts, also one inside a function or under TYPE_CHECKING: a lazy import is still a dependency."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from tracefleet.contract.diagnostics import BUILTIN_DIAGNOSTICS
+from tracefleet.diagnostics.library import BUILTINS
+
+REPO = Path(__file__).resolve().parents[2]
+# setup.py's folder mapping (README, "Where things live")
+ROOTS = {"tracefleet": "src/tracefleet", "tracefleet.operator": "operator", "tracefleet.proxy": "proxy",
+         "tracefleet.runner": "runner", "tracefleet.traces": "traces", "tracefleet.engine": "engine"}
+FLOOR = "contract"
+FLOOR_THIRD_PARTY = {"pydantic", "pydantic_core", "typing_extensions"}
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for name, folder in ROOTS.items():
+        for path in (REPO / folder).rglob("*.py"):
+            parts = [p for p in path.relative_to(REPO / folder).with_suffix("").parts if p != "__init__"]
+            if name == "tracefleet" and parts and f"tracefleet.{parts[0]}" in ROOTS:
+                continue
+            out[".".join([name, *parts])] = path
+    return out
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    found: set[str] = set()
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                found.add(".".join(base + ([node.module] if node.module else [])))
+            else:
+                found.add(node.module or "")
+    return found
+
+
+def _package(module: str) -> str:
+    """The part of tracefleet a module belongs to: `tracefleet.X` (a subpackage or a top-level module)."""
+    return module.split(".")[1] if "." in module else module
+
+
+GRAPH = {m: _imports(m, p) for m, p in _modules().items()}
+
+
+def test_the_floor_imports_nothing_above_it() -> None:
+    wrong = []
+    for module, imports in GRAPH.items():
+        if _package(module) != FLOOR:
+            continue
+        for imported in imports:
+            top = imported.split(".")[0]
+            if top == "tracefleet":
+                if _package(imported) != FLOOR:
+                    wrong.append(f"{module} imports {imported}")
+            elif top not in sys.stdlib_module_names and top not in FLOOR_THIRD_PARTY and top != "__future__":
+                wrong.append(f"{module} imports {imported} (third-party: only pydantic on the floor)")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_cycle_between_packages() -> None:
+    edges: dict[str, set[str]] = defaultdict(set)
+    witness: dict[tuple[str, str], str] = {}
+    for module, imports in GRAPH.items():
+        for imported in imports:
+            if imported.startswith("tracefleet.") and _package(imported) != _package(module):
+                edges[_package(module)].add(_package(imported))
+                witness.setdefault((_package(module), _package(imported)), module)
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges.get(todo.pop(), ()):
+                if nxt == goal:
+                    return True
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return False
+
+    cycles = [f"{a} -> {b} ({witness[a, b]}) and back" for a in sorted(edges) for b in sorted(edges[a]) if reaches(b, a)]
+    assert not cycles, "\n".join(cycles)
+
+
+def test_every_package_stands_on_the_floor_alone() -> None:
+    """Each component reads the messages it exchanges from the floor; the floor is used by all of them."""
+    users = {_package(m) for m, imports in GRAPH.items() for i in imports if i.startswith(f"tracefleet.{FLOOR}")}
+    assert {"operator", "proxy", "runner", "traces"} <= users
+
+
+def test_builtin_diagnostic_names_are_the_library() -> None:
+    assert tuple(BUILTINS) == BUILTIN_DIAGNOSTICS
