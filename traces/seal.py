@@ -40,13 +40,11 @@ import pyarrow as pa
 
 from tracefleet.bucket import Bucket, BucketError, ObjectNotFound, spool_dir
 
+from tracefleet.contract.layout import MANIFEST, batch_dir, batch_key_parts, batches_prefix, data_object_name, job_root, manifest_key
 from tracefleet.contract.manifest import BatchManifest, ObjectEntry
 
 from .batch import summarize, table_to_parquet, table_to_traces, traces_to_table
 from .schema import Trace
-
-_SEQ_DIR = re.compile(r"^(\d{6,})$")
-
 
 class SealError(RuntimeError):
     """The batch could not be uploaded; its data is kept at `spooled` and can be flushed later."""
@@ -56,30 +54,14 @@ class SealError(RuntimeError):
         self.spooled = spooled
 
 
-def job_root(job: str) -> str:
-    if not job or "/" in job or job in (".", ".."):
-        raise ValueError(f"invalid job name {job!r}")
-    return job
-
-
-def batch_dir(job: str, seq: int) -> str:
-    return f"{job_root(job)}/batches/{seq:06d}"
-
-
-def manifest_key(job: str, seq: int) -> str:
-    return f"{batch_dir(job, seq)}/manifest.json"
-
-
 def sealed_seqs(bucket: Bucket, job: str) -> tuple[list[int], dict[int, set[str]]]:
     """(seqs that have a manifest, sorted; every seq → its object names) from one listing."""
     names: dict[int, set[str]] = {}
-    root = f"{job_root(job)}/batches/"
-    for obj in bucket.list(root):
-        rest = obj.key[len(root) :] if obj.key.startswith(root) else obj.key.split("/batches/", 1)[-1]
-        seq_part, _, name = rest.partition("/")
-        if _SEQ_DIR.match(seq_part) and name:
-            names.setdefault(int(seq_part), set()).add(name)
-    return sorted(s for s, n in names.items() if "manifest.json" in n), names
+    for obj in bucket.list(batches_prefix(job)):
+        parts = batch_key_parts(job, obj.key)
+        if parts is not None:
+            names.setdefault(parts[0], set()).add(parts[1])
+    return sorted(s for s, n in names.items() if MANIFEST in n), names
 
 
 class Sealer:
@@ -102,16 +84,16 @@ class Sealer:
             job=self.job,
             batch_id=batch_id,
             sealer=f"{socket.gethostname()}:{os.getpid()}",
-            objects=[ObjectEntry(name=f"traces-{batch_id}.parquet", size=len(data), sha256=digest, rows=table.num_rows)],
+            objects=[ObjectEntry(name=data_object_name(batch_id), size=len(data), sha256=digest, rows=table.num_rows)],
             **summary,
         )
         final = self.spool / batch_id
-        if (final / "manifest.json").exists():
+        if (final / MANIFEST).exists():
             return final  # already staged (a rerun with the same content)
         tmp = self.spool / f".staging-{batch_id}-{os.getpid()}-{time.monotonic_ns()}"
         tmp.mkdir(parents=True)
         _write_durable(tmp / manifest.objects[0].name, data)
-        _write_durable(tmp / "manifest.json", manifest.model_dump_json(indent=2).encode())
+        _write_durable(tmp / MANIFEST, manifest.model_dump_json(indent=2).encode())
         try:
             os.rename(tmp, final)
         except OSError:
@@ -121,7 +103,7 @@ class Sealer:
     def pending(self) -> list[Path]:
         if not self.spool.is_dir():
             return []
-        return sorted(p for p in self.spool.iterdir() if p.is_dir() and (p / "manifest.json").exists())
+        return sorted(p for p in self.spool.iterdir() if p.is_dir() and (p / MANIFEST).exists())
 
     # 2-4. upload ----------------------------------------------------------------------------------
     def upload(self, staged: Path) -> BatchManifest:
@@ -133,7 +115,7 @@ class Sealer:
         return result
 
     def _upload(self, staged: Path) -> BatchManifest:
-        manifest = BatchManifest.model_validate_json((staged / "manifest.json").read_bytes())
+        manifest = BatchManifest.model_validate_json((staged / MANIFEST).read_bytes())
         obj = manifest.objects[0]
         seqs, names = sealed_seqs(self.bucket, self.job)
         for seq in seqs:  # dedup: our data object next to a manifest that names our batch
@@ -170,7 +152,7 @@ class Sealer:
 
     def flush(self) -> list[BatchManifest]:
         """Upload every staged batch (oldest first). Stops at the first failure, raising SealError."""
-        pending = sorted(self.pending(), key=lambda p: (p / "manifest.json").stat().st_mtime)
+        pending = sorted(self.pending(), key=lambda p: (p / MANIFEST).stat().st_mtime)
         return [self.upload(p) for p in pending]
 
 
