@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from tracefleet.contract import environment
+
 
 class BucketError(RuntimeError):
     """Any failure talking to a bucket; the message names the bucket and what to check."""
@@ -184,7 +186,7 @@ class S3Bucket:
     ) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self.endpoint_url = endpoint_url or os.environ.get("TRACEFLEET_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL")
+        self.endpoint_url = endpoint_url or os.environ.get(environment.S3_ENDPOINT) or os.environ.get("AWS_ENDPOINT_URL")
         self.uri = f"s3://{_join(bucket, self.prefix)}"
         if client is None:
             import boto3
@@ -339,9 +341,8 @@ def open_bucket(uri: str | os.PathLike[str], **options: Any) -> LocalBucket | S3
 def spool_dir(default: str | os.PathLike[str] | None = None) -> Path:
     """Where data waits on local disk until its upload succeeds: `default`, else $TRACEFLEET_SPOOL, else
     $TRACEFLEET_CACHE/spool (~/.cache/tracefleet/spool), else a folder under the system temp dir."""
-    candidates = [default, os.environ.get("TRACEFLEET_SPOOL")]
-    cache = os.environ.get("TRACEFLEET_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tracefleet")
-    candidates += [os.path.join(cache, "spool"), os.path.join(tempfile.gettempdir(), "tracefleet-spool")]
+    candidates = [default, os.environ.get(environment.SPOOL)]
+    candidates += [environment.cache_dir() / "spool", os.path.join(tempfile.gettempdir(), "tracefleet-spool")]
     last: OSError | None = None
     for base in candidates:
         if not base:
@@ -352,6 +353,6 @@ def spool_dir(default: str | os.PathLike[str] | None = None) -> Path:
             return path
         except OSError as exc:
             last = exc
-            if base in (default, os.environ.get("TRACEFLEET_SPOOL")):
+            if base in (default, os.environ.get(environment.SPOOL)):
                 raise  # an explicit choice that does not work is an error, not a silent fallback
     raise OSError(f"no writable spool directory: {last}")

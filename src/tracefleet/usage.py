@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 
+from tracefleet.contract import environment
+
 USAGE_EXIT = 2  # a mistake in how the command was called (argparse's own status for bad flags)
-DEBUG_ENV = "TRACEFLEET_DEBUG"  # set: unexpected errors show their traceback instead of one line
+DEBUG_ENV = environment.DEBUG
 
 
 class UsageError(Exception):

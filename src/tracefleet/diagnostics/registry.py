@@ -18,11 +18,13 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from tracefleet.contract import environment
+
 from .base import ACTIONS, EVALUATOR_OUTPUT, Action, Diagnostic, Finding, Hit, SessionFindings
 from .evidence import SessionEvidence
 from .library import BUILTINS
 
-DIAGNOSTIC_PARAMS_ENV = "TRACEFLEET_DIAGNOSTIC_PARAMS"
+DIAGNOSTIC_PARAMS_ENV = environment.DIAGNOSTIC_PARAMS
 USER_VERSION = "user"
 
 

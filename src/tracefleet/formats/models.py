@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 from pathlib import Path
 
+from tracefleet.contract.environment import cache_dir  # noqa: F401 - where the shipped models are cached (callers import it from here)
+
 TEMPLATES = Path(__file__).parent / "templates"
 
 
@@ -53,8 +55,6 @@ class ModelMissing(RuntimeError):
     """The model's package is not installed; the message says how to install it."""
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("TRACEFLEET_CACHE") or Path.home() / ".cache" / "tracefleet")
 
 
 def smollm2_path() -> Path:
