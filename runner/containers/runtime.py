@@ -37,11 +37,15 @@ class ContainerRuntime:
     def command(self, *args: str) -> list[str]:
         return [*self.argv, *args]
 
+    def call(self, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+        """Run `<runtime> args...` and return what it did; subprocess.TimeoutExpired past `timeout`."""
+        return subprocess.run(self.command(*args), capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **self.env}, stdin=subprocess.DEVNULL)
+
     def run(self, *args: str, timeout: float | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """Run `<runtime> args...`; with `check`, a non-zero exit is a one-line ContainerError."""
+        """`call`, but past `timeout`, or (with `check`) on a non-zero exit, a one-line ContainerError."""
         try:
-            proc = subprocess.run(self.command(*args), capture_output=True, text=True, timeout=timeout,
-                                  env={**os.environ, **self.env}, stdin=subprocess.DEVNULL)
+            proc = self.call(*args, timeout=timeout)
         except subprocess.TimeoutExpired as err:
             raise ContainerError(f"{self.name} {args[0]}: no answer within {timeout:g} s") from err
         if check and proc.returncode != 0:
@@ -54,7 +58,8 @@ class ContainerRuntime:
     def remove(self, *names: str) -> None:
         """Remove containers by name, whatever state they are in (nothing if they are gone)."""
         if names:
-            self.run("rm", "-f", *names, check=False, timeout=60)
+            # podman waits 10 s for a PID 1 that ignores SIGTERM (bash does) unless told not to.
+            self.run("rm", "-f", *(("-t", "0") if self.name == "podman" else ()), *names, check=False, timeout=60)
 
 
 def _podman() -> ContainerRuntime | None:
