@@ -174,3 +174,31 @@ def test_validate_cli_on_task_folders_a_tarball_and_a_job(tmp_path: Path) -> Non
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     proc = _validate("job.yaml", cwd=tmp_path)
     assert proc.stdout.splitlines() == ["job.yaml: spec.tasks.harbor.uri: missing-tasks: no such file or directory"]
+
+
+def test_task_folders_from_an_s3_prefix_and_an_s3_tarball(tmp_path: Path, s3, monkeypatch) -> None:
+    """The two remote sources, from a real S3 server (SeaweedFS): a prefix holding task folders, and one tarball."""
+    from tracefleet.bucket import open_bucket
+    from tracefleet.harbor.sources import open_source
+
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    bucket_name = s3.create_bucket()
+    src = tmp_path / "src"
+    write_task(src, "t1")
+    write_task(src, "t2", instruction=None)
+    bucket = open_bucket(f"s3://{bucket_name}/datasets/tb")
+    for path in src.rglob("*"):
+        if path.is_file():
+            bucket.put(path.relative_to(src).as_posix(), path.read_bytes())
+    root = open_source(f"s3://{bucket_name}/datasets/tb", tmp_path / "dl")
+    tasks, problems = check_tasks(root, f"s3://{bucket_name}/datasets/tb")
+    assert [t.name for t in tasks] == ["t1"]
+    assert [str(p) for p in problems] == [
+        f"s3://{bucket_name}/datasets/tb/t2/instruction.md: missing: the agent would be asked nothing"]
+
+    with tarfile.open(tmp_path / "tb.tgz", "w:gz") as tar:
+        tar.add(src / "t1", arcname="tb2/t1")  # wrapped in one folder, as `tar czf tb2.tgz tb2/` makes it
+    open_bucket(f"s3://{bucket_name}").put("tb.tgz", (tmp_path / "tb.tgz").read_bytes())
+    root = open_source(f"s3://{bucket_name}/tb.tgz", tmp_path / "dl2")
+    assert [t.name for t in check_tasks(root, "tb")[0]] == ["t1"]

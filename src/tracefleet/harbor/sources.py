@@ -26,7 +26,9 @@ def _unpack(tarball: Path, into: Path) -> Path:
             archive.extractall(into, filter="data")
     except (tarfile.TarError, OSError) as err:
         raise TaskSourceError(f"{tarball}: cannot unpack: {err}") from err
-    return into
+    # `tar czf tb2.tgz tb2/` wraps the task folders in one folder: the source is that folder.
+    entries = list(into.iterdir())
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else into
 
 
 def _download(uri: str, into: Path) -> Path:
