@@ -52,6 +52,10 @@ REWARD_JSON = "reward.json"
 # `min_reward` given as a number gates on this key). reward.txt's one number is this metric too.
 TRAINING_REWARD_KEY = "reward"
 
+# Both drivers refuse a job with Harbor tasks in these words until sessions run in their task's image.
+HARBOR_NOT_YET = ("spec.tasks.harbor: Harbor task folders do not run in a job yet (sessions in their task's own image "
+                  "come next); `tracefleet validate` checks them and `tracefleet tasks build` builds their images")
+
 NetworkMode = Literal["no-network", "public", "allowlist"]
 ALLOWED_HOSTS_MESSAGE = "allowed_hosts is only valid when network_mode='allowlist'"
 
