@@ -119,9 +119,10 @@ def test_the_shadowing_attack_is_real_without_the_hardening(
 # ---------------------------------------------------------------- reward files and fail-closed verdicts
 
 
-def _bash_task(root: Path, name: str, test_sh: str, timeout: float = 60.0) -> HarborTask:
+def _bash_task(root: Path, name: str, test_sh: str, timeout: float = 60.0, toml_extra: str = "") -> HarborTask:
+    toml = f"[verifier]\ntimeout_sec = {timeout}\n{toml_extra}"
     return load_task(write_task(root, name, dockerfile=BASH_ONLY, env_files={}, test_files={},
-                                test_sh="#!/bin/bash\n" + test_sh, verifier_timeout=timeout))
+                                test_sh="#!/bin/bash\n" + test_sh, toml=toml))
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +178,16 @@ def test_an_image_that_does_not_run_is_an_error(tmp_path: Path, container_runtim
     verdict = verify(container_runtime, task, "localhost/tracefleet-task/gone:0000")
     assert verdict.status == "error" and verdict.reward == 0.0
     assert verdict.reason is not None and verdict.reason.startswith("the verifier's container did not run: Error: ")
+
+
+def test_the_tasks_network_mode_and_verifier_env(tmp_path: Path, bash_image: str,
+                                                 container_runtime: ContainerRuntime) -> None:
+    """[environment].network_mode = "no-network": the verifier's container has only loopback; [verifier].env
+    reaches test.sh, and the working directory stays off Python's import path whatever it says."""
+    test_sh = ('echo "nets: $(ls /sys/class/net | tr "\\n" " ")"\necho "env: $GREETING $PYTHONSAFEPATH"\n'
+               'echo 1 > /logs/verifier/reward.txt\n')
+    task = _bash_task(tmp_path, "offline", test_sh, toml_extra='[verifier.env]\nGREETING = "hi"\n'
+                      'PYTHONSAFEPATH = ""\n[environment]\nnetwork_mode = "no-network"\n')
+    verdict = verify(container_runtime, task, bash_image)
+    assert (verdict.status, verdict.reward) == ("ok", 1.0), verdict
+    assert "nets: lo \n" in verdict.output_tail and "env: hi 1\n" in verdict.output_tail, verdict.output_tail
