@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from tracefleet.contract.semantics import DiagnosticsCounts, groups_per_batch, next_batches, session_plan
 from tracefleet.contract.layout import batch_id_for
+from tracefleet.contract.harbor import HARBOR_NOT_YET
 
 from . import bucketio, metrics
 from .children.harness import exact_mode_problem, harness_pod
@@ -155,6 +156,8 @@ class Reconciler:
             problems.append("spec.evaluator.image (or spec.harness.image) is required on Kubernetes")
         if (problem := exact_mode_problem(job)) is not None:
             problems.append(problem)
+        if job.tasks_harbor is not None:
+            problems.append(HARBOR_NOT_YET)
         if problems:
             res.status = self._fail_status(old_status, generation, REASON_INVALID_SPEC, "; ".join(problems), now)
             return res

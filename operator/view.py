@@ -80,6 +80,7 @@ class JobView:
     tasks_inline: list[dict[str, Any]] | None
     tasks_configmap: tuple[str, str] | None  # (name, key)
     tasks_uri: str | None
+    tasks_harbor: str | None  # Harbor task folders' uri (not run on Kubernetes yet: refused by reconcile)
     samples_per_task: int
     bucket_uri: str
     bucket_endpoint: str | None
@@ -184,6 +185,7 @@ class JobView:
             tasks_inline=[x.model_dump(mode="json", by_alias=True, exclude_none=True) for x in t.inline] if t.inline is not None else None,
             tasks_configmap=(t.config_map_ref.name, t.config_map_ref.key) if t.config_map_ref else None,
             tasks_uri=t.uri,
+            tasks_harbor=t.harbor.uri if t.harbor else None,
             samples_per_task=t.samples_per_task,
             bucket_uri=s.output.uri,
             bucket_endpoint=bucket_endpoint,

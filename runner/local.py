@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from tracefleet.contract import podenv
+from tracefleet.contract.harbor import HARBOR_NOT_YET
 from tracefleet.contract.semantics import (
     QUARANTINE_RATE_EXCEEDED,
     QuarantineVerdict,
@@ -157,6 +158,8 @@ def job_tasks(job: Any, base_dir: Path) -> list[Task]:
         api_tasks = list(spec.tasks.inline)
     elif spec.tasks.uri:
         api_tasks = [ApiTask.model_validate(json.loads(line)) for line in _read_uri(spec.tasks.uri, base_dir).splitlines() if line.strip()]
+    elif spec.tasks.harbor:
+        raise ValueError(HARBOR_NOT_YET)
     else:
         raise ValueError("spec.tasks.configMapRef needs a cluster; in local mode use tasks.inline or tasks.uri")
     return [task_from_api(t, base_dir, extra_setup) for t in api_tasks]

@@ -7,4 +7,5 @@ pytest_plugins = [
     "fixtures.harnesses",
     "fixtures.vllm",
     "fixtures.drivers",
+    "fixtures.containers",
 ]

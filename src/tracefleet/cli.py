@@ -48,6 +48,8 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("diagnose", "tracefleet.diagnostics.cli",
                "backtest rollout diagnostics over a job's sealed batches and the evidence kept in the bucket"),
     Subcommand("crd", "tracefleet.api.cli_crd", "write the RolloutJob CRD generated from the API model"),
+    Subcommand("tasks", "tracefleet.runner.containers.cli",
+               "build Harbor task folders' environment images (named by content, cached, optionally pushed)"),
     Subcommand("validate", "tracefleet.api.cli_validate", "check RolloutJob manifests and print every problem with its field path"),
 )
 

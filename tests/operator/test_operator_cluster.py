@@ -204,7 +204,7 @@ def new_namespace(env: Env, name: str) -> str:
 
 
 def rolloutjob(env: Env, ns: str, name: str, *, tasks: int, samples: int, parallelism: int, per_batch: int,
-               max_retries: int = 2, **spec: Any) -> dict[str, Any]:
+               max_retries: int = 2, tasks_spec: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
     body = {
         "apiVersion": "tracefleet.io/v1alpha1",
         "kind": "RolloutJob",
@@ -212,7 +212,8 @@ def rolloutjob(env: Env, ns: str, name: str, *, tasks: int, samples: int, parall
         "spec": {
             "inference": {"managed": {"model": "Qwen/Qwen3-4B", "servedModelName": "qwen", "gpusPerReplica": 1}},
             "harness": {"preset": "codex", "image": "reg.local/codex:1", "runtimeClassName": "gvisor", "sessionTimeoutSeconds": 600},
-            "tasks": {"inline": [{"id": f"t{i}", "prompt": f"task {i}"} for i in range(tasks)], "samplesPerTask": samples},
+            "tasks": tasks_spec or {"inline": [{"id": f"t{i}", "prompt": f"task {i}"} for i in range(tasks)],
+                                    "samplesPerTask": samples},
             "evaluator": {"preset": "tests", "image": "reg.local/eval:1", "timeoutSeconds": 120},
             "output": {"uri": env.bucket_uri(ns), "credentialsSecretRef": {"name": "bucket-creds"}, "tracesPerBatch": per_batch},
             "trainer": {"webhook": {"url": env.hook_url, "secretRef": {"name": "hook", "key": "key"}}},
@@ -569,6 +570,20 @@ def test_exact_capture_without_a_tokenizer_source_fails_with_invalid_spec(env: E
                                                  if c["type"] == "Failed" and c["status"] == "True"), None))
     assert cond["reason"] == "InvalidSpec" and "tokenizerCache" in cond["message"]
     assert env.status(ns, "ex")["phase"] == "Failed" and not env.pods(ns, "ex")
+
+
+def test_harbor_tasks_fail_with_invalid_spec_until_they_run(env: Env) -> None:
+    """The CRD takes spec.tasks.harbor (validate and `tracefleet tasks build` read it); until sessions run in their
+    task's image the operator refuses the job in one line instead of looking for its tasks forever."""
+    from tracefleet.contract.harbor import HARBOR_NOT_YET
+
+    ns = new_namespace(env, "rj-harbor")
+    rolloutjob(env, ns, "hb", tasks=1, samples=1, parallelism=1, per_batch=1,
+               tasks_spec={"harbor": {"uri": "s3://datasets/tb2", "include": ["swe-*"]}})
+    cond = wait_for("Failed=True", lambda: next((c for c in env.status(ns, "hb").get("conditions") or []
+                                                 if c["type"] == "Failed" and c["status"] == "True"), None))
+    assert (cond["reason"], cond["message"]) == ("InvalidSpec", HARBOR_NOT_YET)
+    assert not env.pods(ns, "hb")
 
 
 @pytest.mark.parametrize(

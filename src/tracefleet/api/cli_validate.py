@@ -7,7 +7,9 @@ import sys
 
 from pathlib import Path
 
-from .validation import document_name, problem_lines, validate_file, validate_text
+from tracefleet.harbor.sources import is_tarball
+
+from .validation import check_harbor_source, document_name, problem_lines, validate_file, validate_text
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -16,9 +18,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "kube-apiserver applies from the CRD. Every problem is printed as `FILE: field.path: message`; "
         "exit status 1 if any file has a problem. Files may hold several YAML documents; `-` reads stdin. "
         "Task sources given as local paths (workspace.repo, workspace.archive, tasks.uri) must exist, "
-        "relative to the file's directory (stdin: the current directory), as `tracefleet run` reads them."
+        "relative to the file's directory (stdin: the current directory), as `tracefleet run` reads them; "
+        "Harbor task folders a job names (spec.tasks.harbor) are checked too. A FILE that is a directory or a "
+        "tarball is read as Harbor task folders (one, or a folder of them): each problem is printed as "
+        "`FOLDER/TASK/FILE: field.path: message`."
     )
-    parser.epilog = "example:\n  tracefleet validate examples/*.yaml"
+    parser.epilog = "examples:\n  tracefleet validate examples/*.yaml\n  tracefleet validate my-harbor-tasks/"
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("files", nargs="+", metavar="FILE", help="RolloutJob YAML files to check")
     parser.add_argument("-q", "--quiet", action="store_true", help="print problems only, not the OK lines")
@@ -27,6 +32,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     bad = 0
     for name in args.files:
+        if name != "-" and (Path(name).is_dir() or is_tarball(name)):
+            count, found = check_harbor_source(name, Path.cwd())
+            for problem in found:
+                print(problem)
+            bad += bool(found)
+            if not found and not args.quiet:
+                print(f"{name}: ok ({count} Harbor task{'s' if count != 1 else ''})", file=sys.stderr)
+            continue
         try:
             results = validate_text(sys.stdin.read(), base_dir=Path.cwd()) if name == "-" else validate_file(name)
         except OSError as err:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import tempfile
 import types
 import typing
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from tracefleet.contract.job import API_VERSION, KIND, RolloutJob
+from tracefleet.harbor.folders import TaskProblem, check_tasks
+from tracefleet.harbor.sources import TaskSourceError, open_source
 
 
 @dataclass(frozen=True)
@@ -157,11 +160,26 @@ def local_problems(job: RolloutJob, base_dir: Path) -> list[Problem]:
     tasks = job.spec.tasks
     if tasks.uri and (message := missing(tasks.uri)):
         problems.append(Problem("spec.tasks.uri", message))
+    if tasks.harbor and not is_remote(tasks.harbor.uri):
+        _, found = check_harbor_source(tasks.harbor.uri, base_dir, tasks.harbor.include)
+        problems += [Problem("spec.tasks.harbor.uri", str(p)) for p in found]
     for i, task in enumerate(tasks.inline or ()):
         for key in ("repo", "archive"):
             if task.workspace is not None and (message := missing(getattr(task.workspace, key))):
                 problems.append(Problem(f"spec.tasks.inline[{i}].workspace.{key}", message))
     return problems
+
+
+def check_harbor_source(uri: str, base_dir: Path, include: list[str] | None = None) -> tuple[int, list[TaskProblem]]:
+    """(tasks that are fine, problems) of a local Harbor task source (a directory of task folders, one folder,
+    or a tarball), each problem naming its file as `uri/<task>/<file>`."""
+    with tempfile.TemporaryDirectory(prefix="tracefleet-validate-") as tmp:
+        try:
+            root = open_source(uri, Path(tmp), base_dir)
+        except TaskSourceError as err:
+            return 0, [TaskProblem(uri, "", str(err).removeprefix(f"{uri}: "))]
+        tasks, problems = check_tasks(root, uri, include)
+        return len(tasks), problems
 
 
 def validate_text(text: str, base_dir: Path | None = None) -> list[tuple[int, list[Problem]]]:

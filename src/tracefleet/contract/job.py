@@ -331,6 +331,27 @@ class ConfigMapTasks(WireModel):
     )
 
 
+class HarborTasks(WireModel):
+    uri: Annotated[str, StringConstraints(min_length=1, max_length=2048)] = Field(
+        description="Harbor task folders (task.toml, instruction.md, environment/, tests/test.sh): a directory of "
+        "them (or one), a tarball of them (.tar, .tar.gz, .tgz), or an s3://BUCKET/PREFIX holding them. The "
+        "folder's name is the task id."
+    )
+    include: list[Annotated[str, StringConstraints(min_length=1, max_length=253)]] | None = Field(
+        default=None, min_length=1, max_length=256,
+        description="Keep only the task folders whose name matches one of these shell patterns (e.g. swe-*).",
+    )
+
+    x_rules = (
+        Rule(
+            cel=bucket_uri_cel("uri"),
+            message=BUCKET_URI_MESSAGE,
+            check=lambda m: bucket_uri_ok(m.uri),
+            field_path=".uri",
+        ),
+    )
+
+
 class Tasks(WireModel):
     inline: list[Task] | None = Field(
         default=None, min_length=1, max_length=1000, description="Tasks written in the manifest."
@@ -339,6 +360,7 @@ class Tasks(WireModel):
     uri: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = Field(
         default=None, description="Tasks as JSON lines in a bucket object (s3://…) or a local file."
     )
+    harbor: HarborTasks | None = Field(default=None, description="Harbor task folders, each task in its own image.")
     samples_per_task: int = Field(
         default=1, ge=1, le=1024,
         description="Sessions per task: the GRPO group size. The task's sessions share group_id <job>/<task id> "
@@ -347,9 +369,10 @@ class Tasks(WireModel):
 
     x_rules = (
         Rule(
-            cel="(has(self.inline) ? 1 : 0) + (has(self.configMapRef) ? 1 : 0) + (has(self.uri) ? 1 : 0) == 1",
-            message="exactly one of inline, configMapRef or uri must be set",
-            check=lambda m: exactly_one(m.inline, m.config_map_ref, m.uri),
+            cel="(has(self.inline) ? 1 : 0) + (has(self.configMapRef) ? 1 : 0) + (has(self.uri) ? 1 : 0)"
+            " + (has(self.harbor) ? 1 : 0) == 1",
+            message="exactly one of inline, configMapRef, uri or harbor must be set",
+            check=lambda m: exactly_one(m.inline, m.config_map_ref, m.uri, m.harbor),
         ),
         Rule(
             cel=bucket_uri_cel("uri", optional=True),
@@ -529,7 +552,7 @@ class RolloutJobSpec(WireModel):
         """Sessions this job runs: tasks × samplesPerTask (pass task_count for ConfigMap/URI tasks)."""
         if task_count is None:
             if self.tasks.inline is None:
-                raise ValueError("tasks come from a ConfigMap or URI: pass task_count")
+                raise ValueError("tasks come from a ConfigMap, a URI or Harbor folders: pass task_count")
             task_count = len(self.tasks.inline)
         return task_count * self.tasks.samples_per_task
 

@@ -1,0 +1,230 @@
+"""Harbor task folders, read without Harbor: task.toml as pydantic models, the folder's file names, the paths
+Harbor's verifier contract uses inside the container, and the verifier's verdict.
+
+A Harbor task is a folder (harbor/models/task/paths.py in the `harbor` wheel, 0.26.0):
+
+    task.toml        schema_version "1.x"; [metadata]; [verifier] timeout_sec; [agent] timeout_sec;
+                     [environment] build_timeout_sec, docker_image, cpus, memory_mb, storage_mb, gpus,
+                     network_mode, allowed_hosts
+    instruction.md   what the agent is asked
+    environment/     a Dockerfile and its build context (or task.toml names a prebuilt docker_image)
+    tests/test.sh    copied to /tests and run from the working directory; writes /logs/verifier/reward.txt
+                     (one number) or /logs/verifier/reward.json (named metrics)
+    solution/        the reference solution (solve.sh): never shown to the agent
+
+The models follow Harbor's own TaskConfig (harbor/models/task/config.py) field for field for what tracefleet
+reads, with Harbor's leniency: unknown keys are ignored and numbers may be given as strings, so a folder Harbor
+accepts is one we accept. Where we are stricter, on purpose:
+  - schema_version must be 1.x (Harbor's model takes any string; a 2.x folder is a format we cannot promise
+    to read right);
+  - timeouts must be positive (Harbor takes 0 or a negative number and then times out at once);
+  - multi-step tasks ([[steps]]) are refused: one session answers one instruction.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# ------------------------------------------------------------------ the folder
+
+TASK_CONFIG = "task.toml"
+INSTRUCTION = "instruction.md"
+ENVIRONMENT_DIR = "environment"
+DOCKERFILE = "Dockerfile"
+TESTS_DIR = "tests"
+TEST_SCRIPT = "test.sh"
+SOLUTION_DIR = "solution"
+SOLVE_SCRIPT = "solve.sh"
+
+SUPPORTED_SCHEMA_MAJOR = 1
+DEFAULT_SCHEMA_VERSION = "1.4"  # what Harbor 0.26 writes and assumes when task.toml names none
+
+# ------------------------------------------------------------------ inside the container (Harbor's verifier)
+
+CONTAINER_TESTS_DIR = "/tests"
+CONTAINER_VERIFIER_LOGS = "/logs/verifier"
+REWARD_TXT = "reward.txt"
+REWARD_JSON = "reward.json"
+# The metric of reward.json that is the training reward: Harbor's one-dimensional convention (a step's
+# `min_reward` given as a number gates on this key). reward.txt's one number is this metric too.
+TRAINING_REWARD_KEY = "reward"
+
+# Both drivers refuse a job with Harbor tasks in these words until sessions run in their task's image.
+HARBOR_NOT_YET = ("spec.tasks.harbor: Harbor task folders do not run in a job yet (sessions in their task's own image "
+                  "come next); `tracefleet validate` checks them and `tracefleet tasks build` builds their images")
+
+NetworkMode = Literal["no-network", "public", "allowlist"]
+ALLOWED_HOSTS_MESSAGE = "allowed_hosts is only valid when network_mode='allowlist'"
+
+
+class HarborModel(BaseModel):
+    # Harbor's models are pydantic defaults: unknown keys ignored, "900" read as 900.0. Same verdicts here.
+    model_config = ConfigDict(extra="ignore")
+
+
+def _check_network(mode: str | None, hosts: list[str] | None) -> None:
+    if hosts and mode != "allowlist":
+        raise ValueError(ALLOWED_HOSTS_MESSAGE)
+
+
+def _positive(value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ValueError(f"must be a positive number of seconds, got {value}")
+    return value
+
+
+class PhaseConfig(HarborModel):
+    """[agent] and [verifier]: a phase may narrow the environment's network."""
+
+    network_mode: NetworkMode | None = None
+    allowed_hosts: list[str] | None = None
+    user: str | int | None = None
+
+    @model_validator(mode="after")
+    def _network(self) -> "PhaseConfig":
+        _check_network(self.network_mode, self.allowed_hosts)
+        return self
+
+
+class VerifierConfig(PhaseConfig):
+    timeout_sec: float = 600.0
+    env: dict[str, str] = Field(default_factory=dict)
+
+    positive_timeout = field_validator("timeout_sec")(_positive)
+
+
+class AgentConfig(PhaseConfig):
+    timeout_sec: float | None = None
+
+    positive_timeout = field_validator("timeout_sec")(_positive)
+
+
+def _size_mb(text: str) -> int:
+    """Harbor's legacy `memory`/`storage` strings ("2G", "512M") in MB, as Harbor converts them."""
+    size = text.strip().upper()
+    units = {"G": 1024, "M": 1, "K": 1 / 1024}
+    if size[-1:] not in units:
+        raise ValueError(f"invalid size {text!r}: expected a number with G, M or K, e.g. '2G' or '512M'")
+    return int(float(size[:-1]) * units[size[-1]])
+
+
+class EnvironmentConfig(HarborModel):
+    build_timeout_sec: float = 600.0
+    docker_image: str | None = None
+    os: Literal["linux", "windows"] = "linux"
+    cpus: int | float | None = None
+    memory_mb: int | None = None
+    storage_mb: int | None = None
+    gpus: int | None = None
+    gpu_types: list[str] | None = None
+    network_mode: NetworkMode = "public"
+    allowed_hosts: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+
+    positive_timeout = field_validator("build_timeout_sec")(_positive)
+
+    @field_validator("os", mode="before")
+    @classmethod
+    def _lower_os(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        # Older task.toml files: `memory = "2G"`, `storage = "10G"`, `allow_internet = false` (Harbor maps them).
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for old, new in (("memory", "memory_mb"), ("storage", "storage_mb")):
+            if isinstance(data.get(old), str):
+                data.setdefault(new, _size_mb(data.pop(old)))
+            data.pop(old, None)
+        allow = data.pop("allow_internet", None)
+        if allow is not None and "network_mode" not in data and data.get("allowed_hosts") is None:
+            data["network_mode"] = "public" if allow else "no-network"
+        return data
+
+    @model_validator(mode="after")
+    def _network(self) -> "EnvironmentConfig":
+        _check_network(self.network_mode, self.allowed_hosts)
+        return self
+
+    def resource_quantities(self) -> dict[str, int | str]:
+        """The task's resources as Kubernetes quantities (requests = limits: a task states what it needs)."""
+        out: dict[str, int | str] = {}
+        if self.cpus is not None:
+            out["cpu"] = self.cpus if isinstance(self.cpus, int) else f"{round(self.cpus * 1000)}m"
+        if self.memory_mb is not None:
+            out["memory"] = f"{self.memory_mb}Mi"
+        if self.storage_mb is not None:
+            out["ephemeral-storage"] = f"{self.storage_mb}Mi"
+        if self.gpus:
+            out["nvidia.com/gpu"] = self.gpus
+        return out
+
+
+class TaskConfig(HarborModel):
+    """task.toml."""
+
+    schema_version: str = DEFAULT_SCHEMA_VERSION
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    verifier: VerifierConfig = Field(default_factory=VerifierConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
+    source: str | None = None
+    steps: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_rename(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "version" in data:  # Harbor's older name for schema_version
+            data = dict(data)
+            data.setdefault("schema_version", data.pop("version"))
+        return data
+
+    @field_validator("schema_version", mode="before")
+    @classmethod
+    def _supported(cls, value: Any) -> Any:
+        major = str(value).split(".", 1)[0]
+        if not (major.isdigit() and int(major) == SUPPORTED_SCHEMA_MAJOR):
+            raise ValueError(f"unsupported schema_version {value!r}: tracefleet reads Harbor task folders "
+                             f"{SUPPORTED_SCHEMA_MAJOR}.x")
+        return str(value)
+
+    @field_validator("steps")
+    @classmethod
+    def _single_step(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if value:
+            raise ValueError("multi-step tasks ([[steps]]) are not supported: one session answers one instruction")
+        return value
+
+
+# ------------------------------------------------------------------ the verifier's verdict
+
+VerdictStatus = Literal["ok", "no_reward", "unreadable_reward", "timeout", "error"]
+
+
+class HarborVerdict(BaseModel):
+    """What the Harbor verifier made of one session. Fail-closed (status other than "ok"): reward 0.0 and
+    `reason` says why in one line; `metrics` keeps every named metric the tests wrote even then (a reward.json
+    without a `reward` key is fail-closed but its metrics are not lost)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: VerdictStatus
+    reward: float = Field(description=f"The training reward: reward.txt's number, or reward.json's "
+                                      f"{TRAINING_REWARD_KEY!r} metric; 0.0 when fail-closed.")
+    metrics: dict[str, float] = Field(default_factory=dict, description="Every metric the tests wrote.")
+    reward_file: Literal["reward.txt", "reward.json"] | None = None
+    reason: str | None = None
+    exit_code: int | None = Field(default=None, description="test.sh's exit status (None when it was killed).")
+    duration_s: float = 0.0
+    output_tail: str = Field(default="", description="The end of test.sh's stdout and stderr.")
+
+    @property
+    def failed_closed(self) -> bool:
+        return self.status != "ok"
