@@ -36,6 +36,8 @@ ANNOTATION_NOTIFIED = "tracefleet.io/notified"  # on a sealer Job: the trainer w
 
 # Labels copied from the RolloutJob to every pod so Kueue and priority classes see them.
 PROPAGATED_LABEL_PREFIXES = ("kueue.x-k8s.io/",)
+# The job's Kueue priority class: also every pod's priorityClassName.
+LABEL_KUEUE_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
 
 # The module the evaluator and sealer Jobs run (`python -m POD_PROGRAMS seal|evaluate`): named, never imported.
 POD_PROGRAMS = "tracefleet.runner.pod"

@@ -1,0 +1,29 @@
+"""A sealed batch as the operator records it: on its sealer Job (the `tracefleet.io/batch` annotation, read
+back by every later reconcile, after restarts too) and in the `batch` of the trainer webhook's
+`batch.sealed` delivery. camelCase on the wire; a record written by an older operator still reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+
+class SealedBatch(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    seq: int  # the bucket's batch seq (what the Sealer claimed)
+    batch_id: str | None = None
+    uri: str
+    traces: int = 0
+    tokens: int = 0
+    mean_reward: float | None = None
+    sessions: int = 0
+    # what the job's diagnostics made of its sessions (tracefleet.api.semantics.DiagnosticsCounts.to_json)
+    diagnostics: dict[str, Any] | None = None
+    job_seq: int | None = None  # the sealer Job's seq (tracefleet.layout.batch_id_for)
+    sealed_at: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
