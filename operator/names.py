@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import hashlib
 
+# The resource's names are the API model's (re-exported: children and handlers name them from here).
+from tracefleet.api.model import API_VERSION, GROUP, KIND, PLURAL, VERSION  # noqa: F401
 from tracefleet.api.semantics import session_index, task_and_sample
-
-GROUP = "tracefleet.io"
-VERSION = "v1alpha1"
-KIND = "RolloutJob"
-PLURAL = "rolloutjobs"
-API_VERSION = f"{GROUP}/{VERSION}"
 
 # Domain-named finalizer. The operator removes it as soon as the job is being deleted (children go
 # with ownerReferences), so it can never hold a deletion hostage.

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from tracefleet.api.model import Condition, Counters, RolloutJob, RolloutJobStatus
 from tracefleet.api.semantics import DiagnosticsCounts
-from tracefleet.contract.sealed_batch import SealedBatch
+from tracefleet.contract.sealed_batch import BatchSealed, JobRef, SealedBatch
 from tracefleet.layout import batch_id_for
 from tracefleet.operator import bucketio, metrics
 from tracefleet.operator import names as n
@@ -59,7 +59,6 @@ log = logging.getLogger(__name__)
 
 # spec.managedBy of the jobs this operator runs (or none); others belong to another controller (e.g. MultiKueue)
 MANAGED_BY_OPERATOR = "tracefleet.io/operator"
-WEBHOOK_EVENT_BATCH_SEALED = "batch.sealed"
 
 
 @dataclass
@@ -359,11 +358,7 @@ class Reconciler:
         if hook.secret_ref:
             value = (self._secret(ns, hook.secret_ref.name) or {}).get(hook.secret_ref.key)
             secret = value.encode() if value else None
-        payload = {
-            "event": WEBHOOK_EVENT_BATCH_SEALED,
-            "job": {"namespace": ns, "name": job.name, "uid": self._uid(job)},
-            "batch": batch.to_wire(),
-        }
+        payload = BatchSealed(job=JobRef(namespace=ns, name=job.name, uid=self._uid(job)), batch=batch).to_wire()
 
         def delivered() -> None:
             metrics.WEBHOOKS.labels("delivered").inc()

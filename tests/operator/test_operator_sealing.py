@@ -7,7 +7,7 @@ import json
 
 from fixtures.rolloutjobs import small_job
 from tracefleet.api.model import RolloutJob
-from tracefleet.contract.sealed_batch import SealedBatch
+from tracefleet.contract.sealed_batch import BatchSealed, JobRef, SealedBatch
 from tracefleet.operator import names as n
 from tracefleet.operator.sealing import (
     ANNOTATION_BATCH,
@@ -47,6 +47,9 @@ def test_a_recorded_batch_reads_back_and_an_older_record_still_reads() -> None:
                                "tokens": 900, "meanReward": 0.5, "sessions": 4, "diagnostics": {"judged": 4}, "jobSeq": 3,
                                "sealedAt": "2026-01-01T00:00:00Z"}
     assert recorded_batch(sealer(3, "0-3", "Complete", batch)) == batch
+    # the trainer webhook's body carries the same record
+    hook = BatchSealed(job=JobRef(namespace="team", name="j", uid="u-1"), batch=batch).to_wire()
+    assert hook == {"event": "batch.sealed", "job": {"namespace": "team", "name": "j", "uid": "u-1"}, "batch": json.loads(ann)}
     old = sealer(0, "0-1", "Complete")
     old["metadata"]["annotations"][ANNOTATION_BATCH] = json.dumps({"seq": 0, "uri": "s3://b/j/batches/000000/", "traces": 2})
     assert recorded_batch(old) == SealedBatch(seq=0, uri="s3://b/j/batches/000000/", traces=2)
