@@ -3,7 +3,6 @@ with the API model (tracefleet.api.model) - the one shape a RolloutJob has in th
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
