@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from .cli import configure, main
+from tracefleet.operator.cli import configure, main
 
 parser = argparse.ArgumentParser(prog="python -m tracefleet.operator")
 configure(parser)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracefleet.contract.manifest import BatchManifest
 from tracefleet.contract.semantics import diagnostics_counts
 from tracefleet.bucket import ObjectNotFound, open_bucket
+from tracefleet.contract.sealed_batch import SealedBatch
 from tracefleet.contract.layout import batch_uri, capture_key, manifest_key, session_prefix
+from tracefleet.contract.manifest import BatchManifest
+from tracefleet.traces.seal import sealed_seqs
 
 
 def bucket_options(creds: dict[str, str] | None, endpoint: str | None = None) -> dict[str, Any]:
@@ -49,13 +51,11 @@ def read_text(uri: str, creds: dict[str, str] | None = None, endpoint: str | Non
 
 def find_batch(
     uri: str, job: str, batch_id: str, skip_seqs: set[int], creds: dict[str, str] | None = None, endpoint: str | None = None
-) -> dict[str, Any] | None:
-    """The sealed batch with `batch_id`: {seq, uri, traces, tokens, meanReward, sessions, diagnostics}, or
-    None; `diagnostics` is what the job's diagnostics made of its sessions (semantics.DiagnosticsCounts).
+) -> SealedBatch | None:
+    """The sealed batch with `batch_id`, or None; its `diagnostics` are what the job's diagnostics made of
+    its sessions (semantics.DiagnosticsCounts).
 
     One listing of the job's batches, then manifest reads only for seqs not yet attributed."""
-    from tracefleet.traces.seal import sealed_seqs
-
     bucket = open_bucket(uri, **bucket_options(creds, endpoint))
     seqs, _ = sealed_seqs(bucket, job)
     for seq in reversed(seqs):
@@ -63,14 +63,7 @@ def find_batch(
             continue
         m = BatchManifest.model_validate_json(bucket.get(manifest_key(job, seq)))
         if m.batch_id == batch_id:
-            return {
-                "seq": seq,
-                "batchId": batch_id,
-                "uri": batch_uri(uri, job, seq),
-                "traces": m.traces,
-                "tokens": m.tokens,
-                "meanReward": m.reward.mean,
-                "sessions": m.sessions,
-                "diagnostics": diagnostics_counts(m).to_json(),
-            }
+            return SealedBatch(seq=seq, batch_id=batch_id, uri=batch_uri(uri, job, seq), traces=m.traces, tokens=m.tokens,
+                               mean_reward=m.reward.mean, sessions=m.sessions,
+                               diagnostics=diagnostics_counts(m).to_json())
     return None

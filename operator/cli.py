@@ -7,9 +7,7 @@ import asyncio
 import logging
 import os
 
-from .view import OperatorConfig
-
-DEFAULT_IMAGE = "ghcr.io/tracefleet/tracefleet:0.1.0"
+from tracefleet.operator.config import DEFAULT_IMAGE, OperatorConfig
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -41,11 +39,11 @@ def main(args: argparse.Namespace) -> int:
     import kopf
     from kubernetes import client, config
 
-    from . import metrics
-    from .handlers import OperatorState, build_registry
-    from .kube import Kube
-    from .reconcile import Reconciler
-    from .webhook import WebhookNotifier
+    from tracefleet.operator import metrics
+    from tracefleet.operator.handlers import OperatorState, build_registry
+    from tracefleet.operator.kube import Kube
+    from tracefleet.operator.reconcile import Reconciler
+    from tracefleet.operator.webhook import WebhookNotifier
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.log_level != "debug":

@@ -19,10 +19,11 @@ from typing import Any
 
 import kopf
 
-from . import metrics
-from . import names as n
-from .reconcile import Reconciler, Result
-from .status import REASON_CHILD_REJECTED, WARNING, failed_status
+from tracefleet.operator import metrics
+from tracefleet.operator import names as n
+from tracefleet.operator.body import status_of
+from tracefleet.operator.reconcile import Reconciler, Result
+from tracefleet.operator.status import REASON_CHILD_REJECTED, WARNING, failed_status, status_patch
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def run_pass(reconciler: Reconciler, body: Any) -> Result:
         return reconciler.reconcile(body)
     except kopf.PermanentError as e:
         log.error("%s/%s: failing the job: %s", body["metadata"].get("namespace"), body["metadata"].get("name"), e)
-        status = failed_status(dict(body.get("status") or {}), int(body["metadata"].get("generation") or 0),
+        status = failed_status(status_of(body), int(body["metadata"].get("generation") or 0),
                                REASON_CHILD_REJECTED, str(e), reconciler.cfg.recent_batches)
         events = [(WARNING, REASON_CHILD_REJECTED, str(e)[:1024])] if status is not None else []
         return Result(status=status, events=events)
@@ -80,7 +81,7 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
             for k, v in res.annotations.items():
                 patch.metadata.annotations[k] = v
         if res.status is not None:
-            patch.status.update(res.status)
+            patch.status.update(status_patch(res.status))
         # kopf posts Events asynchronously after this handler returns and its patch is applied.
         for type_, reason, message in res.events:
             kopf.event(body, type=type_, reason=reason, message=message)

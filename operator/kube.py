@@ -17,8 +17,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
-from . import metrics
-from . import names as n
+from tracefleet.operator import metrics
+from tracefleet.operator import names as n
 
 # Retry an API server that is overloaded or restarting this soon, unless it says (Retry-After).
 API_RETRY_DELAY_S = 5.0

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from tracefleet.contract.job import Counters
 from tracefleet.contract.semantics import DiagnosticsCounts
-
-from .status import PHASES
+from tracefleet.operator.status import PHASES
 
 # What the diagnostics made of a job's sealed sessions (tracefleet.contract.semantics.DiagnosticsCounts), by
 # name for dashboards and alerts; Prometheus adds `_total` to the counters' names.
@@ -95,12 +95,12 @@ DIAGNOSTICS = DiagnosticsCollector()
 REGISTRY.register(DIAGNOSTICS)
 
 
-def record_job(namespace: str, job: str, phase: str, counters: dict[str, int],
+def record_job(namespace: str, job: str, phase: str, counters: Counters,
                diagnostics: DiagnosticsCounts | None = None) -> None:
     for p in PHASES:
         JOBS_BY_PHASE.labels(namespace, job, p).set(1 if p == phase else 0)
     for s in _STATES:
-        SESSIONS.labels(namespace, job, s).set(counters.get(s, 0))
+        SESSIONS.labels(namespace, job, s).set(getattr(counters, s))
     if diagnostics is not None:
         DIAGNOSTICS.set(namespace, job, diagnostics)
 

@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import hashlib
 
+# The resource's names are the API model's (re-exported: children and handlers name them from here).
+from tracefleet.contract.job import API_VERSION, GROUP, KIND, PLURAL, VERSION  # noqa: F401
 from tracefleet.contract.semantics import decode_ranges, encode_ranges, session_index, task_and_sample  # noqa: F401 - the annotations use them
-
-GROUP = "tracefleet.io"
-VERSION = "v1alpha1"
-KIND = "RolloutJob"
-PLURAL = "rolloutjobs"
-API_VERSION = f"{GROUP}/{VERSION}"
 
 # Domain-named finalizer. The operator removes it as soon as the job is being deleted (children go
 # with ownerReferences), so it can never hold a deletion hostage.
@@ -36,6 +32,8 @@ ANNOTATION_NOTIFIED = "tracefleet.io/notified"  # on a sealer Job: the trainer w
 
 # Labels copied from the RolloutJob to every pod so Kueue and priority classes see them.
 PROPAGATED_LABEL_PREFIXES = ("kueue.x-k8s.io/",)
+# The job's Kueue priority class: also every pod's priorityClassName.
+LABEL_KUEUE_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
 
 # The module the evaluator and sealer Jobs run (`python -m POD_PROGRAMS seal|evaluate`): named, never imported.
 POD_PROGRAMS = "tracefleet.runner.pod"

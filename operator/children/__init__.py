@@ -1,5 +1,6 @@
-"""Pure functions: RolloutJob (seen through `JobView`) -> child manifests as plain dicts, one
-module per child kind (the model is KubeRay's ray-operator `common/`).
+"""Pure functions: the RolloutJob model itself (tracefleet.contract.job) and the operator's config ->
+child manifests as plain dicts, one module per child kind (the model is KubeRay's ray-operator
+`common/`: builders take the API type, never a view of it; defaults are resolved in the model).
 
 No API calls here, so every security and scheduling property of a child is unit-testable:
 GPU limits and probes of the inference Deployment (`inference`), the harness pod's native proxy

@@ -6,15 +6,15 @@ import secrets
 from typing import Any
 
 from tracefleet.contract import layout, podenv
+from tracefleet.contract.job import ModelCache, RolloutJob
 from tracefleet.contract.semantics import harness_preset
+from tracefleet.operator import names as n
+from tracefleet.operator.children.inference import engine_api_key_env, inference_service_url
+from tracefleet.operator.children.inputs import bucket_env_from, env_ref, env_vars, task_source
+from tracefleet.operator.children.metadata import Manifest, metadata, priority_class
+from tracefleet.operator.children.security import container_security_context, pod_security_context
+from tracefleet.operator.config import OperatorConfig
 from tracefleet.contract.podenv import HarnessEnv, ProxySidecarEnv
-
-from .. import names as n
-from ..view import JobView, OperatorConfig
-from .inference import engine_api_key_env, inference_service_url
-from .inputs import bucket_env_from, env_ref, env_vars, task_source
-from .metadata import Manifest, metadata
-from .security import container_security_context, pod_security_context
 
 PROXY_PORT = 8100
 # Where the containers of a harness pod meet: the harness writes ARTIFACTS_DIR, which the sidecar
@@ -31,31 +31,33 @@ def session_secret() -> str:
     return "tfs_" + secrets.token_urlsafe(24)
 
 
-def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, secret: str | None = None) -> Manifest:
+def harness_pod(job: RolloutJob, cfg: OperatorConfig, session: int, attempt: int, secret: str | None = None) -> Manifest:
     """One session = one pod: the harness container plus the proxy as a native sidecar.
 
     The sidecar is an init container with `restartPolicy: Always`: it starts (and is probed ready)
     before the harness, and the pod still completes when the harness exits.
     """
-    task, sample = n.task_sample_of(session, job.samples_per_task)
+    task, sample = n.task_sample_of(session, job.spec.tasks.samples_per_task)
     name = n.harness_pod_name(job.name, session, attempt)
     secret = secret or session_secret()
     session_id = f"{job.name}-s{session}"
-    h = job.harness
+    h = job.spec.harness
+    capture_mode = job.spec.inference.capture.mode
+    served_model = job.spec.inference.served_model()
     proxy_args = [
         "proxy",
         "--host", "0.0.0.0",
         "--port", str(PROXY_PORT),
         "--engine", inference_service_url(job),
         "--capture-dir", CAPTURE_DIR,
-        "--mode", job.capture_mode,
+        "--mode", capture_mode,
         *_exact_mode_args(job),
-        *(["--served-model", job.served_model] if job.served_model else []),
-        "--policy-version", str(job.policy_version),
+        *(["--served-model", served_model] if served_model else []),
+        "--policy-version", str(job.spec.inference.policy_version),
         "--session", f"{session_id}:{env_ref(podenv.SESSION_SECRET)}",
         # on SIGTERM (the pod stopping after the harness exits) upload capture.jsonl + the harness's
         # artifacts to the session's prefix (tracefleet.proxy.upload)
-        "--upload-to", layout.session_uri(job.bucket_uri, job.name, session),
+        "--upload-to", layout.session_uri(job.spec.output.uri, job.name, session),
         "--artifacts-dir", ARTIFACTS_DIR,
     ]
     proxy = {
@@ -64,15 +66,15 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         "command": ["tracefleet"],
         "args": proxy_args,
         "restartPolicy": "Always",
-        "env": env_vars({**ProxySidecarEnv(session_secret=secret, endpoint=job.bucket_endpoint or None).to_env(), **_tokenizer_env(job)})
+        "env": env_vars({**ProxySidecarEnv(session_secret=secret, endpoint=cfg.bucket_endpoint).to_env(), **_tokenizer_env(job)})
         + engine_api_key_env(job, podenv.ENGINE_API_KEY),
         "envFrom": bucket_env_from(job),
         "ports": [{"name": "proxy", "containerPort": PROXY_PORT}],
         "startupProbe": {"httpGet": {"path": "/health", "port": "proxy"}, "periodSeconds": 1, "failureThreshold": 60},
         "readinessProbe": {"httpGet": {"path": "/health", "port": "proxy"}, "periodSeconds": 5},
         # exact mode holds the model's tokenizer (a large vocabulary is ~100-200 MiB) and the served ids
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi" if job.capture_mode == "server" else "256Mi"},
-                      "limits": {"memory": "512Mi" if job.capture_mode == "server" else "1Gi"}},
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi" if capture_mode == "server" else "256Mi"},
+                      "limits": {"memory": "512Mi" if capture_mode == "server" else "1Gi"}},
         "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
         "volumeMounts": [
             {"name": "capture", "mountPath": CAPTURE_DIR},
@@ -81,7 +83,7 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         ],
     }
     if (cache := _sidecar_tokenizer_cache(job)) is not None:
-        proxy["volumeMounts"].append({"name": "tokenizer-cache", "mountPath": cache[1], "readOnly": True})
+        proxy["volumeMounts"].append({"name": "tokenizer-cache", "mountPath": cache.mount_path, "readOnly": True})
     volumes: list[dict[str, Any]] = [
         {"name": "capture", "emptyDir": {}},
         {"name": "artifacts", "emptyDir": {}},
@@ -96,7 +98,7 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
     ]
     if (cache := _sidecar_tokenizer_cache(job)) is not None:
         volumes.append({"name": "tokenizer-cache",
-                        "persistentVolumeClaim": {"claimName": cache[0], "readOnly": True}})
+                        "persistentVolumeClaim": {"claimName": cache.claim_name, "readOnly": True}})
     task_fields, task_volumes, task_mounts = task_source(job, task)
     volumes += task_volumes
     mounts += task_mounts
@@ -109,15 +111,15 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         **task_fields,
         base_url=f"http://127.0.0.1:{PROXY_PORT}",
         api_key=secret,
-        model=job.served_model or None,
+        model=served_model or None,
         preset=harness_preset(h.preset),
-        timeout_s=h.timeout_s,
+        timeout_s=h.session_timeout_seconds,
         artifacts_dir=ARTIFACTS_DIR,
-        command=list(h.command) or None,
-        workspace_setup=list(h.workspace_setup) or None,
+        command=h.command,
+        workspace_setup=h.workspace.setup or None,
     )
     # spec.harness.env last: what the job sets wins, as it always has
-    harness_env = {**pod_env.to_env(), "HOME": HOME_DIR, **{k: str(v) for k, v in h.env.items()}}
+    harness_env = {**pod_env.to_env(), "HOME": HOME_DIR, **{k: str(v) for k, v in (h.env or {}).items()}}
     harness = {
         "name": "harness",
         "image": h.image,
@@ -126,7 +128,7 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         "command": ["tracefleet", "run", "--in-pod"],
         "workingDir": WORKSPACE_DIR,
         "env": env_vars(harness_env),
-        "resources": dict(h.resources) if h.resources else {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+        "resources": h.resources.model_dump(mode="json", exclude_none=True) if h.resources else {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
     }
@@ -135,16 +137,16 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": pod_security_context(),
-        "activeDeadlineSeconds": h.timeout_s + SESSION_DEADLINE_GRACE_S,
+        "activeDeadlineSeconds": h.session_timeout_seconds + SESSION_DEADLINE_GRACE_S,
         "terminationGracePeriodSeconds": 30,
         "initContainers": [proxy],
         "containers": [harness],
         "volumes": volumes,
     }
-    if h.runtime_class:
-        spec["runtimeClassName"] = h.runtime_class
-    if job.priority_class:
-        spec["priorityClassName"] = job.priority_class
+    if h.runtime_class_name:
+        spec["runtimeClassName"] = h.runtime_class_name
+    if pc := priority_class(job):
+        spec["priorityClassName"] = pc
     labels = {
         n.LABEL_SESSION: str(session),
         n.LABEL_TASK: str(task),
@@ -159,31 +161,36 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
     }
 
 
-def _sidecar_tokenizer_cache(job: JobView) -> tuple[str, str] | None:
-    """(claim, mount path) the proxy sidecar mounts read-only to read the tokenizer; None in server mode."""
-    return None if job.capture_mode == "server" else job.tokenizer_cache
+def _sidecar_tokenizer_cache(job: RolloutJob) -> ModelCache | None:
+    """The volume the proxy sidecar mounts read-only to read the tokenizer; None in server mode."""
+    inference = job.spec.inference
+    return None if inference.capture.mode == "server" else inference.capture_tokenizer_cache()
 
 
-def _exact_mode_args(job: JobView) -> list[str]:
+def _exact_mode_args(job: RolloutJob) -> list[str]:
     """The proxy's exact-mode flags: where to read the tokenizer (a hub id resolves in the mounted
     model cache, the layout vLLM downloads into) and the family/parser overrides."""
-    if job.capture_mode == "server":
+    inference = job.spec.inference
+    cap = inference.capture
+    if cap.mode == "server":
         return []
-    return [*(["--model-path", job.capture_tokenizer] if job.capture_tokenizer else []),
-            *(["--model-family", job.capture_family] if job.capture_family else []),
-            *(["--tool-parser", job.capture_tool_parser] if job.capture_tool_parser else [])]
+    tokenizer = inference.capture_tokenizer()
+    return [*(["--model-path", tokenizer] if tokenizer else []),
+            *(["--model-family", cap.model_family] if cap.model_family else []),
+            *(["--tool-parser", cap.tool_parser] if cap.tool_parser else [])]
 
 
-def _tokenizer_env(job: JobView) -> dict[str, str]:
+def _tokenizer_env(job: RolloutJob) -> dict[str, str]:
     if (cache := _sidecar_tokenizer_cache(job)) is None:
         return {}
     # never download in the sandbox: the tokenizer is in the mounted cache or exact mode is off
-    return {"HF_HOME": cache[1], "HF_HUB_OFFLINE": "1"}
+    return {"HF_HOME": cache.mount_path, "HF_HUB_OFFLINE": "1"}
 
 
-def exact_mode_problem(job: JobView) -> str | None:
+def exact_mode_problem(job: RolloutJob) -> str | None:
     """Why `capture.mode: exact` cannot work on the cluster, or None (auto falls back to server instead)."""
-    if job.capture_mode == "exact" and job.tokenizer_cache is None:
+    inference = job.spec.inference
+    if inference.capture.mode == "exact" and inference.capture_tokenizer_cache() is None:
         return ("spec.inference.capture.mode exact needs the model's tokenizer inside every proxy sidecar: set "
                 "spec.inference.managed.modelCache or spec.inference.capture.tokenizerCache (a claim holding it), "
                 "or use mode auto, which falls back to server capture")

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..view import JobView
+from tracefleet.contract.job import RolloutJob
+
+TASKS_VOLUME = "tasks"
+TASKS_DIR = "/tasks"
 
 
 def env_vars(items: dict[str, str]) -> list[dict[str, Any]]:
@@ -20,24 +23,25 @@ def env_ref(name: str) -> str:
     return f"$({name})"
 
 
-def bucket_env_from(job: JobView) -> list[dict[str, Any]]:
-    if not job.credentials_secret:
+def bucket_env_from(job: RolloutJob) -> list[dict[str, Any]]:
+    if (ref := job.spec.output.credentials_secret_ref) is None:
         return []
-    return [{"secretRef": {"name": job.credentials_secret}}]
+    return [{"secretRef": {"name": ref.name}}]
 
 
-def task_source(job: JobView, task: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+def task_source(job: RolloutJob, task: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """(task fields of tracefleet.contract.podenv.SessionEnv, volumes, mounts) that give a pod its task; the
     harness pod and the evaluator Job read it the same way, and neither needs API access for it."""
-    if job.tasks_inline is not None:
+    tasks = job.spec.tasks
+    if tasks.inline is not None:
         # Inline tasks travel in the pod itself.
-        return {"task_json": job.tasks_inline[task]}, [], []
-    if job.tasks_configmap:
+        return {"task_json": tasks.inline[task].model_dump(mode="json", by_alias=True, exclude_none=True)}, [], []
+    if (cm := tasks.config_map_ref) is not None:
         return (
-            {"tasks_file": f"/tasks/{job.tasks_configmap[1]}"},
-            [{"name": "tasks", "configMap": {"name": job.tasks_configmap[0]}}],
-            [{"name": "tasks", "mountPath": "/tasks", "readOnly": True}],
+            {"tasks_file": f"{TASKS_DIR}/{cm.key}"},
+            [{"name": TASKS_VOLUME, "configMap": {"name": cm.name}}],
+            [{"name": TASKS_VOLUME, "mountPath": TASKS_DIR, "readOnly": True}],
         )
-    if job.tasks_uri:
-        return {"tasks_uri": job.tasks_uri}, [], []
+    if tasks.uri:
+        return {"tasks_uri": tasks.uri}, [], []
     return {}, [], []

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from tracefleet.contract.job import RolloutJob
 from tracefleet.contract.semantics import PlannedSession, encode_sessions
+from tracefleet.operator import names as n
+from tracefleet.operator.children.inputs import bucket_env_from, env_vars, task_source
+from tracefleet.operator.children.metadata import Manifest, child_labels, metadata, priority_class
+from tracefleet.operator.children.security import container_security_context, pod_security_context
+from tracefleet.operator.config import OperatorConfig
 from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, SealerEnv
 
-from .. import names as n
-from ..view import JobView, OperatorConfig
-from .inputs import bucket_env_from, env_vars, task_source
-from .metadata import Manifest, child_labels, metadata
-from .security import container_security_context, pod_security_context
 
-def _batch_pod_spec(job: JobView, container: dict[str, Any]) -> dict[str, Any]:
+def _batch_pod_spec(job: RolloutJob, container: dict[str, Any]) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -21,36 +22,36 @@ def _batch_pod_spec(job: JobView, container: dict[str, Any]) -> dict[str, Any]:
         "securityContext": pod_security_context(),
         "containers": [{**container, "securityContext": container_security_context()}],
     }
-    if job.priority_class:
-        spec["priorityClassName"] = job.priority_class
+    if pc := priority_class(job):
+        spec["priorityClassName"] = pc
     return spec
 
 
-def evaluator_job(job: JobView, cfg: OperatorConfig, session: int) -> Manifest:
+def evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int) -> Manifest:
     """Scores one finished session in a fresh pod: reads `sessions/<s>/` and writes `reward.json`."""
-    e = job.evaluator
+    e = job.spec.evaluator
     assert e is not None, "a job without an evaluator has no evaluator Jobs"
-    task, sample = n.task_sample_of(session, job.samples_per_task)
+    task, sample = n.task_sample_of(session, job.spec.tasks.samples_per_task)
     labels = {n.LABEL_SESSION: str(session), n.LABEL_TASK: str(task), n.LABEL_SAMPLE: str(sample)}
     # The evaluator judges against the task the operator knows, never one the harness could rewrite.
     task_fields, task_volumes, task_mounts = task_source(job, task)
     env = EvaluatorEnv(
-        bucket=job.bucket_uri,
-        endpoint=job.bucket_endpoint or None,
+        bucket=job.spec.output.uri,
+        endpoint=cfg.bucket_endpoint,
         job=job.name,
         session=session,
         task_index=task,
         sample_index=sample,
         **task_fields,
-        evaluator=e.preset or None,
-        command=list(e.command) or None,
-        entrypoint=e.entry_point or None,
-        timeout_s=e.timeout_s,
-        policy_version=job.policy_version,
+        evaluator=e.preset,
+        command=e.command,
+        entrypoint=e.entry_point,
+        timeout_s=e.timeout_seconds,
+        policy_version=job.spec.inference.policy_version,
     )
     container = {
         "name": "evaluator",
-        "image": e.image or cfg.evaluator_image,
+        "image": job.spec.evaluator_image() or cfg.evaluator_image,
         "command": ["python", "-m", n.POD_PROGRAMS, "evaluate"],
         "env": env_vars(env.to_env()),
         "envFrom": bucket_env_from(job),
@@ -66,7 +67,7 @@ def evaluator_job(job: JobView, cfg: OperatorConfig, session: int) -> Manifest:
         "metadata": metadata(job, n.evaluator_job_name(job.name, session), n.COMPONENT_EVALUATOR, **labels),
         "spec": {
             "backoffLimit": 2,
-            "activeDeadlineSeconds": e.timeout_s,
+            "activeDeadlineSeconds": e.timeout_seconds,
             # Evictions and preemptions are not the evaluator's fault; a known-bad exit code is final.
             "podFailurePolicy": {
                 "rules": [
@@ -85,16 +86,18 @@ def evaluator_job(job: JobView, cfg: OperatorConfig, session: int) -> Manifest:
     }
 
 
-def sealer_job(job: JobView, cfg: OperatorConfig, seq: int, sessions: list[PlannedSession]) -> Manifest:
+def sealer_job(job: RolloutJob, cfg: OperatorConfig, seq: int, sessions: list[PlannedSession]) -> Manifest:
     """Builds and seals batch `seq` from exactly `sessions` (whole groups, fixed at creation: Jobs are
     immutable, so a restarted operator sees the same assignment and never seals a session twice). The
     Job is told each session's task and sample: it seals failed sessions too, whose pods may have left
     nothing that says which task they ran."""
     indices = [p.index for p in sessions]
     ranges = n.encode_ranges(indices)
-    env = SealerEnv(bucket=job.bucket_uri, endpoint=job.bucket_endpoint or None, job=job.name, batch_seq=seq, sessions=indices,
-                    builder=job.builder, session_plan=encode_sessions(sessions), policy_version=job.policy_version,
-                    diagnostics=None if job.diagnostics is None else list(job.diagnostics))
+    spec = job.spec
+    env = SealerEnv(bucket=spec.output.uri, endpoint=cfg.bucket_endpoint, job=job.name, batch_seq=seq, sessions=indices,
+                    builder=spec.output.builder, session_plan=encode_sessions(sessions), policy_version=spec.inference.policy_version,
+                    diagnostics=None if spec.diagnostics is None else [
+                        d.model_dump(mode="json", by_alias=True, exclude_none=True) for d in spec.diagnostics])
     container = {
         "name": "sealer",
         "image": cfg.proxy_image,

@@ -4,41 +4,50 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import names as n
-from ..view import JobView
+from tracefleet.contract.job import RolloutJob
+from tracefleet.operator import names as n
 
 Manifest = dict[str, Any]
 
 
-def owner_reference(job: JobView) -> dict[str, Any]:
+def namespace_of(job: RolloutJob) -> str:
+    return job.metadata.namespace or "default"
+
+
+def priority_class(job: RolloutJob) -> str | None:
+    """Kueue's priority class of the job, given to every pod of it."""
+    return (job.metadata.labels or {}).get(n.LABEL_KUEUE_PRIORITY_CLASS)
+
+
+def owner_reference(job: RolloutJob) -> dict[str, Any]:
     return {
         "apiVersion": n.API_VERSION,
         "kind": n.KIND,
         "name": job.name,
-        "uid": job.uid,
+        "uid": job.metadata.uid or "",
         "controller": True,
         "blockOwnerDeletion": True,
     }
 
 
-def child_labels(job: JobView, component: str, **extra: str) -> dict[str, str]:
+def child_labels(job: RolloutJob, component: str, **extra: str) -> dict[str, str]:
     labels = {
         n.LABEL_JOB: job.name,
         n.LABEL_COMPONENT: component,
         n.LABEL_MANAGED_BY: n.MANAGED_BY,
     }
     # Kueue admits and prioritises by these labels on the workload's pods.
-    for k, v in job.labels.items():
+    for k, v in (job.metadata.labels or {}).items():
         if k.startswith(n.PROPAGATED_LABEL_PREFIXES):
             labels[k] = v
     labels.update({k: str(v) for k, v in extra.items()})
     return labels
 
 
-def metadata(job: JobView, name: str, component: str, **labels: str) -> dict[str, Any]:
+def metadata(job: RolloutJob, name: str, component: str, **labels: str) -> dict[str, Any]:
     return {
         "name": name,
-        "namespace": job.namespace,
+        "namespace": namespace_of(job),
         "labels": child_labels(job, component, **labels),
         "ownerReferences": [owner_reference(job)],
     }

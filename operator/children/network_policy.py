@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 from urllib.parse import urlparse
 
-from .. import names as n
-from ..view import JobView
-from .inference import ENGINE_PORT
-from .metadata import Manifest, metadata
+from tracefleet.contract.job import RolloutJob
+from tracefleet.operator import names as n
+from tracefleet.operator.children.inference import ENGINE_PORT
+from tracefleet.operator.children.metadata import Manifest, metadata
+from tracefleet.operator.config import OperatorConfig
 
 
 def _endpoint_peer(url: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -21,8 +23,6 @@ def _endpoint_peer(url: str | None) -> tuple[list[dict[str, Any]], list[dict[str
     u = urlparse(url if "://" in url else f"https://{url}")
     port = u.port or (443 if u.scheme == "https" else 80)
     host = u.hostname or ""
-    import ipaddress
-
     try:
         ip = ipaddress.ip_address(host)
         peers = [{"ipBlock": {"cidr": f"{ip}/{32 if ip.version == 4 else 128}"}}]
@@ -31,7 +31,7 @@ def _endpoint_peer(url: str | None) -> tuple[list[dict[str, Any]], list[dict[str
     return peers, [{"protocol": "TCP", "port": port}]
 
 
-def harness_network_policy(job: JobView) -> Manifest:
+def harness_network_policy(job: RolloutJob, cfg: OperatorConfig) -> Manifest:
     """Harness pods: no ingress at all; egress only to the inference pods, the bucket and DNS.
 
     The harness and its proxy share a pod network namespace, so the pod-level policy is what the
@@ -43,7 +43,8 @@ def harness_network_policy(job: JobView) -> Manifest:
             "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
         }
     ]
-    if job.managed is not None:
+    inference = job.spec.inference
+    if inference.managed is not None:
         egress.append(
             {
                 "to": [{"podSelector": {"matchLabels": {n.LABEL_JOB: job.name, n.LABEL_COMPONENT: n.COMPONENT_INFERENCE}}}],
@@ -51,10 +52,10 @@ def harness_network_policy(job: JobView) -> Manifest:
             }
         )
     else:
-        peers, ports = _endpoint_peer(job.external_url)
+        peers, ports = _endpoint_peer(inference.external.base_url if inference.external else None)
         egress.append({**({"to": peers} if peers else {}), "ports": ports})
-    if job.bucket_endpoint or job.bucket_uri.startswith("s3://"):
-        peers, ports = _endpoint_peer(job.bucket_endpoint or "https://s3.amazonaws.com")
+    if cfg.bucket_endpoint or job.spec.output.uri.startswith("s3://"):
+        peers, ports = _endpoint_peer(cfg.bucket_endpoint or "https://s3.amazonaws.com")
         egress.append({**({"to": peers} if peers else {}), "ports": ports})
     return {
         "apiVersion": "networking.k8s.io/v1",

@@ -62,7 +62,7 @@ def test_counts_come_from_the_manifests_and_the_operator_reads_the_same(tmp_path
     for seq, manifest in ((0, first), (1, second)):
         recorded = bucketio.find_batch(str(tmp_path / "bucket"), job, f"k8s-{seq}", set())
         assert recorded is not None
-        assert DiagnosticsCounts.from_json(recorded["diagnostics"]) == diagnostics_counts(manifest)
+        assert DiagnosticsCounts.from_json(recorded.diagnostics) == diagnostics_counts(manifest)
     assert DiagnosticsCounts.from_json(None) == DiagnosticsCounts()  # a batch recorded before the counts existed
 
 
@@ -119,7 +119,7 @@ def test_local_run_warns_once_when_the_quarantine_rate_crosses_the_policy_and_go
     assert len(reader.seqs()) == 3
     counts = sum((diagnostics_counts(reader.manifest(s)) for s in reader.seqs()), DiagnosticsCounts())
     cond = st.quarantine_condition(counts, 0.5, 2)
-    assert cond is not None and cond.status is True and cond.reason == st.REASON_QUARANTINE_RATE_ABOVE
+    assert cond is not None and cond.status == st.TRUE and cond.reason == st.REASON_QUARANTINE_RATE_ABOVE
     assert condition == f"QuarantineRateExceeded=True ({cond.reason}): {cond.message}"
     assert cond.message == ("2 of 3 judged sessions quarantined (67%, 1 of them dropped) > maxQuarantineRate 0.5; "
                             "by diagnostic: protected_files 1, test_skipping 1")

@@ -14,7 +14,8 @@ from tracefleet.contract import podenv
 from tracefleet.contract.semantics import session_plan
 from tracefleet.operator.children.harness import harness_pod
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
-from tracefleet.operator.view import JobView, OperatorConfig
+from tracefleet.contract.job import RolloutJob
+from tracefleet.operator.config import OperatorConfig
 from tracefleet.contract.podenv import EvaluatorEnv, HarnessEnv, PodEnvError, ProxySidecarEnv, SealerEnv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,13 +44,16 @@ def _env(container: dict) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container["env"]}
 
 
+CFG = OperatorConfig(bucket_endpoint="http://10.0.0.9:8333")
+
+
 @pytest.fixture
-def job() -> JobView:
-    return JobView.from_body(yaml.safe_load(JOB), bucket_endpoint="http://10.0.0.9:8333")
+def job() -> RolloutJob:
+    return RolloutJob.model_validate(yaml.safe_load(JOB))
 
 
-def test_harness_pod_env_reads_back(job: JobView) -> None:
-    pod = harness_pod(job, OperatorConfig(), session=3, attempt=1, secret="tfs_x")
+def test_harness_pod_env_reads_back(job: RolloutJob) -> None:
+    pod = harness_pod(job, CFG, session=3, attempt=1, secret="tfs_x")
     (harness,) = pod["spec"]["containers"]
     env = HarnessEnv.from_env(_env(harness))
     assert (env.job, env.session, env.session_id, env.task_index, env.sample_index) == ("demo", 3, "demo-s3", 1, 1)
@@ -63,8 +67,8 @@ def test_harness_pod_env_reads_back(job: JobView) -> None:
     assert sidecar.session_secret == "tfs_x" and sidecar.endpoint == "http://10.0.0.9:8333"
 
 
-def test_evaluator_and_sealer_env_read_back(job: JobView) -> None:
-    (ev,) = evaluator_job(job, OperatorConfig(), 2)["spec"]["template"]["spec"]["containers"]
+def test_evaluator_and_sealer_env_read_back(job: RolloutJob) -> None:
+    (ev,) = evaluator_job(job, CFG, 2)["spec"]["template"]["spec"]["containers"]
     env = EvaluatorEnv.from_env(_env(ev))
     assert (env.bucket, env.endpoint, env.job, env.session, env.task_index, env.sample_index) == (
         "s3://traces/runs", "http://10.0.0.9:8333", "demo", 2, 1, 0)
@@ -72,23 +76,23 @@ def test_evaluator_and_sealer_env_read_back(job: JobView) -> None:
     assert env.task_json == {"id": "t2", "prompt": "add a test"}
     assert env.session_uri == "s3://traces/runs/demo/sessions/2/"
     plan = session_plan("demo", ["t1", "t2"], 2)
-    (seal,) = sealer_job(job, OperatorConfig(), 4, [plan[3], plan[0], plan[1]])["spec"]["template"]["spec"]["containers"]
+    (seal,) = sealer_job(job, CFG, 4, [plan[3], plan[0], plan[1]])["spec"]["template"]["spec"]["containers"]
     sealer = SealerEnv.from_env(_env(seal))
     assert (sealer.bucket, sealer.endpoint, sealer.job, sealer.batch_seq, sealer.sessions, sealer.builder) == (
         "s3://traces/runs", "http://10.0.0.9:8333", "demo", 4, [0, 1, 3], "prefix-merge")
     assert sorted(sealer.planned_sessions(), key=lambda p: p.index) == [plan[0], plan[1], plan[3]]
-    assert sealer.policy_version == job.policy_version and sealer.diagnostics is None
+    assert sealer.policy_version == job.spec.inference.policy_version and sealer.diagnostics is None
     assert _env(seal)[podenv.SESSIONS] == "0-1,3"
 
 
-def test_every_written_variable_has_a_reader(job: JobView) -> None:
+def test_every_written_variable_has_a_reader(job: RolloutJob) -> None:
     """Each variable the builders write is a field of the model its container reads."""
-    pod = harness_pod(job, OperatorConfig(), session=0, attempt=0)
+    pod = harness_pod(job, CFG, session=0, attempt=0)
     containers = [
         (HarnessEnv, pod["spec"]["containers"][0]),
         (ProxySidecarEnv, pod["spec"]["initContainers"][0]),
-        (EvaluatorEnv, evaluator_job(job, OperatorConfig(), 0)["spec"]["template"]["spec"]["containers"][0]),
-        (SealerEnv, sealer_job(job, OperatorConfig(), 1, session_plan("demo", ["t1"], 1))["spec"]["template"]["spec"]["containers"][0]),
+        (EvaluatorEnv, evaluator_job(job, CFG, 0)["spec"]["template"]["spec"]["containers"][0]),
+        (SealerEnv, sealer_job(job, CFG, 1, session_plan("demo", ["t1"], 1))["spec"]["template"]["spec"]["containers"][0]),
     ]
     for model, container in containers:
         ours = {k for k in _env(container) if k.startswith(podenv.PREFIX)}
@@ -105,8 +109,8 @@ def test_every_written_variable_has_a_reader(job: JobView) -> None:
         ({podenv.TIMEOUT_S: ""}, "TRACEFLEET_TIMEOUT_S is not set"),
     ],
 )
-def test_a_bad_variable_is_one_line_naming_it(job: JobView, change: dict, message: str) -> None:
-    env = _env(harness_pod(job, OperatorConfig(), session=0, attempt=0)["spec"]["containers"][0])
+def test_a_bad_variable_is_one_line_naming_it(job: RolloutJob, change: dict, message: str) -> None:
+    env = _env(harness_pod(job, CFG, session=0, attempt=0)["spec"]["containers"][0])
     for k, v in change.items():
         env.pop(k) if v is None else env.__setitem__(k, v)
     with pytest.raises(PodEnvError) as err:

@@ -17,7 +17,8 @@ from tracefleet.api import DEFAULT_VLLM_IMAGE
 from tracefleet.contract.semantics import session_plan
 from tracefleet.contract.podenv import EvaluatorEnv
 from tracefleet.vllm import vllm_server
-from tracefleet.operator.view import JobView, OperatorConfig
+from tracefleet.contract.job import RolloutJob
+from tracefleet.operator.config import OperatorConfig
 
 MANAGED = textwrap.dedent(
     """
@@ -54,20 +55,20 @@ def external_body() -> dict:
 
 
 @pytest.fixture
-def job() -> JobView:
-    return JobView.from_body(yaml.safe_load(MANAGED))
+def job() -> RolloutJob:
+    return RolloutJob.model_validate(yaml.safe_load(MANAGED))
 
 
 CFG = OperatorConfig(proxy_image="reg/tracefleet:test", evaluator_image="reg/tracefleet:test")
 
 
-def _owner_ok(m: dict, job: JobView) -> None:
+def _owner_ok(m: dict, job: RolloutJob) -> None:
     (ref,) = m["metadata"]["ownerReferences"]
     assert ref == {
         "apiVersion": "tracefleet.io/v1alpha1",
         "kind": "RolloutJob",
         "name": "demo",
-        "uid": job.uid,
+        "uid": job.metadata.uid,
         "controller": True,
         "blockOwnerDeletion": True,
     }
@@ -77,7 +78,7 @@ def _owner_ok(m: dict, job: JobView) -> None:
     assert "unrelated" not in labels
 
 
-def test_inference_deployment_has_gpus_probes_shm_and_cache(job: JobView) -> None:
+def test_inference_deployment_has_gpus_probes_shm_and_cache(job: RolloutJob) -> None:
     d = inference_deployment(job)
     _owner_ok(d, job)
     pod = d["spec"]["template"]["spec"]
@@ -90,8 +91,7 @@ def test_inference_deployment_has_gpus_probes_shm_and_cache(job: JobView) -> Non
     assert args[args.index("--model") + 1] == "Qwen/Qwen3-4B"
     assert args[-2:] == ["--max-model-len", "32768"]
     # the one command line the tests run real vLLM with: tools and reasoning parsed for Qwen3, dev mode on
-    job_inference = JobView.from_body(yaml.safe_load(MANAGED)).inference
-    assert job_inference is not None and args == vllm_server(job_inference, host="0.0.0.0", port=ENGINE_PORT).args
+    assert args == vllm_server(job.spec.inference, host="0.0.0.0", port=ENGINE_PORT).args
     assert "--enable-auto-tool-choice" in args and args[args.index("--tool-call-parser") + 1] == "hermes"
     assert args[args.index("--reasoning-parser") + 1] == "qwen3" and "--enable-prompt-tokens-details" in args
     assert {"name": "VLLM_SERVER_DEV_MODE", "value": "1"} in ctr["env"]
@@ -118,14 +118,14 @@ def test_inference_deployment_has_gpus_probes_shm_and_cache(job: JobView) -> Non
 def test_inference_service_keeps_a_session_on_one_replica_when_there_are_several() -> None:
     body = yaml.safe_load(MANAGED)
     body["spec"]["inference"]["managed"]["replicas"] = 3
-    assert inference_service(JobView.from_body(body))["spec"]["sessionAffinity"] == "ClientIP"
+    assert inference_service(RolloutJob.model_validate(body))["spec"]["sessionAffinity"] == "ClientIP"
 
 
 @pytest.mark.parametrize("kind", ["managed", "external"])
 def test_engine_api_key_reaches_vllm_and_the_proxy_sidecar_from_the_secret(kind: str) -> None:
     body = yaml.safe_load(MANAGED) if kind == "managed" else external_body()
     body["spec"]["inference"][kind]["apiKeySecretRef"] = {"name": "engine-key", "key": "token"}
-    job = JobView.from_body(body)
+    job = RolloutJob.model_validate(body)
     from_secret = {"secretKeyRef": {"name": "engine-key", "key": "token"}}
     pod = harness_pod(job, CFG, session=0, attempt=1, secret="tfs_secret")
     proxy = pod["spec"]["initContainers"][0]
@@ -137,7 +137,7 @@ def test_engine_api_key_reaches_vllm_and_the_proxy_sidecar_from_the_secret(kind:
         assert {"name": "VLLM_API_KEY", "valueFrom": from_secret} in vllm["env"]
 
 
-def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: JobView) -> None:
+def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: RolloutJob) -> None:
     pod = harness_pod(job, CFG, session=5, attempt=1, secret="tfs_secret")
     _owner_ok(pod, job)
     meta, spec = pod["metadata"], pod["spec"]
@@ -177,7 +177,7 @@ def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: JobView) -> Non
     assert any(m["name"] == "artifacts" for m in harness["volumeMounts"])
 
 
-def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: JobView) -> None:
+def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: RolloutJob) -> None:
     """Default capture mode (auto) on a managed model with a cache claim: the sidecar mounts the claim
     read-only where vLLM has it ($HF_HOME), offline, and is told the hub id to resolve there."""
     spec = harness_pod(job, CFG, session=0, attempt=0)["spec"]
@@ -196,7 +196,7 @@ def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: JobView) ->
 
     body = yaml.safe_load(MANAGED)
     body["spec"]["inference"]["capture"] = {"mode": "server"}
-    server = harness_pod(JobView.from_body(body), CFG, 0, 0)["spec"]
+    server = harness_pod(RolloutJob.model_validate(body), CFG, 0, 0)["spec"]
     assert "--model-path" not in server["initContainers"][0]["args"]
     assert not any(v["name"] == "tokenizer-cache" for v in server["volumes"])
 
@@ -204,7 +204,7 @@ def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: JobView) ->
     body = external_body()
     body["spec"]["inference"]["capture"] = {"mode": "exact", "tokenizer": "/models/qwen3", "toolParser": "qwen3_coder",
                                             "tokenizerCache": {"claimName": "tok", "mountPath": "/models"}}
-    ext = JobView.from_body(body)
+    ext = RolloutJob.model_validate(body)
     spec = harness_pod(ext, CFG, 0, 0)["spec"]
     args = spec["initContainers"][0]["args"]
     assert args[args.index("--model-path") + 1] == "/models/qwen3" and args[args.index("--tool-parser") + 1] == "qwen3_coder"
@@ -212,12 +212,12 @@ def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: JobView) ->
     assert exact_mode_problem(ext) is None
     # exact asked for with nothing to read a tokenizer from: refused up front, with what to set
     del body["spec"]["inference"]["capture"]["tokenizerCache"]
-    problem = exact_mode_problem(JobView.from_body(body))
+    problem = exact_mode_problem(RolloutJob.model_validate(body))
     assert problem is not None and "tokenizerCache" in problem and "mode auto" in problem
 
 
-def test_network_policy_allows_only_inference_bucket_and_dns(job: JobView) -> None:
-    np = harness_network_policy(job)
+def test_network_policy_allows_only_inference_bucket_and_dns(job: RolloutJob) -> None:
+    np = harness_network_policy(job, CFG)
     _owner_ok(np, job)
     spec = np["spec"]
     assert spec["podSelector"]["matchLabels"] == {n.LABEL_JOB: "demo", n.LABEL_COMPONENT: "harness"}
@@ -230,11 +230,11 @@ def test_network_policy_allows_only_inference_bucket_and_dns(job: JobView) -> No
 
 
 def test_external_engine_gets_ip_block_and_no_deployment() -> None:
-    job = JobView.from_body(external_body())
-    assert job.managed is None
+    job = RolloutJob.model_validate(external_body())
+    assert job.spec.inference.managed is None
     with pytest.raises(AssertionError):
         inference_deployment(job)
-    np = harness_network_policy(job)
+    np = harness_network_policy(job, CFG)
     rule = np["spec"]["egress"][1]
     assert rule == {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}], "ports": [{"protocol": "TCP", "port": 8000}]}
     pod = harness_pod(job, CFG, 0, 0)
@@ -242,7 +242,7 @@ def test_external_engine_gets_ip_block_and_no_deployment() -> None:
     assert args[args.index("--engine") + 1] == "http://10.1.2.3:8000"
 
 
-def test_evaluator_job_has_failure_policy_and_deadline(job: JobView) -> None:
+def test_evaluator_job_has_failure_policy_and_deadline(job: RolloutJob) -> None:
     j = evaluator_job(job, CFG, session=6)
     _owner_ok(j, job)
     assert j["metadata"]["name"] == "demo-eval-s6"
@@ -260,12 +260,12 @@ def test_evaluator_job_has_failure_policy_and_deadline(job: JobView) -> None:
     # the lag reference of the session's evidence, as local mode keeps it
     body = yaml.safe_load(MANAGED)
     body["spec"]["inference"]["policyVersion"] = 7
-    (ctr,) = evaluator_job(JobView.from_body(body), CFG, session=6)["spec"]["template"]["spec"]["containers"]
+    (ctr,) = evaluator_job(RolloutJob.model_validate(body), CFG, session=6)["spec"]["template"]["spec"]["containers"]
     assert EvaluatorEnv.from_env({e["name"]: e.get("value") for e in ctr["env"]}).policy_version == 7
     assert spec["template"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
 
 
-def test_sealer_job_pins_its_sessions(job: JobView) -> None:
+def test_sealer_job_pins_its_sessions(job: RolloutJob) -> None:
     plan = session_plan(job.name, ["t1", "t2", "t3"], 4)
     j = sealer_job(job, CFG, seq=3, sessions=[plan[i] for i in (7, 1, 2, 3, 9)])
     _owner_ok(j, job)
@@ -274,10 +274,10 @@ def test_sealer_job_pins_its_sessions(job: JobView) -> None:
     assert n.decode_ranges("1-3,7,9") == [1, 2, 3, 7, 9]
 
 
-def test_suspended_job_runs_no_inference(job: JobView) -> None:
+def test_suspended_job_runs_no_inference(job: RolloutJob) -> None:
     body = yaml.safe_load(MANAGED)
     body["spec"]["suspend"] = True
-    assert inference_deployment(JobView.from_body(body))["spec"]["replicas"] == 0
+    assert inference_deployment(RolloutJob.model_validate(body))["spec"]["replicas"] == 0
 
 
 def test_long_names_fit_dns_labels() -> None:

@@ -52,9 +52,9 @@ def test_sealer_entrypoint_seals_once_and_operator_finds_batch(s3, tmp_path: Pat
     assert first["batch_id"] == "k8s-000001" and first["traces"] == 2 and first["sessions"] == 2
 
     found = bucketio.find_batch(uri, job, "k8s-000001", set(), creds)
-    assert found is not None and found["traces"] == 2 and found["seq"] == first["seq"]
-    assert found["uri"] == f"{uri}/{job}/batches/{first['seq']:06d}/"
-    assert found["meanReward"] == 0.5
+    assert found is not None and found.traces == 2 and found.seq == first["seq"] and found.batch_id == "k8s-000001"
+    assert found.uri == f"{uri}/{job}/batches/{first['seq']:06d}/"
+    assert found.mean_reward == 0.5 and found.to_wire()["meanReward"] == 0.5  # camelCase on the wire (annotation, webhook)
     assert bucketio.find_batch(uri, job, "k8s-000002", set(), creds) is None
     # what a trainer reads: the group's two samples, rewards 0 and 1, give opposite advantages
     batch = BatchReader(bucket, job).read(first["seq"])
@@ -71,8 +71,8 @@ def test_sealer_entrypoint_seals_once_and_operator_finds_batch(s3, tmp_path: Pat
     # what the operator's retry rule reads: did a session's (last) attempt make a model call?
     bucket.put(layout.capture_key(job, 5), b"")  # an attempt that failed before its first call
     assert [bucketio.session_made_calls(uri, job, s, creds) for s in (0, 5, 6)] == [True, False, False]
-    found2 = bucketio.find_batch(uri, job, "k8s-000002", {found["seq"]}, creds)
-    assert found2 is not None and found2["seq"] == second["seq"]
+    found2 = bucketio.find_batch(uri, job, "k8s-000002", {found.seq}, creds)
+    assert found2 is not None and found2.seq == second["seq"]
 
 
 def test_evaluator_entrypoint_writes_reward(s3, tmp_path: Path) -> None:

@@ -40,14 +40,16 @@ def test_a_child_the_api_server_refuses_fails_the_job(kube) -> None:
     reconciler = Reconciler(Kube(kube.api_client()))
     body = yaml.safe_load(JOB.format(ns=ns))
     res = run_pass(reconciler, body)
-    assert res.status is not None and res.status["phase"] == st.FAILED
-    failed = next(c for c in res.status["conditions"] if c["type"] == st.COND_FAILED)
+    assert res.status is not None
+    status = st.status_patch(res.status)  # what is written to the status subresource
+    assert status["phase"] == st.FAILED
+    failed = next(c for c in status["conditions"] if c["type"] == st.COND_FAILED)
     assert failed["status"] == "True" and failed["reason"] == st.REASON_CHILD_REJECTED
     assert failed["message"].startswith(f"create deployment {ns}/{n.inference_name('refused')}: 422 ")
     assert "priorityClassName" in failed["message"]
     assert [(t, r) for t, r, _ in res.events] == [(st.WARNING, st.REASON_CHILD_REJECTED)]
     # the next pass sees a finished job: it creates nothing and reports nothing new
-    again = run_pass(reconciler, {**body, "status": res.status})
+    again = run_pass(reconciler, {**body, "status": status})
     assert again.status is None and again.events == []
     assert client.CoreV1Api(kube.api_client()).list_namespaced_pod(ns).items == []
 

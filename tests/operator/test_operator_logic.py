@@ -8,9 +8,12 @@ import threading
 import time
 from datetime import datetime, timezone
 
+from tracefleet.contract.job import Counters, RolloutJobStatus
+from tracefleet.contract.sealed_batch import SealedBatch
 from tracefleet.operator import names as n
-from tracefleet.operator.sessions import observe, plan
-from tracefleet.operator.status import Cond, Observed, SessionCounts, build_status, status_changed
+from tracefleet.operator import status as st
+from tracefleet.operator.session_table import observe, plan
+from tracefleet.operator.status import Progress, calculate_status, cond, status_changed, status_patch
 from tracefleet.operator.webhook import SIGNATURE_HEADER, Delivery, WebhookNotifier, verify_signature
 
 
@@ -56,23 +59,27 @@ def test_plan_backoff_and_evaluator_states() -> None:
 
 
 def test_status_conditions_keep_transition_time_and_skip_noop_writes() -> None:
-    obs = Observed(generation=2, counts=SessionCounts(total=4, running=1, pending=3), phase="Running",
-                   conditions=[Cond("Running", True, "SessionsRunning"), Cond("Complete", False, "InProgress")], started=True)
-    t1 = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    s1 = build_status({}, obs, 5, t1)
-    assert s1["phase"] == "Running" and s1["startTime"] == "2026-01-01T00:00:00Z"
-    assert s1["counters"]["total"] == 4 and s1["observedGeneration"] == 2
-    s2 = build_status(s1, obs, 5, datetime(2026, 1, 1, 0, 5, tzinfo=timezone.utc))
-    assert not status_changed(s1, s2)  # same facts, no write
-    obs.conditions[1] = Cond("Complete", True, "AllSessionsFinished")
-    obs.batches = [{"seq": i, "uri": f"s3://b/j/batches/{i:06d}/", "traces": 2} for i in range(12)]
-    s3 = build_status(s1, obs, 5, datetime(2026, 1, 1, 0, 9, tzinfo=timezone.utc))
+    ready = cond(st.COND_INFERENCE_READY, True, st.REASON_DEPLOYMENT_AVAILABLE, "1/1 replicas available")
+    running = Progress(2, Counters(total=4, running=1, pending=3), ready)
+    t1 = datetime(2026, 1, 1, 0, 0, 0, 250000, tzinfo=timezone.utc)
+    s1 = status_patch(calculate_status(running, RolloutJobStatus(), t1, 5))
+    assert s1["phase"] == "Running" and s1["startTime"] == "2026-01-01T00:00:00Z"  # whole seconds, UTC
+    assert s1["counters"]["total"] == 4 and s1["observedGeneration"] == 2 and "completionTime" not in s1
+    assert {c["type"]: c["observedGeneration"] for c in s1["conditions"]}["Running"] == 2
+    old = RolloutJobStatus.model_validate(s1)  # as read back from the API server
+    s2 = calculate_status(running, old, datetime(2026, 1, 1, 0, 5, tzinfo=timezone.utc), 5)
+    assert not status_changed(old, s2)  # same facts, no write
+    batches = [SealedBatch(seq=i, uri=f"s3://b/j/batches/{i:06d}/", traces=2, sealed_at="2026-01-01T00:08:00Z") for i in range(12)]
+    done = Progress(2, Counters(total=4, succeeded=4), ready, batches=batches)
+    s3 = status_patch(calculate_status(done, old, datetime(2026, 1, 1, 0, 9, tzinfo=timezone.utc), 5))
     complete = next(c for c in s3["conditions"] if c["type"] == "Complete")
-    running = next(c for c in s3["conditions"] if c["type"] == "Running")
-    assert complete["lastTransitionTime"] == "2026-01-01T00:09:00Z"
-    assert running["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    ready_c = next(c for c in s3["conditions"] if c["type"] == "InferenceReady")
+    assert complete["lastTransitionTime"] == "2026-01-01T00:09:00Z" and complete["status"] == "True"
+    assert ready_c["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert [b["seq"] for b in s3["recentBatches"]] == [7, 8, 9, 10, 11]  # bounded
-    assert s3["batchesCompleted"] == 12
+    assert s3["recentBatches"][0] == {"seq": 7, "uri": "s3://b/j/batches/000007/", "traces": 2, "sealedAt": "2026-01-01T00:08:00Z"}
+    assert s3["batchesCompleted"] == 12 and s3["completionTime"] == "2026-01-01T00:09:00Z"
+    assert s3["startTime"] == "2026-01-01T00:00:00Z"
 
 
 class _Receiver(http.server.BaseHTTPRequestHandler):

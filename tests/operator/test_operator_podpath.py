@@ -31,7 +31,7 @@ from tracefleet.contract.capture import read_capture_log
 from tracefleet.operator.children.harness import harness_pod
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE
-from tracefleet.operator.view import JobView, OperatorConfig
+from tracefleet.operator.config import OperatorConfig
 from tracefleet.proxy.upload import upload_outputs
 from tracefleet.traces.reader import BatchReader
 
@@ -80,9 +80,8 @@ def rollout_job(engine: Any, bucket_uri: str, samples: int = 1) -> RolloutJob:
 def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tmp_path: Path) -> None:
     scripted_engine.configure(no_tools_text=FIXED_CALC)
     bucket_uri = f"s3://{s3.create_bucket()}/runs"
-    rj = rollout_job(scripted_engine, bucket_uri)
-    job = JobView.from_model(rj, bucket_endpoint=s3.endpoint)
-    cfg = OperatorConfig()
+    job = rollout_job(scripted_engine, bucket_uri)
+    cfg = OperatorConfig(bucket_endpoint=s3.endpoint)
     creds = {"bucket-credentials": {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}}
     bucket = open_bucket(bucket_uri, **s3.bucket_options())
 
@@ -151,9 +150,9 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
 
 def test_evaluator_fails_closed_when_the_harness_uploaded_nothing(scripted_engine, s3, tmp_path: Path) -> None:
     bucket_uri = f"s3://{s3.create_bucket()}/runs"
-    job = JobView.from_model(rollout_job(scripted_engine, bucket_uri), bucket_endpoint=s3.endpoint)
+    job = rollout_job(scripted_engine, bucket_uri)
     creds = {"bucket-credentials": {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}}
-    done = run_job_container(evaluator_job(job, OperatorConfig(), 0), Kubelet(tmp_path, creds, []), tmp_path)
+    done = run_job_container(evaluator_job(job, OperatorConfig(bucket_endpoint=s3.endpoint), 0), Kubelet(tmp_path, creds, []), tmp_path)
     assert done.returncode == EVALUATOR_FATAL_EXIT_CODE, done.stdout + done.stderr
     reward = json.loads(open_bucket(bucket_uri, **s3.bucket_options()).get("podpath/sessions/0/reward.json"))
     assert reward["reward"] == 0.0 and reward["status"] == "error" and "session.patch" in reward["message"]
@@ -202,7 +201,7 @@ def test_kwok_finishes_annotated_harness_pods_with_their_sidecar(kube, scripted_
     ns = f"podpath-{uuid.uuid4().hex[:6]}"
     assert kube.kubectl("create", "namespace", ns).returncode == 0
     core = client.CoreV1Api(kube.api_client())
-    job = JobView.from_model(rollout_job(scripted_engine, "s3://kwok-bucket/runs", samples=2))
+    job = rollout_job(scripted_engine, "s3://kwok-bucket/runs", samples=2)
     try:
         for session, annotations in ((0, {"tracefleet.io/kwok-delay": "2s"}),
                                      (1, {"tracefleet.io/kwok-delay": "0s", "tracefleet.io/kwok-outcome": "failed",
@@ -238,9 +237,8 @@ def test_kwok_finishes_annotated_harness_pods_with_their_sidecar(kube, scripted_
 def test_in_pod_exit_code_reflects_a_failed_harness_and_artifacts_still_upload(scripted_engine, tmp_path: Path) -> None:
     """A harness that exits 3 after editing a file: `tracefleet run --in-pod` exits 1 (status error), the
     diff is still collected, and the sidecar uploads it (here to a local-directory bucket)."""
-    rj = rollout_job(scripted_engine, str(tmp_path / "bucket"))
-    rj.spec.harness.command = ["python", "-c", "import sys; open('x.txt', 'w').write('partial'); sys.exit(3)"]
-    job = JobView.from_model(rj)
+    job = rollout_job(scripted_engine, str(tmp_path / "bucket"))
+    job.spec.harness.command = ["python", "-c", "import sys; open('x.txt', 'w').write('partial'); sys.exit(3)"]
     pod = harness_pod(job, OperatorConfig(), session=0, attempt=0)
     kubelet = Kubelet(tmp_path / "pod", {"bucket-credentials": {}}, pod["spec"]["volumes"])
     harness, proxy_rc, out = run_pod(pod, kubelet, timeout_s=120)
@@ -257,11 +255,10 @@ def test_sidecar_renders_exactly_with_the_tokenizer_from_its_mounted_cache(scrip
     """The default capture mode (auto) in a pod: the sidecar resolves the job's hub model id in the claim
     the operator mounts read-only (laid out as vLLM leaves it), offline, and captures in exact mode."""
     scripted_engine.configure(no_tools_text=FIXED_CALC)
-    rj = rollout_job(scripted_engine, str(tmp_path / "bucket"))
-    rj.spec.inference.capture = Capture.model_validate(
+    job = rollout_job(scripted_engine, str(tmp_path / "bucket"))
+    job.spec.inference.capture = Capture.model_validate(
         {"tokenizer": "acme/tiny-chat", "tokenizerCache": {"claimName": "tok", "mountPath": "/models"}})
-    job = JobView.from_model(rj)
-    assert job.capture_mode == "auto"
+    assert job.spec.inference.capture.mode == "auto"
     pod = harness_pod(job, OperatorConfig(), session=0, attempt=0)
     kubelet = Kubelet(tmp_path / "pod", {"bucket-credentials": {}}, pod["spec"]["volumes"])
     write_hub_model(tmp_path / "pod" / "tokenizer-cache", "acme/tiny-chat")  # what the claim holds
@@ -282,7 +279,7 @@ def test_sidecar_records_and_cancels_a_call_its_harness_abandons(scripted_engine
     run with the argv and env the operator gives it: the call is recorded (`client_disconnect`) within a
     second, the engine stops generating it at once, and the record reaches the bucket when the pod stops."""
     scripted_engine.configure(token_delay_s=0.02, no_tools_text=" ".join(f"word{i}" for i in range(2000)))
-    job = JobView.from_model(rollout_job(scripted_engine, str(tmp_path / "bucket")))
+    job = rollout_job(scripted_engine, str(tmp_path / "bucket"))
     pod = harness_pod(job, OperatorConfig(), session=0, attempt=0)
     kubelet = Kubelet(tmp_path / "pod", {"bucket-credentials": {}}, pod["spec"]["volumes"])
     argv, env, cwd = kubelet.process(pod["spec"]["initContainers"][0])

@@ -229,6 +229,22 @@ class Inference(WireModel):
     def is_managed(self) -> bool:
         return self.managed is not None
 
+    def served_model(self) -> str | None:
+        """The model name harnesses ask for: the managed engine's served name, or the external one's model."""
+        return self.managed.served_name() if self.managed is not None else (self.external.model if self.external else None)
+
+    def capture_tokenizer(self) -> str | None:
+        """capture.tokenizer, defaulting to the inference model."""
+        return self.capture.tokenizer or (self.managed.model if self.managed is not None else self.served_model())
+
+    def capture_tokenizer_cache(self) -> ModelCache | None:
+        """capture.tokenizerCache, defaulting to managed.modelCache."""
+        return self.capture.tokenizer_cache or (self.managed.model_cache if self.managed is not None else None)
+
+    def api_key_secret_ref(self) -> SecretKeyRef | None:
+        """The engine's API key, managed or external."""
+        return (self.managed or self.external).api_key_secret_ref  # type: ignore[union-attr]  # one is set (x_rules)
+
 
 # ---------------------------------------------------------------- harness
 
@@ -548,6 +564,10 @@ class RolloutJobSpec(WireModel):
         ),
     )
 
+    def evaluator_image(self) -> str | None:
+        """evaluator.image, defaulting to the harness image (None without an evaluator)."""
+        return None if self.evaluator is None else (self.evaluator.image or self.harness.image)
+
     def session_count(self, task_count: int | None = None) -> int:
         """Sessions this job runs: tasks × samplesPerTask (pass task_count for ConfigMap/URI tasks)."""
         if task_count is None:
@@ -593,6 +613,10 @@ class Counters(WireModel):
     quarantined: int = Field(default=0, ge=0, description="Of those, sessions a diagnostic quarantined or dropped "
                              "(left out of training).")
     dropped: int = Field(default=0, ge=0, description="Of the quarantined, sessions whose token rows were not sealed.")
+
+    @property
+    def finished(self) -> int:
+        return self.succeeded + self.failed
 
 
 class BatchRef(WireModel):

@@ -1,5 +1,5 @@
-"""Session bookkeeping from observed children only (pure): which sessions run, succeeded, failed,
-wait for a retry, or need a pod now. Nothing here is remembered between reconciles."""
+"""The session table: each session's state read from the observed children only (pure) - which sessions
+run, succeeded, failed, wait for a retry, or need a pod now. Nothing here is remembered between reconciles."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from datetime import datetime
 from typing import Any, Callable
 
 from tracefleet.contract.semantics import should_retry
-
-from . import names as n
+from tracefleet.operator import names as n
 
 
 def _ts(value: str | None) -> float | None:
