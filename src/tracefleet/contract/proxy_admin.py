@@ -1,0 +1,85 @@
+"""The proxy's admin API (runner, operator -> proxy): its routes, request bodies and answers.
+
+The proxy validates what it is sent with these models (`tracefleet.proxy.admin`) and its client reads the
+answers with them (`tracefleet.runner.proxy_admin`). Requests are strict (a version given as "9" is refused,
+not coerced); answers ignore fields they do not know, so an older client reads a newer proxy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+
+ADMIN_SESSIONS = "/admin/sessions"  # POST: create; /admin/sessions/<id>: GET the counters, DELETE to close
+ADMIN_PAUSE = "/admin/pause"
+ADMIN_RESUME = "/admin/resume"
+ADMIN_POLICY_VERSION = "/admin/policy-version"
+ADMIN_STATE = "/admin/state"
+
+MIN_SECRET_CHARS = 16
+
+
+def session_path(session_id: str) -> str:
+    return f"{ADMIN_SESSIONS}/{session_id}"
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class CreateSession(_Request):
+    """POST /admin/sessions. Everything optional: the proxy makes up an id and a secret."""
+
+    session_id: StrictStr | None = None
+    secret: StrictStr | None = Field(default=None, min_length=MIN_SECRET_CHARS)
+    metadata: dict[str, Any] | None = None
+
+
+class Pause(_Request):
+    """POST /admin/pause: new calls wait (at most `max_wait_s`, then 429) until resumed."""
+
+    max_wait_s: StrictFloat | StrictInt | None = Field(default=None, ge=0)
+
+
+class SetPolicyVersion(_Request):
+    """POST /admin/policy-version: the version every call admitted from now on records."""
+
+    version: StrictInt = Field(ge=0)
+
+
+class ProxySession(_Answer):
+    """A session as the proxy keeps it (GET and DELETE /admin/sessions/<id>)."""
+
+    session_id: str
+    calls: int = 0
+    errors: int = 0
+    abandoned: int = 0  # calls cut off in flight (harness gone, session closed, proxy stopping); also in `errors`
+    capture_path: str | None = None
+    active: bool = False
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class RegisteredSession(ProxySession):
+    """POST /admin/sessions' answer: the session, its secret (the harness's API key) and its URL prefix."""
+
+    secret: str
+    base_path: str
+
+
+class ControlsState(_Answer):
+    """The training controls (answer of pause, resume and policy-version)."""
+
+    paused: bool
+    policy_version: int
+    max_wait_s: float
+
+
+class ProxyState(ControlsState):
+    """GET /admin/state."""
+
+    active_sessions: int
