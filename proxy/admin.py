@@ -13,8 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
-from tracefleet.contract.proxy_admin import (ADMIN_PAUSE, ADMIN_POLICY_VERSION, ADMIN_RESUME, ADMIN_SESSIONS,
-                                             ADMIN_STATE, ControlsState, CreateSession, Pause, ProxyState,
+from tracefleet.contract.proxy_admin import (AdminPath, ControlsState, CreateSession, Pause, ProxyState,
                                              RegisteredSession, SetPolicyVersion)
 from tracefleet.proxy.errors import ProxyError
 from tracefleet.proxy.sessions import Session
@@ -70,7 +69,7 @@ def add_admin_routes(app: FastAPI, proxy: Proxy) -> None:
     def controls() -> ControlsState:
         return ControlsState.model_validate(proxy.controls.state())
 
-    @app.post(ADMIN_SESSIONS)
+    @app.post(AdminPath.SESSIONS)
     async def create_session(request: Request) -> Response:
         check(request)
         body = await body_as(request, CreateSession)
@@ -80,12 +79,12 @@ def add_admin_routes(app: FastAPI, proxy: Proxy) -> None:
                                        base_path=f"/s/{session.session_id}")
         return _json(registered, 201)
 
-    @app.get(ADMIN_SESSIONS + "/{session_id}")
+    @app.get(AdminPath.session("{session_id}"))
     async def get_session(request: Request, session_id: str) -> Response:
         check(request)
         return _json(session_or_404(session_id).info())
 
-    @app.delete(ADMIN_SESSIONS + "/{session_id}")
+    @app.delete(AdminPath.session("{session_id}"))
     async def close_session(request: Request, session_id: str) -> Response:
         check(request)
         session = session_or_404(session_id)
@@ -97,7 +96,7 @@ def add_admin_routes(app: FastAPI, proxy: Proxy) -> None:
         proxy.metrics.active_sessions.set(proxy.sessions.active_count())
         return _json(session.info())
 
-    @app.post(ADMIN_PAUSE)
+    @app.post(AdminPath.PAUSE)
     async def pause(request: Request) -> Response:
         check(request)
         body = await body_as(request, Pause)
@@ -105,14 +104,14 @@ def add_admin_routes(app: FastAPI, proxy: Proxy) -> None:
         proxy.metrics.paused.set(1)
         return _json(controls())
 
-    @app.post(ADMIN_RESUME)
+    @app.post(AdminPath.RESUME)
     async def resume(request: Request) -> Response:
         check(request)
         proxy.controls.resume()
         proxy.metrics.paused.set(0)
         return _json(controls())
 
-    @app.post(ADMIN_POLICY_VERSION)
+    @app.post(AdminPath.POLICY_VERSION)
     async def policy_version(request: Request) -> Response:
         check(request)
         body = await body_as(request, SetPolicyVersion)
@@ -120,7 +119,7 @@ def add_admin_routes(app: FastAPI, proxy: Proxy) -> None:
         proxy.metrics.policy_version.set(body.version)
         return _json(controls())
 
-    @app.get(ADMIN_STATE)
+    @app.get(AdminPath.STATE)
     async def state(request: Request) -> Response:
         check(request)
         return _json(ProxyState(**controls().model_dump(), active_sessions=proxy.sessions.active_count()))

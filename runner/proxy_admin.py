@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from tracefleet.contract.proxy_admin import ADMIN_SESSIONS, CreateSession, ProxySession, RegisteredSession, session_path
+from tracefleet.contract.proxy_admin import AdminPath, CreateSession, ProxySession, RegisteredSession
 
 __all__ = ["ProxyAdmin", "ProxyAdminError", "ProxySession", "RegisteredSession"]
 
@@ -36,13 +36,13 @@ class ProxyAdmin:
     def create_session(self, session_id: str | None = None, metadata: dict[str, Any] | None = None) -> RegisteredSession:
         body = CreateSession(session_id=session_id or None, metadata=metadata or {})
         return RegisteredSession.model_validate(
-            self._call("POST", ADMIN_SESSIONS, json=body.model_dump(mode="json", exclude_none=True)))
+            self._call("POST", AdminPath.SESSIONS, json=body.model_dump(mode="json", exclude_none=True)))
 
     def session(self, session_id: str) -> ProxySession:
-        return ProxySession.model_validate(self._call("GET", session_path(session_id)))
+        return ProxySession.model_validate(self._call("GET", AdminPath.session(session_id)))
 
     def close_session(self, session_id: str) -> ProxySession:
-        return ProxySession.model_validate(self._call("DELETE", session_path(session_id)))
+        return ProxySession.model_validate(self._call("DELETE", AdminPath.session(session_id)))
 
     def close(self) -> None:
         self._client.close()

@@ -24,6 +24,8 @@ from tracefleet.proxy.call import ABANDON_MESSAGES, CLIENT_DISCONNECT, PROXY_SHU
 from tracefleet.proxy.config import ProxyConfig
 from tracefleet.proxy.errors import ProxyError
 
+from fixtures.prometheus import metric
+
 ADMIN = "admin-token-for-lifecycle"
 LONG = " ".join(f"word{i}" for i in range(100))  # ~200 tokens at 20 ms each: generating for seconds
 
@@ -103,14 +105,6 @@ async def cut_off_call(engine: Any, capture: Path, reason: str, stream: bool) ->
         await proxy.client.aclose()
     [record] = read_capture_log(capture / "s1.jsonl").records
     return record, harness, info, metrics
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    for line in text.splitlines():
-        if line.startswith(f"{name}{{{want}}}" if want else f"{name} "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 @pytest.mark.parametrize("reason", [CLIENT_DISCONNECT, SESSION_CLOSED, PROXY_SHUTDOWN])

@@ -11,17 +11,20 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
-ADMIN_SESSIONS = "/admin/sessions"  # POST: create; /admin/sessions/<id>: GET the counters, DELETE to close
-ADMIN_PAUSE = "/admin/pause"
-ADMIN_RESUME = "/admin/resume"
-ADMIN_POLICY_VERSION = "/admin/policy-version"
-ADMIN_STATE = "/admin/state"
 
-MIN_SECRET_CHARS = 16
+class AdminPath:
+    """The admin API's routes (all under a Bearer admin token)."""
 
+    SESSIONS = "/admin/sessions"  # POST: create a session
+    PAUSE = "/admin/pause"
+    RESUME = "/admin/resume"
+    POLICY_VERSION = "/admin/policy-version"
+    STATE = "/admin/state"
 
-def session_path(session_id: str) -> str:
-    return f"{ADMIN_SESSIONS}/{session_id}"
+    @staticmethod
+    def session(session_id: str) -> str:
+        """GET: the session's counters; DELETE: close it (its calls in flight cut off and recorded)."""
+        return f"{AdminPath.SESSIONS}/{session_id}"
 
 
 class _Request(BaseModel):
@@ -36,7 +39,7 @@ class CreateSession(_Request):
     """POST /admin/sessions. Everything optional: the proxy makes up an id and a secret."""
 
     session_id: StrictStr | None = None
-    secret: StrictStr | None = Field(default=None, min_length=MIN_SECRET_CHARS)
+    secret: StrictStr | None = Field(default=None, min_length=16)  # as the proxy makes them: guessing one is out of reach
     metadata: dict[str, Any] | None = None
 
 
