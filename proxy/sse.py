@@ -23,8 +23,9 @@ class EventStream(Response):
     The engine's generator is iterated in the request's own task, and events that arrived in one
     read (a `("batch", ...)`) go out in one write. (A pump task + queue per call and Starlette's
     StreamingResponse, with its task group per response, cost ~0.3 ms of CPU per streamed call.)
-    What the task group did is done here with less: a watcher task turns the client's disconnect
-    into a cancellation, and a timer sends keep-alive pings while the engine is silent.
+    What the task group did is done here with less: the call's `Flight` (proxy/call.py, as for a whole
+    answer) turns the client's disconnect into a cut-off, and a timer sends keep-alive pings while the
+    engine is silent.
 
     An error before any output is a plain HTTP error in the dialect's shape; after that, an error
     event. Either way the capture record is fsync'd before the final event is sent.
