@@ -31,7 +31,7 @@ def _json(answer: BaseModel, status: int = 200) -> Response:
 def _invalid(exc: ValidationError) -> ProxyError:
     """The first problem, as one line naming the field (the proxy's `param`)."""
     err = exc.errors()[0]
-    field = ".".join(str(part) for part in err["loc"]) or None
+    field = str(err["loc"][0]) if err["loc"] else None
     message = f"'{field}': {err['msg']}" if field else str(err["msg"])
     return ProxyError("invalid_request", message, param=field)
 

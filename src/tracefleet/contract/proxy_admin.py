@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 
 class AdminPath:
@@ -46,7 +46,7 @@ class CreateSession(_Request):
 class Pause(_Request):
     """POST /admin/pause: new calls wait (at most `max_wait_s`, then 429) until resumed."""
 
-    max_wait_s: StrictFloat | StrictInt | None = Field(default=None, ge=0)
+    max_wait_s: float | None = Field(default=None, ge=0, strict=True)  # strict still takes an int, not a bool
 
 
 class SetPolicyVersion(_Request):
