@@ -1,4 +1,5 @@
-"""Request models and error bodies of the vLLM OpenAI-API subset the engine serves.
+"""The vLLM OpenAI-API subset the engine serves: its routes, request models and error body, shared by the
+server (`tracefleet.engine.openai`) and its clients.
 
 Unknown fields are accepted and ignored, as vLLM does; the fields tracefleet relies on are typed.
 """
@@ -8,6 +9,22 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+
+# Routes, as vLLM serves them
+CHAT_COMPLETIONS = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MODELS = "/v1/models"
+TOKENIZE = "/tokenize"
+DETOKENIZE = "/detokenize"
+HEALTH = "/health"
+VERSION = "/version"
+METRICS = "/metrics"
+# Test and bench controls of the tracefleet engine (not vLLM's)
+SCRIPTED_SCRIPT = "/scripted/script"
+FORCED_REPLIES = "/forced/replies"
+
+ENGINE_VERSION = "tracefleet-engine-0.1.0"  # GET /version (the proxy's version check knows it is not a vLLM)
 
 
 class _Base(BaseModel):

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel, Field
 
-from .backend import ChatContext, GenerationRequest, PromptLogprob, SampledToken
+from tracefleet.engine.backend import ChatContext, GenerationRequest, PromptLogprob, SampledToken
 from tracefleet.formats.shell_tools import COMMAND_KEYS, SHELL_SUBSTRINGS
 from tracefleet.formats.tokenizer import Tokenizer
 

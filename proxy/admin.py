@@ -1,22 +1,39 @@
-"""Admin API (runner / operator): sessions, pause/resume, policy version. Bearer admin token."""
+"""Admin API (runner / operator): sessions, pause/resume, policy version. Bearer admin token.
+
+The messages are `tracefleet.contract.proxy_admin`'s, as its client (`tracefleet.runner.proxy_admin`) reads
+them; a body that does not fit is refused in the proxy's error shape, naming the field."""
 
 from __future__ import annotations
 
 import hmac
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from pydantic import BaseModel, ValidationError
 
-from .errors import ProxyError
+from tracefleet.contract.proxy_admin import (AdminPath, ControlsState, CreateSession, Pause, ProxyState,
+                                             RegisteredSession, SetPolicyVersion)
+from tracefleet.proxy.errors import ProxyError
+from tracefleet.proxy.sessions import Session
 
 if TYPE_CHECKING:
-    from .pipeline import Proxy
+    from tracefleet.proxy.pipeline import Proxy
+
+M = TypeVar("M", bound=BaseModel)
 
 
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+def _json(answer: BaseModel, status: int = 200) -> Response:
+    return Response(answer.model_dump_json().encode(), status_code=status, media_type="application/json")
+
+
+def _invalid(exc: ValidationError) -> ProxyError:
+    """The first problem, as one line naming the field (the proxy's `param`)."""
+    err = exc.errors()[0]
+    field = str(err["loc"][0]) if err["loc"] else None
+    message = f"'{field}': {err['msg']}" if field else str(err["msg"])
+    return ProxyError("invalid_request", message, param=field)
 
 
 def add_admin_routes(app: FastAPI, proxy: Proxy) -> None:
@@ -30,86 +47,79 @@ def add_admin_routes(app: FastAPI, proxy: Proxy) -> None:
         if not hmac.compare_digest(given, token):
             raise ProxyError("permission", "wrong admin token")
 
-    async def body_of(request: Request) -> dict[str, Any]:
+    async def body_as(request: Request, model: type[M]) -> M:
         raw = await proxy.read_body(request.scope, request.receive)
-        if not raw.strip():
-            return {}
         try:
-            data = orjson.loads(raw)
+            data = orjson.loads(raw) if raw.strip() else {}
         except orjson.JSONDecodeError as exc:
             raise ProxyError("invalid_request", f"malformed JSON in request body: {exc}") from None
         if not isinstance(data, dict):
             raise ProxyError("invalid_request", "request body must be a JSON object")
-        return data
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise _invalid(exc) from None
 
-    def session_or_404(session_id: str):  # -> Session
+    def session_or_404(session_id: str) -> Session:
         session = proxy.sessions.get(session_id)
         if session is None:
             raise ProxyError("not_found", f"no session {session_id!r}")
         return session
 
-    @app.post("/admin/sessions")
+    def controls() -> ControlsState:
+        return ControlsState.model_validate(proxy.controls.state())
+
+    @app.post(AdminPath.SESSIONS)
     async def create_session(request: Request) -> Response:
         check(request)
-        data = await body_of(request)
-        sid, meta, secret = data.get("session_id"), data.get("metadata"), data.get("secret")
-        if sid is not None and not isinstance(sid, str):
-            raise ProxyError("invalid_request", "'session_id' must be a string", param="session_id")
-        if meta is not None and not isinstance(meta, dict):
-            raise ProxyError("invalid_request", "'metadata' must be an object", param="metadata")
-        if secret is not None and (not isinstance(secret, str) or len(secret) < 16):
-            raise ProxyError("invalid_request", "'secret' must be a string of at least 16 characters", param="secret")
-        session = proxy.sessions.create(sid, secret, meta)
+        body = await body_as(request, CreateSession)
+        session = proxy.sessions.create(body.session_id, body.secret, body.metadata)
         proxy.metrics.active_sessions.set(proxy.sessions.active_count())
-        return _json({**session.info(), "secret": session.secret, "base_path": f"/s/{session.session_id}"}, 201)
+        registered = RegisteredSession(**session.info().model_dump(), secret=session.secret,
+                                       base_path=f"/s/{session.session_id}")
+        return _json(registered, 201)
 
-    @app.get("/admin/sessions/{session_id}")
+    @app.get(AdminPath.session("{session_id}"))
     async def get_session(request: Request, session_id: str) -> Response:
         check(request)
         return _json(session_or_404(session_id).info())
 
-    @app.delete("/admin/sessions/{session_id}")
+    @app.delete(AdminPath.session("{session_id}"))
     async def close_session(request: Request, session_id: str) -> Response:
         check(request)
         session = session_or_404(session_id)
         # no new calls; the ones in flight are cut off (engine requests cancelled) and recorded before the log is sealed
         session.active = False
-        await proxy.abandon(session_id)
+        await proxy.flights.abandon(session_id)
         session.close()
-        proxy.flights.pop(session_id, None)
+        proxy.flights.forget(session_id)
         proxy.metrics.active_sessions.set(proxy.sessions.active_count())
         return _json(session.info())
 
-    @app.post("/admin/pause")
+    @app.post(AdminPath.PAUSE)
     async def pause(request: Request) -> Response:
         check(request)
-        data = await body_of(request)
-        wait = data.get("max_wait_s")
-        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0):
-            raise ProxyError("invalid_request", "'max_wait_s' must be a non-negative number", param="max_wait_s")
-        proxy.controls.pause(wait)
+        body = await body_as(request, Pause)
+        proxy.controls.pause(body.max_wait_s)
         proxy.metrics.paused.set(1)
-        return _json(proxy.controls.state())
+        return _json(controls())
 
-    @app.post("/admin/resume")
+    @app.post(AdminPath.RESUME)
     async def resume(request: Request) -> Response:
         check(request)
         proxy.controls.resume()
         proxy.metrics.paused.set(0)
-        return _json(proxy.controls.state())
+        return _json(controls())
 
-    @app.post("/admin/policy-version")
+    @app.post(AdminPath.POLICY_VERSION)
     async def policy_version(request: Request) -> Response:
         check(request)
-        data = await body_of(request)
-        version = data.get("version")
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise ProxyError("invalid_request", "'version' must be a non-negative integer", param="version")
-        proxy.controls.policy_version = version
-        proxy.metrics.policy_version.set(version)
-        return _json(proxy.controls.state())
+        body = await body_as(request, SetPolicyVersion)
+        proxy.controls.policy_version = body.version
+        proxy.metrics.policy_version.set(body.version)
+        return _json(controls())
 
-    @app.get("/admin/state")
+    @app.get(AdminPath.STATE)
     async def state(request: Request) -> Response:
         check(request)
-        return _json({**proxy.controls.state(), "active_sessions": proxy.sessions.active_count()})
+        return _json(ProxyState(**controls().model_dump(), active_sessions=proxy.sessions.active_count()))

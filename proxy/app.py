@@ -13,11 +13,11 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from .admin import add_admin_routes
-from .config import ProxyConfig
-from .pipeline import PATH_SESSION, Proxy
-from .routes import add_routes
-from .token_engine import TokenEngine
+from tracefleet.proxy.admin import add_admin_routes
+from tracefleet.proxy.config import ProxyConfig
+from tracefleet.proxy.pipeline import PATH_SESSION, Proxy
+from tracefleet.proxy.routes import add_routes
+from tracefleet.proxy.token_engine import TokenEngine
 
 
 class SessionPrefix:

@@ -10,18 +10,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .dialects import Dialect
-from .dialects.anthropic import Anthropic
-from .dialects.google import Google
-from .dialects.openai_chat import OpenAIChat
-from .dialects.openai_responses import OpenAIResponses
-from .errors import ProxyError
-from .pipeline import Proxy
+from tracefleet.proxy.dialects import DialectCodec
+from tracefleet.proxy.dialects.anthropic import Anthropic
+from tracefleet.proxy.dialects.google import Google
+from tracefleet.proxy.dialects.openai_chat import OpenAIChat
+from tracefleet.proxy.dialects.openai_responses import OpenAIResponses
+from tracefleet.proxy.errors import ProxyError
+from tracefleet.proxy.pipeline import Proxy
 
 CHAT, RESPONSES, ANTHROPIC, GOOGLE = OpenAIChat(), OpenAIResponses(), Anthropic(), Google()
 
 
-def dialect_for_path(path: str) -> Dialect:
+def dialect_for_path(path: str) -> DialectCodec:
     if path.startswith("/v1/messages"):
         return ANTHROPIC
     if path.startswith("/v1beta"):
@@ -34,7 +34,7 @@ def dialect_for_path(path: str) -> Dialect:
 class Generate:
     """POST /v1/chat/completions, /v1/responses, /v1/messages: one dialect's model call."""
 
-    def __init__(self, proxy: Proxy, dialect: Dialect) -> None:
+    def __init__(self, proxy: Proxy, dialect: DialectCodec) -> None:
         self.proxy, self.dialect = proxy, dialect
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -112,10 +112,10 @@ def add_routes(app: FastAPI, proxy: Proxy) -> None:
         m.paused.set(1 if proxy.controls.paused else 0)
         m.policy_version.set(proxy.controls.policy_version)
         m.session_in_flight.clear()
-        for sid, flights in proxy.flights.items():
+        for sid, calls in proxy.flights.per_session():
             session = proxy.sessions.get(sid)
             if session is not None and session.active:
-                m.session_in_flight.labels(sid).set(len(flights))
+                m.session_in_flight.labels(sid).set(calls)
         return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # -- models ----------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from tracefleet.contract.capture import CaptureWriter
-
-from .errors import ProxyError
+from tracefleet.contract.proxy_admin import ProxySession
+from tracefleet.proxy.errors import ProxyError
 
 _ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
@@ -47,9 +47,9 @@ class Session:
                 self._writer.close()
                 self._writer = None
 
-    def info(self) -> dict[str, Any]:
-        return {"session_id": self.session_id, "calls": self.calls, "errors": self.errors, "abandoned": self.abandoned,
-                "capture_path": str(self.capture_path), "active": self.active, "metadata": self.metadata}
+    def info(self) -> ProxySession:
+        return ProxySession(session_id=self.session_id, calls=self.calls, errors=self.errors, abandoned=self.abandoned,
+                            capture_path=str(self.capture_path), active=self.active, metadata=self.metadata)
 
 
 class SessionStore:

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import Response
 
-from .call import CallContext, Flight, watch_disconnect
-from .dialects import StreamWriter
-from .errors import ProxyError
+from tracefleet.proxy.call import CallContext, Flight, call_error
+from tracefleet.proxy.dialects import StreamWriter
+from tracefleet.proxy.errors import ProxyError
 
 if TYPE_CHECKING:
-    from .pipeline import Proxy
+    from tracefleet.proxy.pipeline import Proxy
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -26,8 +23,9 @@ class EventStream(Response):
     The engine's generator is iterated in the request's own task, and events that arrived in one
     read (a `("batch", ...)`) go out in one write. (A pump task + queue per call and Starlette's
     StreamingResponse, with its task group per response, cost ~0.3 ms of CPU per streamed call.)
-    What the task group did is done here with less: a watcher task turns the client's disconnect
-    into a cancellation, and a timer sends keep-alive pings while the engine is silent.
+    What the task group did is done here with less: the call's `Flight` (proxy/call.py, as for a whole
+    answer) turns the client's disconnect into a cut-off, and a timer sends keep-alive pings while the
+    engine is silent.
 
     An error before any output is a plain HTTP error in the dialect's shape; after that, an error
     event. Either way the capture record is fsync'd before the final event is sent.
@@ -42,6 +40,8 @@ class EventStream(Response):
         self.proxy, self.ctx = proxy, ctx
         self.dialect, self.state = ctx.dialect, ctx.state
         self.writer: StreamWriter = ctx.dialect.writer(ctx.conv, ctx.state)
+        self._scope: Any = None
+        self._receive: Any = None
         self._send: Any = None
         self._opened = False  # SSE headers sent
         self._started = False  # the dialect's opening event sent
@@ -52,35 +52,21 @@ class EventStream(Response):
         self._timer: asyncio.TimerHandle | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        proxy = self.proxy
-        proxy.in_flight += 1
         loop = asyncio.get_running_loop()
-        flight = self.flight = proxy._take_off(self.ctx.session, self.state)
-        self._send = send
+        self._scope, self._receive, self._send = scope, receive, send
+        flight = self.flight = self.proxy.flights.take_off(self.ctx, receive, tell=self._fail)
         self._last = loop.time()
-        self._timer = loop.call_at(self._last + proxy.config.keepalive_s, self._tick)
-        watcher = loop.create_task(watch_disconnect(receive, flight))
-        events = proxy.engine.generate(self.ctx.conv, self.state)
+        self._timer = loop.call_at(self._last + self.proxy.config.keepalive_s, self._tick)
         try:
-            await self._stream(events, scope, receive)
-        except asyncio.CancelledError:
-            # the harness went away, its session ended (or the server is stopping): the partial call is still recorded
-            proxy._abandoned(self.ctx, flight)
-            if flight.reason is None or flight.task.uncancel() > 0:
-                raise
-            if flight.reason != "client_disconnect":  # the harness is still there: tell it
-                with contextlib.suppress(Exception):
-                    await self._fail(self.state.error or ProxyError(flight.reason, ""), scope, receive)
+            async with flight:  # a cut-off is recorded, its engine request closed, and the harness told (`_fail`)
+                try:
+                    await self._stream(flight)
+                finally:
+                    self._closing = True  # no more pings
+                    self._timer.cancel()
         finally:
-            proxy.in_flight -= 1
-            self._closing = flight.closing = True
-            self._timer.cancel()
-            watcher.cancel()
             if self._ping is not None and not self._ping.done():
                 self._ping.cancel()
-            with contextlib.suppress(BaseException):
-                await events.aclose()  # a stream left early (error, disconnect) closes its engine request
-            proxy._land(flight)
 
     def _tick(self) -> None:
         loop = asyncio.get_running_loop()
@@ -151,39 +137,33 @@ class EventStream(Response):
         elif kind == "tool_call":
             out.append(writer.tool_call(value))
 
-    async def _stream(self, events: AsyncIterator[Any], scope: dict[str, Any], receive: Any) -> None:
-        proxy, dialect, state = self.proxy, self.dialect, self.state
+    async def _stream(self, flight: Flight) -> None:
         out: list[bytes] = []
         try:
-            async for ev in events:
+            async for ev in flight.events:
                 self._render(ev, out)
                 if out:
                     await self._write(out[0] if len(out) == 1 else b"".join(out))
                     out.clear()
-        except ProxyError as err:
-            error = err
-        except Exception as exc:  # a proxy bug must still leave a record and a well-formed answer
-            error = ProxyError("internal", f"proxy error: {type(exc).__name__}: {exc}")
+        except Exception as exc:
+            error = call_error(exc)
         else:
-            state.done_at = time.time()
-            await proxy._persist(self.ctx)
+            await flight.record()
             try:
                 await self._write(self.writer.end(), final=True)  # durable before the final event
             finally:
-                proxy._observe(dialect, state, "200")  # off the answer's critical path
+                flight.observe()  # off the answer's critical path
             return
-        state.error = error
-        state.done_at = time.time()
-        await proxy._persist(self.ctx)
-        proxy._observe(dialect, state, str(error.status))
-        await self._fail(error, scope, receive)
+        await flight.record(error)
+        flight.observe()
+        await self._fail(error)
 
-    async def _fail(self, error: ProxyError, scope: dict[str, Any], receive: Any) -> None:
+    async def _fail(self, error: ProxyError) -> None:
         """End the answer with `error`: a plain HTTP error before any output, else the dialect's error event."""
         if self._ping is not None and not self._ping.done():
             await self._ping
         if not self._opened:  # refused before any output
             self._closing = self._opened = True
-            await self.proxy.error_response(self.dialect, error, count=False)(scope, receive, self._send)
+            await self.proxy.error_response(self.dialect, error, count=False)(self._scope, self._receive, self._send)
             return
         await self._write(self.writer.error(error), final=True)

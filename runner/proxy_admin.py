@@ -1,30 +1,18 @@
-"""A small client for the proxy admin API (the contract in the brief): create and close sessions."""
+"""A small client for the proxy admin API (`tracefleet.contract.proxy_admin`): create and close sessions."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import httpx
-from pydantic import BaseModel
+
+from tracefleet.contract.proxy_admin import AdminPath, CreateSession, ProxySession, RegisteredSession
+
+__all__ = ["ProxyAdmin", "ProxyAdminError", "ProxySession", "RegisteredSession"]
 
 
 class ProxyAdminError(RuntimeError):
     pass
-
-
-class RegisteredSession(BaseModel):
-    session_id: str
-    secret: str
-    base_path: str
-
-
-class SessionInfo(BaseModel):
-    session_id: str
-    calls: int = 0
-    errors: int = 0
-    abandoned: int = 0  # calls cut off in flight (harness gone, or still running when the session closed)
-    capture_path: str | None = None
-    active: bool = False
 
 
 class ProxyAdmin:
@@ -36,7 +24,7 @@ class ProxyAdmin:
             timeout=timeout_s,
         )
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self._client.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
@@ -46,16 +34,15 @@ class ProxyAdmin:
         return response.json()
 
     def create_session(self, session_id: str | None = None, metadata: dict[str, Any] | None = None) -> RegisteredSession:
-        body: dict[str, Any] = {"metadata": metadata or {}}
-        if session_id:
-            body["session_id"] = session_id
-        return RegisteredSession.model_validate(self._call("POST", "/admin/sessions", json=body))
+        body = CreateSession(session_id=session_id or None, metadata=metadata or {})
+        return RegisteredSession.model_validate(
+            self._call("POST", AdminPath.SESSIONS, json=body.model_dump(mode="json", exclude_none=True)))
 
-    def session(self, session_id: str) -> SessionInfo:
-        return SessionInfo.model_validate(self._call("GET", f"/admin/sessions/{session_id}"))
+    def session(self, session_id: str) -> ProxySession:
+        return ProxySession.model_validate(self._call("GET", AdminPath.session(session_id)))
 
-    def close_session(self, session_id: str) -> SessionInfo:
-        return SessionInfo.model_validate(self._call("DELETE", f"/admin/sessions/{session_id}"))
+    def close_session(self, session_id: str) -> ProxySession:
+        return ProxySession.model_validate(self._call("DELETE", AdminPath.session(session_id)))
 
     def close(self) -> None:
         self._client.close()

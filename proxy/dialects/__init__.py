@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 import orjson
 
-from ..canonical import Conversation, ToolCall
-from ..errors import ProxyError
-from ..token_engine import CallState
+from tracefleet.proxy.canonical import Conversation, ToolCall
+from tracefleet.proxy.errors import ProxyError
+from tracefleet.proxy.token_engine import CallState
 
 
 class StreamWriter(Protocol):
@@ -26,8 +26,10 @@ class StreamWriter(Protocol):
     def ping(self) -> bytes: ...
 
 
-class Dialect(Protocol):
-    name: str  # the capture log's dialect label
+class DialectCodec(Protocol):
+    """One provider's wire format: its requests parsed, its answers, streams and errors rendered."""
+
+    name: str  # the capture log's dialect label (`tracefleet.contract.capture.Dialect`)
 
     def parse(self, body: Any, path_model: str | None = None) -> Conversation: ...
     def response(self, conv: Conversation, state: CallState) -> dict[str, Any]: ...

@@ -10,10 +10,10 @@ from typing import Any
 
 import orjson
 
-from ..canonical import Conversation, Message, Part, Sampling, Tool, ToolCall
-from ..errors import ProxyError
-from ..token_engine import CallState
-from . import expect, object_entries, parse_arguments, require_object, sse, type_name, want
+from tracefleet.proxy.canonical import Conversation, Message, Part, Sampling, Tool, ToolCall
+from tracefleet.proxy.errors import ProxyError
+from tracefleet.proxy.token_engine import CallState
+from tracefleet.proxy.dialects import expect, object_entries, parse_arguments, require_object, sse, type_name, want
 
 TRACEFLEET_SIGNATURE = "tracefleet-unsigned"
 

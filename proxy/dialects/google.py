@@ -12,10 +12,10 @@ from typing import Any
 
 import orjson
 
-from ..canonical import Conversation, Message, Part, Sampling, Tool, ToolCall
-from ..errors import ProxyError
-from ..token_engine import CallState
-from . import expect, object_entries, parse_arguments, require_object, type_name, want
+from tracefleet.proxy.canonical import Conversation, Message, Part, Sampling, Tool, ToolCall
+from tracefleet.proxy.errors import ProxyError
+from tracefleet.proxy.token_engine import CallState
+from tracefleet.proxy.dialects import expect, object_entries, parse_arguments, require_object, type_name, want
 
 _STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
            405: "INVALID_ARGUMENT", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL",

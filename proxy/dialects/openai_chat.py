@@ -6,10 +6,10 @@ from typing import Any
 
 import orjson
 
-from ..canonical import Conversation, Message, Part, Sampling, Tool, ToolCall
-from ..errors import ProxyError
-from ..token_engine import CallState
-from . import SSE_COMMENT_PING, expect, object_entries, require_object, type_name, want
+from tracefleet.proxy.canonical import Conversation, Message, Part, Sampling, Tool, ToolCall
+from tracefleet.proxy.errors import ProxyError
+from tracefleet.proxy.token_engine import CallState
+from tracefleet.proxy.dialects import SSE_COMMENT_PING, expect, object_entries, require_object, type_name, want
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool", "function": "tool"}
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import orjson
 
-from ..canonical import Conversation, Message, Part, Sampling, Tool, ToolCall
-from ..errors import ProxyError
-from ..token_engine import CallState
-from . import SSE_COMMENT_PING, expect, object_entries, require_object, type_name, want
-from .openai_chat import openai_error
+from tracefleet.proxy.canonical import Conversation, Message, Part, Sampling, Tool, ToolCall
+from tracefleet.proxy.errors import ProxyError
+from tracefleet.proxy.token_engine import CallState
+from tracefleet.proxy.dialects import SSE_COMMENT_PING, expect, object_entries, require_object, type_name, want
+from tracefleet.proxy.dialects.openai_chat import openai_error
 
 REASONING_PREFIX = "tfr1."
 _SKIPPED_ITEMS = {"web_search_call", "file_search_call", "image_generation_call", "computer_call", "computer_call_output",

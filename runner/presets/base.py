@@ -17,7 +17,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal, Protocol
 
-Dialect = Literal["openai-chat", "openai-responses", "anthropic", "google", "any"]
+# The API a harness speaks (its dialect, as the capture log names it), or "any" for a command that speaks what it is told
+HarnessDialect = Literal["openai-chat", "openai-responses", "anthropic", "google", "any"]
 
 PINS_FILE = Path(__file__).with_name("pins.json")
 
@@ -44,7 +45,7 @@ class HarnessLaunch:
 
 class Preset(Protocol):
     name: str
-    dialect: Dialect
+    dialect: HarnessDialect
 
     def launch(
         self, *, prompt: str, workdir: Path, home: Path, base_url: str, api_key: str, model: str
@@ -113,7 +114,7 @@ class CliPreset:
     """A real harness CLI: pinned package data + the function that builds its launch."""
 
     name: str
-    dialect: Dialect
+    dialect: HarnessDialect
     shell_tool: str  # the name of the harness's shell tool, as the model must call it
     build: Callable[[LaunchContext], HarnessLaunch]
     binary: str | None = None  # explicit path; default: the pinned install (see resolve_binary)

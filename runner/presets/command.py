@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import COMMON_ENV, Dialect, HarnessLaunch, v1
+from .base import COMMON_ENV, HarnessDialect, HarnessLaunch, v1
 
 PLACEHOLDER = re.compile(r"\{(prompt|workdir|home|base_url|base_url_v1|api_key|model)\}")
 
@@ -23,7 +23,7 @@ def render_argument(template: str, values: dict[str, str]) -> str:
 @dataclass(frozen=True)
 class CommandPreset:
     name: str = "command"
-    dialect: Dialect = "any"
+    dialect: HarnessDialect = "any"
     command: tuple[str, ...] = ()  # default program; `launch(command=...)` overrides it per session
 
     def launch(

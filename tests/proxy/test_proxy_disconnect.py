@@ -21,6 +21,7 @@ import pytest
 from tracefleet.contract.capture import CaptureRecord, read_capture_log
 
 from fixtures.abandoning_client import DIALECTS, abandon, request_bytes
+from fixtures.prometheus import metric
 from fixtures.servers import quiet_child_env, stop_process_group
 
 LONG = " ".join(f"word{i}" for i in range(100))  # ~200 tokens at 20 ms each: generating for seconds
@@ -44,14 +45,6 @@ def wait_for(check: Callable[[], Any], timeout_s: float) -> Any:
 def slow_engine(scripted_engine: Any) -> Any:
     scripted_engine.configure(token_delay_s=0.02, no_tools_text=LONG)
     return scripted_engine
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    for line in text.splitlines():
-        if line.startswith(f"{name}{{{want}}}" if want else f"{name} "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

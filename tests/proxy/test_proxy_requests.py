@@ -119,6 +119,38 @@ def test_sessions_and_admin_auth(scripted_engine, start_proxy):
     assert len(read_capture_log(closed["capture_path"]).records) == 1
 
 
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/admin/sessions", {"secret": "short"}, "secret"),
+    ("/admin/sessions", {"session_id": 7}, "session_id"),
+    ("/admin/sessions", {"metadata": [1]}, "metadata"),
+    ("/admin/pause", {"max_wait_s": -1}, "max_wait_s"),
+    ("/admin/pause", {"max_wait_s": True}, "max_wait_s"),
+    ("/admin/policy-version", {"version": "9"}, "version"),
+    ("/admin/policy-version", {}, "version"),
+])
+def test_admin_bodies_are_checked_by_the_contract_models(scripted_engine, start_proxy, path, body, field):
+    """The admin server reads its bodies with tracefleet.contract.proxy_admin's models: a body that does not
+    fit is one 400 in the proxy's error shape naming the field; its client reads the answers with them."""
+    from tracefleet.contract.proxy_admin import ControlsState, ProxySession
+    from tracefleet.runner.proxy_admin import ProxyAdmin
+
+    proxy = start_proxy(scripted_engine.url)
+    r = proxy.admin("POST", path, body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == field
+    assert error["message"].startswith(f"'{field}': ") and "\n" not in error["message"]
+    client = ProxyAdmin(proxy.url, proxy.app.state.proxy.config.admin_token)
+    try:
+        created = client.create_session("s-typed", metadata={"task": "7"})
+        assert created.base_path == "/s/s-typed" and created.metadata == {"task": "7"}
+        assert client.session("s-typed") == ProxySession.model_validate(created.model_dump())
+        assert client.close_session("s-typed").active is False
+    finally:
+        client.close()
+    ControlsState.model_validate(proxy.admin("POST", "/admin/resume").json())
+
+
 def test_pause_resume_and_policy_version(make_scripted_engine, start_proxy):
     engine = make_scripted_engine({"token_delay_s": 0.02})
     proxy = start_proxy(engine.url)
