@@ -255,6 +255,10 @@ class EngineClient:
         """vLLM's own weight-version label (`/update_weight_version`, read back on `/weight_info`)."""
         return await self._request_json("POST", "/update_weight_version", {"new_version": version})
 
+    async def weight_label(self) -> str:
+        """vLLM's weight-version label (`/weight_info`; "default" until a trainer sets one)."""
+        return str((await self._request_json("GET", "/weight_info")).get("weight_version"))
+
     async def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self._request_json("POST", "/tokenize", body)
 

@@ -31,6 +31,7 @@ from .mode import ModeDecision, register_mode_metric, select_token_engine
 from .sessions import Session, SessionStore
 from .sse import EventStream
 from .token_engine import CallState, TokenEngine
+from .versions import EngineVersions, TimedTokens
 
 PATH_SESSION = "tracefleet.path_session"  # the scope key `SessionPrefix` leaves the /s/<id>/ session id under
 
@@ -81,6 +82,7 @@ class Proxy:
         if isinstance(token_engine, ExactTokenEngine):
             register_exact_metrics(self.metrics.registry, token_engine)
         self.engine = token_engine
+        self.versions = EngineVersions(self.client)  # which weights sampled each token (tracefleet.proxy.versions)
         self.persist = Persister()
         self.in_flight = 0  # admitted calls not yet answered (the persister inlines fsync when alone)
         self.flights: dict[str, set[Flight]] = {}  # session id -> its calls in flight (abandon them at session end)
@@ -140,12 +142,13 @@ class Proxy:
             session, conv, body, raw = await self.admit(scope, receive, dialect, path_model)
             if stream is not None:
                 conv.stream = stream
-            policy = await self.controls.admit()
+            policy = self.versions.current(await self.controls.admit())
         except ProxyError as err:
             self.metrics.calls.labels(dialect.name, str(err.status)).inc()
             return self.error_response(dialect, err)
         state = CallState(call_id=secrets.token_hex(12), session_id=session.session_id, dialect=dialect.name,
-                          stream=conv.stream, received_at=received, policy_version=policy, requested_model=conv.model)
+                          stream=conv.stream, received_at=received, policy_version=policy, requested_model=conv.model,
+                          completion_ids=TimedTokens())
         request_ref = None
         if len(raw) > self.config.inline_body_bytes:
             request_ref = await asyncio.to_thread(spill_body, self.config.capture_dir, session.session_id, state.call_id, raw)
@@ -178,6 +181,7 @@ class Proxy:
 
     async def _persist(self, ctx: CallContext) -> None:
         """The call's record made durable in its session's log (before the answer's final byte)."""
+        await self.versions.settle(ctx.state)
         await self.persist(ctx.session, self._record(ctx), ctx.state.error is not None, alone=self.in_flight <= 1)
 
     def _take_off(self, session: Session, state: CallState) -> Flight:
@@ -209,6 +213,7 @@ class Proxy:
         kind = flight.reason or ("proxy_shutdown" if self.stopping else "client_disconnect")
         state.error = ProxyError(kind, ABANDON_MESSAGES[kind])
         state.done_at = time.time()
+        self.versions.stamp(state)
         ctx.session.append_encoded(self._record(ctx), 1, True)
         ctx.session.abandoned += 1
         self._observe(ctx.dialect, state, str(state.error.status))
