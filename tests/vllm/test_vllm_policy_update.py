@@ -1,0 +1,126 @@
+"""Against real vLLM (the session's `vllm_server`, VLLM_SERVER_DEV_MODE=1): two policy updates driven by the
+trainer control (`tracefleet.trainer.update_policy`), which calls the engine only, never the proxy.
+
+Update 1 pauses with mode=keep while a streamed call is generating: the call is neither lost nor cut (the
+harness gets a normal finish), and its record and trace carry two spans, the tokens before the pause under
+version 0 and those after under version 1, split at the engine's version mark with a clear margin. Calls
+after each update carry the new version (the proxy learnt it from the engine) and, the weights having
+changed, other logprobs for the same prompt. Update 2 pauses with mode=abort, as an engine without keep mode
+would be: its call in flight is recorded aborted with the tokens it had (what a sync wastes), never as a
+finished turn. The server is shared: its weights and label are put back at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tracefleet.contract.policy import label_version
+from tracefleet.trainer import EngineControl, update_policy
+from tracefleet.traces import SessionInfo, build_traces
+from tracefleet.traces.calls import call_from_record
+
+from fixtures.checkpoints import changed_checkpoint
+from fixtures.proxy_on_vllm import (ProxyOnVllm, auth_headers, dialect_request, post,  # noqa: F401 (proxies)
+                                    proxies, served_model_dir)
+
+SHORT = "Say hello."
+LONG = "Write a very long story about a dragon who learns to cook."
+
+
+def short_call(proxy: ProxyOnVllm, model: str) -> Any:
+    path, body = dialect_request("chat", model, SHORT, 8)
+    r = post(proxy, "chat", path, body)
+    assert r.status_code == 200, r.text
+    return proxy.records()[-1]
+
+
+def update_while_streaming(proxy: ProxyOnVllm, model: str, update: Any) -> tuple[list[dict[str, Any]], Any]:
+    """A streamed call generating when `update()` runs; (the SSE data the harness got, update's result)."""
+    lines: list[str] = []
+
+    def call() -> None:
+        path, body = dialect_request("chat", model, LONG, 96, stream=True)
+        with httpx.stream("POST", proxy.url + path, json=body, headers=auth_headers("chat"), timeout=300) as r:
+            lines.extend(r.iter_lines())
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while sum('"content":"' in line and '"content":""' not in line for line in lines) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    result = update()
+    thread.join(300)
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"], result
+
+
+def test_two_policy_updates_keep_and_label_every_token(vllm_server: Any, proxies: Any, tmp_path: Path) -> None:
+    proxy, model = proxies["exact"], vllm_server.model
+    model_dir = Path(served_model_dir(vllm_server.url))
+    v1 = changed_checkpoint(model_dir, tmp_path / "policy-1", scale=0.5)
+    v2 = changed_checkpoint(model_dir, tmp_path / "policy-2", scale=0.25)
+    engine = EngineControl(vllm_server.url)
+    try:
+        before = short_call(proxy, model)
+        assert before.policy_version == 0 and before.weight_versions is None  # no update yet: nothing to split
+
+        # update 1, mode=keep, a call in flight
+        data, report1 = update_while_streaming(proxy, model, lambda: update_policy([vllm_server.url], v1, 1))
+        assert report1.modes == {vllm_server.url: "keep"} and report1.in_flight[0].kept >= 1
+        assert not any("error" in c for c in data) and data[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+        kept = next(r for r in reversed(proxy.records()) if r.stream)
+        assert kept.status == "ok" and kept.error is None
+        spans = kept.weight_versions
+        assert [label_version(s["version"]) for s in spans] == [None, 1], spans  # "default": the weights it began with
+        assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] > 0 and spans[1]["end"] == len(kept.completion_ids)
+        # the split is unambiguous: tokens on each side arrived well away from the mark (the load, the guard)
+        assert spans[1]["margin_s"] > 0.02, spans
+        assert engine.label() == report1.label and label_version(report1.label) == 1
+
+        after1 = short_call(proxy, model)
+        assert [label_version(s["version"]) for s in after1.weight_versions] == [1]
+        assert call_from_record(after1, 0).policy_version == 1
+        assert after1.prompt_ids == before.prompt_ids and after1.logprobs != before.logprobs  # other weights sampled
+
+        # update 2, mode=abort (an engine without keep): the call in flight is cut, recorded with its tokens
+        data, report2 = update_while_streaming(proxy, model,
+                                               lambda: update_policy([vllm_server.url], v2, 2, mode="abort"))
+        assert data[-1]["error"]["code"] == "engine_aborted", data[-1]
+        aborted = next(r for r in reversed(proxy.records()) if r.stream)
+        assert (aborted.status, aborted.error.kind if aborted.error else None) == ("partial", "engine_aborted")
+        assert report2.in_flight[0].aborted >= 1
+        after2 = short_call(proxy, model)
+        # the record's policy_version is what the proxy knew at admission (its last read came before the update);
+        # the spans, read when the call was recorded, are the truth, and what traces and diagnostics use
+        assert [label_version(s["version"]) for s in after2.weight_versions] == [2]
+        assert call_from_record(after2, 0).policy_version == 2
+        assert after2.logprobs != after1.logprobs
+    finally:  # the server is shared by the session's tests: its own weights and label back
+        engine.pause("wait")
+        engine.reload(str(model_dir))
+        engine.set_label("default")
+        engine.resume()
+        engine.close()
+
+    # the trainer's view: the straddling call's trace has a span per version, the reader a version per token
+    result = build_traces(proxy.capture / "s.jsonl", builder="per-request",
+                          session=SessionInfo(job="j", task_id="t", group_id="t", sample_index=0, reward=1.0))
+    trace = next(t for t in result.traces if kept.call_id in t.call_ids)
+    assert [(s.policy_version, s.completion_end - s.completion_start) for s in trace.spans] == \
+        [(0, spans[0]["end"]), (1, spans[1]["end"] - spans[1]["start"])]
+    versions = trace.token_versions()[trace.loss_mask == 1].tolist()
+    assert versions == [0] * spans[0]["end"] + [1] * (spans[1]["end"] - spans[1]["start"])
+    assert aborted.call_id not in {c for t in result.traces for c in t.call_ids}  # a cut turn is never trained on
+
+    steps1, steps2 = report1.step_seconds(), report2.step_seconds()
+    print(f"update 1 (keep): {report1.seconds:.2f} s, paused {report1.paused_seconds:.2f} s, steps "
+          f"{ {k: round(v, 3) for k, v in steps1.items()} }; in flight {report1.in_flight[0].model_dump()}; "
+          f"kept call: {spans[0]['end']} tokens before the pause, {len(kept.completion_ids) - spans[0]['end']} after, "
+          f"margin {spans[1]['margin_s']} s")
+    print(f"update 2 (abort): {report2.seconds:.2f} s, paused {report2.paused_seconds:.2f} s, steps "
+          f"{ {k: round(v, 3) for k, v in steps2.items()} }; tokens aborted: {len(aborted.completion_ids)}")
