@@ -139,11 +139,13 @@ def padded_tensors(
     min_policy_version: int | None = None,
     max_lag: int | None = None,
     stale: Stale = "mask",
+    temperature: float = 1.0,
 ) -> dict[str, Any]:
     """Right-padded [B, T] tensors: input_ids (long), attention_mask (long), loss_mask (float),
     old_logprobs (float, 0 where loss_mask is 0), advantages (float, the trace's advantage on its
     trainable positions), token_versions (long: the policy version that sampled each token, -1 where none
-    did), plus rewards [B] and sequence_advantages [B]. Traces longer than `max_length` are cut at the end
+    did), temperatures (float: the temperature each token was sampled at as its span records it; `temperature`
+    where the call left it to the engine, 1 on context), plus rewards [B] and sequence_advantages [B]. Traces longer than `max_length` are cut at the end
     (only trailing tokens are lost; what remains is still causal).
 
     Staleness (tracefleet.traces.versions): tokens sampled by a version below `min_policy_version`, or more
@@ -160,6 +162,7 @@ def padded_tensors(
         keep = [i for i, v in enumerate(versions) if not ((v != NOT_SAMPLED) & (v < bound)).any()]
         table = table.take(pa.array(keep, pa.int64()))
         versions = [versions[i] for i in keep]
+        spans = [spans[i] for i in keep]
         advantages = None if advantages is None else np.asarray(advantages)[keep]
     tok_off, tokens = list_values(table.column("tokens"), np.dtype(np.int64))
     _, mask = list_values(table.column("loss_mask"), np.dtype(np.float32))
@@ -182,6 +185,7 @@ def padded_tensors(
     lm = np.zeros((b, t), dtype=np.float32)
     olp = np.zeros((b, t), dtype=np.float32)
     ver = np.full((b, t), NOT_SAMPLED, dtype=np.int64)
+    temps = np.ones((b, t), dtype=np.float32)
     for i in range(b):  # one slice copy per trace, no per-token Python
         s, n = int(tok_off[i]), int(min(lengths[i], t))
         ids[i, :n] = tokens[s : s + n]
@@ -189,6 +193,8 @@ def padded_tensors(
         lm[i, :n] = mask[s : s + n]
         olp[i, :n] = logprobs[s : s + n]
         ver[i, :n] = versions[i][:n]
+        for span in spans[i]:
+            temps[i, span["completion_start"] : min(span["completion_end"], n)] = span.get("temperature") or temperature
     if bound is not None:
         lm[(ver != NOT_SAMPLED) & (ver < bound)] = 0.0
     olp = np.where(lm > 0, np.nan_to_num(olp, nan=0.0), 0.0).astype(np.float32)
@@ -201,6 +207,7 @@ def padded_tensors(
         "old_logprobs": torch.from_numpy(olp),
         "advantages": torch.from_numpy(adv_tok),
         "token_versions": torch.from_numpy(ver),
+        "temperatures": torch.from_numpy(temps),
         "rewards": torch.from_numpy(rewards),
         "sequence_advantages": torch.from_numpy(np.asarray(advantages, dtype=np.float32)),
     }
