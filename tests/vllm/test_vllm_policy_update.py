@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from tracefleet.cli import main as cli_main
 from tracefleet.contract.policy import label_version
 from tracefleet.trainer import EngineControl, update_policy
 from tracefleet.traces import SessionInfo, build_traces
@@ -59,7 +60,8 @@ def update_while_streaming(proxy: ProxyOnVllm, model: str, update: Any) -> tuple
     return [json.loads(line[6:]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"], result
 
 
-def test_two_policy_updates_keep_and_label_every_token(vllm_server: Any, proxies: Any, tmp_path: Path) -> None:
+def test_two_policy_updates_keep_and_label_every_token(vllm_server: Any, proxies: Any, tmp_path: Path,
+                                                       capsys: Any) -> None:
     proxy, model = proxies["exact"], vllm_server.model
     model_dir = Path(served_model_dir(vllm_server.url))
     v1 = changed_checkpoint(model_dir, tmp_path / "policy-1", scale=0.5)
@@ -81,6 +83,10 @@ def test_two_policy_updates_keep_and_label_every_token(vllm_server: Any, proxies
         # the split is unambiguous: tokens on each side arrived well away from the mark (the load, the guard)
         assert spans[1]["margin_s"] > 0.02, spans
         assert engine.label() == report1.label and label_version(report1.label) == 1
+        capsys.readouterr()
+        assert cli_main(["policy", "show", "--engine", vllm_server.url]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert (shown["policy_version"], shown["paused"], shown["label"]) == (1, False, report1.label)
 
         after1 = short_call(proxy, model)
         assert [label_version(s["version"]) for s in after1.weight_versions] == [1]
