@@ -187,3 +187,44 @@ def test_reference_trainer_recomputes_the_engines_logprobs_and_syncs_its_weights
     print(f"trainer vs engine max |d logprob|: version 0 {delta0:.2e}, version 1 {delta1:.2e} "
           f"({len(rec0.completion_ids)}, {len(rec1.completion_ids)} tokens); step stats {stats}; full-checkpoint sync "
           f"{report.seconds:.2f} s, steps { {k: round(v, 3) for k, v in report.step_seconds().items()} }")
+
+
+def test_a_failed_load_leaves_the_engine_paused_until_a_good_one(vllm_server: Any, tmp_path: Path) -> None:
+    """vLLM 0.32 (CPU) after a failed in-place reload has its parameters on the meta device: the next generation
+    step kills the engine (measured). So the control refuses a directory with no weights before touching the
+    engine, and after a load that failed it leaves the engine paused; a good load then brings it back whole."""
+    from tracefleet.trainer import PolicyUpdateFailed
+
+    def scored() -> list[float]:
+        body = {"model": vllm_server.model, "prompt": [1, 504, 3458, 282], "max_tokens": 4, "temperature": 0,
+                "logprobs": 0}
+        r = httpx.post(vllm_server.url + "/v1/completions", json=body, timeout=120).raise_for_status().json()
+        return r["choices"][0]["logprobs"]["token_logprobs"]
+
+    before = scored()
+    engine = EngineControl(vllm_server.url)
+    try:
+        for unusable in (tmp_path / "missing", tmp_path):  # no directory; a directory without weights
+            try:
+                update_policy([vllm_server.url], unusable, 5)
+                raise AssertionError(f"{unusable} was loaded")
+            except ValueError as exc:
+                assert str(unusable) in str(exc)
+        assert not engine.is_paused()
+
+        corrupt = tmp_path / "corrupt"
+        corrupt.mkdir()
+        (corrupt / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}")
+        try:
+            update_policy([vllm_server.url], corrupt, 5)
+            raise AssertionError("a corrupt checkpoint was loaded")
+        except PolicyUpdateFailed as exc:
+            report, message = exc.report, str(exc)
+        assert [(s.step, s.ok) for s in report.steps] == [("pause", True), ("load", False)], report.steps
+        assert report.left_paused and "left paused" in message and message.startswith(f"load on {vllm_server.url}")
+        assert engine.is_paused() and label_version(engine.label()) is None  # paused, the old label kept
+    finally:
+        engine.reload(str(Path(served_model_dir(vllm_server.url))))
+        engine.resume()
+        engine.close()
+    assert scored() == before  # whole again, with the weights it had

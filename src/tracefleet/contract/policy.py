@@ -145,6 +145,8 @@ class PolicyUpdateReport(BaseModel):
     started_at: float
     seconds: float = 0.0  # wall time of the whole update
     paused_seconds: float = 0.0  # from the first engine paused to the last resumed: generation stopped this long
+    # a load began and not every engine holds the new weights with their label: left paused, not resumed
+    left_paused: bool = False
 
     def step_seconds(self) -> dict[str, float]:
         """Seconds per step name, summed over engines."""

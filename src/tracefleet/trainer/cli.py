@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 from tracefleet.usage import UsageError
 
@@ -30,6 +31,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--version", type=int, required=True, help="the new policy version (a non-negative integer)")
     up.add_argument("--mode", choices=("keep", "abort", "wait"), default="keep",
                     help="what happens to requests in flight (keep: frozen and continued; default)")
+    up.add_argument("--weights-on-engine", action="store_true",
+                    help="the directory is on the engines' machines only: do not check it here first")
     up.add_argument("--no-reset-cache", action="store_true", help="keep the prefix cache (KV of the old weights)")
     up.add_argument("--json", action="store_true", help="print the report as JSON")
     show = sub.add_parser("show", help="an engine's policy version, label and pause state")
@@ -46,8 +49,10 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError("--version must be a non-negative integer")
     try:
         report = update_policy(args.engine, args.weights, args.version, mode=args.mode, api_key=api_key,
-                               reset_cache=not args.no_reset_cache)
+                               reset_cache=not args.no_reset_cache, check=not args.weights_on_engine)
         failed = None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     except PolicyUpdateFailed as exc:
         report, failed = exc.report, str(exc)
     if args.json:
@@ -58,6 +63,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"policy {report.version} {'FAILED' if failed else 'loaded'} from {report.weights} in {report.seconds:.2f} s "
               f"(generation paused {report.paused_seconds:.2f} s; {steps}); in flight: {flight or 'none'}")
     if failed:
-        print(f"tracefleet policy update: {failed}")
+        print(f"tracefleet policy update: {failed}", file=sys.stderr)
         return 1
     return 0

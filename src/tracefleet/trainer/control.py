@@ -16,7 +16,12 @@
    vLLM refuses while kept requests hold blocks, which is reported, not fatal).
 5. **resume**: `GUARD_S` after the label's time, so that no new-weights token can reach a proxy before it.
 
-The engines are always resumed, whatever failed. The report (tracefleet.contract.policy.PolicyUpdateReport)
+The engines are resumed whatever failed, except once a load has begun and not every engine holds the new
+weights with their label: measured on vLLM 0.32's CPU build, a failed in-place reload leaves the model's
+parameters on the meta device and the next generation step kills the engine, and an engine that loaded but
+was not labelled would sample under a wrong version. Those are left paused (`left_paused`; requests wait),
+for an update with a good checkpoint to finish. The weights directory is checked first where the trainer sees
+it. The report (tracefleet.contract.policy.PolicyUpdateReport)
 says what each step did on each engine and how long it took, and what became of the requests in flight
 (counted from the engine's own gauges at the pause). These routes need `VLLM_SERVER_DEV_MODE=1` on
 vLLM >= 0.24 (tracefleet.vllm sets it for every vLLM it starts).
@@ -42,6 +47,7 @@ GUARD_S = 0.05
 RUNNING_GAUGE = "vllm:num_requests_running"
 WAITING_GAUGE = "vllm:num_requests_waiting"
 DEV_MODE_HINT = "vLLM >= 0.24 serves it only with VLLM_SERVER_DEV_MODE=1"
+WEIGHT_FILES = ("safetensors", "bin", "pt")  # what vLLM's default loader reads from a directory
 
 
 class PolicyUpdateFailed(RuntimeError):
@@ -49,7 +55,11 @@ class PolicyUpdateFailed(RuntimeError):
 
     def __init__(self, report: PolicyUpdateReport) -> None:
         failed = [s for s in report.steps if not s.ok and s.step != "reset_cache"]
-        super().__init__("; ".join(f"{s.step} on {s.engine}: {s.detail}" for s in failed) or "policy update failed")
+        why = "; ".join(f"{s.step} on {s.engine}: {s.detail}" for s in failed) or "policy update failed"
+        if report.left_paused:
+            why += ("; the engines are left paused (their weights are not the labelled ones): run the update "
+                    "again with a good checkpoint")
+        super().__init__(why)
         self.report = report
 
 
@@ -109,9 +119,14 @@ class EngineControl:
         return bool(data.get("success", True)) if isinstance(data, dict) else True
 
     def requests(self) -> tuple[int, int]:
-        """(running, waiting): the engine's own gauges, summed over its labels."""
+        """(running, waiting): the engine's own gauges, summed over its labels ((0, 0) when unreadable: the
+        pause that follows says what is wrong)."""
         running = waiting = 0.0
-        for line in self.http.get("/metrics").text.splitlines():
+        try:
+            text = self.http.get("/metrics").text
+        except httpx.HTTPError:
+            return 0, 0
+        for line in text.splitlines():
             name, _, rest = line.partition("{")
             if name in (RUNNING_GAUGE, WAITING_GAUGE):
                 value = float(rest.rsplit(" ", 1)[-1])
@@ -135,14 +150,26 @@ def _step(report: PolicyUpdateReport, step: StepName, engine: EngineControl, fn:
     return out if out is not None else True
 
 
+def check_weights(weights: str | Path) -> None:
+    """ValueError unless `weights` is a directory holding weight files (a failed load breaks the engine)."""
+    path = Path(weights)
+    if not path.is_dir():
+        raise ValueError(f"{path} is not a directory on this machine (when only the engines see it: "
+                         "check=False, --weights-on-engine)")
+    if not any(any(path.glob(f"*.{ext}")) for ext in WEIGHT_FILES):
+        raise ValueError(f"{path} holds no weights ({', '.join('*.' + e for e in WEIGHT_FILES)})")
+
+
 def update_policy(engines: Sequence[str], weights: str | Path, version: int, *, mode: PauseMode = "keep",
                   api_key: str | None = None, guard_s: float = GUARD_S, reset_cache: bool = True,
-                  timeout_s: float = 600.0) -> PolicyUpdateReport:
-    """Put the weights in `weights` (a checkpoint directory as the engines see it) into every engine as
-    policy `version`; see the module docstring. Raises PolicyUpdateFailed (with the report) when a step
-    failed; the engines are running again either way."""
+                  check: bool = True, timeout_s: float = 600.0) -> PolicyUpdateReport:
+    """Put the weights in `weights` (a checkpoint directory as the engines see it; checked here first unless
+    `check` is off) into every engine as policy `version`; see the module docstring. Raises ValueError before
+    touching an engine when the directory is unusable, PolicyUpdateFailed (with the report) when a step failed."""
     if not engines:
         raise ValueError("no engine to update")
+    if check:
+        check_weights(weights)
     started = time.time()
     t0 = time.monotonic()
     controls = [EngineControl(u, api_key=api_key, timeout_s=timeout_s) for u in engines]
@@ -150,6 +177,7 @@ def update_policy(engines: Sequence[str], weights: str | Path, version: int, *, 
                                 mark=VersionMark(version=version, at=started), started_at=started)
     paused: list[EngineControl] = []
     paused_at: float | None = None
+    loading = consistent = False  # a load began; every engine holds the new weights and their label
     try:
         for engine in controls:
             chosen: PauseMode = mode if mode in engine.pause_modes() else "abort"
@@ -163,6 +191,7 @@ def update_policy(engines: Sequence[str], weights: str | Path, version: int, *, 
                 engine=engine.url, running=running, waiting=waiting, kept=running if chosen == "keep" else 0,
                 aborted=running + waiting if chosen == "abort" else 0, drained=running if chosen == "wait" else 0))
         if len(paused) == len(controls):
+            loading = True
             loaded = all(_step(report, "load", e, lambda e=e: e.reload(str(weights))) is not None for e in controls)
             if loaded:
                 try:  # the marks so far: a call that straddles several updates is split at each
@@ -171,8 +200,8 @@ def update_policy(engines: Sequence[str], weights: str | Path, version: int, *, 
                     history = []  # the version step below fails on the same route and says so
                 report.mark = VersionMark(version=version, at=time.time())
                 report.label = encode_label([report.mark, *history])
-                for e in controls:
-                    _step(report, "version", e, lambda e=e: e.set_label(report.label))
+                consistent = all([_step(report, "version", e, lambda e=e: e.set_label(report.label)) is not None
+                                  for e in controls])
                 if reset_cache:
                     for e in controls:
                         ok = _step(report, "reset_cache", e, e.reset_prefix_cache)
@@ -181,8 +210,11 @@ def update_policy(engines: Sequence[str], weights: str | Path, version: int, *, 
                             report.steps[-1].detail = "refused (blocks held by kept requests): old prefixes stay cached"
                 time.sleep(max(0.0, report.mark.at + guard_s - time.time()))
     finally:
-        for engine in paused:
-            _step(report, "resume", engine, engine.resume)
+        if loading and not consistent:
+            report.left_paused = True  # see the module docstring: resuming would break or mislabel
+        else:
+            for engine in paused:
+                _step(report, "resume", engine, engine.resume)
         for engine in controls:
             engine.close()
     report.seconds = time.monotonic() - t0
