@@ -236,9 +236,9 @@ class EngineClient:
     async def pause(self, mode: str = "abort") -> Any:
         """vLLM `/pause?mode=abort|wait|keep`: `abort` ends in-flight generations with finish_reason "abort"
         (the proxy reports those calls as retryable errors), `wait` lets them finish, `keep` freezes them
-        until `/resume`. New requests wait while paused (v0.32). A weight sync uses abort or wait, not keep:
-        a kept call resumes under the new weights but is recorded with the policy version it was admitted
-        under (only vLLM >= 0.33's weight_versions spans would show the switch)."""
+        until `/resume`. New requests wait while paused (v0.32). A trainer's sync (tracefleet.trainer.control)
+        uses keep: a kept call resumes under the new weights, and the proxy splits its tokens by version
+        (tracefleet.proxy.versions)."""
         return await self._request_json("POST", f"/pause?mode={mode}", {})
 
     async def resume(self) -> Any:
