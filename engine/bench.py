@@ -15,9 +15,9 @@ import time
 
 def measure(model: str, tokens: int, threads: int) -> dict[str, float | str | int]:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from .backend import GenerationRequest, SamplingParams
+    from tracefleet.engine.backend import GenerationRequest, SamplingParams
     from tracefleet.formats.chat_template import render_chat
-    from .llama import llama_backend_for
+    from tracefleet.engine.llama import llama_backend_for
 
     t0 = time.perf_counter()
     backend = llama_backend_for(model, n_threads=threads)

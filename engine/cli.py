@@ -49,14 +49,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def build_backend(args: argparse.Namespace):
     if args.backend == "scripted":
-        from .scripted import Script, scripted_backend_for
+        from tracefleet.engine.scripted import Script, scripted_backend_for
 
         script = None
         if args.script:
             text = Path(args.script).read_text() if os.path.isfile(args.script) else args.script
             script = Script.model_validate(json.loads(text))
         return scripted_backend_for(args.model, script, args.max_model_len or 131072, args.served_model_name)
-    from .llama import llama_backend_for
+    from tracefleet.engine.llama import llama_backend_for
 
     return llama_backend_for(args.model, n_threads=args.threads, max_model_len=args.max_model_len or 4096,
                              served_name=args.served_model_name)
@@ -67,7 +67,7 @@ def serve_vllm(args: argparse.Namespace) -> int:
     import signal
     import tempfile
 
-    from .vllm_local import SMOLLM2_MAX_MODEL_LEN, VllmFailed, VllmMissing, launch
+    from tracefleet.engine.vllm_local import SMOLLM2_MAX_MODEL_LEN, VllmFailed, VllmMissing, launch
 
     log = Path(tempfile.mkdtemp(prefix="tracefleet-vllm-")) / "vllm.log"
     try:
@@ -102,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
 
     from tracefleet.formats.models import ModelMissing
     from tracefleet.sockets import listening_socket
-    from .server import create_app
+    from tracefleet.engine.server import create_app
 
     try:
         backend = build_backend(args)

@@ -29,7 +29,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .backend import GenerationRequest, PromptLogprob, SampledToken
+from tracefleet.engine.backend import GenerationRequest, PromptLogprob, SampledToken
 from tracefleet.formats.tokenizer import HFTokenizer, Tokenizer
 
 

@@ -26,6 +26,7 @@ from tracefleet.proxy.errors import ProxyError
 from tracefleet.proxy.metrics import ProxyMetrics
 from tracefleet.proxy.sessions import Session
 from tracefleet.proxy.token_engine import CallState, TokenEngine
+from tracefleet.proxy.versions import EngineVersions
 
 
 @dataclass(slots=True)
@@ -157,6 +158,7 @@ class Flight:
             state.error = error
         state.done_at = time.time()
         flights = self._flights
+        await flights.versions.settle(state)
         await flights.persist(self.ctx.session, self._line(), state.error is not None, alone=flights.count <= 1)
 
     def observe(self) -> None:
@@ -181,6 +183,7 @@ class Flight:
         kind = self.reason or (PROXY_SHUTDOWN if self._flights.stopping else CLIENT_DISCONNECT)
         state.error = ProxyError(kind, ABANDON_MESSAGES[kind])
         state.done_at = time.time()
+        self._flights.versions.stamp(state)
         session = self.ctx.session
         session.append_encoded(self._line(), 1, True)
         session.abandoned += 1
@@ -194,10 +197,10 @@ class Flight:
 class Flights:
     """The proxy's calls in flight, by session."""
 
-    __slots__ = ("engine", "persist", "metrics", "by_session", "count", "stopping")
+    __slots__ = ("engine", "persist", "metrics", "versions", "by_session", "count", "stopping")
 
-    def __init__(self, engine: TokenEngine, persist: Persister, metrics: ProxyMetrics) -> None:
-        self.engine, self.persist, self.metrics = engine, persist, metrics
+    def __init__(self, engine: TokenEngine, persist: Persister, metrics: ProxyMetrics, versions: EngineVersions) -> None:
+        self.engine, self.persist, self.metrics, self.versions = engine, persist, metrics, versions
         self.by_session: dict[str, set[Flight]] = {}
         self.count = 0  # calls in flight (the persister inlines the fsync when a call is alone)
         self.stopping = False  # the proxy is shutting down: calls in flight are cut off, new ones too

@@ -16,9 +16,9 @@ import orjson
 
 from tracefleet.contract.capture import CAPTURE_SCHEMA_VERSION, SpliceInfo
 
-from .canonical import Conversation
-from .sessions import Session
-from .token_engine import CallState
+from tracefleet.proxy.canonical import Conversation
+from tracefleet.proxy.sessions import Session
+from tracefleet.proxy.token_engine import CallState
 
 # request headers worth keeping: they identify harness turns/sessions; never credentials
 KEPT_HEADERS = ("user-agent", "session-id", "x-session-id", "x-codex-turn-metadata", "anthropic-version",

@@ -22,8 +22,8 @@ def engine_version_problem(engine_url: str, api_key: str | None, timeout_s: floa
     it is not up yet: a sidecar proxy may start before its engine, which is then checked on first use)."""
     import asyncio
 
-    from .engine_client import EngineClient, unsupported_engine_version
-    from .errors import ProxyError
+    from tracefleet.proxy.engine_client import EngineClient, unsupported_engine_version
+    from tracefleet.proxy.errors import ProxyError
 
     async def check() -> str | None:
         client = EngineClient(engine_url, timeout_s=timeout_s, connect_timeout_s=timeout_s, api_key=api_key)
@@ -94,9 +94,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from tracefleet.sockets import listening_socket
 
-    from .app import create_app
-    from .config import PresetSession, ProxyConfig
-    from .server import proxy_server
+    from tracefleet.proxy.app import create_app
+    from tracefleet.proxy.config import PresetSession, ProxyConfig
+    from tracefleet.proxy.server import proxy_server
 
     if not args.admin_token and args.session:
         # Sidecar mode: its sessions are given on the command line; nobody needs the admin API, so it
@@ -153,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
     gc.collect()
     gc.freeze()
     if config.upload_to:
-        from .upload import serve_then_upload
+        from tracefleet.proxy.upload import serve_then_upload
 
         return serve_then_upload(server, [sock], prefix=config.upload_to, capture_dir=config.capture_dir,
                                  session_ids=[s.session_id for s in sessions], artifacts_dir=config.artifacts_dir)

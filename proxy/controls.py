@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from .errors import ProxyError
+from tracefleet.proxy.errors import ProxyError
 
 
 class Controls:

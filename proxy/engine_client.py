@@ -18,7 +18,7 @@ import orjson
 
 from tracefleet.vllm import MIN_VLLM_VERSION, version_tuple
 
-from .errors import ProxyError
+from tracefleet.proxy.errors import ProxyError
 
 _CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too long", "too many tokens")
 # vLLM's "prompt + max_tokens does not fit" 400s (v0.11–v0.17: "'max_tokens' or 'max_completion_tokens' is
@@ -236,9 +236,9 @@ class EngineClient:
     async def pause(self, mode: str = "abort") -> Any:
         """vLLM `/pause?mode=abort|wait|keep`: `abort` ends in-flight generations with finish_reason "abort"
         (the proxy reports those calls as retryable errors), `wait` lets them finish, `keep` freezes them
-        until `/resume`. New requests wait while paused (v0.32). A weight sync uses abort or wait, not keep:
-        a kept call resumes under the new weights but is recorded with the policy version it was admitted
-        under (only vLLM >= 0.33's weight_versions spans would show the switch)."""
+        until `/resume`. New requests wait while paused (v0.32). A trainer's sync (tracefleet.trainer.control)
+        uses keep: a kept call resumes under the new weights, and the proxy splits its tokens by version
+        (tracefleet.proxy.versions)."""
         return await self._request_json("POST", f"/pause?mode={mode}", {})
 
     async def resume(self) -> Any:
@@ -254,6 +254,10 @@ class EngineClient:
     async def set_weight_version(self, version: str) -> Any:
         """vLLM's own weight-version label (`/update_weight_version`, read back on `/weight_info`)."""
         return await self._request_json("POST", "/update_weight_version", {"new_version": version})
+
+    async def weight_label(self) -> str:
+        """vLLM's weight-version label (`/weight_info`; "default" until a trainer sets one)."""
+        return str((await self._request_json("GET", "/weight_info")).get("weight_version"))
 
     async def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self._request_json("POST", "/tokenize", body)

@@ -22,10 +22,10 @@ from prometheus_client import CollectorRegistry, Gauge
 from tracefleet.formats.families import FAMILIES, ModelFormat, load_model_format, model_dir, recognised_family
 from tracefleet.formats.models import MODELS
 
-from .config import ProxyConfig
-from .engine_client import EngineClient, EngineModelsUnreadable, engine_model_cards
-from .exact.engine import ExactTokenEngine
-from .token_engine import ServerTokenEngine, TokenEngine
+from tracefleet.proxy.config import ProxyConfig
+from tracefleet.proxy.engine_client import EngineClient, EngineModelsUnreadable, engine_model_cards
+from tracefleet.proxy.exact.engine import ExactTokenEngine
+from tracefleet.proxy.token_engine import ServerTokenEngine, TokenEngine
 
 
 class ExactModeUnavailable(ValueError):

@@ -31,6 +31,7 @@ from tracefleet.proxy.mode import ModeDecision, register_mode_metric, select_tok
 from tracefleet.proxy.sessions import Session, SessionStore
 from tracefleet.proxy.sse import EventStream
 from tracefleet.proxy.token_engine import CallState, TokenEngine
+from tracefleet.proxy.versions import EngineVersions, TimedTokens
 
 PATH_SESSION = "tracefleet.path_session"  # the scope key `SessionPrefix` leaves the /s/<id>/ session id under
 
@@ -81,8 +82,9 @@ class Proxy:
         if isinstance(token_engine, ExactTokenEngine):
             register_exact_metrics(self.metrics.registry, token_engine)
         self.engine = token_engine
+        self.versions = EngineVersions(self.client)  # which weights sampled each token (tracefleet.proxy.versions)
         self.persist = Persister()
-        self.flights = Flights(token_engine, self.persist, self.metrics)
+        self.flights = Flights(token_engine, self.persist, self.metrics, self.versions)
 
     # -- responses -------------------------------------------------------------------------------
 
@@ -138,12 +140,13 @@ class Proxy:
             session, conv, body, raw = await self.admit(scope, receive, dialect, path_model)
             if stream is not None:
                 conv.stream = stream
-            policy = await self.controls.admit()
+            policy = self.versions.current(await self.controls.admit())
         except ProxyError as err:
             self.metrics.calls.labels(dialect.name, str(err.status)).inc()
             return self.error_response(dialect, err)
         state = CallState(call_id=secrets.token_hex(12), session_id=session.session_id, dialect=dialect.name,
-                          stream=conv.stream, received_at=received, policy_version=policy, requested_model=conv.model)
+                          stream=conv.stream, received_at=received, policy_version=policy, requested_model=conv.model,
+                          completion_ids=TimedTokens())
         request_ref = None
         if len(raw) > self.config.inline_body_bytes:
             request_ref = await asyncio.to_thread(spill_body, self.config.capture_dir, session.session_id, state.call_id, raw)

@@ -17,7 +17,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from .pipeline import Proxy
+from tracefleet.proxy.pipeline import Proxy
 
 # How long the calls cut off at shutdown get to record themselves and send their error (they need
 # milliseconds: the record is written inline and the engine request closed on the way out).

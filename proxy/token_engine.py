@@ -27,9 +27,9 @@ import orjson
 from tracefleet.contract.capture import SpliceInfo
 from tracefleet.vllm import version_tuple
 
-from .canonical import Conversation, Message, ToolCall
-from .engine_client import EngineClient, is_max_tokens_error
-from .errors import ProxyError
+from tracefleet.proxy.canonical import Conversation, Message, ToolCall
+from tracefleet.proxy.engine_client import EngineClient, is_max_tokens_error
+from tracefleet.proxy.errors import ProxyError
 
 Event = tuple[str, Any]
 

@@ -8,15 +8,15 @@
 See README.md in this folder for the schema and the bucket layout.
 """
 
-from .advantages import group_advantages
+from tracefleet.traces.advantages import group_advantages
 from tracefleet.contract.manifest import BatchManifest
 
-from .batch import table_to_traces, traces_to_table
-from .build import BUILDERS, build_from_calls, build_traces
-from .calls import Call, calls_from_records
-from .reader import Batch, BatchReader, padded_tensors
-from .schema import TRACE_SCHEMA_VERSION, BuildResult, ReconstructionStats, SessionInfo, Span, Trace, TraceMetadata
-from .seal import SealError, Sealer, seal_traces
+from tracefleet.traces.batch import table_to_traces, traces_to_table
+from tracefleet.traces.build import BUILDERS, build_from_calls, build_traces
+from tracefleet.traces.calls import Call, calls_from_records
+from tracefleet.traces.reader import Batch, BatchReader, padded_tensors
+from tracefleet.traces.schema import TRACE_SCHEMA_VERSION, BuildResult, ReconstructionStats, SessionInfo, Span, Trace, TraceMetadata
+from tracefleet.traces.seal import SealError, Sealer, seal_traces
 
 __all__ = [
     "BUILDERS",

@@ -31,7 +31,7 @@ from tracefleet.contract.semantics import DROPPED_BY_DIAGNOSTICS
 
 from tracefleet.contract.manifest import DiagnosticStats, RewardStats
 
-from .schema import TRACE_SCHEMA_VERSION, Span, Trace, TraceMetadata
+from tracefleet.traces.schema import TRACE_SCHEMA_VERSION, Span, Trace, TraceMetadata
 
 SPAN_TYPE = pa.struct(
     [

@@ -19,9 +19,9 @@ import numpy as np
 
 from tracefleet.contract.capture import CaptureLog, CaptureRecord, read_capture_log
 
-from .calls import Call, calls_from_records, engine_seconds, split_kept
-from .merge import build_tree, chains
-from .schema import BuildResult, ReconstructionStats, SessionInfo, Span, Timing, Trace, TraceMetadata
+from tracefleet.traces.calls import Call, calls_from_records, engine_seconds, split_kept
+from tracefleet.traces.merge import build_tree, chains
+from tracefleet.traces.schema import BuildResult, ReconstructionStats, SessionInfo, Span, Timing, Trace, TraceMetadata
 
 BUILDERS = ("prefix-merge", "per-request")
 
@@ -48,10 +48,13 @@ def fail_closed_reasons(
 
 
 def _assemble(calls: Sequence[Call], chain: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Span]]:
-    """One trace from a chain in which each call's prompt extends the previous call's prompt + completion."""
+    """One trace from a chain in which each call's prompt extends the previous call's prompt + completion.
+    A call whose tokens were sampled by more than one policy version (it straddled an update) gets one span
+    per version; the later ones add no prompt (prompt_start == completion_start)."""
     pieces: list[np.ndarray] = []
     spans: list[Span] = []
     at = 0
+    bounds: list[tuple[int, int, int]] = []  # (call index, completion start, end) in the trace
     for idx in chain:
         call = calls[idx]
         new_prompt = call.prompt[at:]  # at == previous full length: the verified shared prefix is skipped
@@ -59,17 +62,19 @@ def _assemble(calls: Sequence[Call], chain: Sequence[int]) -> tuple[np.ndarray, 
         pieces.append(call.completion)
         cs = at + new_prompt.shape[0]
         ce = cs + call.completion.shape[0]
-        spans.append(Span(call_id=call.call_id, prompt_start=at, completion_start=cs, completion_end=ce,
-                          policy_version=call.policy_version, finish_reason=call.finish_reason,
-                          temperature=call.sampling.get("temperature"), top_p=call.sampling.get("top_p"),
-                          top_k=call.sampling.get("top_k")))
+        for version, start, end in call.version_spans or ((call.policy_version, 0, ce - cs),):
+            spans.append(Span(call_id=call.call_id, prompt_start=at if start == 0 else cs + start,
+                              completion_start=cs + start, completion_end=cs + end, policy_version=version,
+                              finish_reason=call.finish_reason, temperature=call.sampling.get("temperature"),
+                              top_p=call.sampling.get("top_p"), top_k=call.sampling.get("top_k")))
+        bounds.append((idx, cs, ce))
         at = ce
     tokens = np.concatenate(pieces).astype(np.int32, copy=False)
     mask = np.zeros(at, dtype=np.uint8)
     logprobs = np.full(at, np.nan, dtype=np.float32)
-    for span, idx in zip(spans, chain, strict=True):
-        mask[span.completion_start : span.completion_end] = 1
-        logprobs[span.completion_start : span.completion_end] = calls[idx].logprobs
+    for idx, cs, ce in bounds:
+        mask[cs:ce] = 1
+        logprobs[cs:ce] = calls[idx].logprobs
     return tokens, mask, logprobs, spans
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from tracefleet.contract.capture import CaptureRecord
+from tracefleet.contract.policy import policy_spans
 
 
 @dataclass
@@ -24,8 +25,10 @@ class Call:
     prompt: np.ndarray  # int32
     completion: np.ndarray  # int32
     logprobs: np.ndarray  # float32, one per completion token
-    policy_version: int = 0
+    policy_version: int = 0  # the version that sampled its first token
     finish_reason: str | None = None
+    # [(policy version, start, end)] over the completion: more than one when the call straddled an update
+    version_spans: tuple[tuple[int, int, int], ...] = ()
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature / top_p / top_k as sent (absent: engine default)
     flags: tuple[str, ...] = ()
     status: str = "ok"
@@ -49,13 +52,15 @@ class Call:
 
 def call_from_record(record: CaptureRecord, index: int) -> Call:
     splice = record.splice
+    versions = policy_spans(record.weight_versions, record.policy_version, len(record.completion_ids))
     return Call(
         index=index,
         call_id=record.call_id,
         prompt=np.asarray(record.prompt_ids, dtype=np.int32),
         completion=np.asarray(record.completion_ids, dtype=np.int32),
         logprobs=np.asarray(record.logprobs, dtype=np.float32),
-        policy_version=record.policy_version,
+        policy_version=versions[0][0] if versions else record.policy_version,
+        version_spans=tuple(versions),
         finish_reason=record.finish_reason,
         sampling={k: v.get("value") for k, v in (record.sampling or {}).items() if isinstance(v, dict)},
         flags=tuple(record.flags),

@@ -120,7 +120,7 @@ def _is_capture_log(uri: str) -> bool:
 
 
 def _load_traces(args: argparse.Namespace) -> tuple[list[Any], str]:
-    from .reader import BatchReader
+    from tracefleet.traces.reader import BatchReader
 
     if _is_capture_log(args.uri):
         return _capture_traces(args), f"{args.uri} ({args.builder})"
@@ -155,8 +155,8 @@ def _capture_traces(args: argparse.Namespace) -> list[Any]:
     (a capture log has no runner to name it), so `show` can find the tokenizer."""
     from tracefleet.contract.capture import read_capture_log
 
-    from .build import build_traces
-    from .schema import SessionInfo
+    from tracefleet.traces.build import build_traces
+    from tracefleet.traces.schema import SessionInfo
 
     log = read_capture_log(args.uri)
     if not log.records and log.bad_lines:
@@ -181,7 +181,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from .reader import BatchReader
+    from tracefleet.traces.reader import BatchReader
 
     if _is_capture_log(args.uri):
         return _ls_capture(args)
@@ -221,7 +221,7 @@ def _ls_capture(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from .render import render_html, render_terminal
+    from tracefleet.traces.render import render_html, render_terminal
 
     traces, where = _load_traces(args)
     if not traces:
@@ -250,7 +250,7 @@ def _decoder(args: argparse.Namespace, trace: Any) -> tuple[Any, str]:
     """(decoder, what it shows) -- text by default: with the tokenizer --tokenizer names (a mistake there is
     the user's), else the trace's own tokenizer or model when this machine has it; token ids otherwise
     (and with --ids), with a note why."""
-    from .render import ids_decoder, tokenizer_decoder, trace_decoder
+    from tracefleet.traces.render import ids_decoder, tokenizer_decoder, trace_decoder
 
     if args.ids:
         return ids_decoder, "token ids"
@@ -272,7 +272,7 @@ def _decoder(args: argparse.Namespace, trace: Any) -> tuple[Any, str]:
 def _export(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .batch import table_to_parquet, traces_to_table
+    from tracefleet.traces.batch import table_to_parquet, traces_to_table
 
     traces, where = _load_traces(args)
     out = Path(args.out)
@@ -294,7 +294,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _flush(args: argparse.Namespace) -> int:
-    from .seal import Sealer
+    from tracefleet.traces.seal import Sealer
 
     bucket = bucket_from_args(args)
     if not args.job:

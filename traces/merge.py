@@ -29,8 +29,8 @@ import numpy as np
 
 from tracefleet.contract.semantics import AUXILIARY
 
-from .calls import Call
-from .schema import ReconstructionStats
+from tracefleet.traces.calls import Call
+from tracefleet.traces.schema import ReconstructionStats
 
 _BASE = np.uint64(0x9E3779B97F4A7C15)
 _MASK = (1 << 64) - 1

@@ -41,7 +41,7 @@ from tracefleet.contract.layout import overlay_key, overlay_key_parts, overlays_
 
 from tracefleet.contract.diagnostics import QUARANTINING, Action, quarantined_reward
 
-from .batch import FINDING_TYPE, finding_row
+from tracefleet.traces.batch import FINDING_TYPE, finding_row
 
 OVERLAY_VERSION = 1
 

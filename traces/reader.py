@@ -37,18 +37,20 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracefleet.contract.semantics import AUXILIARY
 from tracefleet.bucket import Bucket, BucketError, ObjectNotFound, open_bucket
 from tracefleet.contract.layout import batch_object_key, cursor_key, job_root, manifest_key
 
-from .advantages import group_advantages
+from tracefleet.traces.advantages import group_advantages
 from tracefleet.contract.manifest import BatchManifest
 
-from .batch import list_values, parquet_to_table, table_to_traces
-from .overlay import Overlay, apply_overlays, current_overlays
-from .schema import Trace
-from .seal import sealed_seqs
+from tracefleet.traces.batch import list_values, parquet_to_table, table_to_traces
+from tracefleet.traces.overlay import Overlay, apply_overlays, current_overlays
+from tracefleet.traces.schema import Trace
+from tracefleet.traces.seal import sealed_seqs
+from tracefleet.traces.versions import NOT_SAMPLED, Stale, stale_bound, token_versions
 
 
 class CorruptBatch(BucketError):
@@ -134,13 +136,34 @@ def padded_tensors(
     normalize_std: bool = True,
     advantages: np.ndarray | None = None,
     device: Any = None,
+    min_policy_version: int | None = None,
+    max_lag: int | None = None,
+    stale: Stale = "mask",
+    temperature: float = 1.0,
 ) -> dict[str, Any]:
     """Right-padded [B, T] tensors: input_ids (long), attention_mask (long), loss_mask (float),
     old_logprobs (float, 0 where loss_mask is 0), advantages (float, the trace's advantage on its
-    trainable positions), plus rewards [B] and sequence_advantages [B]. Traces longer than `max_length`
-    are cut at the end (only trailing tokens are lost; what remains is still causal)."""
+    trainable positions), token_versions (long: the policy version that sampled each token, -1 where none
+    did), temperatures (float: the temperature each token was sampled at as its span records it; `temperature`
+    where the call left it to the engine, 1 on context), plus rewards [B] and sequence_advantages [B]. Traces longer than `max_length` are cut at the end
+    (only trailing tokens are lost; what remains is still causal).
+
+    Staleness (tracefleet.traces.versions): tokens sampled by a version below `min_policy_version`, or more
+    than `max_lag` versions behind the newest in the table, are masked out of the loss (`stale="mask"`), or
+    their rows left out (`stale="drop"`, before the group advantages are computed)."""
     import torch
 
+    spans = table.column("spans").to_pylist() if "spans" in table.column_names else [[]] * table.num_rows
+    row_lengths = pc.list_value_length(table.column("tokens")).to_pylist()
+    versions = [token_versions(sp, n) for sp, n in zip(spans, row_lengths, strict=True)]
+    flat = np.concatenate(versions) if versions else np.zeros(0, np.int32)
+    bound = stale_bound(flat, min_policy_version, max_lag)
+    if bound is not None and stale == "drop":
+        keep = [i for i, v in enumerate(versions) if not ((v != NOT_SAMPLED) & (v < bound)).any()]
+        table = table.take(pa.array(keep, pa.int64()))
+        versions = [versions[i] for i in keep]
+        spans = [spans[i] for i in keep]
+        advantages = None if advantages is None else np.asarray(advantages)[keep]
     tok_off, tokens = list_values(table.column("tokens"), np.dtype(np.int64))
     _, mask = list_values(table.column("loss_mask"), np.dtype(np.float32))
     _, logprobs = list_values(table.column("logprobs"), np.dtype(np.float32))
@@ -161,12 +184,19 @@ def padded_tensors(
     attn = np.zeros((b, t), dtype=np.int64)
     lm = np.zeros((b, t), dtype=np.float32)
     olp = np.zeros((b, t), dtype=np.float32)
+    ver = np.full((b, t), NOT_SAMPLED, dtype=np.int64)
+    temps = np.ones((b, t), dtype=np.float32)
     for i in range(b):  # one slice copy per trace, no per-token Python
         s, n = int(tok_off[i]), int(min(lengths[i], t))
         ids[i, :n] = tokens[s : s + n]
         attn[i, :n] = 1
         lm[i, :n] = mask[s : s + n]
         olp[i, :n] = logprobs[s : s + n]
+        ver[i, :n] = versions[i][:n]
+        for span in spans[i]:
+            temps[i, span["completion_start"] : min(span["completion_end"], n)] = span.get("temperature") or temperature
+    if bound is not None:
+        lm[(ver != NOT_SAMPLED) & (ver < bound)] = 0.0
     olp = np.where(lm > 0, np.nan_to_num(olp, nan=0.0), 0.0).astype(np.float32)
     adv_tok = lm * np.asarray(advantages, dtype=np.float32)[:, None]
     rewards = np.array([0.0 if v is None else v for v in table.column("reward").to_pylist()], dtype=np.float32)
@@ -176,6 +206,8 @@ def padded_tensors(
         "loss_mask": torch.from_numpy(lm),
         "old_logprobs": torch.from_numpy(olp),
         "advantages": torch.from_numpy(adv_tok),
+        "token_versions": torch.from_numpy(ver),
+        "temperatures": torch.from_numpy(temps),
         "rewards": torch.from_numpy(rewards),
         "sequence_advantages": torch.from_numpy(np.asarray(advantages, dtype=np.float32)),
     }

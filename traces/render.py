@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .schema import Trace
+from tracefleet.traces.schema import Trace
 
 Decoder = Callable[[list[int]], list[str]]
 

@@ -29,6 +29,8 @@ from pydantic import BaseModel, Field
 
 from tracefleet.contract.manifest import TRACE_SCHEMA_VERSION
 
+from tracefleet.traces.versions import token_versions
+
 Outcome = Literal["ok", "fail_closed"]
 BuilderName = Literal["per-request", "prefix-merge"]
 
@@ -125,7 +127,11 @@ class Trace:
 
     @property
     def call_ids(self) -> list[str]:
-        return [s.call_id for s in self.spans]
+        return list(dict.fromkeys(s.call_id for s in self.spans))  # a call that straddled an update has 2+ spans
+
+    def token_versions(self) -> np.ndarray:
+        """int32[n]: the policy version that sampled each token, -1 where none did (traces.versions)."""
+        return token_versions((s.model_dump() for s in self.spans), self.num_tokens)
 
     @property
     def policy_versions(self) -> list[int]:

@@ -43,8 +43,8 @@ from tracefleet.bucket import Bucket, BucketError, ObjectNotFound, spool_dir
 from tracefleet.contract.layout import MANIFEST, batch_dir, batch_key_parts, batches_prefix, data_object_name, job_root, manifest_key
 from tracefleet.contract.manifest import BatchManifest, ObjectEntry
 
-from .batch import summarize, table_to_parquet, table_to_traces, traces_to_table
-from .schema import Trace
+from tracefleet.traces.batch import summarize, table_to_parquet, table_to_traces, traces_to_table
+from tracefleet.traces.schema import Trace
 
 class SealError(RuntimeError):
     """The batch could not be uploaded; its data is kept at `spooled` and can be flushed later."""

@@ -44,17 +44,6 @@ class TinyPolicy(nn.Module):
         return self.head(x)
 
 
-def span_temperatures(traces: list[Any], shape: tuple[int, int], default: float = 1.0) -> torch.Tensor:
-    """[B, T]: the temperature each sampled token was drawn at, from the trace spans (the proxy records the
-    temperature it sent per call); `default` where a call left it to the engine, and on context tokens."""
-    temps = torch.full(shape, default, dtype=torch.float32)
-    for i, trace in enumerate(traces):
-        for span in trace.spans:
-            if span.temperature is not None and span.temperature > 0:
-                temps[i, span.completion_start:min(span.completion_end, shape[1])] = span.temperature
-    return temps
-
-
 def token_logprobs(policy: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """log p(token_t | tokens_<t) for t >= 1, shape [B, T-1], under the policy's logits divided by the
     temperature token t was sampled at (`batch["temperature"]`, [B, T]; 1 when absent): the ratio to
@@ -73,7 +62,7 @@ def grpo_loss(policy: nn.Module, batch: dict[str, torch.Tensor], clip: float = 0
     (tracefleet.vllm: the operator's Deployment, `tracefleet engine --backend vllm`, the tests' server), so they
     are the logprobs of the distribution that sampled, after temperature and top-k/top-p; vLLM's own default,
     `raw_logprobs`, would give the T=1 distribution's whatever the sampling. The new logprobs are taken at the
-    temperature each span records (`span_temperatures`). Top-p/top-k truncation is not re-applied here: keep
+    temperature each span records (the reader's `temperatures`). Top-p/top-k truncation is not re-applied here: keep
     them off for on-policy training."""
     mask = batch["loss_mask"][:, 1:]
     new = token_logprobs(policy, batch)
@@ -92,13 +81,13 @@ def train(bucket: str, job: str, consumer: str, *, lr: float, max_batches: int, 
     opt: torch.optim.Optimizer | None = None
     out: list[dict[str, float]] = []
     for batch in reader.follow(idle_exit=True):
-        t = batch.tensors(pad_token_id=0)
+        t = batch.tensors(pad_token_id=0, temperature=temperature)
         if policy is None:  # vocab from the data: this toy model has no tokenizer of its own
             vocab = int(t["input_ids"].max().item()) + 1
             policy = TinyPolicy(vocab, max_len=t["input_ids"].shape[1] + 1)
             opt = torch.optim.Adam(policy.parameters(), lr=lr)
         assert opt is not None
-        t["temperature"] = span_temperatures(batch.traces(), tuple(t["input_ids"].shape), default=temperature)
+        t["temperature"] = t["temperatures"]
         loss = grpo_loss(policy, t)
         opt.zero_grad()
         loss.backward()

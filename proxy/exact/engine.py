@@ -21,13 +21,13 @@ from tracefleet.contract.capture import SpliceInfo
 from tracefleet.formats.families import ModelFormat
 from tracefleet.formats.parsers import make_parser
 
-from ..canonical import Conversation
-from ..engine_client import EngineClient
-from ..errors import ProxyError
-from ..token_engine import (FALLBACK_MAX_TOKENS, SAMPLING_KEYS, CallState, Event, ServedModelName, canonical_finish,
+from tracefleet.proxy.canonical import Conversation
+from tracefleet.proxy.engine_client import EngineClient
+from tracefleet.proxy.errors import ProxyError
+from tracefleet.proxy.token_engine import (FALLBACK_MAX_TOKENS, SAMPLING_KEYS, CallState, Event, ServedModelName, canonical_finish,
                             cache_salt, clamp_max_tokens, context_overflow, record_tool_call, sampling_record)
-from .render import render_conversation
-from .splice import SessionSplicer
+from tracefleet.proxy.exact.render import render_conversation
+from tracefleet.proxy.exact.splice import SessionSplicer
 
 def _size(conv: Conversation) -> int:
     return sum(len(p.text or "") + len(p.arguments or "") for m in conv.messages for p in m.parts)

@@ -12,8 +12,8 @@ from typing import Any
 
 from tracefleet.formats.families import ModelFormat
 
-from ..canonical import Conversation
-from ..token_engine import engine_messages, engine_tools, reasoning_template_kwargs
+from tracefleet.proxy.canonical import Conversation
+from tracefleet.proxy.token_engine import engine_messages, engine_tools, reasoning_template_kwargs
 
 
 @dataclass

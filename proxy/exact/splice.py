@@ -34,8 +34,8 @@ from tracefleet.contract.semantics import AUXILIARY
 from tracefleet.contract.capture import SpliceInfo
 from tracefleet.formats.families import ModelFormat
 
-from ..canonical import Conversation
-from .render import Rendered, render_conversation
+from tracefleet.proxy.canonical import Conversation
+from tracefleet.proxy.exact.render import Rendered, render_conversation
 
 Key = tuple[Any, ...]
 _WS = re.compile(r"\s+")

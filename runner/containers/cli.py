@@ -12,8 +12,8 @@ from pathlib import Path
 from tracefleet.harbor.folders import check_tasks
 from tracefleet.harbor.sources import TaskSourceError, open_source
 
-from .images import build_task_image
-from .runtime import ContainerError, require_runtime
+from tracefleet.runner.containers.images import build_task_image
+from tracefleet.runner.containers.runtime import ContainerError, require_runtime
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -24,7 +24,7 @@ from typing import Literal
 from tracefleet.contract.harbor import DOCKERFILE
 from tracefleet.harbor.folders import HarborTask
 
-from .runtime import ContainerError, ContainerRuntime, last_line
+from tracefleet.runner.containers.runtime import ContainerError, ContainerRuntime, last_line
 
 LOCAL_REGISTRY = "localhost"
 IMAGE_REPOSITORY = "tracefleet-task"

@@ -65,8 +65,8 @@ from tracefleet.contract.harbor import (
 )
 from tracefleet.harbor.folders import HarborTask
 
-from .images import repository_name
-from .runtime import ContainerRuntime, last_line
+from tracefleet.runner.containers.images import repository_name
+from tracefleet.runner.containers.runtime import ContainerRuntime, last_line
 
 SNAPSHOT_REPOSITORY = "localhost/tracefleet-verify"
 # Python must not import from the working directory (or the user site) the agent could write.

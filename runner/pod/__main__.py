@@ -12,8 +12,8 @@ import sys
 from tracefleet.bucket import open_bucket
 from tracefleet.contract.podenv import EvaluatorEnv, PodEnvError, SealerEnv
 
-from .evaluate import evaluate, evaluate_session
-from .seal import seal
+from tracefleet.runner.pod.evaluate import evaluate, evaluate_session
+from tracefleet.runner.pod.seal import seal
 
 
 def main(argv: list[str] | None = None) -> int:

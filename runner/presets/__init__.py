@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from tracefleet.contract.semantics import harness_preset
 
-from . import claude_code, codex, command, gemini_cli, opencode, pi, qwen_code
-from .base import (
+from tracefleet.runner.presets import claude_code, codex, command, gemini_cli, opencode, pi, qwen_code
+from tracefleet.runner.presets.base import (
     COMMON_ENV,
     CliPreset,
     HarnessLaunch,
@@ -24,7 +24,7 @@ from .base import (
     installed_binary,
     resolve_binary,
 )
-from .command import CommandPreset
+from tracefleet.runner.presets.command import CommandPreset
 
 PRESETS: dict[str, Preset] = {
     "codex": codex.PRESET,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from .base import CliPreset, HarnessLaunch, LaunchContext
+from tracefleet.runner.presets.base import CliPreset, HarnessLaunch, LaunchContext
 
 ALLOWED_TOOLS = "Bash,Read,Edit,Write,Glob,Grep,NotebookEdit"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from .base import CliPreset, HarnessLaunch, LaunchContext, v1
+from tracefleet.runner.presets.base import CliPreset, HarnessLaunch, LaunchContext, v1
 
 API_KEY_ENV = "TRACEFLEET_API_KEY"
 

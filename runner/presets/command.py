@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import COMMON_ENV, HarnessDialect, HarnessLaunch, v1
+from tracefleet.runner.presets.base import COMMON_ENV, HarnessDialect, HarnessLaunch, v1
 
 PLACEHOLDER = re.compile(r"\{(prompt|workdir|home|base_url|base_url_v1|api_key|model)\}")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from .base import CliPreset, HarnessLaunch, LaunchContext
+from tracefleet.runner.presets.base import CliPreset, HarnessLaunch, LaunchContext
 
 
 def settings(ctx: LaunchContext) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from .base import CliPreset, HarnessLaunch, LaunchContext, v1
+from tracefleet.runner.presets.base import CliPreset, HarnessLaunch, LaunchContext, v1
 
 PROVIDER = "tracefleet"
 

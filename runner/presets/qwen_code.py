@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from .base import CliPreset, HarnessLaunch, LaunchContext, v1
+from tracefleet.runner.presets.base import CliPreset, HarnessLaunch, LaunchContext, v1
 
 
 def settings(ctx: LaunchContext) -> dict:

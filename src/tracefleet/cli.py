@@ -47,6 +47,8 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("traces", "tracefleet.traces.cli", "list, show and export trace batches in a bucket or directory"),
     Subcommand("diagnose", "tracefleet.diagnostics.cli",
                "backtest rollout diagnostics over a job's sealed batches and the evidence kept in the bucket"),
+    Subcommand("policy", "tracefleet.trainer.cli",
+               "put a trainer's new weights into a running job's engine(s): pause, load, version, resume"),
     Subcommand("crd", "tracefleet.api.cli_crd", "write the RolloutJob CRD generated from the API model"),
     Subcommand("tasks", "tracefleet.runner.containers.cli",
                "build Harbor task folders' environment images (named by content, cached, optionally pushed)"),

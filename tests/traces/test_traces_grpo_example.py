@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from tracefleet.bucket import S3Bucket
 from tracefleet.traces import BatchReader
 
@@ -80,7 +82,8 @@ def test_grpo_loss_gradient_favours_positive_advantages() -> None:
 
 def test_grpo_new_logprobs_are_taken_at_each_spans_sampling_temperature() -> None:
     """The ratio's denominator is the engine's logprob of the distribution that sampled: the example
-    scores each sampled token at the temperature its span records (the call's default where none)."""
+    scores each sampled token at the temperature its span records (the call's default where none), which the
+    reader gives as `temperatures`."""
     import torch
 
     from tracefleet.traces.schema import Span
@@ -91,12 +94,18 @@ def test_grpo_new_logprobs_are_taken_at_each_spans_sampling_temperature() -> Non
     finally:
         sys.path.remove(str(EXAMPLE.parent))
 
-    class _Trace:
-        spans = [Span(call_id="a", prompt_start=0, completion_start=2, completion_end=4, policy_version=0, temperature=0.5),
-                 Span(call_id="b", prompt_start=4, completion_start=6, completion_end=8, policy_version=0)]
+    from tracefleet.traces.batch import traces_to_table
+    from tracefleet.traces.reader import padded_tensors
+    from tracefleet.traces.schema import Trace, TraceMetadata
 
-    temps = train_step.span_temperatures([_Trace()], (1, 9), default=0.8)
-    assert torch.equal(temps, torch.tensor([[0.8, 0.8, 0.5, 0.5, 0.8, 0.8, 0.8, 0.8, 0.8]]))
+    spans = [Span(call_id="a", prompt_start=0, completion_start=2, completion_end=4, policy_version=0, temperature=0.5),
+             Span(call_id="b", prompt_start=4, completion_start=6, completion_end=8, policy_version=0)]
+    mask = np.array([0, 0, 1, 1, 0, 0, 1, 1, 0], np.uint8)
+    trace = Trace(tokens=np.arange(1, 10, dtype=np.int32), loss_mask=mask,
+                  logprobs=np.where(mask > 0, -1.0, np.nan).astype(np.float32), spans=spans,
+                  meta=TraceMetadata(trace_id="t", session_id="s", reward=1.0))
+    temps = padded_tensors(traces_to_table([trace]), temperature=0.8)["temperatures"]
+    assert torch.equal(temps, torch.tensor([[1.0, 1.0, 0.5, 0.5, 1.0, 1.0, 0.8, 0.8, 1.0]]))
     torch.manual_seed(0)
     policy = train_step.TinyPolicy(16, max_len=16)
     ids = torch.randint(1, 16, (1, 9))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -21,17 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 
 from tracefleet.proxy.engine_client import EngineClient
 
+from fixtures.checkpoints import changed_checkpoint
 from fixtures.proxy_on_vllm import (ProxyOnVllm, auth_headers, dialect_request, post,  # noqa: F401 (proxies)
                                     proxies, served_model_dir)
 
 LONG = "Write a very long story about a dragon who learns to cook."
 SHORT = "Say hello."
-CHANGED_TENSOR = "model.layers.0.mlp.down_proj.weight"
 
 
 def engine(vllm: Any, op: str, *args: Any) -> Any:
@@ -43,26 +41,6 @@ def engine(vllm: Any, op: str, *args: Any) -> Any:
             await client.aclose()
 
     return asyncio.run(run())
-
-
-def changed_checkpoint(model_dir: Path, out: Path) -> Path:
-    """A checkpoint directory holding one tensor of the served model, halved: a different policy that vLLM's
-    in-place reload takes without the other 271 tensors (safetensors read and written by hand: 8-byte header
-    length, JSON header, raw little-endian data)."""
-    with open(model_dir / "model.safetensors", "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-        meta = header[CHANGED_TENSOR]
-        start, end = meta["data_offsets"]
-        f.seek(8 + n + start)
-        assert meta["dtype"] == "F32", meta
-        data = (np.frombuffer(f.read(end - start), dtype="<f4") * 0.5).astype("<f4").tobytes()
-    new_header = json.dumps({CHANGED_TENSOR: {"dtype": "F32", "shape": meta["shape"], "data_offsets": [0, len(data)]},
-                             "__metadata__": {"format": "pt"}}).encode()
-    new_header += b" " * (-len(new_header) % 8)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "model.safetensors").write_bytes(struct.pack("<Q", len(new_header)) + new_header + data)
-    return out
 
 
 def stream_through_pause(vllm: Any, proxy: ProxyOnVllm, sync: Callable[[], None]) -> list[dict[str, Any]]:

@@ -46,7 +46,7 @@ from tracefleet.contract.job import (
     Webhook,
     Workspace,
 )
-from .manifest import job_from_yaml, job_to_yaml, load_job
-from .validation import Problem, validate_file, validate_manifest, validate_text, validate_update
+from tracefleet.api.manifest import job_from_yaml, job_to_yaml, load_job
+from tracefleet.api.validation import Problem, validate_file, validate_manifest, validate_text, validate_update
 
 __all__ = [name for name in dir() if not name.startswith("_")]

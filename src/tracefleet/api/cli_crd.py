@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .crd import CRD_FILENAME, crd_yaml, write_crd
-from .reference import manifest_reference, update_readme
+from tracefleet.api.crd import CRD_FILENAME, crd_yaml, write_crd
+from tracefleet.api.reference import manifest_reference, update_readme
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

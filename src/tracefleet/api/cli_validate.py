@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tracefleet.harbor.sources import is_tarball
 
-from .validation import check_harbor_source, document_name, problem_lines, validate_file, validate_text
+from tracefleet.api.validation import check_harbor_source, document_name, problem_lines, validate_file, validate_text
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

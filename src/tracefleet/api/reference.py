@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from .crd import openapi_schema
+from tracefleet.api.crd import openapi_schema
 
 START = "<!-- manifest-reference:start -->"
 END = "<!-- manifest-reference:end -->"

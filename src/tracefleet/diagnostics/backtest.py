@@ -19,9 +19,9 @@ from tracefleet.traces.advantages import group_advantages
 
 from tracefleet.traces.overlay import Overlay
 
-from .base import Action, Diagnostic, Finding
-from .evidence import SessionEvidence, stored_evidence
-from .registry import BUILTINS, hook_diagnostic
+from tracefleet.diagnostics.base import Action, Diagnostic, Finding
+from tracefleet.diagnostics.evidence import SessionEvidence, stored_evidence
+from tracefleet.diagnostics.registry import BUILTINS, hook_diagnostic
 
 
 @dataclass

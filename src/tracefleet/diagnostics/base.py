@@ -18,7 +18,7 @@ from tracefleet.contract.diagnostics import (  # noqa: F401 - the findings' mode
     quarantined_reward,
 )
 
-from .evidence import SessionEvidence
+from tracefleet.diagnostics.evidence import SessionEvidence
 
 Check = Callable[[SessionEvidence, dict[str, Any]], Iterable[Hit]]
 

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from .base import ACTIONS
+from tracefleet.diagnostics.base import ACTIONS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -37,8 +37,8 @@ def main(args: argparse.Namespace) -> int:
     from tracefleet.traces.overlay import write_overlay
     from tracefleet.traces.reader import BatchReader
 
-    from .backtest import backtest, selected
-    from .page import backtest_page
+    from tracefleet.diagnostics.backtest import backtest, selected
+    from tracefleet.diagnostics.page import backtest_page
 
     sys.path.insert(0, os.getcwd())  # a hook the user just wrote, next to them
     diagnostics = selected(args.diagnostic, args.action)

@@ -33,6 +33,8 @@ class CallEvidence(BaseModel):
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
     tool_parse_errors: list[str] = Field(default_factory=list)
     policy_version: int = 0
+    # (policy version, tokens) it sampled, in output order: more than one when it straddled a weight update
+    versions: list[tuple[int, int]] = Field(default_factory=list)
     completion_tokens: int = 0
     drift: bool = False  # server mode: the prompt did not extend the parent's prompt + completion
     auxiliary: bool = False  # a call beside the agent's conversation (not trained on by default)
@@ -160,12 +162,14 @@ def call_evidence(capture: str | os.PathLike[str] | None) -> tuple[list[CallEvid
     # imported here: tracefleet.api's model imports this package's built-in names
     from tracefleet.contract.semantics import AUXILIARY
     from tracefleet.contract.capture import read_capture_log
+    from tracefleet.contract.policy import policy_spans
 
     log = read_capture_log(capture)
     calls = [
         CallEvidence(
             call_id=r.call_id, index=i, status=r.status, finish_reason=r.finish_reason, text=r.output_text,
             tool_calls=list(r.tool_calls), tool_parse_errors=list(r.tool_parse_errors), policy_version=r.policy_version,
+            versions=[(v, e - b) for v, b, e in policy_spans(r.weight_versions, r.policy_version, len(r.completion_ids))],
             completion_tokens=r.completion_tokens or len(r.completion_ids),
             drift=bool(r.splice and r.splice.drift), auxiliary=bool(r.splice and r.splice.new_root_reason == AUXILIARY),
         )

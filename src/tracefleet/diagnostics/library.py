@@ -40,9 +40,9 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from .base import HARNESS_STDERR, Diagnostic, Hit
-from .evidence import CallEvidence, FileChange, SessionEvidence
-from .tool_calls import may_change_workspace, tool_call_parts
+from tracefleet.diagnostics.base import HARNESS_STDERR, Diagnostic, Hit
+from tracefleet.diagnostics.evidence import CallEvidence, FileChange, SessionEvidence
+from tracefleet.diagnostics.tool_calls import may_change_workspace, tool_call_parts
 
 # ---------------------------------------------------------------- what counts as a test file
 
@@ -226,16 +226,21 @@ def runaway_output(ev: SessionEvidence, params: dict[str, Any]) -> Iterator[Hit]
 
 
 def off_policy(ev: SessionEvidence, params: dict[str, Any]) -> Iterator[Hit]:
+    """Tokens sampled more than `max_lag` versions behind the newest policy the session saw: each call's
+    per-token versions (a call that straddled an update has several), else the version it was admitted under."""
     trainable = [c for c in ev.agent_calls if c.status == "ok"]
-    versions = [c.policy_version for c in trainable]
+    spans = {c.call_id: c.versions or [(c.policy_version, c.completion_tokens)] for c in trainable}
+    versions = [v for per_call in spans.values() for v, _ in per_call]
     if ev.policy_version is not None:
         versions.append(ev.policy_version)
     newest = max(versions, default=0)
     max_lag = int(params["max_lag"])
     for c in trainable:
-        if newest - c.policy_version > max_lag:
-            yield Hit(message=f"sampled by policy {c.policy_version}, {newest - c.policy_version} versions behind {newest} "
-                              f"(allowed lag {max_lag})", call_id=c.call_id)
+        stale = [(v, n) for v, n in spans[c.call_id] if newest - v > max_lag]
+        if stale:
+            oldest = min(v for v, _ in stale)
+            yield Hit(message=f"{sum(n for _, n in stale)} of {c.completion_tokens} tokens sampled by policy {oldest}, "
+                              f"{newest - oldest} versions behind {newest} (allowed lag {max_lag})", call_id=c.call_id)
         if params.get("drift", True) and c.drift:
             yield Hit(message="drift split: the engine's prompt does not extend the previous call's tokens", call_id=c.call_id)
 
@@ -256,7 +261,8 @@ BUILTINS: dict[str, Diagnostic] = {
                    "a completion dominated by repetition (looser when cut at the length limit), or too many tokens in all",
                    {"min_tokens": 256, "ngram": 8, "min_repeats": 5, "repeat_ratio": 0.6, "cut_repeat_ratio": 0.4,
                     "max_session_tokens": 250_000}),
-        Diagnostic("off_policy", "1", "warning", off_policy, "tokens older than the allowed policy lag; drift splits",
+        Diagnostic("off_policy", "2", "warning", off_policy,
+                   "tokens (per-token versions) older than the allowed policy lag; drift splits",
                    {"max_lag": 1, "drift": True}),
     )
 }

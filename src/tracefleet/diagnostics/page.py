@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from html import escape
 
-from .backtest import Backtest, DiagnosticReport, mean_text
-from .base import Finding
-from .evidence import _DIFF_HEADER, _HUNK, SessionEvidence
+from tracefleet.diagnostics.backtest import Backtest, DiagnosticReport, mean_text
+from tracefleet.diagnostics.base import Finding
+from tracefleet.diagnostics.evidence import _DIFF_HEADER, _HUNK, SessionEvidence
 
 CONTEXT_LINES = 3  # diff lines shown either side of a finding's line
 WHOLE_FILE_LINES = 40  # a finding without a line (a deleted or renamed file): the start of its diff

@@ -20,9 +20,9 @@ from typing import Any
 
 from tracefleet.contract import environment
 
-from .base import ACTIONS, EVALUATOR_OUTPUT, Action, Diagnostic, Finding, Hit, SessionFindings
-from .evidence import SessionEvidence
-from .library import BUILTINS
+from tracefleet.diagnostics.base import ACTIONS, EVALUATOR_OUTPUT, Action, Diagnostic, Finding, Hit, SessionFindings
+from tracefleet.diagnostics.evidence import SessionEvidence
+from tracefleet.diagnostics.library import BUILTINS
 
 DIAGNOSTIC_PARAMS_ENV = environment.DIAGNOSTIC_PARAMS
 USER_VERSION = "user"

@@ -15,8 +15,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from .chat_template import render_chat
-from .tokenizer import HFTokenizer
+from tracefleet.formats.chat_template import render_chat
+from tracefleet.formats.tokenizer import HFTokenizer
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def load_model_format(ref: str, *, family: str | None = None, template_file: str
                       name: str | None = None, tool_parser: str | None = None) -> ModelFormat:
     """`ref`: a shipped model name (`smollm2`, `gemma3-270m`), a .gguf path, or a HF model directory.
     `family` / `tool_parser` override detection (the RolloutJob's `model_family` / `tool_parser`)."""
-    from .models import MODELS, ensure_tokenizer_json, gguf_metadata, resolve_model, template_source
+    from tracefleet.formats.models import MODELS, ensure_tokenizer_json, gguf_metadata, resolve_model, template_source
 
     model_type = arch = None
     path = model_dir(ref)
@@ -134,7 +134,7 @@ def load_model_format(ref: str, *, family: str | None = None, template_file: str
         template = Path(template_file).read_text()
     fam = detect_family(template=template, model_type=model_type, architecture=arch, override=family)
     if tool_parser is not None:
-        from .parsers import FAMILY_PARSERS
+        from tracefleet.formats.parsers import FAMILY_PARSERS
 
         if tool_parser not in FAMILY_PARSERS:
             raise ValueError(f"unknown tool parser {tool_parser!r}; known: {sorted(FAMILY_PARSERS)}")
@@ -144,7 +144,7 @@ def load_model_format(ref: str, *, family: str | None = None, template_file: str
 def model_dir(ref: str) -> Path | None:
     """The Hugging Face model directory `ref` names (a path, or a hub id in the local cache), or None
     when it names a shipped model or a .gguf file (`resolve_model` reads those)."""
-    from .models import MODELS
+    from tracefleet.formats.models import MODELS
 
     path = Path(ref).expanduser()
     if not path.exists() and ref not in MODELS and not ref.endswith(".gguf"):
@@ -155,7 +155,7 @@ def model_dir(ref: str) -> Path | None:
 def load_tokenizer(ref: str) -> HFTokenizer:
     """Only the tokenizer of `ref`: anything `load_model_format` takes, or a tokenizer.json file. What a
     reader of traces needs to turn ids into text (no chat template required). Local artifacts only."""
-    from .models import ensure_tokenizer_json, resolve_model
+    from tracefleet.formats.models import ensure_tokenizer_json, resolve_model
 
     path = Path(ref).expanduser()
     if path.is_file() and path.suffix == ".json":
@@ -184,7 +184,7 @@ def cached_snapshot(repo_id: str) -> Path:
 
 
 def _shipped() -> list[str]:
-    from .models import MODELS
+    from tracefleet.formats.models import MODELS
 
     return sorted(MODELS)
 

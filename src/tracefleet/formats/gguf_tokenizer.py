@@ -41,7 +41,7 @@ class ConvertedTokenizer:
 
 def converted_tokenizer(gguf_path: Path) -> ConvertedTokenizer:
     """The vocabulary of `gguf_path` converted, without torch where `byte_level_tokenizer` handles it."""
-    from .models import gguf_metadata
+    from tracefleet.formats.models import gguf_metadata
 
     meta = gguf_metadata(gguf_path, _VOCAB_KEYS)
     if meta.get("tokenizer.ggml.model") == "gpt2" and meta.get("tokenizer.ggml.pre") in PRE_TOKENIZERS:

@@ -162,7 +162,7 @@ def ensure_tokenizer_json(gguf_path: Path) -> Path:
     target = tokenizer_json_path(gguf_path)
     if target.is_file():
         return target
-    from .gguf_tokenizer import converted_tokenizer
+    from tracefleet.formats.gguf_tokenizer import converted_tokenizer
 
     converted = converted_tokenizer(gguf_path)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from .parsers import CALL_CLOSE as CLOSE
-from .parsers import CALL_OPEN as OPEN
-from .parsers import Event, TaggedParser
+from tracefleet.formats.parsers import CALL_CLOSE as CLOSE
+from tracefleet.formats.parsers import CALL_OPEN as OPEN
+from tracefleet.formats.parsers import Event, TaggedParser
 
 __all__ = ["CLOSE", "OPEN", "ParsedToolCall", "StreamingToolParser", "new_tool_call_id", "parse_tool_calls"]
 

@@ -1,0 +1,158 @@
+"""The reference trainer: a real policy (SmolLM2-135M-Instruct in the Hugging Face form the vLLM conversion
+makes, tracefleet.engine.vllm_model) trained by torch on CPU with GRPO from `BatchReader.follow()`, its new
+weights put back into the running job's engine(s) by `update_policy` after every step.
+
+    python -m tracefleet.trainer.reference --bucket ./batches --job my-job --engine http://127.0.0.1:8000 \\
+        --model ~/.cache/tracefleet/vllm/models/smollm2-... --out ./ckpt --max-lag 1
+
+The estimator, per trainable token t of a trace with group advantage A (tracefleet.contract.semantics):
+
+    b_t  the engine's logprob of the token (the behaviour policy: vLLM runs --logprobs-mode processed_logprobs,
+         the distribution that sampled it, after temperature)
+    p_t  the trainer's logprob of the same token under the weights it holds before the step (no gradient), at
+         the temperature the token was sampled at
+    q_t  the same under the weights being trained
+    r_t = exp(q_t - p_t)                    the PPO ratio against the trainer's own old policy, clipped to 1 +- eps
+    w_t = min(exp(p_t - b_t), C)            truncated importance sampling (TIS): corrects for what sampled the token
+                                            being the engine (other kernels, maybe older weights: asynchronous
+                                            rollouts within `max_lag` versions), capped at C for variance
+    loss = -sum_t w_t * min(r_t A, clip(r_t) A) / number of trainable tokens
+
+Every step reports the train/inference mismatch over its trainable tokens: mean and max |p_t - b_t| and the
+mean, min, max of exp(p_t - b_t) and the share of tokens capped. Tokens sampled more than `max_lag` versions
+behind the newest are masked out of the loss by the reader (asynchrony with a staleness bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tracefleet.traces import BatchReader
+
+from tracefleet.trainer.control import update_policy
+
+DEFAULT_CLIP = 0.2
+DEFAULT_TIS_CAP = 2.0
+
+
+def load_policy(model_dir: str | Path) -> Any:
+    """The causal LM in `model_dir` (float32: what the engine runs on CPU), in training mode. A tied
+    embedding (SmolLM2: the output head is the input embedding) is frozen: vLLM 0.32's in-place reload
+    updates the input embedding but keeps the output head it started with (measured on the CPU build: a 1%
+    change of the tied matrix gives max |d logprob| 0.15 between trainer and engine, 2e-5 once the head is
+    left as it was), so training it would make the engine sample from weights the trainer does not hold."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.get_input_embeddings().weight.requires_grad_(False)
+    model.train()
+    return model
+
+
+def trainable(model: Any) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   temperature: torch.Tensor | float = 1.0) -> torch.Tensor:
+    """[B, T]: log p(token_t | tokens_<t) under `model`'s logits divided by the temperature token t was
+    sampled at ([B, T] or a number); 0 at t = 0, which nothing predicts."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    if isinstance(temperature, torch.Tensor):
+        logits = logits / temperature[:, 1:, None]
+    elif temperature != 1.0:
+        logits = logits / temperature
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return torch.nn.functional.pad(lp, (1, 0))
+
+
+def mismatch(trainer_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tensor, cap: float = DEFAULT_TIS_CAP) -> dict[str, float]:
+    """Train/inference mismatch over the positions where mask > 0 (see the module docstring)."""
+    on = mask > 0
+    if not bool(on.any()):
+        return {"tokens": 0}
+    delta = (trainer_lp - engine_lp)[on].double()
+    ratio = delta.exp()
+    return {"tokens": int(on.sum()), "mean_abs_dlogprob": float(delta.abs().mean()), "max_abs_dlogprob": float(delta.abs().max()),
+            "ratio_mean": float(ratio.mean()), "ratio_min": float(ratio.min()), "ratio_max": float(ratio.max()),
+            "ratio_capped_share": float((ratio > cap).double().mean())}
+
+
+def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor], *, temperature: torch.Tensor | float = 1.0,
+              clip: float = DEFAULT_CLIP, tis_cap: float = DEFAULT_TIS_CAP) -> dict[str, float]:
+    """One GRPO step with the TIS correction over the reader's tensors (`Batch.tensors()`); its stats."""
+    mask, adv, engine_lp = t["loss_mask"], t["advantages"], t["old_logprobs"]
+    with torch.no_grad():
+        old = token_logprobs(model, t["input_ids"], t["attention_mask"], temperature)
+    stats = mismatch(old, engine_lp, mask, tis_cap)
+    n = mask.sum().clamp(min=1)
+    weight = torch.exp(old - engine_lp).clamp(max=tis_cap) * mask
+    new = token_logprobs(model, t["input_ids"], t["attention_mask"], temperature)
+    ratio = torch.exp(new - old)
+    objective = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
+    loss = -(weight * objective).sum() / n
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return {"loss": loss.item(), **stats}
+
+
+def save_weights(model: Any, out: Path) -> Path:
+    """The weights as a checkpoint directory vLLM's `reload_weights` reads (safetensors)."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out), safe_serialization=True)
+    return out
+
+
+def train(bucket: str, job: str, engines: list[str], model_dir: str, out: Path, *, lr: float = 1e-5,
+          max_lag: int = 1, steps: int | None = None, poll_s: float = 2.0, idle_exit: bool = False,
+          start_version: int = 0) -> list[dict[str, Any]]:
+    """Follow the job's batches: one GRPO step per batch, new weights into the engines, the batch committed.
+    One JSON-able record per step (its mismatch figures and the weight sync's seconds per step)."""
+    model = load_policy(model_dir)
+    optimizer = torch.optim.AdamW(trainable(model), lr=lr)
+    reader = BatchReader(bucket, job, consumer="reference-trainer")
+    version, log = start_version, []
+    for batch in reader.follow(poll_s=poll_s, idle_exit=idle_exit):
+        t0 = time.monotonic()
+        tensors = batch.tensors(max_lag=max_lag)
+        stats = grpo_step(model, optimizer, tensors) if tensors["input_ids"].shape[0] else {"tokens": 0}
+        version += 1
+        report = update_policy(engines, save_weights(model, out / f"policy-{version}"), version)
+        reader.commit(batch)
+        record = {"seq": batch.seq, "version": version, "rows": int(tensors["input_ids"].shape[0]),
+                  "reward_mean": float(tensors["rewards"].mean()) if tensors["rewards"].numel() else None,
+                  "train_s": round(time.monotonic() - t0 - report.seconds, 3), "sync": report.step_seconds(),
+                  "sync_s": round(report.seconds, 3), "in_flight": [f.model_dump() for f in report.in_flight], **stats}
+        print(json.dumps(record), flush=True)
+        log.append(record)
+        if steps is not None and len(log) >= steps:
+            break
+    return log
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tracefleet.trainer.reference", description=__doc__.splitlines()[0])
+    p.add_argument("--bucket", required=True)
+    p.add_argument("--job", required=True)
+    p.add_argument("--engine", action="append", required=True, help="engine root URL (repeat for replicas)")
+    p.add_argument("--model", required=True, help="the served model's Hugging Face directory")
+    p.add_argument("--out", required=True, type=Path, help="where each step's checkpoint is written (the engines read it)")
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--max-lag", type=int, default=1)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--idle-exit", action="store_true", help="stop when no new batch comes")
+    a = p.parse_args(argv)
+    train(a.bucket, a.job, a.engine, a.model, a.out, lr=a.lr, max_lag=a.max_lag, steps=a.steps, idle_exit=a.idle_exit)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
