@@ -6,7 +6,7 @@ import secrets
 from typing import Any
 
 from tracefleet import layout, podenv
-from tracefleet.api.semantics import harness_preset
+from tracefleet.contract.session import session_id as session_id_of
 from tracefleet.podenv import HarnessEnv, ProxySidecarEnv
 
 from .. import names as n
@@ -40,7 +40,7 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
     task, sample = n.task_sample_of(session, job.samples_per_task)
     name = n.harness_pod_name(job.name, session, attempt)
     secret = secret or session_secret()
-    session_id = f"{job.name}-s{session}"
+    session_id = session_id_of(job.name, session)
     h = job.harness
     proxy_args = [
         "proxy",
@@ -110,14 +110,15 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         base_url=f"http://127.0.0.1:{PROXY_PORT}",
         api_key=secret,
         model=job.served_model or None,
-        preset=harness_preset(h.preset),
+        preset=h.preset,  # unset: the session's HarnessConfig applies the default
         timeout_s=h.timeout_s,
         artifacts_dir=ARTIFACTS_DIR,
         command=list(h.command) or None,
         workspace_setup=list(h.workspace_setup) or None,
     )
-    # spec.harness.env last: what the job sets wins, as it always has
-    harness_env = {**pod_env.to_env(), "HOME": HOME_DIR, **{k: str(v) for k, v in h.env.items()}}
+    # spec.harness.env first: the pod program's own inputs (TRACEFLEET_*, HOME) are not the job's to change;
+    # over the preset's variables the job's win, in the pod program (tracefleet.runner.environment)
+    harness_env = {**{k: str(v) for k, v in h.env.items()}, **pod_env.to_env(), "HOME": HOME_DIR}
     harness = {
         "name": "harness",
         "image": h.image,

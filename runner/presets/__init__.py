@@ -10,7 +10,7 @@ hack/setup.d/50-harnesses.sh), and a line in PRESETS below.
 
 from __future__ import annotations
 
-from tracefleet.api.semantics import harness_preset
+from tracefleet.contract.session import preset_name
 
 from . import claude_code, codex, command, gemini_cli, opencode, pi, qwen_code
 from .base import (
@@ -42,7 +42,7 @@ REAL_HARNESSES = ("codex", "claude-code", "qwen-code", "pi", "gemini-cli", "open
 def get_preset(name: str | None) -> Preset:
     """The preset called `name` (None means the generic `command` preset). Unknown names raise KeyError
     listing the known ones."""
-    key = harness_preset(name)
+    key = preset_name(name)
     try:
         return PRESETS[key]
     except KeyError:
