@@ -17,7 +17,7 @@ per group as multisets, and every column a trainer reads must agree except timin
 - `session_id` / `trace_id` / `sample_index` ↔ row content: which draw a session got (see above); the
   (session id, sample index) pairs of each group are compared (one id format in both drivers).
 - in `metadata_json`: the timings (`timings`, `extra.timings`, the evaluation's `duration_s`) and the
-  reconstruction stats (they name call ids); span `call_id`s (random per call). Everything else in the
+  reconstruction stats (they name call ids); span and finding `call_id`s (random per call). Everything else in the
   trace metadata agrees: the evaluator's output, the session's status, task metadata.
 
 The harness reports the environment it saw (every variable but the machine's PATH/locale, with this
@@ -157,6 +157,7 @@ def metadata(row: dict[str, Any]) -> dict[str, Any]:
     meta = {k: v for k, v in json.loads(row["metadata_json"]).items()
             if k not in (*TIMED, "session_id", "trace_id", "sample_index")}
     meta["extra"] = {k: v for k, v in meta["extra"].items() if k != "timings"}
+    meta["diagnostics"] = [{k: v for k, v in f.items() if k != "call_id"} for f in meta["diagnostics"]]
     if meta["extra"].get("evaluation"):
         meta["extra"]["evaluation"] = {k: v for k, v in meta["extra"]["evaluation"].items() if k != "duration_s"}
     return meta
@@ -179,9 +180,32 @@ def by_group(batches: list[dict[str, Any]]) -> dict[str, list[tuple]]:
     groups: dict[str, list[tuple]] = {}
     for b in batches:
         for r in b["rows"]:
-            key = tuple(json.dumps(r[c], sort_keys=True) for c in (*COMPARED, "spans", "advantage", "metadata"))
+            key = tuple((c, json.dumps(r[c], sort_keys=True)) for c in (*COMPARED, "spans", "advantage", "metadata"))
             groups.setdefault(r["group_id"], []).append(key)
     return {g: sorted(rows) for g, rows in groups.items()}
+
+
+def flat(value: Any, path: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in flat(item, f"{path}.{key}").items()}
+    if isinstance(value, list):
+        return {k: v for i, item in enumerate(value) for k, v in flat(item, f"{path}[{i}]").items()}
+    return {path: value}
+
+
+def differences(a: dict[str, list[tuple]], b: dict[str, list[tuple]]) -> list[str]:
+    """What tells two drivers' rows apart: per group, the columns of the rows one has and the other not."""
+    out = []
+    for g in sorted({*a, *b}):
+        left = [r for r in a.get(g, []) if r not in b.get(g, [])]
+        right = [r for r in b.get(g, []) if r not in a.get(g, [])]
+        for x, y in zip(left, right):
+            for (cx, vx), (_, vy) in zip(x, y):
+                fx, fy = flat(json.loads(vx)), flat(json.loads(vy))
+                out += [f"{g} {cx}{k}: {fx.get(k)!r:.300} != {fy.get(k)!r:.300}" for k in sorted({*fx, *fy}) if fx.get(k) != fy.get(k)]
+        if len(left) != len(right):
+            out.append(f"{g}: {len(left)} rows against {len(right)}")
+    return out
 
 
 def sessions_by_group(batches: list[dict[str, Any]]) -> dict[str, list[tuple[str, int]]]:
@@ -289,11 +313,12 @@ def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: A
     assert_expected_semantics(cluster_batches)
     assert sessions_by_group(cluster_batches) == sessions_by_group(local_batches) == {
         f"{JOB}/t{t}": [(f"{JOB}-s{t * SAMPLES + s}", s) for s in range(SAMPLES)] for t in range(TASKS)}
-    assert by_group(cluster_batches) == by_group(local_batches)
+    assert by_group(cluster_batches) == by_group(local_batches), "\n".join(differences(by_group(cluster_batches),
+                                                                                     by_group(local_batches)))
     # the environment the harness saw: the same from both drivers; the job's env over the preset's default, the
     # session's endpoint over the job's
     local_envs, cluster_envs = harness_envs(local_batches), harness_envs(cluster_batches)
-    assert len(local_envs) == 6 and sorted(map(json.dumps, local_envs)) == sorted(map(json.dumps, cluster_envs))
+    assert len(local_envs) == 7 and sorted(map(json.dumps, local_envs)) == sorted(map(json.dumps, cluster_envs))
     env = local_envs[0]
     assert env["NO_COLOR"] == "0" and env["CONFORM_DRAWS"] == json.dumps(DRAWS), env
     assert env["OPENAI_BASE_URL"] == "<session endpoint>/v1" and env["OPENAI_API_KEY"] == "<secret>", env
