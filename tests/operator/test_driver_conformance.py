@@ -236,7 +236,7 @@ def assert_whole_groups(batches: list[dict[str, Any]]) -> None:
     assert sorted(seen) == [f"{JOB}/t{i}" for i in range(TASKS)]
 
 
-def assert_expected_semantics(batches: list[dict[str, Any]]) -> None:
+def assert_expected_semantics(batches: list[dict[str, Any]], driver: str) -> None:
     """What the job must mean, whichever driver ran it."""
     assert len(batches) == semantics.batch_count(TASKS, PER_BATCH, SAMPLES) == 2
     assert_whole_groups(batches)
@@ -249,7 +249,7 @@ def assert_expected_semantics(batches: list[dict[str, Any]]) -> None:
         ("t1", 0.0, "fail_closed", ("session_error:harness", "evaluator_missing")): 1,  # failed after its call
         ("t2", 1.0, "ok", ()): 1, ("t2", 0.0, "ok", ()): 1,
         ("t2", 0.0, "fail_closed", ("evaluator_error",)): 1,
-    }), summary
+    }), (driver, summary)
     assert all(r["num_trainable"] > 0 for r in rows)  # every sealed session made its model call
     for g in {r["group_id"] for r in rows}:
         adv = [r["advantage"] for r in rows if r["group_id"] == g]
@@ -309,8 +309,8 @@ def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: A
     # ---- what a trainer reads from either bucket
     local_batches = read_batches(BatchReader(f"s3://{bucket_name}/local", JOB, **s3.bucket_options()))
     cluster_batches = read_batches(BatchReader(f"s3://{bucket_name}/cluster", JOB, **s3.bucket_options()))
-    assert_expected_semantics(local_batches)
-    assert_expected_semantics(cluster_batches)
+    assert_expected_semantics(local_batches, "local")
+    assert_expected_semantics(cluster_batches, "cluster")
     assert sessions_by_group(cluster_batches) == sessions_by_group(local_batches) == {
         f"{JOB}/t{t}": [(f"{JOB}-s{t * SAMPLES + s}", s) for s in range(SAMPLES)] for t in range(TASKS)}
     assert by_group(cluster_batches) == by_group(local_batches), "\n".join(differences(by_group(cluster_batches),
