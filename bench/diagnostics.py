@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tracefleet.contract import layout
 from tracefleet.bucket import LocalBucket, S3Bucket
+from tracefleet.contract.session import EvalOutcome
 from tracefleet.diagnostics.backtest import DiagnosticReport, backtest, selected
 from tracefleet.diagnostics.base import Finding
 from tracefleet.diagnostics.evidence import HarnessEvidence, session_evidence
@@ -138,7 +139,7 @@ def main() -> int:
         started = time.perf_counter()
         ev = session_evidence(job=job, session_id=sid, task={"id": f"t{i // 4}", "prompt": "p"}, group_id=f"{job}/t{i // 4}",
                               sample_index=i % 4, capture=capture, patch=patch_text(i),
-                              harness=HarnessEvidence(exit_code=0), evaluation={"status": "ok", "reward": float(i % 2)})
+                              harness=HarnessEvidence(exit_code=0), evaluation=EvalOutcome(reward=float(i % 2)))
         t_evidence += time.perf_counter() - started
         started = time.perf_counter()
         findings = run_diagnostics(ev)

@@ -112,7 +112,7 @@ def main() -> int:
                 time.sleep(0.25)
             elapsed = time.monotonic() - started
             output = run.stdout.read() if run.stdout else ""
-            results = [json.loads(p.read_text()) for p in (root / "work" / "sessions").glob("*/result.json")]
+            results = [json.loads(p.read_text()) for p in (root / "work" / "sessions").glob("*/*/result.json")]
             engine_rss = tree_rss_kb(engine.pid)
         statuses: dict[str, int] = {}
         for r in results:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Iterable
 from tracefleet.contract.capture import CallError, read_capture_log
 
 if TYPE_CHECKING:
-    from tracefleet.runner.session import SessionResult
+    from tracefleet.contract.session import SessionResult
 
 # How a call error reads in a sentence, by its kind (tracefleet.proxy.errors.ErrorKind).
 CALL_ERROR_VERBS = {

@@ -15,7 +15,7 @@ import numpy as np
 from tracefleet.traces.advantages import group_advantages
 
 if TYPE_CHECKING:
-    from tracefleet.runner.session import SessionResult
+    from tracefleet.contract.session import SessionResult
 
 
 def learning_signal_line(results: list[SessionResult]) -> str:

@@ -5,8 +5,10 @@ and up to `parallelism` sessions at once over tasks × samplesPerTask; seals tra
 the output (a local directory or s3://) as they fill; shows progress; prints a summary.
 
 Resuming: a (task, sample) whose traces are already in a sealed batch of this job is not run again,
-so a rerun with the same job name after Ctrl-C (or a crash) continues without duplicating. Session
-ids carry a per-run suffix so a rerun never appends to an earlier run's capture log.
+so a rerun with the same job name after Ctrl-C (or a crash) continues without duplicating. Session ids
+are the cluster's (`<job>-s<index>`, tracefleet.contract.session.session_id); each run keeps its captures
+and session folders in its own `capture/<run>/` and `sessions/<run>/` under the work dir, so a rerun
+never appends to an earlier run's capture log, and a retry registers as `<session id>-a<attempt>`.
 """
 
 from __future__ import annotations
@@ -27,19 +29,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from tracefleet.contract import podenv
 from tracefleet.contract.harbor import HARBOR_NOT_YET
 from tracefleet.contract.semantics import (
     QUARANTINE_RATE_EXCEEDED,
     QuarantineVerdict,
     evaluator_type,
     groups_per_batch,
-    harness_preset,
     quarantine_verdict,
     session_plan,
     should_retry,
 )
-from tracefleet.runner.evaluators import EvaluatorSpec
+from tracefleet.contract.session import EvaluatorSpec, session_id
 from tracefleet.runner.failures import run_verdict
 from tracefleet.runner.learning_signal import learning_signal_line
 from tracefleet.runner.proxy_admin import ProxyAdmin
@@ -191,13 +191,13 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:80] or "x"
 
 
-def plan_sessions(job: Any, tasks: list[Task], model: str, harness: HarnessConfig, run_id: str) -> list[SessionPlan]:
+def plan_sessions(job: Any, tasks: list[Task], model: str, harness: HarnessConfig) -> list[SessionPlan]:
     spec = job.spec
     ev = evaluator_spec(job)
     by_id = {t.id: t for t in tasks}
     return [
         SessionPlan(
-            session_id=f"{_safe(p.task_id)}-s{p.sample_index}-{run_id}",
+            session_id=session_id(job.name, p.index),
             job=job.name,
             task=by_id[p.task_id],
             sample_index=p.sample_index,
@@ -230,8 +230,6 @@ class LocalRun:
         self.work_dir = (options.work_dir or Path(tempfile.gettempdir()) / "tracefleet" / _safe(self.job.name)).resolve()
         self.results: list[SessionRun] = []
         self.netns_mode = "off"
-        self._attempts: dict[str, int] = {}
-        self._retry_base: dict[str, str] = {}
         self._tty = bool(getattr(out, "isatty", lambda: False)())
         self._quarantine_exceeded = False  # the QuarantineRateExceeded condition, as last reported
 
@@ -325,7 +323,7 @@ class LocalRun:
         try:
             proxy = InProcessProxy(
                 engine_url=engine_url,
-                capture_dir=self.work_dir / "capture",
+                capture_dir=self.work_dir / "capture" / run_id,
                 mode=capture.mode,
                 served_model=model_hint,
                 # None: the served name when it names a tokenizer here, else the engine's own `root`
@@ -338,11 +336,11 @@ class LocalRun:
             decision = proxy.mode_decision
             self._say(f"capture mode {decision.mode} ({decision.reason})")
             harness = HarnessConfig(
-                preset=harness_preset(spec.harness.preset),
+                preset=spec.harness.preset,
                 # {job_dir} lets a job ship its own harness script next to the manifest.
                 command=[a.replace("{job_dir}", str(self.base_dir)) for a in spec.harness.command]
                 if spec.harness.command else None,
-                env={**(spec.harness.env or {}), podenv.JOB_DIR: str(self.base_dir)},
+                env=dict(spec.harness.env or {}),
                 timeout_s=float(spec.harness.session_timeout_seconds),
             )
             if use_netns:
@@ -351,7 +349,7 @@ class LocalRun:
                 sock = self.work_dir / f"proxy-{run_id}.sock"
                 bridge = UnixToTcpBridge(sock, "127.0.0.1", proxy.port).start()
                 harness = harness.model_copy(update={"netns": True, "bridge_socket": str(sock)})
-            plans = plan_sessions(self.job, tasks, model_hint or "default", harness, run_id)
+            plans = plan_sessions(self.job, tasks, model_hint or "default", harness)
             todo = [p for p in plans if (p.task.id, p.sample_index) not in sealed]
             sink.expect(dict(Counter(p.group_id for p in todo)))
             progress = Progress(total=len(plans), skipped=len(plans) - len(todo))
@@ -361,7 +359,7 @@ class LocalRun:
             self._say(f"{len(todo)} sessions, parallelism {self.options.parallelism or spec.parallelism}, "
                       f"engine {engine_url}, proxy {proxy.url}, sandbox: {self.netns_mode}")
             admin = ProxyAdmin(proxy.url, proxy.admin_token)
-            interrupted = self._schedule(todo, admin, proxy.url, sink, progress)
+            interrupted = self._schedule(todo, admin, proxy.url, sink, progress, run_id)
             # Whatever finished is sealed, also after Ctrl-C: a partial batch is still a whole batch.
             for ref in sink.flush():
                 progress.batches.append(ref)
@@ -383,9 +381,10 @@ class LocalRun:
             if engine is not None:
                 engine.stop()
 
-    def _schedule(self, todo: list[SessionPlan], admin: ProxyAdmin, proxy_url: str, sink: Any, progress: Progress) -> bool:
+    def _schedule(self, todo: list[SessionPlan], admin: ProxyAdmin, proxy_url: str, sink: Any, progress: Progress,
+                  run_id: str) -> bool:
         parallelism = max(1, self.options.parallelism or self.job.spec.parallelism)
-        session_root = self.work_dir / "sessions"
+        session_root = self.work_dir / "sessions" / run_id
         interrupted = False
         previous = signal.getsignal(signal.SIGINT)
 
@@ -439,19 +438,14 @@ class LocalRun:
         return interrupted
 
     def _retry(self, plan: SessionPlan, run: SessionRun, queue: list[SessionPlan]) -> bool:
-        """A session that failed before its first model call runs again (up to spec.maxRetries, with a fresh
-        session id); after a model call its failure is data (tracefleet.contract.semantics.should_retry)."""
+        """A session that failed before its first model call runs again (up to spec.maxRetries, as the next
+        attempt of the same session); after a model call its failure is data (tracefleet.contract.semantics.should_retry)."""
         r = run.result
-        attempt = self._attempts.get(plan.session_id, 0)
         if (r.status not in ("error", "timeout") or self.stop.is_set()
-                or not should_retry(model_calls=r.calls, retries_done=attempt, max_retries=self.job.spec.max_retries)):
+                or not should_retry(model_calls=r.calls, retries_done=plan.attempt, max_retries=self.job.spec.max_retries)):
             return False
-        base = self._retry_base.get(plan.session_id, plan.session_id)
-        retry_id = f"{base}-retry{attempt + 1}"
-        self._attempts[retry_id] = attempt + 1
-        self._retry_base[retry_id] = base
-        self._say(f"session {r.session_id}: {r.stage} failed ({r.error}); retry {attempt + 1}/{self.job.spec.max_retries}")
-        queue.append(plan.model_copy(update={"session_id": retry_id}))
+        self._say(f"session {r.session_id}: {r.stage} failed ({r.error}); retry {plan.attempt + 1}/{self.job.spec.max_retries}")
+        queue.append(plan.model_copy(update={"attempt": plan.attempt + 1}))
         return True
 
     def _record(self, run: SessionRun, sink: Any, progress: Progress) -> None:

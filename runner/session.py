@@ -1,14 +1,32 @@
-"""One session end to end:
+"""One session, end to end: the one session program, whichever place it runs in.
 
-prepare workspace → register with the proxy → start the harness (preset: argv, env, HOME files) in its
-own process group / workdir / HOME (optionally a loopback-only net namespace) → wait under the session
-timeout (kill the group) → close the proxy session (capture log flushed) → collect artifacts (git diff,
-stdout/stderr, exit code) → evaluate (fail closed) → build traces.
+Lifecycle (`run`): prepare the workspace → connect to the proxy session → launch the preset's harness
+(argv, env, HOME files) in its own process group under the session timeout (kill the group) →
+disconnect (the capture log closed) → collect (the workspace's diff, after any outcome) → evaluate →
+evidence and traces → result.json. Every stage is timed. The result says `completed`, `timeout` (with
+the stage that ran out of time), `error` (with the stage that failed) or `stopped`. Whatever happens,
+the proxy session is closed and the diff collected: nothing the harness did is lost, and a failed
+session's traces are kept, fail-closed (design invariant 4).
 
-Every stage is timed. The result says `completed`, `timeout` (with the stage that ran out of time) or
-`error` (with the stage that failed). Whatever happens, the proxy session is closed and the captured
-calls are turned into traces: a failed session's traces are kept, marked by their outcome and with no
-positive reward (design invariant 4), never dropped.
+A `Place` is where the session runs; the program asks it only for:
+
+    folders(plan)            where the workspace, the harness's outputs and its HOME go
+    connect(plan)            the proxy session the harness talks to (SessionEndpoint); StageFailed("register")
+    user_env(plan)           spec.harness.env as it reaches this place
+    run(plan, argv, ...)     the harness process, to its end, its timeout or the place's stop
+    disconnect(plan, result) close the proxy session, record its calls and capture on the result
+    judges                   whether evaluate/evidence/build run here, or later where the place's uploads go
+    finish(result, folders)  write result.json where this place's readers look
+
+    HostPlace (here)                 the in-process proxy, an optional loopback-only net namespace; judges
+    PodPlace (runner.pod.harness)    the proxy sidecar, artifacts uploaded by it; the evaluator Job judges
+                                     (runner.pod.evaluate) and the sealer builds (runner.pod.seal), with
+                                     `judge` / `evidence_of` / tracing.outcome_of below, as here
+    a task's own image (issue 20)    `run` wraps the argv in `podman run` with the workspace and HOME
+                                     mounted and the endpoint reachable from the container
+
+The harness's environment follows one rule (tracefleet.runner.environment): sandbox base < preset
+defaults < spec.harness.env < the session's routing (proxy URL, secret, HOME).
 """
 
 from __future__ import annotations
@@ -19,90 +37,26 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal
-
-from pydantic import BaseModel, Field
+from typing import Any, Iterator, Protocol
 
 from tracefleet.contract import layout
-from tracefleet.contract.job import DiagnosticSpec
+from tracefleet.contract.session import (
+    EvalOutcome,
+    HarnessConfig,
+    SessionPlan,
+    SessionResult,
+    SessionStatus,
+    Stage,
+)
 from tracefleet.diagnostics.evidence import HarnessEvidence, SessionEvidence, read_tail, session_evidence
-from tracefleet.runner.evaluators import EvalContext, EvalOutcome, EvaluatorSpec, get_evaluator
-from tracefleet.runner.proxy_admin import ProxyAdmin, RegisteredSession
+from tracefleet.runner.environment import SessionEndpoint, harness_environment
+from tracefleet.runner.evaluators import EvalContext, get_evaluator
+from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, run_sandboxed
-from tracefleet.runner.task import Task
 from tracefleet.runner.workspace import WorkspaceError, prepare_workspace, workspace_patch
 
-SessionStatus = Literal["completed", "timeout", "error", "stopped"]
-Stage = Literal["prepare", "register", "harness", "collect", "evaluate", "capture", "build"]
-
-
-class HarnessConfig(BaseModel):
-    preset: str = "command"
-    command: list[str] | None = None  # for the command preset; {prompt} and {workdir} substituted
-    env: dict[str, str] = Field(default_factory=dict)
-    timeout_s: float = 1800
-    netns: bool = False  # loopback-only network namespace (proxy reachable through a bridge)
-    bridge_socket: str | None = None
-
-
-class SessionPlan(BaseModel):
-    session_id: str
-    job: str
-    task: Task
-    sample_index: int = 0
-    group_id: str
-    harness: HarnessConfig
-    evaluator: EvaluatorSpec
-    model: str
-    builder: str = "prefix-merge"
-    setup_timeout_s: float = 600
-    diagnostics: list[DiagnosticSpec] | None = None  # spec.diagnostics (None: built-ins, flag only)
-    policy_version: int | None = None  # the job's policy version (off-policy lag reference)
-
-
-class SessionResult(BaseModel):
-    session_id: str
-    job: str
-    task_id: str
-    sample_index: int
-    group_id: str
-    harness: str | None = None  # the preset that ran
-    model: str | None = None  # the model name the harness asked for
-    status: SessionStatus = "completed"
-    stage: Stage | None = None  # the stage that timed out or failed
-    error: str | None = None
-    reward: float = 0.0
-    evaluation: EvalOutcome | None = None
-    harness_exit_code: int | None = None
-    calls: int = 0
-    call_errors: int = 0
-    abandoned_calls: int = 0  # cut off in flight (harness gone or killed): recorded, their engine requests cancelled
-    capture_path: str | None = None
-    capture_torn: bool = False
-    patch_bytes: int = 0
-    traces: int = 0
-    tokens: int = 0
-    trainable_tokens: int = 0
-    build_stats: dict[str, Any] = Field(default_factory=dict)
-    timings: dict[str, float] = Field(default_factory=dict)
-    session_dir: str
-
-    @classmethod
-    def for_plan(cls, plan: SessionPlan, session_dir: Path) -> SessionResult:
-        """A fresh (completed, so far) result of the planned session: the same in both drivers."""
-        return cls(session_id=plan.session_id, job=plan.job, task_id=plan.task.id, sample_index=plan.sample_index,
-                   group_id=plan.group_id, harness=plan.harness.preset, model=plan.model, session_dir=str(session_dir))
-
-    @property
-    def outcome(self) -> str:
-        """A short label for trace metadata: what a trainer filters on."""
-        if self.status != "completed":
-            return f"{self.status}:{self.stage}"
-        if self.evaluation is not None and self.evaluation.status != "ok":
-            return f"evaluator_{self.evaluation.status}"
-        if self.capture_torn:
-            return "capture_incomplete"
-        return "ok"
+# the models moved to the contract floor; these names stay importable from here
+__all__ = ["HarnessConfig", "SessionPlan", "SessionResult", "SessionRun", "Place", "HostPlace", "run", "run_session"]
 
 
 @dataclass
@@ -110,6 +64,13 @@ class SessionRun:
     result: SessionResult
     traces: list[Any] = field(default_factory=list)  # built traces, ready for sealing
     evidence: SessionEvidence | None = None  # what the diagnostics read (tracefleet.diagnostics)
+
+
+@dataclass(frozen=True)
+class SessionFolders:
+    work: Path  # the workspace is prepared here
+    artifacts: Path  # the harness's outputs (stdout, stderr, session.patch, result.json)
+    home: Path  # the harness's HOME
 
 
 class StageFailed(Exception):
@@ -121,6 +82,24 @@ class StageFailed(Exception):
 
     def record(self, result: SessionResult) -> None:
         result.status, result.stage, result.error = self.status, self.stage, str(self)
+
+
+class Place(Protocol):
+    judges: bool
+    stopped_reason: str  # the session's error when the place stopped it
+
+    def folders(self, plan: SessionPlan) -> SessionFolders: ...
+
+    def connect(self, plan: SessionPlan, deadline: float) -> SessionEndpoint: ...
+
+    def user_env(self, plan: SessionPlan) -> dict[str, str]: ...
+
+    def run(self, plan: SessionPlan, argv: list[str], *, cwd: Path, home: Path, env: dict[str, str], timeout_s: float,
+            stdout_path: Path, stderr_path: Path) -> ProcessResult: ...
+
+    def disconnect(self, plan: SessionPlan, result: SessionResult) -> None: ...
+
+    def finish(self, result: SessionResult, folders: SessionFolders) -> None: ...
 
 
 @contextmanager
@@ -145,22 +124,21 @@ def harness_launch(plan: SessionPlan, *, workdir: Path, home: Path, base_url: st
     return preset.launch(**kwargs)
 
 
-# ---- the session lifecycle's stages, the same in local mode (run_session) and in a harness pod
-# (tracefleet.runner.pod.harness): prepare → launch → wait → collect; then evaluate and build traces.
+# ---- the stages
 
 
-def prepare_stage(plan: SessionPlan, session_dir: Path) -> Any:
+def prepare_stage(plan: SessionPlan, work: Path) -> Any:
     """The session's workspace (the task's repository, set up)."""
     try:
-        return prepare_workspace(plan.task, session_dir, setup_timeout_s=plan.setup_timeout_s)
+        return prepare_workspace(plan.task, work, setup_timeout_s=plan.setup_timeout_s)
     except WorkspaceError as exc:
         raise StageFailed("prepare", "timeout" if "timed out" in str(exc) else "error", str(exc)) from exc
 
 
-def launch_stage(plan: SessionPlan, *, workdir: Path, home: Path, base_url: str, api_key: str) -> Any:
+def launch_stage(plan: SessionPlan, *, workdir: Path, home: Path, endpoint: SessionEndpoint) -> Any:
     """The preset's launch, its HOME files written."""
     try:
-        launch = harness_launch(plan, workdir=workdir, home=home, base_url=base_url, api_key=api_key)
+        launch = harness_launch(plan, workdir=workdir, home=home, base_url=endpoint.base_url, api_key=endpoint.api_key)
         for rel, content in launch.files.items():
             target = home / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -190,145 +168,176 @@ def collect_stage(workspace: Any, dest: Path, result: SessionResult) -> str:
         patch = workspace_patch(workspace.workdir, workspace.base_commit)
         (dest / layout.PATCH).write_text(patch)
     except Exception as exc:  # noqa: BLE001
-        _fail(result, "collect", "error", f"git diff of the workspace failed: {exc}")
+        result.fail("collect", "error", f"git diff of the workspace failed: {exc}")
         return ""
     result.patch_bytes = len(patch.encode())
     return patch
 
 
-def run_session(
-    plan: SessionPlan,
-    *,
-    admin: ProxyAdmin,
-    proxy_url: str,
-    session_root: Path,
-    stop: threading.Event | None = None,
-) -> SessionRun:
-    session_dir = session_root / plan.session_id
-    session_dir.mkdir(parents=True, exist_ok=True)
-    result = SessionResult.for_plan(plan, session_dir)
+def judge(plan: SessionPlan, ctx: EvalContext) -> EvalOutcome:
+    """The plan's evaluator on a finished session (here, or in the evaluator Job); never raises."""
+    try:
+        return get_evaluator(plan.evaluator).evaluate(ctx)
+    except Exception as exc:  # noqa: BLE001 - evaluators fail closed; this catches their construction
+        return EvalOutcome(status="error", message=f"{type(exc).__name__}: {exc}")
+
+
+def eval_context(plan: SessionPlan, workspace: Any, patch: str, session_dir: Path, result: SessionResult,
+                 harness_stdout: Path) -> EvalContext:
+    return EvalContext(task=plan.task, workspace=workspace, patch=patch, session_dir=session_dir,
+                       harness_exit_code=result.harness_exit_code, harness_stdout=harness_stdout,
+                       metadata={"session_id": plan.session_id, "sample_index": plan.sample_index})
+
+
+def evidence_of(result: SessionResult, *, task: Any, capture: str | Path | None, patch: str, stderr: Path,
+                policy_version: int | None) -> SessionEvidence:
+    """The session's evidence for the diagnostics, from its judged result (here, in the evaluator Job,
+    and in the sealer for a session that was never judged)."""
+    return session_evidence(
+        job=result.job, session_id=result.session_id, task=task, group_id=result.group_id,
+        sample_index=result.sample_index, capture=capture, patch=patch,
+        harness=HarnessEvidence(preset=result.harness, status=result.status, stage=result.stage, error=result.error,
+                                exit_code=result.harness_exit_code, stderr_tail=read_tail(stderr)),
+        evaluation=result.evaluation, timings=result.timings, policy_version=policy_version,
+    )
+
+
+# ---- the program
+
+
+def run(plan: SessionPlan, place: Place) -> SessionRun:
+    """The session, start to end, in `place`."""
+    folders = place.folders(plan)
+    for folder in (folders.work, folders.artifacts, folders.home):
+        folder.mkdir(parents=True, exist_ok=True)
+    result = SessionResult.for_plan(plan, folders.work)
     timings = result.timings
     started = time.monotonic()
     deadline = started + plan.harness.timeout_s
-    registered: RegisteredSession | None = None
+    connected = False
     workspace = None
-    proc: ProcessResult | None = None
-    patch = ""
+    stdout, stderr = folders.artifacts / layout.HARNESS_STDOUT, folders.artifacts / layout.HARNESS_STDERR
     try:
         with _timed(timings, "prepare"):
-            workspace = prepare_stage(plan, session_dir)
+            workspace = prepare_stage(plan, folders.work)
         with _timed(timings, "register"):
-            try:
-                registered = admin.create_session(
-                    plan.session_id,
-                    metadata={"job": plan.job, "task": plan.task.id, "sample": plan.sample_index, "group": plan.group_id},
-                )
-            except Exception as exc:  # noqa: BLE001 - any failure here is the register stage's
-                raise StageFailed("register", "error", str(exc)) from exc
+            endpoint = place.connect(plan, deadline)
+            connected = True
         with _timed(timings, "harness"):
-            home = session_dir / "home"
-            home.mkdir(parents=True, exist_ok=True)
-            launch = launch_stage(plan, workdir=workspace.workdir, home=home,
-                                  base_url=proxy_url.rstrip("/") + registered.base_path, api_key=registered.secret)
-            options = SandboxOptions()
-            if plan.harness.netns and plan.harness.bridge_socket:
-                port = int(proxy_url.rsplit(":", 1)[1].split("/")[0])
-                options = SandboxOptions(netns=True, bridge_port=port, bridge_socket=Path(plan.harness.bridge_socket))
-            env = {**launch.env, **plan.harness.env}
-            (session_dir / "harness.json").write_text(
-                json.dumps({"argv": launch.argv, "env_keys": sorted(env), "files": sorted(launch.files)}, indent=1)
-            )
-            proc = run_sandboxed(
-                list(launch.argv),
-                cwd=workspace.workdir,
-                home=home,
-                env=env,
-                timeout_s=max(0.0, deadline - time.monotonic()),
-                stdout_path=session_dir / layout.HARNESS_STDOUT,
-                stderr_path=session_dir / layout.HARNESS_STDERR,
-                options=options,
-                stop=stop,
-            )
-            wait_stage(proc, plan, result, stopped="interrupted")
+            launch = launch_stage(plan, workdir=workspace.workdir, home=folders.home, endpoint=endpoint)
+            env = harness_environment(launch.env, place.user_env(plan), endpoint, str(folders.home))
+            (folders.artifacts / "harness.json").write_text(
+                json.dumps({"argv": launch.argv, "env_keys": sorted(env), "files": sorted(launch.files)}, indent=1))
+            proc = place.run(plan, list(launch.argv), cwd=workspace.workdir, home=folders.home, env=env,
+                             timeout_s=max(0.0, deadline - time.monotonic()), stdout_path=stdout, stderr_path=stderr)
+            wait_stage(proc, plan, result, stopped=place.stopped_reason)
     except StageFailed as failed:
         failed.record(result)
+    except Exception as exc:  # noqa: BLE001 - never leave a result that says "completed" after a crash
+        result.fail("prepare" if workspace is None else "harness", "error", f"{type(exc).__name__}: {exc}")
 
     # The capture and the workspace diff are collected whatever happened above: nothing captured is lost.
-    with _timed(timings, "capture"):
-        if registered is not None:
-            try:
-                info = admin.close_session(registered.session_id)
-                result.calls, result.call_errors, result.capture_path = info.calls, info.errors, info.capture_path
-                result.abandoned_calls = info.abandoned
-            except Exception as exc:  # noqa: BLE001
-                _fail(result, "capture", "error", f"closing the proxy session failed: {exc}")
-    if workspace is not None and result.stage not in ("prepare",):
+    if connected:
+        with _timed(timings, "capture"):
+            place.disconnect(plan, result)
+    patch = ""
+    if workspace is not None:
         with _timed(timings, "collect"):
-            patch = collect_stage(workspace, session_dir, result)
+            patch = collect_stage(workspace, folders.artifacts, result)
 
+    done = _judge_here(plan, result, workspace, patch, folders) if place.judges else SessionRun(result=result)
+    if done.result.status != "completed":
+        done.result.reward = 0.0
+    done.result.timings["total"] = round(time.monotonic() - started, 4)
+    place.finish(done.result, folders)
+    return done
+
+
+def _judge_here(plan: SessionPlan, result: SessionResult, workspace: Any, patch: str, folders: SessionFolders) -> SessionRun:
+    """evaluate → evidence → traces, where the session ran."""
     if result.status == "completed" and workspace is not None:
-        with _timed(timings, "evaluate"):
-            ctx = EvalContext(
-                task=plan.task,
-                workspace=workspace,
-                patch=patch,
-                session_dir=session_dir,
-                harness_exit_code=result.harness_exit_code,
-                harness_stdout=session_dir / layout.HARNESS_STDOUT,
-                metadata={"session_id": plan.session_id, "sample_index": plan.sample_index},
-            )
-            try:
-                outcome = get_evaluator(plan.evaluator).evaluate(ctx)
-            except Exception as exc:  # noqa: BLE001 - evaluators fail closed; this catches their construction
-                outcome = EvalOutcome(status="error", message=f"{type(exc).__name__}: {exc}")
-            result.evaluation = outcome
-            result.reward = outcome.reward if outcome.status == "ok" else 0.0
-            if outcome.status in ("error", "patch_failed"):
-                _fail(result, "evaluate", "error", outcome.message or outcome.status)
-            elif outcome.status == "timeout":
-                _fail(result, "evaluate", "timeout", outcome.message or "evaluator timed out")
-
-    traces: list[Any] = []
+        with _timed(result.timings, "evaluate"):
+            outcome = judge(plan, eval_context(plan, workspace, patch, folders.artifacts, result,
+                                               folders.artifacts / layout.HARNESS_STDOUT))
+        result = result.judged(outcome)
+    if result.status == "stopped":  # run again later, never sealed
+        return SessionRun(result=result)
     evidence: SessionEvidence | None = None
-    if result.status != "stopped":
+    try:
+        evidence = evidence_of(result, task=plan.task, capture=result.capture_path, patch=patch,
+                               stderr=folders.artifacts / layout.HARNESS_STDERR, policy_version=plan.policy_version)
+        (folders.artifacts / layout.EVIDENCE).write_text(evidence.model_dump_json())
+    except Exception as exc:  # noqa: BLE001 - the build below reads the same capture and fails closed
+        result.error = f"{result.error + '; ' if result.error else ''}evidence: {type(exc).__name__}: {exc}"
+    # Every finished session is sealed, with or without a capture (tracefleet.contract.semantics).
+    traces: list[Any] = []
+    with _timed(result.timings, "build"):
         try:
-            evidence = evidence_stage(plan, result, session_dir, patch)
-        except Exception as exc:  # noqa: BLE001 - the build below reads the same capture and fails closed
-            result.error = f"{result.error + '; ' if result.error else ''}evidence: {type(exc).__name__}: {exc}"
-    # Every finished session is sealed, with or without a capture (tracefleet.contract.semantics); a stopped
-    # one is run again later instead.
-    if result.status != "stopped":
-        with _timed(timings, "build"):
-            try:
-                from tracefleet.runner.tracing import build_session_traces
+            from tracefleet.runner.tracing import build_session_traces
 
-                traces = build_session_traces(plan, result, evidence)
-            except Exception as exc:  # noqa: BLE001
-                _fail(result, "build", "error", f"building traces failed: {type(exc).__name__}: {exc}")
-    if result.status != "completed":
-        result.reward = 0.0
-    timings["total"] = round(time.monotonic() - started, 4)
-    (session_dir / "result.json").write_text(result.model_dump_json(indent=1))
+            traces = build_session_traces(plan, result, evidence)
+        except Exception as exc:  # noqa: BLE001
+            result.fail("build", "error", f"building traces failed: {type(exc).__name__}: {exc}")
     return SessionRun(result=result, traces=traces, evidence=evidence)
 
 
-def evidence_stage(plan: SessionPlan, result: SessionResult, session_dir: Path, patch: str) -> SessionEvidence:
-    """The session's evidence for the diagnostics, after judging, written to session_dir/evidence.json.
-    (On Kubernetes the evaluator Job builds it with the same function: tracefleet.runner.pod.evaluate.)"""
-    evidence = session_evidence(
-        job=plan.job, session_id=plan.session_id, task=plan.task, group_id=plan.group_id, sample_index=plan.sample_index,
-        capture=result.capture_path, patch=patch,
-        harness=HarnessEvidence(preset=plan.harness.preset, status=result.status, stage=result.stage, error=result.error,
-                                exit_code=result.harness_exit_code, stderr_tail=read_tail(session_dir / layout.HARNESS_STDERR)),
-        evaluation=result.evaluation, timings=result.timings, policy_version=plan.policy_version,
-    )
-    (session_dir / layout.EVIDENCE).write_text(evidence.model_dump_json())
-    return evidence
+# ---- this machine
 
 
-def _fail(result: SessionResult, stage: Stage, status: SessionStatus, message: str) -> None:
-    """Record the first failure; later ones only add to the message."""
-    if result.status == "completed":
-        result.status, result.stage, result.error = status, stage, message
-    else:
-        result.error = f"{result.error}; {stage}: {message}"
+class HostPlace:
+    """This machine: the in-process proxy (sessions registered through its admin API), each harness in
+    the runner's sandbox (process group, fresh HOME, optionally a loopback-only net namespace); judged
+    here. Folders: `session_root/<capture name>` (a retry gets its own)."""
+
+    judges = True
+    stopped_reason = "interrupted"
+
+    def __init__(self, *, admin: ProxyAdmin, proxy_url: str, session_root: Path, stop: threading.Event | None = None) -> None:
+        self.admin, self.proxy_url, self.session_root, self.stop = admin, proxy_url.rstrip("/"), session_root, stop
+        self._registered: dict[str, str] = {}  # session id -> its name at the proxy
+
+    def folders(self, plan: SessionPlan) -> SessionFolders:
+        d = self.session_root / plan.capture_name
+        return SessionFolders(work=d, artifacts=d, home=d / "home")
+
+    def connect(self, plan: SessionPlan, deadline: float) -> SessionEndpoint:
+        try:
+            registered = self.admin.create_session(plan.capture_name, metadata={
+                "job": plan.job, "task": plan.task.id, "sample": plan.sample_index, "group": plan.group_id,
+                "attempt": plan.attempt})
+        except Exception as exc:  # noqa: BLE001 - any failure here is the register stage's
+            raise StageFailed("register", "error", str(exc)) from exc
+        self._registered[plan.capture_name] = registered.session_id
+        return SessionEndpoint(base_url=self.proxy_url + registered.base_path, api_key=registered.secret)
+
+    def user_env(self, plan: SessionPlan) -> dict[str, str]:
+        return dict(plan.harness.env)
+
+    def _sandbox(self, harness: HarnessConfig) -> SandboxOptions:
+        if harness.netns and harness.bridge_socket:
+            port = int(self.proxy_url.rsplit(":", 1)[1].split("/")[0])
+            return SandboxOptions(netns=True, bridge_port=port, bridge_socket=Path(harness.bridge_socket))
+        return SandboxOptions()
+
+    def run(self, plan: SessionPlan, argv: list[str], *, cwd: Path, home: Path, env: dict[str, str], timeout_s: float,
+            stdout_path: Path, stderr_path: Path) -> ProcessResult:
+        return run_sandboxed(argv, cwd=cwd, home=home, env=env, timeout_s=timeout_s, stdout_path=stdout_path,
+                             stderr_path=stderr_path, options=self._sandbox(plan.harness), stop=self.stop)
+
+    def disconnect(self, plan: SessionPlan, result: SessionResult) -> None:
+        try:
+            info = self.admin.close_session(self._registered.pop(plan.capture_name))
+        except Exception as exc:  # noqa: BLE001
+            result.fail("capture", "error", f"closing the proxy session failed: {exc}")
+            return
+        result.calls, result.call_errors, result.capture_path = info.calls, info.errors, info.capture_path
+        result.abandoned_calls = info.abandoned
+
+    def finish(self, result: SessionResult, folders: SessionFolders) -> None:
+        (folders.artifacts / layout.RESULT).write_text(result.model_dump_json(indent=1))
+
+
+def run_session(plan: SessionPlan, *, admin: ProxyAdmin, proxy_url: str, session_root: Path,
+                stop: threading.Event | None = None) -> SessionRun:
+    """The session on this machine (HostPlace)."""
+    return run(plan, HostPlace(admin=admin, proxy_url=proxy_url, session_root=session_root, stop=stop))

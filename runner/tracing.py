@@ -1,8 +1,9 @@
 """A finished session's rows for sealing, in both drivers: its capture log built into traces with the
 session's reward and outcome attached, so the fail-closed rules apply (`tracefleet.contract.semantics`).
 
-`session_traces` is what the local runner and the sealer Job call; `SessionOutcome` is what each of
-them knows about the session (from its `SessionResult` or from the files the pods uploaded).
+`session_traces` is what the local runner and the sealer Job call, over `outcome_of` the session's judged
+`SessionResult` (in the sealer: the harness pod's result.json judged with the evaluator Job's reward.json),
+so both drivers attach the same outcome and trace metadata `extra`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tracefleet.contract.diagnostics import quarantined_reward
 if TYPE_CHECKING:
     from tracefleet.contract.diagnostics import SessionFindings
     from tracefleet.diagnostics.evidence import SessionEvidence
-    from tracefleet.runner.session import SessionPlan, SessionResult
+    from tracefleet.contract.session import SessionPlan, SessionResult
     from tracefleet.traces.schema import BuildResult
 
 NO_TRAINABLE_CALLS = "no_trainable_calls"
@@ -52,21 +53,22 @@ def evaluator_status(result: SessionResult) -> str:
     return status if status in ("ok", "timeout") else "error"
 
 
-def outcome_of(plan: SessionPlan, result: SessionResult) -> SessionOutcome:
-    """The local runner's view of a session it ran."""
+def outcome_of(result: SessionResult) -> SessionOutcome:
+    """A session's outcome from its judged result: what both drivers attach to its rows (the sealer reads
+    the result from result.json and judges it with reward.json, tracefleet.runner.pod.seal)."""
     return SessionOutcome(
-        job=plan.job,
-        session_id=plan.session_id,
-        task_id=plan.task.id,
-        group_id=plan.group_id,
-        sample_index=plan.sample_index,
+        job=result.job,
+        session_id=result.session_id,
+        task_id=result.task_id,
+        group_id=result.group_id,
+        sample_index=result.sample_index,
         status=result.status,
         stage=result.stage,
         reward=result.reward if result.evaluation is not None else None,
         evaluator_status=evaluator_status(result),
         capture_complete=result.stage != "capture",
-        harness=plan.harness.preset,
-        model=plan.model,
+        harness=result.harness,
+        model=result.model,
         extra={
             "session_status": result.status,
             "session_stage": result.stage,
@@ -74,7 +76,7 @@ def outcome_of(plan: SessionPlan, result: SessionResult) -> SessionOutcome:
             "harness_exit_code": result.harness_exit_code,
             "evaluation": result.evaluation.model_dump(mode="json") if result.evaluation else None,
             "timings": dict(result.timings),
-            "task_metadata": plan.task.metadata,
+            "task_metadata": dict(result.task_metadata),
         },
     )
 
@@ -146,7 +148,7 @@ def build_session_traces(plan: SessionPlan, result: SessionResult, evidence: Ses
     resolved = configured(plan.diagnostics)
     findings = run_diagnostics(evidence, resolved=resolved) if evidence is not None else unavailable(
         f"no evidence: {result.error}", resolved)
-    built = session_traces(result.capture_path, outcome_of(plan, result), plan.builder, findings)
+    built = session_traces(result.capture_path, outcome_of(result), plan.builder, findings)
     result.traces = len(built.traces)
     result.tokens = sum(t.num_tokens for t in built.traces)
     result.trainable_tokens = sum(t.num_trainable for t in built.traces)

@@ -7,7 +7,7 @@ from typing import Any
 
 from tracefleet.contract import layout, podenv
 from tracefleet.contract.job import ModelCache, RolloutJob
-from tracefleet.contract.semantics import harness_preset
+from tracefleet.contract.session import session_id as session_id_of
 from tracefleet.operator import names as n
 from tracefleet.operator.children.inference import engine_api_key_env, inference_service_url
 from tracefleet.operator.children.inputs import bucket_env_from, env_ref, env_vars, task_source
@@ -40,7 +40,7 @@ def harness_pod(job: RolloutJob, cfg: OperatorConfig, session: int, attempt: int
     task, sample = n.task_sample_of(session, job.spec.tasks.samples_per_task)
     name = n.harness_pod_name(job.name, session, attempt)
     secret = secret or session_secret()
-    session_id = f"{job.name}-s{session}"
+    session_id = session_id_of(job.name, session)
     h = job.spec.harness
     capture_mode = job.spec.inference.capture.mode
     served_model = job.spec.inference.served_model()
@@ -112,14 +112,15 @@ def harness_pod(job: RolloutJob, cfg: OperatorConfig, session: int, attempt: int
         base_url=f"http://127.0.0.1:{PROXY_PORT}",
         api_key=secret,
         model=served_model or None,
-        preset=harness_preset(h.preset),
+        preset=h.preset,  # unset: the session's HarnessConfig applies the default
         timeout_s=h.session_timeout_seconds,
         artifacts_dir=ARTIFACTS_DIR,
         command=h.command,
         workspace_setup=h.workspace.setup or None,
     )
-    # spec.harness.env last: what the job sets wins, as it always has
-    harness_env = {**pod_env.to_env(), "HOME": HOME_DIR, **{k: str(v) for k, v in (h.env or {}).items()}}
+    # spec.harness.env first: the pod program's own inputs (TRACEFLEET_*, HOME) are not the job's to change;
+    # over the preset's variables the job's win, in the pod program (tracefleet.runner.environment)
+    harness_env = {**{k: str(v) for k, v in (h.env or {}).items()}, **pod_env.to_env(), "HOME": HOME_DIR}
     harness = {
         "name": "harness",
         "image": h.image,

@@ -5,7 +5,6 @@ with its name and the build's last error line, and the others go on (exit status
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 

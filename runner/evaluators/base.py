@@ -6,40 +6,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from tracefleet.runner.task import Task
+from tracefleet.contract.session import EvalOutcome, EvalStatus, EvaluatorSpec, Task
 from tracefleet.runner.workspace import Workspace
 
-# ok: the evaluator ran and judged (reward may still be 0); the rest are failures of the judging.
-EvalStatus = Literal["ok", "error", "timeout", "patch_failed", "skipped"]
-
-
-class EvaluatorSpec(BaseModel):
-    """How to judge a session. `type` picks the evaluator; the other fields are per type."""
-
-    model_config = ConfigDict(extra="allow")
-
-    type: Literal["command", "tests", "python", "none"] = "tests"
-    command: str | list[str] | None = None  # command: shell string or argv; tests: the test command
-    entrypoint: str | None = None  # python: "module:function" or an entry point name
-    timeout_s: float = 300
-    live_workspace: bool = False  # command: judge the harness's live workspace instead of a fresh copy
-    env: dict[str, str] = Field(default_factory=dict)
-
-
-class EvalOutcome(BaseModel):
-    reward: float = 0.0
-    status: EvalStatus = "ok"
-    message: str | None = None
-    details: dict[str, Any] = Field(default_factory=dict)
-    duration_s: float = 0.0
-
-    @property
-    def failed_closed(self) -> bool:
-        return self.status != "ok"
+__all__ = ["EvalContext", "EvalOutcome", "EvalStatus", "Evaluator", "EvaluatorSpec", "tail"]
 
 
 @dataclass

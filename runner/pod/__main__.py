@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
+from pydantic import BaseModel
+
 from tracefleet.bucket import open_bucket
 from tracefleet.contract.podenv import EvaluatorEnv, PodEnvError, SealerEnv
 
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     except PodEnvError as exc:
         print(f"tracefleet pod {argv[0]}: {exc}", file=sys.stderr, flush=True)
         return 2
-    print(json.dumps(out, default=str), flush=True)
+    print(out.model_dump_json() if isinstance(out, BaseModel) else json.dumps(out, default=str), flush=True)
     return code
 
 

@@ -1,36 +1,56 @@
-"""Session evidence on the pod path: the same builder as local mode (tracefleet.diagnostics.evidence.
-session_evidence) over what the session's pods uploaded. The evaluator Job builds it after judging (it
-holds the task, the patch and the judging) and writes it to layout.evidence_key; the sealer reads that,
-or, for a session that was never judged (no evaluator Job ran), builds it from the uploads itself.
+"""What a session's pods uploaded, read back typed: the harness pod's result.json (`harness_result`), the
+evaluator Job's reward.json (`stored_verdict`) and the capture log. The evaluator Job and the sealer read
+them here and nowhere else.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+
+from pydantic import ValidationError
 
 from tracefleet.contract import layout
 from tracefleet.bucket import Bucket, ObjectNotFound
-from tracefleet.diagnostics.evidence import HarnessEvidence, SessionEvidence, read_tail, session_evidence
+from tracefleet.contract.session import SessionPlan, SessionResult, Verdict
 
 
-def uploaded_evidence(*, job: str, session_id: str, task: Any, group_id: str | None, sample_index: int,
-                      artifacts: Path, capture: Path | None, evaluation: Any, policy_version: int | None = None
-                      ) -> SessionEvidence:
-    """Evidence from the harness pod's artifacts folder (session.patch, result.json, harness.stderr) and
-    its capture log, with the evaluation (the reward.json body or None) and the job's policy version."""
-    result_file = artifacts / layout.RESULT
-    harness = json.loads(result_file.read_text()) if result_file.exists() else {}
-    patch_file = artifacts / layout.PATCH
-    return session_evidence(
-        job=job, session_id=session_id, task=task, group_id=group_id, sample_index=sample_index, capture=capture,
-        patch=patch_file.read_text() if patch_file.exists() else "",
-        harness=HarnessEvidence(preset=harness.get("harness"), status=harness.get("status") or "error",
-                                stage=harness.get("stage"), error=harness.get("error"),
-                                exit_code=harness.get("harness_exit_code"), stderr_tail=read_tail(artifacts / layout.HARNESS_STDERR)),
-        evaluation=evaluation, timings=harness.get("timings") or {}, policy_version=policy_version,
-    )
+def read_result(path: Path, plan: SessionPlan) -> SessionResult | None:
+    """A harness pod's result.json, None when there is none; one that does not read is an error result."""
+    try:
+        return SessionResult.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except ValidationError as exc:
+        return missing_result(plan, f"unreadable {layout.RESULT}: {exc.errors(include_url=False)[0]['msg']}")
+
+
+def missing_result(plan: SessionPlan, why: str = f"the harness pod left no {layout.RESULT}") -> SessionResult:
+    """A session whose harness pod said nothing readable: it did not complete, at an unknown stage (fail
+    closed), with the plan's ids only."""
+    return SessionResult.for_plan(plan).model_copy(update={"status": "error", "error": why, "harness": None, "model": None})
+
+
+def harness_result(artifacts: Path, plan: SessionPlan) -> SessionResult:
+    """The harness pod's result.json in `artifacts` (or `missing_result`)."""
+    return read_result(artifacts / layout.RESULT, plan) or missing_result(plan)
+
+
+def uploaded_result(bucket: Bucket, job: str, session: int, plan: SessionPlan, dest: Path) -> SessionResult | None:
+    """`read_result` of what the session's pod uploaded (dest: a scratch folder)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        (dest / layout.RESULT).write_bytes(bucket.get(layout.artifacts_prefix(job, session) + layout.RESULT))
+    except ObjectNotFound:
+        return None
+    return read_result(dest / layout.RESULT, plan)
+
+
+def stored_verdict(bucket: Bucket, job: str, session: int) -> Verdict | None:
+    """The evaluator Job's reward.json, None when the session was never judged."""
+    try:
+        return Verdict.model_validate_json(bucket.get(layout.reward_key(job, session)))
+    except ObjectNotFound:
+        return None
 
 
 def download_capture(bucket: Bucket, job: str, session: int, dest: Path) -> Path | None:

@@ -6,12 +6,12 @@ the environment it sets, read as tracefleet.contract.podenv.HarnessEnv: the task
 URI), the preset and its command, spec.harness.workspace.setup, the sidecar's URL, the session secret,
 the model, the session's ids and timeout, where the artifacts go.
 
-Steps (the same lifecycle stages as local mode, tracefleet.runner.session): prepare the workspace under
-the working directory, wait for the proxy, launch the preset's harness in its own process group under
-the session timeout, then write the artifacts the sidecar uploads when the pod stops: session.patch
-(git diff against the base commit), harness.stdout / harness.stderr, setup.log, exit_code and
-result.json (tracefleet.contract.layout names them). The evaluator Job scores them later; this process never sees
-bucket credentials. Exit status: 0 completed, 1 error, 124 timeout, 2 bad configuration.
+The session program (tracefleet.runner.session.run) in the place `PodPlace`: the workspace prepared under
+the working directory, the proxy sidecar as the endpoint (connect waits for it), the harness in its own
+process group under the session timeout, its outputs in the artifacts folder the sidecar uploads when the
+pod stops: session.patch, harness.stdout / harness.stderr, setup.log, exit_code and result.json (written
+last; tracefleet.contract.layout names them). The evaluator Job judges them later; this process never sees bucket
+credentials. Exit status: 0 completed, 1 error, 124 timeout, 2 bad configuration.
 """
 
 from __future__ import annotations
@@ -28,27 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from tracefleet.contract import layout
-from tracefleet.contract.semantics import group_id, harness_preset
-from tracefleet.contract.podenv import PREFIX, HarnessEnv, PodEnvError, SessionEnv
-from tracefleet.runner.evaluators import EvaluatorSpec
-from tracefleet.runner.sandbox import run_sandboxed
-from tracefleet.runner.session import (
-    HarnessConfig,
-    SessionPlan,
-    SessionResult,
-    StageFailed,
-    collect_stage,
-    launch_stage,
-    prepare_stage,
-    wait_stage,
-)
-from tracefleet.runner.task import Task, task_from_api
+from tracefleet.contract.semantics import group_id
+from tracefleet.contract.session import EvaluatorSpec, HarnessConfig, SessionPlan, SessionResult, Task
+from tracefleet.contract.podenv import HarnessEnv, PodEnvError, SessionEnv
+from tracefleet.runner.environment import SessionEndpoint, user_env
+from tracefleet.runner.sandbox import ProcessResult, run_sandboxed
+from tracefleet.runner.session import SessionFolders, StageFailed, run
+from tracefleet.runner.task import task_from_api
 
 EXIT_CODES = {"completed": 0, "error": 1, "timeout": 124, "stopped": 143}
 EXIT_CONFIG = 2
 PROXY_WAIT_S = 60.0
-# The container's own variables that are this entrypoint's input, not the harness's business.
-_NOT_FOR_HARNESS = ("HOME", "TMPDIR", "PWD", "OLDPWD", "SHLVL", "_")
 
 
 def _task_line(text: str, index: int, where: str) -> dict[str, Any]:
@@ -83,7 +73,7 @@ def plan_from_env(env: HarnessEnv) -> SessionPlan:
     base = job_dir(env)
     task = task_from_env(env, base, env.workspace_setup)
     harness = HarnessConfig(
-        preset=harness_preset(env.preset),
+        preset=env.preset,
         # {job_dir}: as in local mode, a job can ship its harness script next to its tasks (in the image).
         command=[str(a).replace("{job_dir}", str(base)) for a in env.command] if env.command else None,
         timeout_s=env.timeout_s,
@@ -118,76 +108,58 @@ def wait_for_proxy(base_url: str, timeout_s: float = PROXY_WAIT_S) -> str | None
     return f"proxy at {base_url} not reachable after {timeout_s:.0f}s ({last})"
 
 
-def harness_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The container's environment (spec.harness.env is in it) minus this entrypoint's own inputs: in a
-    pod the container is the sandbox, and it holds no credentials but the session secret."""
-    return {k: v for k, v in env.items() if k not in _NOT_FOR_HARNESS and not k.startswith(PREFIX)}
+class PodPlace:
+    """A harness pod: the proxy sidecar already holds the session (`--session ID:SECRET`) and uploads its
+    capture and the artifacts folder when the pod stops; the container is the sandbox. Not judged here."""
 
+    judges = False
+    stopped_reason = "pod stopping (SIGTERM)"
 
-def run_in_pod(env: Mapping[str, str], *, stop: threading.Event | None = None) -> SessionResult:
-    pod = HarnessEnv.from_env(env)
-    plan = plan_from_env(pod)
-    artifacts = Path(pod.artifacts_dir)
-    artifacts.mkdir(parents=True, exist_ok=True)
-    work = Path(pod.work_dir or os.getcwd())
-    home = Path(env.get("HOME") or work / "home")
-    base_url = pod.base_url.rstrip("/")
-    api_key = pod.api_key
-    result = SessionResult.for_plan(plan, work)
-    started = time.monotonic()
-    deadline = started + plan.harness.timeout_s
-    workspace = None
-    try:
-        t0 = time.monotonic()
-        try:
-            workspace = prepare_stage(plan, work)
-        finally:
-            result.timings["prepare"] = round(time.monotonic() - t0, 4)
+    def __init__(self, env: Mapping[str, str], stop: threading.Event | None = None) -> None:
+        self.env, self.stop = dict(env), stop
+        self.pod = HarnessEnv.from_env(self.env)
+        work = Path(self.pod.work_dir or os.getcwd())
+        self._folders = SessionFolders(work=work, artifacts=Path(self.pod.artifacts_dir),
+                                       home=Path(self.env.get("HOME") or work / "home"))
+
+    def folders(self, plan: SessionPlan) -> SessionFolders:
+        return self._folders
+
+    def connect(self, plan: SessionPlan, deadline: float) -> SessionEndpoint:
+        base_url = self.pod.base_url.rstrip("/")
         problem = wait_for_proxy(base_url, min(PROXY_WAIT_S, max(1.0, deadline - time.monotonic())))
         if problem:
             raise StageFailed("register", "error", problem)
-        t0 = time.monotonic()
         # The session's own path prefix: the proxy then refuses this secret for any other session.
-        launch = launch_stage(plan, workdir=workspace.workdir, home=home, base_url=f"{base_url}/s/{plan.session_id}",
-                              api_key=api_key)
-        proc = run_sandboxed(
-            list(launch.argv),
-            cwd=workspace.workdir,
-            home=home,
-            env={**harness_env(env), **launch.env},
-            timeout_s=max(0.0, deadline - time.monotonic()),
-            stdout_path=artifacts / layout.HARNESS_STDOUT,
-            stderr_path=artifacts / layout.HARNESS_STDERR,
-            stop=stop,
-        )
-        result.timings["harness"] = round(time.monotonic() - t0, 4)
-        wait_stage(proc, plan, result, stopped="pod stopping (SIGTERM)")
-        return result
-    except StageFailed as failed:
-        failed.record(result)
-        return result
-    except Exception as exc:  # noqa: BLE001 - never leave a result.json that says "completed" after a crash
-        result.status, result.stage = "error", "prepare" if workspace is None else "harness"
-        result.error = f"{type(exc).__name__}: {exc}"
-        return result
-    finally:
-        _write_artifacts(result, workspace, work, artifacts)
-        result.timings["total"] = round(time.monotonic() - started, 4)
-        # written last and atomically: the sidecar takes its presence to mean the artifacts are complete
-        tmp = artifacts / f".{layout.RESULT}.tmp"
+        return SessionEndpoint(base_url=f"{base_url}/s/{plan.session_id}", api_key=self.pod.api_key)
+
+    def user_env(self, plan: SessionPlan) -> dict[str, str]:
+        # spec.harness.env arrives as the container's environment (with the image's own variables)
+        return user_env(self.env)
+
+    def run(self, plan: SessionPlan, argv: list[str], *, cwd: Path, home: Path, env: dict[str, str], timeout_s: float,
+            stdout_path: Path, stderr_path: Path) -> ProcessResult:
+        return run_sandboxed(argv, cwd=cwd, home=home, env=env, timeout_s=timeout_s, stdout_path=stdout_path,
+                             stderr_path=stderr_path, stop=self.stop)
+
+    def disconnect(self, plan: SessionPlan, result: SessionResult) -> None:
+        """Nothing to do: the sidecar closes the capture and uploads it when the pod stops."""
+
+    def finish(self, result: SessionResult, folders: SessionFolders) -> None:
+        """What the evaluator needs, then result.json, written last and atomically: the sidecar takes its
+        presence to mean the artifacts are complete."""
+        if (folders.work / layout.SETUP_LOG).exists() and folders.work != folders.artifacts:
+            shutil.copyfile(folders.work / layout.SETUP_LOG, folders.artifacts / layout.SETUP_LOG)
+        code = result.harness_exit_code
+        (folders.artifacts / layout.EXIT_CODE).write_text("" if code is None else f"{code}\n")
+        tmp = folders.artifacts / f".{layout.RESULT}.tmp"
         tmp.write_text(result.model_dump_json(indent=1))
-        tmp.replace(artifacts / layout.RESULT)
+        tmp.replace(folders.artifacts / layout.RESULT)
 
 
-def _write_artifacts(result: SessionResult, workspace: Any, work: Path, artifacts: Path) -> None:
-    """What the evaluator needs, whatever happened: the diff is collected even after a timeout."""
-    if (work / layout.SETUP_LOG).exists():
-        shutil.copyfile(work / layout.SETUP_LOG, artifacts / layout.SETUP_LOG)
-    if workspace is not None:
-        t0 = time.monotonic()
-        collect_stage(workspace, artifacts, result)
-        result.timings["collect"] = round(time.monotonic() - t0, 4)
-    (artifacts / layout.EXIT_CODE).write_text("" if result.harness_exit_code is None else f"{result.harness_exit_code}\n")
+def run_in_pod(env: Mapping[str, str], *, stop: threading.Event | None = None) -> SessionResult:
+    place = PodPlace(env, stop)
+    return run(plan_from_env(place.pod), place).result
 
 
 def main(env: Mapping[str, str] | None = None) -> int:

@@ -2,14 +2,15 @@
 
 `python -m tracefleet.runner.pod seal`. The operator names the sessions (with their tasks and samples,
 tracefleet.contract.semantics.encode_sessions) and the batch's job seq; each session's rows are built from
-what its pods uploaded (capture log, the harness's result.json, the evaluator's reward.json) with the
-same function local mode uses (tracefleet.runner.tracing.session_traces), failed sessions fail-closed,
-and sealed with batch_id k8s-<seq>: a rerun of the Job finds the same batch instead of sealing twice.
+what its pods uploaded, read typed (tracefleet.runner.pod.evidence): the harness pod's result.json judged
+with the evaluator Job's reward.json (`SessionResult.judged`), then the same functions local mode uses
+(tracefleet.runner.tracing.outcome_of, session_traces): the same trace metadata from both drivers.
+Failed sessions fail closed. Sealed with batch_id k8s-<seq>: a rerun of the Job finds the same batch
+instead of sealing twice.
 """
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,54 +18,53 @@ from typing import Any
 from tracefleet.contract import layout, podenv
 from tracefleet.contract.semantics import PlannedSession
 from tracefleet.bucket import Bucket, ObjectNotFound
-from tracefleet.contract.podenv import PodEnvError
+from tracefleet.contract.session import EvaluatorSpec, HarnessConfig, SessionPlan, SessionResult, Task, session_id
 from tracefleet.diagnostics.evidence import SessionEvidence, stored_evidence
 from tracefleet.contract.layout import batch_id_for
-from tracefleet.runner.pod.evidence import download_capture, uploaded_evidence
-from tracefleet.runner.tracing import SessionOutcome, session_traces
+from tracefleet.contract.podenv import PodEnvError
+from tracefleet.runner.pod.evidence import download_capture, missing_result, stored_verdict, uploaded_result
+from tracefleet.runner.session import evidence_of
+from tracefleet.runner.tracing import session_traces
 
 
-def _json_object(bucket: Bucket, key: str) -> dict[str, Any] | None:
-    try:
-        return json.loads(bucket.get(key))
-    except ObjectNotFound:
-        return None
+def _plan(job: str, planned: PlannedSession) -> SessionPlan:
+    """What the sealer knows of a session's plan: its ids (the task itself only by its id)."""
+    return SessionPlan(session_id=session_id(job, planned.index), job=job, task=Task(id=planned.task_id, prompt=""),
+                       sample_index=planned.sample_index, group_id=planned.group_id, harness=HarnessConfig(),
+                       evaluator=EvaluatorSpec(type="none"), model="")
 
 
-def session_outcome(bucket: Bucket, job: str, planned: PlannedSession) -> SessionOutcome:
-    """What the pods left about one session: the harness's result.json (status, stage) and the evaluator's
-    reward.json. Without a result.json, a session that was judged had a harness pod that succeeded (the
-    operator judges no other); one that was not judged did not complete (fail-closed)."""
-    reward = _json_object(bucket, layout.reward_key(job, planned.index))
-    harness = (_json_object(bucket, layout.artifacts_prefix(job, planned.index) + layout.RESULT)
-               or {"status": "completed" if reward else "error"})
-    r = reward or {"status": "missing"}
-    status = r.get("status") if r.get("status") in ("ok", "error", "timeout", "missing") else "error"
-    return SessionOutcome(
-        job=job, session_id=f"{job}-s{planned.index}", task_id=planned.task_id, group_id=planned.group_id,
-        sample_index=planned.sample_index, status=harness.get("status") or "error", stage=harness.get("stage"),
-        reward=r.get("reward"), evaluator_status=status, harness=harness.get("harness"), model=harness.get("model"),
-        extra={"session_status": harness.get("status"), "session_stage": harness.get("stage"),
-               "session_error": harness.get("error"), "harness_exit_code": harness.get("harness_exit_code")},
-    )
+def session_result(bucket: Bucket, job: str, planned: PlannedSession, tmp: Path) -> SessionResult:
+    """The session as its pods left it, judged: result.json with reward.json's verdict. A session that was
+    judged had a harness pod that succeeded (the operator judges no other), so a lost result.json then
+    reads as completed; one never judged and without a result.json did not complete (fail closed)."""
+    plan = _plan(job, planned)
+    verdict = stored_verdict(bucket, job, planned.index)
+    result = uploaded_result(bucket, job, planned.index, plan, tmp / f"result-{planned.index}")
+    if verdict is None:
+        return result or missing_result(plan)
+    return (result or SessionResult.for_plan(plan).model_copy(update={"harness": None, "model": None})).judged(verdict)
 
-def session_evidence_of(bucket: Bucket, job: str, planned: PlannedSession, capture: Path | None, tmp: Path) -> SessionEvidence:
+
+def session_evidence_of(bucket: Bucket, job: str, planned: PlannedSession, result: SessionResult, capture: Path | None,
+                        tmp: Path) -> SessionEvidence:
     """The evidence the evaluator Job wrote, or (a session that was never judged) the same builder over
     the harness pod's uploads, without the task's test names (only its id is known here)."""
-    stored = stored_evidence(bucket, job, f"{job}-s{planned.index}")
+    stored = stored_evidence(bucket, job, result.session_id)
     if stored is not None:
         return stored.model_copy(update={"group_id": planned.group_id})
     artifacts = tmp / f"artifacts-{planned.index}"
     artifacts.mkdir()
     prefix = layout.artifacts_prefix(job, planned.index)
-    for name in (layout.PATCH, layout.RESULT, layout.HARNESS_STDERR):
+    for name in (layout.PATCH, layout.HARNESS_STDERR):
         try:
             (artifacts / name).write_bytes(bucket.get(prefix + name))
         except ObjectNotFound:
             pass
-    return uploaded_evidence(job=job, session_id=f"{job}-s{planned.index}", task={"id": planned.task_id},
-                             group_id=planned.group_id, sample_index=planned.sample_index, artifacts=artifacts,
-                             capture=capture, evaluation=_json_object(bucket, layout.reward_key(job, planned.index)))
+    patch = artifacts / layout.PATCH
+    return evidence_of(result, task={"id": planned.task_id}, capture=capture,
+                       patch=patch.read_text() if patch.exists() else "", stderr=artifacts / layout.HARNESS_STDERR,
+                       policy_version=None)
 
 
 def seal(bucket: Bucket, job: str, seq: int, sessions: list[PlannedSession], builder: str = "prefix-merge",
@@ -73,6 +73,7 @@ def seal(bucket: Bucket, job: str, seq: int, sessions: list[PlannedSession], bui
     fail-closed (tracefleet.contract.semantics), each judged by the job's diagnostics (`spec.diagnostics`;
     None: every built-in, flag only) over its evidence, as in local mode."""
     from tracefleet.diagnostics.registry import configured, run_diagnostics, unavailable
+    from tracefleet.runner.tracing import outcome_of
     from tracefleet.traces.seal import Sealer
 
     try:
@@ -82,14 +83,16 @@ def seal(bucket: Bucket, job: str, seq: int, sessions: list[PlannedSession], bui
     traces: list[Any] = []
     with tempfile.TemporaryDirectory() as tmp:
         for planned in sessions:
-            path = download_capture(bucket, job, planned.index, Path(tmp) / f"{job}-s{planned.index}.jsonl")
+            result = session_result(bucket, job, planned, Path(tmp))
+            path = download_capture(bucket, job, planned.index, Path(tmp) / f"{result.session_id}.jsonl")
             try:
-                evidence = session_evidence_of(bucket, job, planned, path, Path(tmp)).model_copy(update={"policy_version": policy_version})
+                evidence = session_evidence_of(bucket, job, planned, result, path, Path(tmp)).model_copy(
+                    update={"policy_version": policy_version})
             except Exception as exc:  # noqa: BLE001 - the session is still sealed; the diagnostics say they could not judge
                 findings = unavailable(f"evidence: {type(exc).__name__}: {exc}", resolved)
             else:
                 findings = run_diagnostics(evidence, resolved=resolved)
             # no capture: the session's row says so (fail closed)
-            traces += session_traces(path, session_outcome(bucket, job, planned), builder, findings).traces
+            traces += session_traces(path, outcome_of(result), builder, findings).traces
         manifest = Sealer(bucket, job, spool=tmp).seal(traces, batch_id=batch_id_for(seq))
     return manifest.model_dump(mode="json")

@@ -52,8 +52,8 @@ def test_planted_test_edit_is_flagged_quarantined_and_not_trained_on(scripted_en
     assert batch.training_table().column("task_id").to_pylist() == ["fix"]
     assert batch.manifest.diagnostics["protected_files"].quarantined == 1 and batch.manifest.quarantined_sessions == 1
     # the evidence the diagnostics read is kept beside the session
-    (evidence_file,) = [p for p in (tmp_path / "work" / "sessions").glob("hack-*/evidence.json")]
-    evidence = json.loads(evidence_file.read_text())
+    (evidence,) = [e for p in (tmp_path / "work" / "sessions").glob("*/*/evidence.json")
+                   if (e := json.loads(p.read_text()))["task_id"] == "hack"]
     assert [f["path"] for f in evidence["files"]] == ["test_calc.py"] and evidence["evaluator"]["reward"] == 1.0
     # ...and in the output beside the batches, by the session ids the rows carry (what `tracefleet diagnose` reads)
     kept = sorted(p.stem for p in (tmp_path / "out" / "planted-hack" / "evidence").glob("*.json"))

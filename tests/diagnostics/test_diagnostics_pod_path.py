@@ -16,6 +16,7 @@ from tracefleet.contract import layout
 from tracefleet.contract.job import RolloutJob
 from tracefleet.contract.semantics import encode_sessions, session_plan
 from tracefleet.bucket import LocalBucket
+from tracefleet.contract.session import SessionResult
 from tracefleet.diagnostics.evidence import SessionEvidence
 from tracefleet.contract.podenv import EvaluatorEnv, SealerEnv
 from tracefleet.runner.pod import seal as pod_seal
@@ -38,7 +39,9 @@ def _upload(bucket: LocalBucket, job: str, session: int, patch: str, tmp: Path) 
     bucket.put(layout.capture_key(job, session), capture.read_bytes())
     prefix = layout.artifacts_prefix(job, session)
     bucket.put(prefix + layout.PATCH, patch.encode())
-    bucket.put(prefix + layout.RESULT, json.dumps({"status": "completed", "harness": "command", "harness_exit_code": 0}).encode())
+    result = SessionResult(session_id=f"{job}-s{session}", job=job, task_id="calc", sample_index=session,
+                           group_id=f"{job}/calc", harness="command", harness_exit_code=0)
+    bucket.put(prefix + layout.RESULT, result.model_dump_json().encode())
     bucket.put(prefix + layout.HARNESS_STDERR, b"done\n")
 
 
@@ -63,7 +66,7 @@ def judged_sessions(tmp_path: Path, monkeypatch) -> tuple[LocalBucket, str, list
                            task_json=task, evaluator="command", command=[sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
                            timeout_s=120, policy_version=4)
         body, code = evaluate_session(bucket, env)
-        assert code == 0 and body["reward"] == 1.0, body  # unprotected: the hack passes too
+        assert code == 0 and body.reward == 1.0, body  # unprotected: the hack passes too
     return bucket, job, plan
 
 

@@ -12,6 +12,7 @@ import yaml
 
 from tracefleet.contract import podenv
 from tracefleet.contract.semantics import session_plan
+from tracefleet.contract.session import HarnessConfig
 from tracefleet.operator.children.harness import harness_pod
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.contract.job import RolloutJob
@@ -59,7 +60,9 @@ def test_harness_pod_env_reads_back(job: RolloutJob) -> None:
     assert (env.job, env.session, env.session_id, env.task_index, env.sample_index) == ("demo", 3, "demo-s3", 1, 1)
     assert env.task_json == {"id": "t2", "prompt": "add a test"}
     assert env.command == ["python", "agent.py"] and env.workspace_setup == ["pip install -e ."]
-    assert (env.api_key, env.preset, env.timeout_s, env.artifacts_dir) == ("tfs_x", "command", 600, "/artifacts")
+    assert (env.api_key, env.preset, env.timeout_s, env.artifacts_dir) == ("tfs_x", None, 600, "/artifacts")
+    # no preset in the job: left unset, the pod program's HarnessConfig applies the default (the one place it is)
+    assert HarnessConfig(preset=env.preset).preset == "command"
     assert env.base_url.startswith("http://127.0.0.1:")
     assert _env(harness)["FOO"] == "bar"  # spec.harness.env beside the contract
     (proxy,) = pod["spec"]["initContainers"]

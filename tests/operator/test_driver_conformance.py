@@ -12,14 +12,19 @@ session that fails after its model call (not retried: its failure is data), one 
 first model call (retried), one whose evaluator errors (fail-closed). A sampling engine gives each
 sample of a task a different answer, and which sample index gets which answer depends on scheduling;
 here the harness draws its behaviour from a per-task counter for the same reason. So rows are compared
-per group as multisets, and every column a trainer reads must agree except:
+per group as multisets, and every column a trainer reads must agree except timings:
 
-- `session_id`, `trace_id`: local ids carry a per-run suffix (a rerun never appends to an earlier
-  capture log); cluster ids are the session index.
-- `sample_index` ↔ row content: which draw a sample index got (see above); the set of sample indices
-  of each group is compared.
-- `metadata_json` (timings, wall-clock, reconstruction stats with call ids) and span `call_id`s
-  (random per call).
+- `session_id` / `trace_id` / `sample_index` ↔ row content: which draw a session got (see above); the
+  (session id, sample index) pairs of each group are compared (one id format in both drivers).
+- in `metadata_json`: the timings (`timings`, `extra.timings`, the evaluation's `duration_s`) and the
+  reconstruction stats (they name call ids); span and finding `call_id`s (random per call). Everything else in the
+  trace metadata agrees: the evaluator's output, the session's status, task metadata.
+
+The harness reports the environment it saw (every variable but the machine's PATH/locale, with this
+session's own proxy address, secret, HOME and workspace named instead of spelled out): a digest of it is
+in its model call (so in the tokens) and the whole of it in the evaluator's output (trace metadata).
+The job's `spec.harness.env` overrides a preset variable (NO_COLOR) and tries to route the harness
+elsewhere (OPENAI_BASE_URL), which the session's own endpoint overrides (tracefleet.runner.environment).
 """
 
 from __future__ import annotations
@@ -54,7 +59,20 @@ DRAWS = {
 
 HARNESS = textwrap.dedent(
     """
-    import fcntl, json, os, sys, urllib.request
+    import fcntl, hashlib, json, os, re, sys, urllib.request
+    MACHINE = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "SSL_CERT_FILE", "SSL_CERT_DIR", "PWD", "OLDPWD",
+               "SHLVL", "_"}
+    own = [(os.environ["OPENAI_API_KEY"], "<secret>"), (os.getcwd(), "<workdir>"), (os.environ["HOME"], "<home>")]
+
+    def seen(value):
+        value = re.sub(r"http://127[.]0[.]0[.]1:[0-9]+/s/[A-Za-z0-9._-]+", "<session endpoint>", value)
+        for real, name in own:
+            value = value.replace(real, name)
+        return value
+
+    env = {k: seen(v) for k, v in sorted(os.environ.items()) if k not in MACHINE}
+    json.dump(env, open("seen-env.json", "w"), sort_keys=True)
+    digest = hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
     counters, task = sys.argv[1], sys.argv[2]
     with open(os.path.join(counters, task), "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -67,7 +85,7 @@ HARNESS = textwrap.dedent(
     req = urllib.request.Request(
         os.environ["OPENAI_BASE_URL"] + "/chat/completions",
         data=json.dumps({"model": os.environ["OPENAI_MODEL"], "max_tokens": 8,
-                         "messages": [{"role": "user", "content": f"{task}: draw {k}"}]}).encode(),
+                         "messages": [{"role": "user", "content": f"{task}: draw {k}, env {digest}"}]}).encode(),
         headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
     )
     json.load(urllib.request.urlopen(req, timeout=60))
@@ -80,9 +98,15 @@ EVALUATOR = textwrap.dedent(
     """
     import json
     draw = open("answer.txt").read().strip()
-    print(json.dumps({"reward": "nan" if draw == "evaluator-error" else float(draw)}))
+    print(json.dumps({"reward": "nan" if draw == "evaluator-error" else float(draw),
+                      "harness_env": json.load(open("seen-env.json"))}))
     """
 )
+
+
+# a preset default the job overrides (the command preset sets NO_COLOR=1), and a variable that routes the
+# harness, which stays the session's
+USER_ENV = {"NO_COLOR": "0", "OPENAI_BASE_URL": "http://192.0.2.1:9/v1"}
 
 
 def manifest(engine: Any, tmp: Path, output: str, ns: str | None = None) -> dict[str, Any]:
@@ -95,7 +119,7 @@ def manifest(engine: Any, tmp: Path, output: str, ns: str | None = None) -> dict
             "inference": {"external": {"baseUrl": engine.url, "model": engine.model}, "capture": {"mode": "server"}},
             "harness": {"preset": "command", "image": "reg.local/tracefleet:test",
                         "command": ["python", str(tmp / "harness.py"), str(tmp / "counters"), "{prompt}"],
-                        "env": {"CONFORM_DRAWS": json.dumps(DRAWS)}, "sessionTimeoutSeconds": 120},
+                        "env": {"CONFORM_DRAWS": json.dumps(DRAWS), **USER_ENV}, "sessionTimeoutSeconds": 120},
             "tasks": {"inline": [{"id": f"t{i}", "prompt": f"t{i}", "workspace": {"repo": str(CALC)}} for i in range(TASKS)],
                       "samplesPerTask": SAMPLES},
             "evaluator": {"preset": "command", "command": ["python", str(tmp / "evaluate.py")], "timeoutSeconds": 60},
@@ -124,14 +148,30 @@ COMPARED = ("task_id", "group_id", "job", "harness", "model", "builder", "reward
             "fail_closed_reasons", "finish_reasons", "num_tokens", "num_trainable", "tokens", "loss_mask", "logprobs")
 
 
+# what differs between any two runs of a session: when, how long, and the random call ids
+TIMED = ("timings", "stats")
+
+
+def metadata(row: dict[str, Any]) -> dict[str, Any]:
+    """A row's trace metadata but its timings, and without what pairs it with one session (compared apart)."""
+    meta = {k: v for k, v in json.loads(row["metadata_json"]).items()
+            if k not in (*TIMED, "session_id", "trace_id", "sample_index")}
+    meta["extra"] = {k: v for k, v in meta["extra"].items() if k != "timings"}
+    meta["diagnostics"] = [{k: v for k, v in f.items() if k != "call_id"} for f in meta["diagnostics"]]
+    if meta["extra"].get("evaluation"):
+        meta["extra"]["evaluation"] = {k: v for k, v in meta["extra"]["evaluation"].items() if k != "duration_s"}
+    return meta
+
+
 def read_batches(reader: BatchReader) -> list[dict[str, Any]]:
     out = []
     for seq in reader.seqs():
         batch = reader.read(seq)
-        rows = batch.training_table().drop_columns(["metadata_json"]).to_pylist()
+        rows = batch.training_table().to_pylist()
         for row, adv in zip(rows, batch.advantages(), strict=True):
             row["advantage"] = round(float(adv), 5)
             row["spans"] = [{k: v for k, v in s.items() if k != "call_id"} for s in row["spans"]]
+            row["metadata"] = metadata(row)
         out.append({"seq": seq, "rows": rows})
     return out
 
@@ -140,9 +180,47 @@ def by_group(batches: list[dict[str, Any]]) -> dict[str, list[tuple]]:
     groups: dict[str, list[tuple]] = {}
     for b in batches:
         for r in b["rows"]:
-            key = tuple(json.dumps(r[c], sort_keys=True) for c in (*COMPARED, "spans", "advantage"))
+            key = tuple((c, json.dumps(r[c], sort_keys=True)) for c in (*COMPARED, "spans", "advantage", "metadata"))
             groups.setdefault(r["group_id"], []).append(key)
     return {g: sorted(rows) for g, rows in groups.items()}
+
+
+def flat(value: Any, path: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in flat(item, f"{path}.{key}").items()}
+    if isinstance(value, list):
+        return {k: v for i, item in enumerate(value) for k, v in flat(item, f"{path}[{i}]").items()}
+    return {path: value}
+
+
+def differences(a: dict[str, list[tuple]], b: dict[str, list[tuple]]) -> list[str]:
+    """What tells two drivers' rows apart: per group, the columns of the rows one has and the other not."""
+    out = []
+    for g in sorted({*a, *b}):
+        left = [r for r in a.get(g, []) if r not in b.get(g, [])]
+        right = [r for r in b.get(g, []) if r not in a.get(g, [])]
+        for x, y in zip(left, right):
+            for (cx, vx), (_, vy) in zip(x, y):
+                fx, fy = flat(json.loads(vx)), flat(json.loads(vy))
+                out += [f"{g} {cx}{k}: {fx.get(k)!r:.300} != {fy.get(k)!r:.300}" for k in sorted({*fx, *fy}) if fx.get(k) != fy.get(k)]
+        if len(left) != len(right):
+            out.append(f"{g}: {len(left)} rows against {len(right)}")
+    return out
+
+
+def sessions_by_group(batches: list[dict[str, Any]]) -> dict[str, list[tuple[str, int]]]:
+    """Each group's (session id, sample index) pairs: one id format in both drivers, `<job>-s<index>`."""
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for b in batches:
+        for r in b["rows"]:
+            groups.setdefault(r["group_id"], []).append((r["session_id"], r["sample_index"]))
+    return {g: sorted(pairs) for g, pairs in groups.items()}
+
+
+def harness_envs(batches: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The environments the harness reported, as the evaluator's output in the trace metadata."""
+    return [r["metadata"]["extra"]["evaluation"]["details"]["harness_env"] for b in batches for r in b["rows"]
+            if (r["metadata"]["extra"].get("evaluation") or {}).get("details", {}).get("harness_env")]
 
 
 def assert_whole_groups(batches: list[dict[str, Any]]) -> None:
@@ -158,7 +236,7 @@ def assert_whole_groups(batches: list[dict[str, Any]]) -> None:
     assert sorted(seen) == [f"{JOB}/t{i}" for i in range(TASKS)]
 
 
-def assert_expected_semantics(batches: list[dict[str, Any]]) -> None:
+def assert_expected_semantics(batches: list[dict[str, Any]], driver: str) -> None:
     """What the job must mean, whichever driver ran it."""
     assert len(batches) == semantics.batch_count(TASKS, PER_BATCH, SAMPLES) == 2
     assert_whole_groups(batches)
@@ -171,7 +249,7 @@ def assert_expected_semantics(batches: list[dict[str, Any]]) -> None:
         ("t1", 0.0, "fail_closed", ("session_error:harness", "evaluator_missing")): 1,  # failed after its call
         ("t2", 1.0, "ok", ()): 1, ("t2", 0.0, "ok", ()): 1,
         ("t2", 0.0, "fail_closed", ("evaluator_error",)): 1,
-    }), summary
+    }), (driver, summary)
     assert all(r["num_trainable"] > 0 for r in rows)  # every sealed session made its model call
     for g in {r["group_id"] for r in rows}:
         adv = [r["advantage"] for r in rows if r["group_id"] == g]
@@ -231,9 +309,22 @@ def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: A
     # ---- what a trainer reads from either bucket
     local_batches = read_batches(BatchReader(f"s3://{bucket_name}/local", JOB, **s3.bucket_options()))
     cluster_batches = read_batches(BatchReader(f"s3://{bucket_name}/cluster", JOB, **s3.bucket_options()))
-    assert_expected_semantics(local_batches)
-    assert_expected_semantics(cluster_batches)
-    assert by_group(cluster_batches) == by_group(local_batches)
+    assert_expected_semantics(local_batches, "local")
+    assert_expected_semantics(cluster_batches, "cluster")
+    assert sessions_by_group(cluster_batches) == sessions_by_group(local_batches) == {
+        f"{JOB}/t{t}": [(f"{JOB}-s{t * SAMPLES + s}", s) for s in range(SAMPLES)] for t in range(TASKS)}
+    assert by_group(cluster_batches) == by_group(local_batches), "\n".join(differences(by_group(cluster_batches),
+                                                                                     by_group(local_batches)))
+    # the environment the harness saw: the same from both drivers; the job's env over the preset's default, the
+    # session's endpoint over the job's
+    local_envs, cluster_envs = harness_envs(local_batches), harness_envs(cluster_batches)
+    assert len(local_envs) == 7 and sorted(map(json.dumps, local_envs)) == sorted(map(json.dumps, cluster_envs))
+    env = local_envs[0]
+    assert env["NO_COLOR"] == "0" and env["CONFORM_DRAWS"] == json.dumps(DRAWS), env
+    assert env["OPENAI_BASE_URL"] == "<session endpoint>/v1" and env["OPENAI_API_KEY"] == "<secret>", env
+    assert env["HOME"] == "<home>" and not any(k.startswith("TRACEFLEET_") and k not in (
+        "TRACEFLEET_BASE_URL", "TRACEFLEET_API_KEY", "TRACEFLEET_MODEL", "TRACEFLEET_PROMPT", "TRACEFLEET_WORKDIR")
+        for k in env), env
     assert sorted(len(b["rows"]) for b in cluster_batches) == sorted(len(b["rows"]) for b in local_batches) == [3, 6]
 
     # the cluster's batches as a trainer consumed them: whole groups, GRPO advantages that are not all zero

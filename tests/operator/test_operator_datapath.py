@@ -81,5 +81,6 @@ def test_evaluator_entrypoint_writes_reward(s3, tmp_path: Path) -> None:
     bucket.put("j/sessions/3/artifacts/patch.diff", b"+fixed\n")
     cmd = [sys.executable, "-c", "import pathlib,json; print(json.dumps({'reward': 0.25 if pathlib.Path('patch.diff').read_text() else 0}))"]
     out = pod_evaluate.evaluate(bucket, "j", 3, cmd)
-    assert out == {"reward": 0.25, "status": "ok", "exit_code": 0}
+    # reward.json is a Verdict (tracefleet.contract.session): the command's exit code is among its details
+    assert (out.reward, out.status, out.details) == (0.25, "ok", {"exit_code": 0})
     assert json.loads(bucket.get("j/sessions/3/reward.json"))["reward"] == 0.25

@@ -124,7 +124,7 @@ def test_local_run_seals_batches_with_rewards(scripted_engine: Any, tmp_path: Pa
     assert all(r["num_trainable"] > 0 for r in rows)
     assert "mean reward    0.500" in output and "inspect: tracefleet traces ls" in output
     # --engine-url: the harness was given the name the engine serves (read from its /v1/models), not `default`
-    requested = {r.requested_model for log in (tmp_path / "work" / "capture").glob("*.jsonl")
+    requested = {r.requested_model for log in (tmp_path / "work" / "capture").rglob("*.jsonl")
                  for r in read_capture_log(log).records}
     assert requested == {scripted_engine.model}
 

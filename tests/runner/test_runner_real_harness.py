@@ -34,7 +34,7 @@ def test_real_harness_example_answers_every_call_and_seals_batches(tmp_path: Pat
     assert "context 2048" in output and "capture mode exact (the model's family is supported)" in output, output
     assert "status         completed 2" in output and "FAILED" not in output, output
     # Every call Pi made reached the model and was answered: no engine refusal, nothing cut off.
-    records = [r for log in sorted((tmp_path / "work" / "capture").glob("*.jsonl")) for r in read_capture_log(log).records]
+    records = [r for log in sorted((tmp_path / "work" / "capture").rglob("*.jsonl")) for r in read_capture_log(log).records]
     assert records and all(r.status == "ok" and r.error is None for r in records), [r.error for r in records]
     assert all(len(r.prompt_ids) > 1000 and r.completion_ids for r in records)  # Pi's real prompt, a real answer
     reader = BatchReader(tmp_path / "tracefleet-output", "real-harness")

@@ -4,9 +4,10 @@ Built by `session_evidence` from what the session lifecycle holds after judging:
 calls: text, tool calls, finish reasons, unparsed tool calls, policy versions), the workspace diff
 (`session.patch`, taken before any evaluator restores protected files, so files the evaluator put back
 are still listed), the evaluator's outcome, the harness's exit and stderr tail, the timings and the task.
-Local mode builds it in `runner.session.run_session`; on Kubernetes the evaluator Job builds it (it is
-the pod program that holds the patch, the task and the judging; it reads the capture the harness pod
-uploaded) and writes it to `layout.evidence_key`, where the sealer and `tracefleet diagnose` read it.
+The session program builds it (`runner.session.evidence_of`, over the judged SessionResult): where the
+session ran on this machine, and on Kubernetes in the evaluator Job (the pod program that holds the
+patch, the task and the judging; it reads the capture the harness pod uploaded), which writes it to
+`layout.evidence_key`, where the sealer and `tracefleet diagnose` read it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+
+from tracefleet.contract.session import EvalOutcome
 
 EVIDENCE_VERSION = 1
 TAIL_CHARS = 4000  # stdout/stderr/evaluator output kept per session
@@ -178,15 +181,14 @@ def call_evidence(capture: str | os.PathLike[str] | None) -> tuple[list[CallEvid
     return calls, log.torn_tail
 
 
-def evaluator_evidence(evaluation: Any) -> EvaluatorEvidence:
-    """From the runner's EvalOutcome or the evaluator Job's reward.json body (None: never judged)."""
+def evaluator_evidence(evaluation: EvalOutcome | None) -> EvaluatorEvidence:
+    """From the evaluator's verdict (None: never judged)."""
     if evaluation is None:
         return EvaluatorEvidence()
-    body = evaluation.model_dump(mode="json") if hasattr(evaluation, "model_dump") else dict(evaluation)
-    details = body.get("details") or {}
+    details = evaluation.details
     output = next((details[k] for k in ("output_tail", "stderr_tail", "stdout_tail") if details.get(k)), "")
-    return EvaluatorEvidence(status=str(body.get("status") or "error"), reward=body.get("reward"), message=body.get("message"),
-                             output_tail=_tail(str(output)), exit_code=details.get("exit_code", body.get("exit_code")))
+    return EvaluatorEvidence(status=evaluation.status, reward=evaluation.reward, message=evaluation.message,
+                             output_tail=_tail(str(output)), exit_code=details.get("exit_code"))
 
 
 def session_evidence(
@@ -199,7 +201,7 @@ def session_evidence(
     capture: str | os.PathLike[str] | None,
     patch: str,
     harness: HarnessEvidence,
-    evaluation: Any,
+    evaluation: EvalOutcome | None,
     timings: dict[str, float] | None = None,
     policy_version: int | None = None,
 ) -> SessionEvidence:
