@@ -12,7 +12,7 @@ from .advantages import group_advantages
 from .batch import BatchManifest, table_to_traces, traces_to_table
 from .build import BUILDERS, build_from_calls, build_traces
 from .calls import Call, calls_from_records
-from .reader import Batch, BatchReader, padded_tensors
+from .reader import Batch, BatchReader, RawLogprobs, padded_tensors
 from .schema import TRACE_SCHEMA_VERSION, BuildResult, ReconstructionStats, SessionInfo, Span, Trace, TraceMetadata
 from .seal import SealError, Sealer, seal_traces
 
@@ -24,6 +24,7 @@ __all__ = [
     "BatchReader",
     "BuildResult",
     "Call",
+    "RawLogprobs",
     "ReconstructionStats",
     "SealError",
     "Sealer",

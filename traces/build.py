@@ -62,7 +62,7 @@ def _assemble(calls: Sequence[Call], chain: Sequence[int]) -> tuple[np.ndarray, 
         spans.append(Span(call_id=call.call_id, prompt_start=at, completion_start=cs, completion_end=ce,
                           policy_version=call.policy_version, finish_reason=call.finish_reason,
                           temperature=call.sampling.get("temperature"), top_p=call.sampling.get("top_p"),
-                          top_k=call.sampling.get("top_k")))
+                          top_k=call.sampling.get("top_k"), logprobs_mode=call.logprobs_mode))
         at = ce
     tokens = np.concatenate(pieces).astype(np.int32, copy=False)
     mask = np.zeros(at, dtype=np.uint8)

@@ -27,6 +27,7 @@ class Call:
     policy_version: int = 0
     finish_reason: str | None = None
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature / top_p / top_k as sent (absent: engine default)
+    logprobs_mode: str | None = None  # processed_logprobs | raw_logprobs | unknown (None: not recorded)
     flags: tuple[str, ...] = ()
     status: str = "ok"
     error_kind: str | None = None
@@ -58,6 +59,7 @@ def call_from_record(record: CaptureRecord, index: int) -> Call:
         policy_version=record.policy_version,
         finish_reason=record.finish_reason,
         sampling={k: v.get("value") for k, v in (record.sampling or {}).items() if isinstance(v, dict)},
+        logprobs_mode=record.logprobs_mode,
         flags=tuple(record.flags),
         status=record.status,
         error_kind=record.error.kind if record.error else None,

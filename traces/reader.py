@@ -7,6 +7,10 @@
         train_step(t)
         reader.commit(batch)                                   # cursor in the bucket: restart-safe
 
+`tensors()` refuses raw logprobs as `old_logprobs` (a span whose `logprobs_mode` is `raw_logprobs`: vLLM's
+default, taken before temperature and top-k/top-p, so not the behaviour policy's) with `RawLogprobs`, unless
+`allow_raw_logprobs=True` (a trainer that corrects for it, or sampled at T=1 without truncation).
+
 `tensors()` and `advantages()` leave out auxiliary traces (a harness's title or summary calls: sealed,
 labelled, not trained on by default; `include_auxiliary=True` keeps them) and compute GRPO statistics
 over the rest (tracefleet.api.semantics). Quarantined traces (a diagnostic judged how the session earned its
@@ -37,9 +41,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracefleet.api.semantics import AUXILIARY
 from tracefleet.bucket import Bucket, BucketError, ObjectNotFound, open_bucket
+from tracefleet.contract.engine_limits import RAW_LOGPROBS
 from tracefleet.layout import batch_object_key, cursor_key, job_root, manifest_key
 
 from .advantages import group_advantages
@@ -51,6 +57,25 @@ from .seal import sealed_seqs
 
 class CorruptBatch(BucketError):
     pass
+
+
+class RawLogprobs(ValueError):
+    """Rows whose logprobs are raw (taken before temperature/top-k/top-p) asked for as behaviour logprobs."""
+
+
+def check_behaviour_logprobs(table: pa.Table) -> None:
+    """Raise RawLogprobs when any span of `table` records raw logprobs (batches sealed before spans recorded
+    their logprobs_mode pass)."""
+    spans = pc.list_flatten(table.column("spans"))
+    if "logprobs_mode" not in {f.name for f in spans.type}:
+        return
+    modes = pc.struct_field(spans, "logprobs_mode")
+    raw = pc.sum(pc.equal(modes, RAW_LOGPROBS)).as_py() or 0
+    if raw:
+        raise RawLogprobs(
+            f"{raw} of {len(modes)} spans hold raw logprobs (vLLM --logprobs-mode raw_logprobs: taken before "
+            "temperature/top-k/top-p), not the behaviour policy's: run vLLM with --logprobs-mode processed_logprobs, "
+            "or pass allow_raw_logprobs=True if the trainer corrects for it")
 
 
 @dataclass
@@ -132,11 +157,15 @@ def padded_tensors(
     normalize_std: bool = True,
     advantages: np.ndarray | None = None,
     device: Any = None,
+    allow_raw_logprobs: bool = False,
 ) -> dict[str, Any]:
     """Right-padded [B, T] tensors: input_ids (long), attention_mask (long), loss_mask (float),
     old_logprobs (float, 0 where loss_mask is 0), advantages (float, the trace's advantage on its
     trainable positions), plus rewards [B] and sequence_advantages [B]. Traces longer than `max_length`
-    are cut at the end (only trailing tokens are lost; what remains is still causal)."""
+    are cut at the end (only trailing tokens are lost; what remains is still causal). RawLogprobs when a
+    row's logprobs are raw, unless `allow_raw_logprobs`."""
+    if not allow_raw_logprobs:
+        check_behaviour_logprobs(table)
     import torch
 
     tok_off, tokens = list_values(table.column("tokens"), np.dtype(np.int64))

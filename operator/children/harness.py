@@ -7,6 +7,7 @@ from typing import Any
 
 from tracefleet import layout, podenv
 from tracefleet.api.semantics import harness_preset
+from tracefleet.contract.engine_limits import logprobs_mode_flags
 from tracefleet.podenv import HarnessEnv, ProxySidecarEnv
 
 from .. import names as n
@@ -52,6 +53,7 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
         *_exact_mode_args(job),
         *(["--served-model", job.served_model] if job.served_model else []),
         "--policy-version", str(job.policy_version),
+        *_engine_args(job),
         "--session", f"{session_id}:{env_ref(podenv.SESSION_SECRET)}",
         # on SIGTERM (the pod stopping after the harness exits) upload capture.jsonl + the harness's
         # artifacts to the session's prefix (tracefleet.proxy.upload)
@@ -162,6 +164,13 @@ def harness_pod(job: JobView, cfg: OperatorConfig, session: int, attempt: int, s
 def _sidecar_tokenizer_cache(job: JobView) -> tuple[str, str] | None:
     """(claim, mount path) the proxy sidecar mounts read-only to read the tokenizer; None in server mode."""
     return None if job.capture_mode == "server" else job.tokenizer_cache
+
+
+def _engine_args(job: JobView) -> list[str]:
+    """The proxy's engine time limits and the kind of logprobs the engine reports (spec.inference)."""
+    if job.inference is None:
+        return []
+    return job.inference.engine_timeouts.limits().flags() + logprobs_mode_flags(job.inference.logprobs_mode())
 
 
 def _exact_mode_args(job: JobView) -> list[str]:

@@ -125,6 +125,22 @@ def vllm_server(inference: Inference, *, host: str, port: int) -> VllmServer:
     return VllmServer(args=args + list(m.extra_args or ()), env={DEV_MODE_ENV: "1"})
 
 
+def arg_value(args: list[str], flag: str) -> str | None:
+    """The value of `flag V` / `flag=V` in an argument list, the last one winning (as in vLLM's own parser)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.partition("=")[2]
+    return value
+
+
+def logprobs_mode_of(extra_args: list[str]) -> str:
+    """The `--logprobs-mode` a managed vLLM runs with: tracefleet's LOGPROBS_MODE unless extraArgs override it."""
+    return arg_value(list(extra_args), "--logprobs-mode") or LOGPROBS_MODE
+
+
 def version_tuple(version: str) -> tuple[int, ...]:
     """`0.32.0`, `v0.13.0rc1`, `0.11.0+cpu` -> (0, 32, 0): the numeric release part, for comparisons."""
     match = re.match(r"v?(\d+(?:\.\d+)*)", version.strip())
