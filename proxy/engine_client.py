@@ -307,6 +307,18 @@ class EngineClient:
             raise
         return str(data.get("version")) if isinstance(data, dict) and data.get("version") else None
 
+    async def configured_logprobs_mode(self) -> str | None:
+        """The `--logprobs-mode` vLLM runs with, where it says: its `/server_info?config_format=json`
+        (`vllm_config.model_config.logprobs_mode`, served only under VLLM_SERVER_DEV_MODE=1); None elsewhere."""
+        try:
+            data = await self._request_json("GET", "/server_info?config_format=json")
+        except ProxyError:
+            return None
+        config = data.get("vllm_config") if isinstance(data, dict) else None
+        model = config.get("model_config") if isinstance(config, dict) else None
+        mode = model.get("logprobs_mode") if isinstance(model, dict) else None
+        return mode if isinstance(mode, str) else None
+
     async def check_version(self) -> str | None:
         """The engine's version, or ProxyError when it is a vLLM below MIN_VLLM_VERSION."""
         version = await self.version()

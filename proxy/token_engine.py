@@ -243,11 +243,12 @@ def sampling_record(conv: Conversation, body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def logprobs_mode_of_card(stated: str | None, card: dict[str, Any]) -> str:
-    """The kind of logprobs an engine reports: as stated (a managed engine's arguments, the user for an
-    external one), else as its model card says (`logprobs_mode`, where an engine reports it), else unknown."""
-    said = card.get("logprobs_mode")
-    return stated or (said if said in LOGPROBS_MODES else UNKNOWN_LOGPROBS)
+async def engine_logprobs_mode(client: EngineClient, card: dict[str, Any]) -> str:
+    """The kind of logprobs an engine reports: as stated to the proxy (a managed engine's arguments, the user
+    for an external one), else as the engine says (its model card's `logprobs_mode`; vLLM's configuration on
+    /server_info, in dev mode), else unknown. Asked once per proxy."""
+    said = client.logprobs_mode or card.get("logprobs_mode") or await client.configured_logprobs_mode()
+    return said if said in LOGPROBS_MODES else UNKNOWN_LOGPROBS
 
 
 def reasoning_template_kwargs(effort: str | None) -> dict[str, Any]:
@@ -310,7 +311,7 @@ class ServedModelName:
         card = next((c for c in cards if c.get("id") == self._model), cards[0] if cards else {})
         limit = card.get("max_model_len")
         self._max_model_len = limit if isinstance(limit, int) and limit > 0 else None
-        self.logprobs_mode = logprobs_mode_of_card(self.client.logprobs_mode, card)
+        self.logprobs_mode = await engine_logprobs_mode(self.client, card)
         self._cards_read = True
 
     async def served_model(self) -> str:
