@@ -74,7 +74,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, defaults: bool) -> 
     parser.add_argument(TOTAL_FLAG, type=positive_seconds, metavar="S", default=None,
                         help="limit on a whole call (default: none; a call still producing tokens is not cut for time)")
     parser.add_argument(LOGPROBS_MODE_FLAG, choices=LOGPROBS_MODES, default=None,
-                        help="what kind of logprobs the engine reports (vLLM --logprobs-mode), recorded with every call: "
+                        help="what kind of logprobs the engine reports (vLLM --logprobs-mode), recorded with every "
+                             "call: "
                              "processed_logprobs (after temperature/top-k/top-p: behaviour logprobs) or raw_logprobs "
                              "(vLLM's default); unset: what the engine's /v1/models card says, else 'unknown'")
 

@@ -220,7 +220,8 @@ class EngineClient:
         logprobs_mode: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.logprobs_mode = logprobs_mode  # as stated to the proxy (None: ask the engine's model card)
+        # the kind of logprobs the engine reports, as stated to the proxy (None: see engine_logprobs_mode)
+        self.logprobs_mode = logprobs_mode
         # vLLM's --api-key: every /v1 route needs `Authorization: Bearer` (401 otherwise)
         auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._json_headers = {**_JSON, **auth}
@@ -306,18 +307,6 @@ class EngineClient:
                 return None
             raise
         return str(data.get("version")) if isinstance(data, dict) and data.get("version") else None
-
-    async def configured_logprobs_mode(self) -> str | None:
-        """The `--logprobs-mode` vLLM runs with, where it says: its `/server_info?config_format=json`
-        (`vllm_config.model_config.logprobs_mode`, served only under VLLM_SERVER_DEV_MODE=1); None elsewhere."""
-        try:
-            data = await self._request_json("GET", "/server_info?config_format=json")
-        except ProxyError:
-            return None
-        config = data.get("vllm_config") if isinstance(data, dict) else None
-        model = config.get("model_config") if isinstance(config, dict) else None
-        mode = model.get("logprobs_mode") if isinstance(model, dict) else None
-        return mode if isinstance(mode, str) else None
 
     async def check_version(self) -> str | None:
         """The engine's version, or ProxyError when it is a vLLM below MIN_VLLM_VERSION."""
@@ -419,7 +408,8 @@ class EngineClient:
                                     if batch:
                                         limits.disarm()
                                         yield batch
-                                    raise ProxyError("engine_5xx", f"engine sent an invalid stream chunk: {exc}") from exc
+                                    raise ProxyError("engine_5xx",
+                                                     f"engine sent an invalid stream chunk: {exc}") from exc
                                 if "choices" not in chunk and ("error" in chunk or chunk.get("object") == "error"):
                                     if batch:
                                         limits.disarm()

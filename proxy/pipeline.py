@@ -250,6 +250,8 @@ class Proxy:
         m.latency.labels(dialect.name).observe(max(0.0, (state.done_at or time.time()) - state.received_at))
         if state.error is not None:
             m.errors.labels(state.error.kind).inc()
+            if state.error.limit is not None:
+                m.engine_timeouts.labels(state.error.limit).inc()
 
     async def _call_whole(self, ctx: CallContext) -> Response:
         dialect, conv, state = ctx.dialect, ctx.conv, ctx.state

@@ -243,11 +243,13 @@ def sampling_record(conv: Conversation, body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def engine_logprobs_mode(client: EngineClient, card: dict[str, Any]) -> str:
-    """The kind of logprobs an engine reports: as stated to the proxy (a managed engine's arguments, the user
-    for an external one), else as the engine says (its model card's `logprobs_mode`; vLLM's configuration on
-    /server_info, in dev mode), else unknown. Asked once per proxy."""
-    said = client.logprobs_mode or card.get("logprobs_mode") or await client.configured_logprobs_mode()
+def engine_logprobs_mode(client: EngineClient, card: dict[str, Any]) -> str:
+    """The kind of logprobs an engine reports: as stated to the proxy (a managed vLLM's from the arguments it
+    runs with, the user for an external one), else as the engine's model card says (`logprobs_mode`, where an
+    engine reports it: vLLM's does not), else unknown. vLLM shows its configuration only on /server_info, in dev
+    mode, and builds a system report for it first (vLLM 0.32's collect_env, measured here: tens of seconds of
+    CPU, ending in an AttributeError): not asked on a call's path."""
+    said = client.logprobs_mode or card.get("logprobs_mode")
     return said if said in LOGPROBS_MODES else UNKNOWN_LOGPROBS
 
 
@@ -311,7 +313,7 @@ class ServedModelName:
         card = next((c for c in cards if c.get("id") == self._model), cards[0] if cards else {})
         limit = card.get("max_model_len")
         self._max_model_len = limit if isinstance(limit, int) and limit > 0 else None
-        self.logprobs_mode = await engine_logprobs_mode(self.client, card)
+        self.logprobs_mode = engine_logprobs_mode(self.client, card)
         self._cards_read = True
 
     async def served_model(self) -> str:

@@ -115,7 +115,8 @@ class InProcessProxy:
 
     def __init__(self, *, engine_url: str, capture_dir: Path, mode: str, served_model: str | None,
                  policy_version: int = 0, model_path: str | None = None, model_family: str | None = None,
-                 tool_parser: str | None = None, engine_limits: EngineLimits | None = None, logprobs_mode: str | None = None) -> None:
+                 tool_parser: str | None = None, engine_limits: EngineLimits | None = None,
+                 logprobs_mode: str | None = None) -> None:
         from tracefleet.proxy.app import create_app
         from tracefleet.proxy.config import ProxyConfig
         from tracefleet.proxy.server import proxy_server

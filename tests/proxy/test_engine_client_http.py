@@ -149,7 +149,8 @@ async def test_time_limits_cut_only_what_they_say() -> None:
     one that stalls is cut at the inter-token limit, one that never starts at the first-token limit, and a set
     total cap cuts a producing stream: each error names its limit, the tokens before it reached the caller."""
     limits = EngineLimits(first_token_s=0.6, inter_token_s=0.4)
-    cases = [(_paced_engine(12, 0.1), limits, None, 12), (_paced_engine(12, 0.1, stall_after=3), limits, "inter_token", 3),
+    cases = [(_paced_engine(12, 0.1), limits, None, 12),
+             (_paced_engine(12, 0.1, stall_after=3), limits, "inter_token", 3),
              (_paced_engine(3, 0.1, first_s=2.0), limits, "first_token", 0),
              (_paced_engine(30, 0.1), EngineLimits(first_token_s=0.6, inter_token_s=0.4, total_s=1.0), "total", None)]
     for handler, lim, cut, received in cases:

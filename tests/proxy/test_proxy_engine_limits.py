@@ -43,5 +43,7 @@ def test_a_producing_call_outlives_its_limits_and_a_stalled_one_is_cut(scripted_
     assert cut.error is not None and (cut.error.kind, cut.error.limit, cut.error.status_code) == (
         "engine_timeout", "inter_token", 504)
     assert cut.completion_ids and len(cut.logprobs) == len(cut.completion_ids)  # what it produced is kept
-    assert_counts_true(recs, proxy.admin("GET", "/metrics").text)
+    text = proxy.admin("GET", "/metrics").text
+    assert_counts_true(recs, text)
+    assert 'tracefleet_proxy_engine_timeouts_total{limit="inter_token"} 1.0' in text
     assert wait_for(lambda: scripted_engine.running() == 0, 5.0), "the engine request was not closed"

@@ -189,7 +189,8 @@ class ExternalInference(WireModel):
 class EngineTimeouts(WireModel):
     """How long the proxy waits for the engine, each limit for what it says (tracefleet.contract.engine_limits)."""
 
-    connect_seconds: float = Field(default=CONNECT_S, ge=0.1, le=3600, description="Opening a connection to the engine.")
+    connect_seconds: float = Field(default=CONNECT_S, ge=0.1, le=3600,
+                                   description="Opening a connection to the engine.")
     first_token_seconds: float = Field(
         default=FIRST_TOKEN_S, ge=0.1, le=86400,
         description="From sending a request to its first token (a non-streamed engine answer arrives whole: "
