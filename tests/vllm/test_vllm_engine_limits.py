@@ -35,9 +35,9 @@ from fixtures.proxy_on_vllm import ADMIN, SESSION, auth_headers, dialect_request
 from fixtures.vllm import OUTPUT_CAP_ARGS
 
 ESSAY = "Write a 3000-word essay on the history of Rome."  # greedy SmolLM2 writes to the 512-token cap
-# short enough for a 512-token answer (14 s at SmolLM2's best here, 70 s on loaded cores) to outlast both, long
-# enough that a machine shared with other work does not cut it
-LIMITS = EngineLimits(first_token_s=8.0, inter_token_s=3.0)
+# shorter than a 512-token answer takes (14 s at SmolLM2's best here, 70 s on loaded cores), long enough that a
+# machine shared with other work (load 13 on 2 cores, measured) does not cut it
+LIMITS = EngineLimits(first_token_s=10.0, inter_token_s=3.0)
 
 
 def running(vllm: Any) -> int:
@@ -59,6 +59,9 @@ def test_a_producing_stream_completes_and_a_stalled_engine_is_cut_at_the_inter_t
     proxy = start_proxy_on_vllm(vllm_server, tmp_path / "capture", "exact", engine_limits=LIMITS,
                                 logprobs_mode=logprobs_mode_of(OUTPUT_CAP_ARGS))
     try:
+        # vLLM's first request after start-up is slow (seconds): not what the first-token limit is about here
+        httpx.post(vllm_server.url + "/v1/completions", json={"model": vllm_server.model, "prompt": "Hi",
+                                                             "max_tokens": 1}, timeout=120).raise_for_status()
         lines: list[str] = []
         started = time.monotonic()
         stream(proxy, vllm_server, lines)
@@ -67,7 +70,7 @@ def test_a_producing_stream_completes_and_a_stalled_engine_is_cut_at_the_inter_t
         assert [ln for ln in lines if ln][-1] == "data: [DONE]"
         [ok] = proxy.records()
         assert ok.status == "ok" and ok.error is None and len(ok.completion_ids) == 512
-        assert elapsed > LIMITS.first_token_s + LIMITS.inter_token_s  # produced for longer than both limits
+        assert elapsed > max(LIMITS.first_token_s, LIMITS.inter_token_s)  # produced for longer than either limit
         assert ok.logprobs_mode == "processed_logprobs"
 
         before = running(vllm_server)
