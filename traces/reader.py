@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tracefleet.api.semantics import AUXILIARY
 from tracefleet.bucket import Bucket, BucketError, ObjectNotFound, open_bucket
@@ -66,11 +65,13 @@ class RawLogprobs(ValueError):
 def check_behaviour_logprobs(table: pa.Table) -> None:
     """Raise RawLogprobs when any span of `table` records raw logprobs (batches sealed before spans recorded
     their logprobs_mode pass)."""
-    spans = pc.list_flatten(table.column("spans"))
+    # plain Arrow array methods, not pyarrow.compute: its thread pool, once started, aborted a process that exits
+    # with torch loaded ("terminate called without an active exception"), as a refused trainer does
+    spans = table.column("spans").combine_chunks().flatten()
     if "logprobs_mode" not in {f.name for f in spans.type}:
         return
-    modes = pc.struct_field(spans, "logprobs_mode")
-    raw = pc.sum(pc.equal(modes, RAW_LOGPROBS)).as_py() or 0
+    modes = spans.field("logprobs_mode").to_pylist()
+    raw = modes.count(RAW_LOGPROBS)
     if raw:
         raise RawLogprobs(
             f"{raw} of {len(modes)} spans hold raw logprobs (vLLM --logprobs-mode raw_logprobs: taken before "
