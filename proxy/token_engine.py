@@ -296,7 +296,7 @@ class ServedModelName:
     _model: str | None
     _max_model_len: int | None = None
     _cards_read: bool = False
-    logprobs_mode: str = UNKNOWN_LOGPROBS  # settled when the cards are read (logprobs_mode_of_card)
+    logprobs_mode: str = UNKNOWN_LOGPROBS  # settled when the cards are read (engine_logprobs_mode)
     # vLLM v0.33 reports which weights sampled which tokens (`return_weight_versions`); earlier releases and
     # other engines are not asked (an unknown field costs a warning per request in vLLM's log)
     reports_weight_versions: bool = False
