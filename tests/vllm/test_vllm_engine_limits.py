@@ -56,8 +56,7 @@ def stream(proxy: Any, vllm: Any, lines: list[str], max_tokens: int = 512) -> No
 
 def test_a_producing_stream_completes_and_a_stalled_engine_is_cut_at_the_inter_token_limit(
         vllm_server: Any, tmp_path: Path) -> None:
-    proxy = start_proxy_on_vllm(vllm_server, tmp_path / "capture", "exact", engine_limits=LIMITS,
-                                logprobs_mode=logprobs_mode_of(OUTPUT_CAP_ARGS))
+    proxy = start_proxy_on_vllm(vllm_server, tmp_path / "capture", "exact", engine_limits=LIMITS)
     try:
         # vLLM's first request after start-up is slow (seconds): not what the first-token limit is about here
         httpx.post(vllm_server.url + "/v1/completions", json={"model": vllm_server.model, "prompt": "Hi",
