@@ -173,6 +173,8 @@ class Flight:
         m.latency.labels(name).observe(max(0.0, (state.done_at or time.time()) - state.received_at))
         if error is not None:
             m.errors.labels(error.kind).inc()
+            if error.limit is not None:
+                m.engine_timeouts.labels(error.limit).inc()
 
     def _abandon(self) -> None:
         """Record a call cut off before its record was written."""

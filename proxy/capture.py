@@ -72,6 +72,7 @@ class RecordHead:
 
 def encode_record_line(head: RecordHead, state: CallState, splice: SpliceInfo | None) -> bytes:
     """One capture-log line: the head's fields, then the outcome (status, timings, token ids, ...)."""
+    state.settle_usage()  # whatever ended the call: a cut or abandoned one counts the ids it holds
     err = state.error
     tail = _without_none({
         "status": "ok" if err is None else "partial" if state.completion_ids or state.text else "error",
@@ -88,10 +89,12 @@ def encode_record_line(head: RecordHead, state: CallState, splice: SpliceInfo | 
                        for tc in state.tool_calls],
         "tool_parse_errors": state.tool_parse_errors,
         "splice": splice.model_dump(exclude_none=True) if splice is not None else None,
-        "error": _without_none({"kind": err.kind, "message": err.message, "status_code": err.status}) if err else None,
+        "error": _without_none({"kind": err.kind, "message": err.message, "status_code": err.status,
+                                "limit": err.limit}) if err else None,
         "prompt_tokens": state.prompt_tokens,
         "completion_tokens": state.completion_tokens,
         "sampling": state.sampling,
+        "logprobs_mode": state.logprobs_mode,
         "flags": state.flags or None,
         "weight_versions": state.weight_versions,
     })

@@ -7,6 +7,9 @@ import gc
 import os
 from pathlib import Path
 
+from tracefleet.contract.engine_limits import (CONNECT_FLAG, FIRST_TOKEN_FLAG, INTER_TOKEN_FLAG, LOGPROBS_MODE_FLAG,
+                                               LOGPROBS_MODES, TOTAL_FLAG, EngineLimits)
+
 ENGINE_API_KEY_ENV = "TRACEFLEET_ENGINE_API_KEY"
 
 
@@ -22,11 +25,13 @@ def engine_version_problem(engine_url: str, api_key: str | None, timeout_s: floa
     it is not up yet: a sidecar proxy may start before its engine, which is then checked on first use)."""
     import asyncio
 
+    from tracefleet.contract.engine_limits import EngineLimits
     from tracefleet.proxy.engine_client import EngineClient, unsupported_engine_version
     from tracefleet.proxy.errors import ProxyError
 
     async def check() -> str | None:
-        client = EngineClient(engine_url, timeout_s=timeout_s, connect_timeout_s=timeout_s, api_key=api_key)
+        client = EngineClient(engine_url, limits=EngineLimits(connect_s=timeout_s, first_token_s=timeout_s),
+                              api_key=api_key)
         try:
             return unsupported_engine_version(await client.version())
         except ProxyError:
@@ -35,6 +40,48 @@ def engine_version_problem(engine_url: str, api_key: str | None, timeout_s: floa
             await client.aclose()
 
     return asyncio.run(check())
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """The engine time limits and the logprobs kind, as `tracefleet proxy` takes them and `tracefleet run` passes
+    them on (with defaults=False: unset flags leave the job's spec.inference as it is)."""
+    d = EngineLimits()
+
+    def default(value: float) -> str:
+        return f"default {value:g}" if defaults else f"default: spec.inference.engineTimeouts, else {value:g}"
+
+    parser.add_argument(CONNECT_FLAG, type=positive_seconds, metavar="S", default=d.connect_s if defaults else None,
+                        help=f"limit on opening a connection to the engine ({default(d.connect_s)})")
+    parser.add_argument(FIRST_TOKEN_FLAG, type=positive_seconds, metavar="S",
+                        default=d.first_token_s if defaults else None,
+                        help="limit from sending a call to the engine to its first token; a non-streamed engine answer "
+                             f"arrives whole, so it bounds all of it ({default(d.first_token_s)})")
+    parser.add_argument(INTER_TOKEN_FLAG, type=positive_seconds, metavar="S",
+                        default=d.inter_token_s if defaults else None,
+                        help="limit between two tokens of a streamed answer: an engine that stalls this long is cut "
+                             f"off, what it produced recorded ({default(d.inter_token_s)})")
+    parser.add_argument(TOTAL_FLAG, type=positive_seconds, metavar="S", default=None,
+                        help="limit on a whole call (default: none; a call still producing tokens is not cut for time)")
+    parser.add_argument(LOGPROBS_MODE_FLAG, choices=LOGPROBS_MODES, default=None,
+                        help="what kind of logprobs the engine reports (vLLM --logprobs-mode), recorded with every "
+                             "call: "
+                             "processed_logprobs (after temperature/top-k/top-p: behaviour logprobs) or raw_logprobs "
+                             "(vLLM's default); unset: what the engine's /v1/models card says, else 'unknown'")
+
+
+def engine_limits(args: argparse.Namespace) -> EngineLimits:
+    return EngineLimits(connect_s=args.engine_connect_timeout_s, first_token_s=args.engine_first_token_timeout_s,
+                        inter_token_s=args.engine_inter_token_timeout_s, total_s=args.engine_total_timeout_s)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +127,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-api-key-file", type=Path, metavar="FILE",
                         help="send the key in FILE as 'Authorization: Bearer' to the engine (vLLM --api-key); "
                              f"default: ${ENGINE_API_KEY_ENV} when set")
-    parser.add_argument("--engine-timeout-s", type=float, default=600.0, help="per-call engine timeout")
+    add_engine_arguments(parser, defaults=True)
     parser.add_argument("--policy-version", type=int, default=0, help="initial policy version recorded on calls")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     parser.add_argument("--upload-to", metavar="PREFIX",
@@ -127,7 +174,7 @@ def main(args: argparse.Namespace) -> int:
         engine_url=args.engine, engine_api_key=key, capture_dir=args.capture_dir, admin_token=args.admin_token, mode=args.mode,
         model_path=args.model_path, model_family=args.model_family, tool_parser=args.tool_parser,
         served_model=args.served_model, max_body_bytes=int(args.max_body_mb * 1024 * 1024), keepalive_s=args.keepalive_s,
-        pause_max_wait_s=args.pause_max_wait_s, engine_timeout_s=args.engine_timeout_s,
+        pause_max_wait_s=args.pause_max_wait_s, engine_limits=engine_limits(args), logprobs_mode=args.logprobs_mode,
         policy_version=args.policy_version, sessions=sessions,
         upload_to=args.upload_to, artifacts_dir=args.artifacts_dir,
     )

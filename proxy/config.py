@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from tracefleet.contract.engine_limits import EngineLimits, StatedLogprobsMode
+
 
 class PresetSession(BaseModel):
     """A session created at startup (sidecar mode: the runner/operator knows id and secret up front)."""
@@ -35,8 +37,10 @@ class ProxyConfig(BaseModel):
     inline_body_bytes: int = 4 * 1024 * 1024  # larger bodies are written next to the log, not inlined
     # sent as `Authorization: Bearer` on every engine call (vLLM --api-key; RolloutJob apiKeySecretRef)
     engine_api_key: str | None = Field(default=None, repr=False)
-    engine_timeout_s: float = 600.0
-    engine_connect_timeout_s: float = 10.0
+    engine_limits: EngineLimits = Field(default_factory=EngineLimits)  # connect / first token / inter token / total
+    # what kind of logprobs the engine reports, as stated (a managed engine's from its args, an external one's by
+    # the user); None: asked of the engine (its /v1/models card), else recorded as unknown
+    logprobs_mode: StatedLogprobsMode | None = None
     keepalive_s: float = 10.0  # ping the harness when the engine is silent this long
     pause_max_wait_s: float = 30.0  # paused: a new call waits this long for resume, then 429
     retry_after_s: int = 5

@@ -5,6 +5,12 @@ the point of the proxy. aiohttp rather than httpx on this hop: measured here, ht
 of CPU per engine call and aiohttp ~0.25 ms, and this is the proxy's hottest path. SSE is parsed
 from raw byte chunks (not readline) because a first chunk carrying a long prompt's token ids can be
 far longer than aiohttp's line limit.
+
+Time limits (tracefleet.contract.engine_limits): connect, first token, between tokens and an optional total,
+each for what it says. One asyncio timeout per request is rescheduled as the answer arrives; it is disarmed
+while a streamed batch is with the caller (the harness being slow to read is not the engine stalling). A
+request cut by a limit raises `engine_timeout` naming the limit, and leaving the response unread closes its
+connection, which makes vLLM abort the generation.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from tracefleet.contract.engine_limits import LIMIT_FLAGS, EngineLimits
 from tracefleet.vllm import MIN_VLLM_VERSION, version_tuple
 
 from tracefleet.proxy.errors import ProxyError
@@ -118,7 +125,27 @@ def _error_status(chunk: dict[str, Any]) -> int:
     return code if isinstance(code, int) and 400 <= code < 600 else 500
 
 
-def _transport_error(exc: BaseException, started: bool) -> ProxyError:
+# where each limit is set, for the message a cut call records and the harness reads
+_LIMIT_SETTINGS = {"connect": "connectSeconds", "first_token": "firstTokenSeconds",
+                   "inter_token": "interTokenSeconds", "total": "totalSeconds"}
+_LIMIT_WHAT = {
+    "connect": "could not connect to the engine within {s} s",
+    "first_token": "the engine sent no token within {s} s of the request",
+    "inter_token": "the engine stalled: no token for {s} s after the last one",
+    "total": "the call ran past its total limit of {s} s",
+}
+
+
+def limit_error(limit: str, seconds: float) -> ProxyError:
+    """A call cut off by one of the engine time limits: which one, and where it is set."""
+    what = _LIMIT_WHAT[limit].format(s=f"{seconds:g}")
+    return ProxyError("engine_timeout", f"{what} ({limit.replace('_', '-')} limit: spec.inference.engineTimeouts."
+                      f"{_LIMIT_SETTINGS[limit]}, {LIMIT_FLAGS[limit]}); the engine request was closed", limit=limit)
+
+
+def _transport_error(exc: BaseException, started: bool, limits: EngineLimits) -> ProxyError:
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return limit_error("connect", limits.connect_s)
     if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
         return ProxyError("engine_timeout", f"engine did not answer in time ({type(exc).__name__})")
     if isinstance(exc, aiohttp.ClientConnectorError) and not started:
@@ -135,23 +162,74 @@ _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 _CLOSED_UNANSWERED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
+def _carries_output(chunk: dict[str, Any]) -> bool:
+    """The chunk holds sampled output (ids, text, a delta other than the role, a finish): the first token came."""
+    for choice in chunk.get("choices") or ():
+        if choice.get("token_ids") or choice.get("text") or choice.get("finish_reason"):
+            return True
+        delta = choice.get("delta")
+        if delta and any(v for k, v in delta.items() if k != "role"):
+            return True
+    return False
+
+
+class _Limits:
+    """One request's deadlines, as one rescheduled `asyncio.timeout` (`timer`); `limit` names the armed one.
+    The first-token deadline is fixed when the request is sent; the inter-token one moves with each read."""
+
+    __slots__ = ("limits", "timer", "limit", "total_at", "first_at", "_loop")
+
+    def __init__(self, limits: EngineLimits, timer: asyncio.Timeout) -> None:
+        self.limits, self.timer = limits, timer
+        self._loop = asyncio.get_running_loop()
+        now = self._loop.time()
+        self.total_at = now + limits.total_s if limits.total_s is not None else None
+        self.first_at = now + limits.first_token_s
+        self.limit = "first_token"
+        self.wait_first()
+
+    def _arm(self, limit: str, at: float) -> None:
+        if self.total_at is not None and self.total_at <= at:
+            at, limit = self.total_at, "total"
+        self.limit = limit
+        self.timer.reschedule(at)
+
+    def wait_first(self) -> None:
+        self._arm("first_token", self.first_at)
+
+    def wait_next(self) -> None:
+        self._arm("inter_token", self._loop.time() + self.limits.inter_token_s)
+
+    def disarm(self) -> None:
+        self.timer.reschedule(None)
+
+    def error(self) -> ProxyError:
+        seconds = {"first_token": self.limits.first_token_s, "inter_token": self.limits.inter_token_s,
+                   "total": self.limits.total_s or 0.0}[self.limit]
+        return limit_error(self.limit, seconds)
+
+
 class EngineClient:
     def __init__(
         self,
         base_url: str,
         *,
-        timeout_s: float = 600.0,
-        connect_timeout_s: float = 10.0,
+        limits: EngineLimits | None = None,
         max_connections: int = 1024,
         api_key: str | None = None,
+        logprobs_mode: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        # the kind of logprobs the engine reports, as stated to the proxy (None: see engine_logprobs_mode)
+        self.logprobs_mode = logprobs_mode
         # vLLM's --api-key: every /v1 route needs `Authorization: Bearer` (401 otherwise)
         auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._json_headers = {**_JSON, **auth}
         self._sse_headers = {**_SSE, **auth}
         self._get_headers = auth or None
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
+        self.limits = limits or EngineLimits()
+        # aiohttp times the socket connect; everything after it is timed by _Limits
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=self.limits.connect_s)
         self._max_connections = max_connections
         self._http: aiohttp.ClientSession | None = None
         self.resent = 0  # requests sent a second time after the engine closed their connection unanswered
@@ -189,16 +267,23 @@ class EngineClient:
                 raise first from None
 
     async def _request_json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        limits: _Limits | None = None
         try:
-            async with await self._response(
-                method, path, orjson.dumps(body) if body is not None else None,
-                self._json_headers if body is not None else self._get_headers,
-            ) as resp:
-                data = await resp.read()
-                status = resp.status
-                retry_after = resp.headers.get("retry-after")
+            async with asyncio.timeout(None) as timer:
+                limits = _Limits(self.limits, timer)  # a whole answer comes with its first token
+                async with await self._response(
+                    method, path, orjson.dumps(body) if body is not None else None,
+                    self._json_headers if body is not None else self._get_headers,
+                ) as resp:
+                    data = await resp.read()
+                    status = resp.status
+                    retry_after = resp.headers.get("retry-after")
+        except TimeoutError as exc:
+            if limits is not None and limits.timer.expired():
+                raise limits.error() from exc
+            raise _transport_error(exc, started=False, limits=self.limits) from exc
         except _TRANSPORT_ERRORS as exc:
-            raise _transport_error(exc, started=False) from exc
+            raise _transport_error(exc, started=False, limits=self.limits) from exc
         if status >= 400:
             raise _engine_error(status, data, retry_after)
         try:
@@ -291,47 +376,66 @@ class EngineClient:
         started = False
         done = False
         loads = orjson.loads
+        limits: _Limits | None = None
+        output = False  # the first token has come: the inter-token limit applies from here
         try:
-            async with await self._response("POST", path, orjson.dumps(body), self._sse_headers) as resp:
-                if resp.status >= 400:
-                    raise _engine_error(resp.status, await resp.read(), resp.headers.get("retry-after"))
-                started = True
-                buf = b""
-                async for data in resp.content.iter_any():
-                    buf = buf + data if buf else data
-                    if b"\n\n" not in buf:
-                        if b"\r" not in buf or b"\n\n" not in buf.replace(b"\r\n", b"\n"):
-                            continue
-                    if b"\r" in buf:
-                        buf = buf.replace(b"\r\n", b"\n")
-                    *events, buf = buf.split(b"\n\n")
-                    if done:
-                        continue  # keep reading to the end so the connection is reused
-                    batch: list[dict[str, Any]] = []
-                    for event in events:
-                        for line in event.split(b"\n") if b"\n" in event else (event,):
-                            if line[:5] != b"data:":
+            async with asyncio.timeout(None) as timer:
+                limits = _Limits(self.limits, timer)
+                async with await self._response("POST", path, orjson.dumps(body), self._sse_headers) as resp:
+                    if resp.status >= 400:
+                        raise _engine_error(resp.status, await resp.read(), resp.headers.get("retry-after"))
+                    started = True
+                    buf = b""
+                    content = resp.content
+                    while data := await content.readany():
+                        buf = buf + data if buf else data
+                        if b"\n\n" not in buf:
+                            if b"\r" not in buf or b"\n\n" not in buf.replace(b"\r\n", b"\n"):
                                 continue
-                            payload = line[5:].strip()
-                            if payload == b"[DONE]":
-                                done = True
-                                break
-                            try:
-                                chunk = loads(payload)
-                            except ValueError as exc:
-                                if batch:
-                                    yield batch
-                                raise ProxyError("engine_5xx", f"engine sent an invalid stream chunk: {exc}") from exc
-                            if "choices" not in chunk and ("error" in chunk or chunk.get("object") == "error"):
-                                if batch:
-                                    yield batch
-                                raise _engine_error(_error_status(chunk), payload)
-                            batch.append(chunk)
+                        if b"\r" in buf:
+                            buf = buf.replace(b"\r\n", b"\n")
+                        *events, buf = buf.split(b"\n\n")
                         if done:
-                            break
-                    if batch:
-                        yield batch
+                            continue  # keep reading to the end so the connection is reused
+                        batch: list[dict[str, Any]] = []
+                        for event in events:
+                            for line in event.split(b"\n") if b"\n" in event else (event,):
+                                if line[:5] != b"data:":
+                                    continue
+                                payload = line[5:].strip()
+                                if payload == b"[DONE]":
+                                    done = True
+                                    break
+                                try:
+                                    chunk = loads(payload)
+                                except ValueError as exc:
+                                    if batch:
+                                        limits.disarm()
+                                        yield batch
+                                    raise ProxyError("engine_5xx",
+                                                     f"engine sent an invalid stream chunk: {exc}") from exc
+                                if "choices" not in chunk and ("error" in chunk or chunk.get("object") == "error"):
+                                    if batch:
+                                        limits.disarm()
+                                        yield batch
+                                    raise _engine_error(_error_status(chunk), payload)
+                                if not output and _carries_output(chunk):
+                                    output = True
+                                batch.append(chunk)
+                            if done:
+                                break
+                        if batch:
+                            limits.disarm()  # the caller's time (writing to the harness) is not the engine's
+                            yield batch
+                        if output:
+                            limits.wait_next()
+                        else:
+                            limits.wait_first()
+        except TimeoutError as exc:
+            if limits is not None and limits.timer.expired():
+                raise limits.error() from exc
+            raise _transport_error(exc, started=started, limits=self.limits) from exc
         except _TRANSPORT_ERRORS as exc:
-            raise _transport_error(exc, started=started) from exc
+            raise _transport_error(exc, started=started, limits=self.limits) from exc
         if not done:
             raise ProxyError("engine_disconnect", "engine stream ended before [DONE]")

@@ -58,8 +58,10 @@ class ProxyError(Exception):
         status: int | None = None,
         param: str | None = None,
         retry_after: float | None = None,
+        limit: str | None = None,
     ) -> None:
         super().__init__(message)
+        self.limit = limit  # engine_timeout: which time limit cut the call (tracefleet.contract.engine_limits.Limit)
         self.kind = kind
         self.message = message
         self.status = status if status is not None else STATUS_BY_KIND.get(kind, 500)

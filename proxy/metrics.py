@@ -46,9 +46,12 @@ class ProxyMetrics:
                                         "Engine requests closed early because their call was abandoned", registry=r)
         self.session_in_flight = Gauge("tracefleet_proxy_session_in_flight_calls", "Calls in flight per open session",
                                        ["session"], registry=r)
+        self.engine_timeouts = Counter("tracefleet_proxy_engine_timeouts", "Calls cut by an engine time limit, by the "
+                                       "limit (connect, first_token, inter_token, total)", ["limit"], registry=r)
         self.drift = Counter("tracefleet_proxy_drift", "Calls whose prompt did not extend the served history", registry=r)
 
-        for name in ("calls", "prompt_tokens", "completion_tokens", "ttft", "latency", "errors", "abandoned"):
+        for name in ("calls", "prompt_tokens", "completion_tokens", "ttft", "latency", "errors", "abandoned",
+                     "engine_timeouts"):
             setattr(self, name, CachedLabels(getattr(self, name)))
 
     def render(self) -> bytes:

@@ -69,7 +69,7 @@ def engine_named_model(config: ProxyConfig) -> ProxyConfig:
         return config
     try:
         cards = engine_model_cards(config.engine_url, api_key=config.engine_api_key,
-                                   timeout_s=min(5.0, config.engine_connect_timeout_s))
+                                   timeout_s=min(5.0, config.engine_limits.connect_s))
     except EngineModelsUnreadable:
         return config
     card = next((c for c in cards if c["id"] == config.served_model), None if config.served_model else

@@ -73,8 +73,8 @@ class Proxy:
         self.controls = Controls(policy_version=config.policy_version, max_wait_s=config.pause_max_wait_s,
                                  retry_after_s=config.retry_after_s)
         self.metrics = ProxyMetrics()
-        self.client = EngineClient(config.engine_url, timeout_s=config.engine_timeout_s,
-                                   connect_timeout_s=config.engine_connect_timeout_s, api_key=config.engine_api_key)
+        self.client = EngineClient(config.engine_url, limits=config.engine_limits, api_key=config.engine_api_key,
+                                   logprobs_mode=config.logprobs_mode)
         self.mode_decision: ModeDecision | None = None
         if token_engine is None:
             token_engine, self.mode_decision = select_token_engine(config, self.client)

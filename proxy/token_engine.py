@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import orjson
 
 from tracefleet.contract.capture import SpliceInfo
+from tracefleet.contract.engine_limits import LOGPROBS_MODES, UNKNOWN_LOGPROBS
 from tracefleet.vllm import version_tuple
 
 from tracefleet.proxy.canonical import Conversation, Message, ToolCall
@@ -73,6 +74,8 @@ class CallState:
     error: ProxyError | None = None
     # the sampling parameters the engine was asked for, each with where it came from (sampling_record)
     sampling: dict[str, Any] | None = None
+    # what kind the logprobs are: processed_logprobs | raw_logprobs | unknown (tracefleet.contract.engine_limits)
+    logprobs_mode: str | None = None
     flags: list[str] = field(default_factory=list)  # what makes the record suspect (TOKEN_COUNT_MISMATCH, ...)
     # vLLM's [{version, start, end}] spans over the output tokens, where it reports them (v0.33 with
     # return_weight_versions; v0.32 only on /inference/v1/generate): which weights sampled which tokens
@@ -87,11 +90,15 @@ class CallState:
     def settle_usage(self) -> None:
         """Counts the engine did not report are the lengths of the ids recorded for the call; when it did
         report them, the recorded ids and logprobs must agree with its count (vLLM < 0.13 silently dropped
-        streamed chunks a parser held back): a call where they do not is flagged, not trusted."""
+        streamed chunks a parser held back): a call where they do not is flagged, not trusted.
+
+        Run for every record, whatever ended the call (done, cut by a time limit, abandoned, shut down): an
+        engine reports usage only with its last chunk, so a cut call's counts are its ids'. Idempotent."""
         reported = self.completion_tokens
         self.prompt_tokens = self.prompt_tokens or len(self.prompt_ids)
         self.completion_tokens = reported or len(self.completion_ids)
-        if (reported and reported != len(self.completion_ids)) or len(self.logprobs) != len(self.completion_ids):
+        if ((reported and reported != len(self.completion_ids)) or len(self.logprobs) != len(self.completion_ids)) \
+                and TOKEN_COUNT_MISMATCH not in self.flags:
             self.flags.append(TOKEN_COUNT_MISMATCH)
 
     @property
@@ -221,17 +228,29 @@ def canonical_finish(reason: str | None) -> str:
     return "stop"
 
 
-def sampling_record(conv: Conversation) -> dict[str, Any]:
-    """The sampling parameters a call ran with and where each came from: `request` (the harness set it) or
-    `engine_default` (left to the engine: vLLM fills it from the model's generation_config.json, the
-    tracefleet engine from its flags). A trainer reading vLLM's default raw logprobs (taken before
-    temperature/top-p/top-k) needs these to know which distribution actually sampled."""
+def sampling_record(conv: Conversation, body: dict[str, Any]) -> dict[str, Any]:
+    """The sampling parameters as sent to the engine (`body`) and where each came from: `request` (the
+    harness set it), `proxy` (the proxy chose it: a max_tokens clamped to the context's room) or
+    `engine_default` (not sent: vLLM fills it from the model's generation_config.json, the tracefleet engine
+    from its flags). With the call's logprobs_mode they say which distribution sampled and what its logprobs
+    are (vLLM's raw logprobs are taken before temperature/top-p/top-k)."""
     s = conv.sampling
     out: dict[str, Any] = {}
-    for key in SAMPLING_KEYS:
-        value = getattr(s, key)
-        out[key] = {"value": value, "source": "request" if value is not None else "engine_default"}
+    for key in (*SAMPLING_KEYS, "seed", "max_tokens"):
+        value = body.get(key)
+        source = "engine_default" if value is None else "request" if value == getattr(s, key) else "proxy"
+        out[key] = {"value": value, "source": source}
     return out
+
+
+def engine_logprobs_mode(client: EngineClient, card: dict[str, Any]) -> str:
+    """The kind of logprobs an engine reports: as stated to the proxy (a managed vLLM's from the arguments it
+    runs with, the user for an external one), else as the engine's model card says (`logprobs_mode`, where an
+    engine reports it: vLLM's does not), else unknown. vLLM shows its configuration only on /server_info, in dev
+    mode, and builds a system report for it first (vLLM 0.32's collect_env, measured here: tens of seconds of
+    CPU, ending in an AttributeError): not asked on a call's path."""
+    said = client.logprobs_mode or card.get("logprobs_mode")
+    return said if said in LOGPROBS_MODES else UNKNOWN_LOGPROBS
 
 
 def reasoning_template_kwargs(effort: str | None) -> dict[str, Any]:
@@ -277,6 +296,7 @@ class ServedModelName:
     _model: str | None
     _max_model_len: int | None = None
     _cards_read: bool = False
+    logprobs_mode: str = UNKNOWN_LOGPROBS  # settled when the cards are read (engine_logprobs_mode)
     # vLLM v0.33 reports which weights sampled which tokens (`return_weight_versions`); earlier releases and
     # other engines are not asked (an unknown field costs a warning per request in vLLM's log)
     reports_weight_versions: bool = False
@@ -293,6 +313,7 @@ class ServedModelName:
         card = next((c for c in cards if c.get("id") == self._model), cards[0] if cards else {})
         limit = card.get("max_model_len")
         self._max_model_len = limit if isinstance(limit, int) and limit > 0 else None
+        self.logprobs_mode = engine_logprobs_mode(self.client, card)
         self._cards_read = True
 
     async def served_model(self) -> str:
@@ -379,7 +400,8 @@ class ServerTokenEngine(ServedModelName):
     async def generate(self, conv: Conversation, state: CallState) -> AsyncIterator[Event]:
         body = await self._body(conv, conv.stream, state.policy_version)
         state.engine_model = body["model"]
-        state.sampling = sampling_record(conv)
+        state.sampling = sampling_record(conv, body)
+        state.logprobs_mode = self.logprobs_mode
         state.engine_sent_at = time.time()
         kinds = {t.name: t.kind for t in conv.tools}
         if not conv.stream:
@@ -388,7 +410,9 @@ class ServerTokenEngine(ServedModelName):
             except ProxyError as err:
                 if not is_max_tokens_error(err):
                     raise
-                data = await self.client.chat(await self._clamped(conv, body))
+                body = await self._clamped(conv, body)
+                state.sampling = sampling_record(conv, body)
+                data = await self.client.chat(body)
             async for ev in self._from_response(data, state, kinds):
                 yield ev
             return
@@ -398,7 +422,9 @@ class ServerTokenEngine(ServedModelName):
         except ProxyError as err:
             if not is_max_tokens_error(err) or state.completion_ids:
                 raise
-            async for ev in self._stream(await self._clamped(conv, body), state, kinds):
+            body = await self._clamped(conv, body)
+            state.sampling = sampling_record(conv, body)
+            async for ev in self._stream(body, state, kinds):
                 yield ev
 
     async def _stream(self, body: dict[str, Any], state: CallState, kinds: dict[str, str]) -> AsyncIterator[Event]:

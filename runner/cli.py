@@ -47,6 +47,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "reachable endpoint (auto: when `unshare -rn` works here)")
     parser.add_argument("--engine-threads", type=positive_int, default=1, metavar="N", help="CPU threads for the local engine")
     parser.add_argument("--keep-workspaces", action="store_true", help="keep every session's workspace copies")
+    from tracefleet.proxy.cli import add_engine_arguments
+
+    add_engine_arguments(parser, defaults=False)
 
 
 def check_job_file(job: Path | None) -> list[str]:
@@ -98,6 +101,11 @@ def main(args: argparse.Namespace) -> int:
         parallelism=args.parallelism,
         engine_threads=args.engine_threads,
         keep_workspaces=args.keep_workspaces,
+        engine_timeouts={key: value for key, value in (
+            ("connect_s", args.engine_connect_timeout_s), ("first_token_s", args.engine_first_token_timeout_s),
+            ("inter_token_s", args.engine_inter_token_timeout_s), ("total_s", args.engine_total_timeout_s))
+            if value is not None},
+        logprobs_mode=args.logprobs_mode,
     )
     try:
         return run_local(options)

@@ -59,12 +59,9 @@ LOCAL_MODEL_ALIASES = {
 def max_model_len_arg(extra_args: list[str]) -> int | None:
     """The value of vLLM's `--max-model-len N` / `--max-model-len=N` in a managed engine's extraArgs (the
     last one wins, as in vLLM's own parser), or None."""
-    value = None
-    for i, arg in enumerate(extra_args):
-        if arg == "--max-model-len" and i + 1 < len(extra_args):
-            value = extra_args[i + 1]
-        elif arg.startswith("--max-model-len="):
-            value = arg.partition("=")[2]
+    from tracefleet.vllm import arg_value
+
+    value = arg_value(extra_args, "--max-model-len")
     if value is None:
         return None
     if not value.isdigit() or int(value) < 1:
@@ -84,6 +81,9 @@ class LocalOptions:
     engine_threads: int = 1
     keep_workspaces: bool = False
     progress_interval_s: float = 1.0
+    # the proxy's engine time limits set on the command line (EngineLimits fields), over spec.inference.engineTimeouts
+    engine_timeouts: dict[str, float] = field(default_factory=dict)
+    logprobs_mode: str | None = None  # what the engine's logprobs are, stated on the command line
 
 
 @dataclass
@@ -268,6 +268,19 @@ class LocalRun:
                                   max_model_len=context)
         return engine.url, engine, local
 
+    def _logprobs_mode(self, engine: Any) -> str | None:
+        """What kind of logprobs the engine reports, where this run knows it: stated on the command line, by the
+        job for its external engine, or raw for the CPU engine it started (its logprobs are the model's
+        unscaled distribution's, whatever the temperature). None: the proxy asks the engine."""
+        from tracefleet.contract.engine_limits import RAW_LOGPROBS
+
+        if self.options.logprobs_mode:
+            return self.options.logprobs_mode
+        if engine is not None:
+            return RAW_LOGPROBS
+        external = self.job.spec.inference.external
+        return external.logprobs_mode if external is not None and not self.options.engine_url else None
+
     def _check_diagnostics(self) -> None:
         """spec.diagnostics' hooks import and their names resolve before any session runs (a mistake there
         is one line, not a failed build in every session)."""
@@ -332,6 +345,8 @@ class LocalRun:
                 model_family=capture.model_family,
                 tool_parser=capture.tool_parser,
                 policy_version=spec.inference.policy_version,
+                engine_limits=spec.inference.engine_timeouts.limits().model_copy(update=self.options.engine_timeouts),
+                logprobs_mode=self._logprobs_mode(engine),
             ).start()
             decision = proxy.mode_decision
             self._say(f"capture mode {decision.mode} ({decision.reason})")

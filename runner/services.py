@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from tracefleet.contract.engine_limits import EngineLimits
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -113,7 +115,8 @@ class InProcessProxy:
 
     def __init__(self, *, engine_url: str, capture_dir: Path, mode: str, served_model: str | None,
                  policy_version: int = 0, model_path: str | None = None, model_family: str | None = None,
-                 tool_parser: str | None = None) -> None:
+                 tool_parser: str | None = None, engine_limits: EngineLimits | None = None,
+                 logprobs_mode: str | None = None) -> None:
         from tracefleet.proxy.app import create_app
         from tracefleet.proxy.config import ProxyConfig
         from tracefleet.proxy.server import proxy_server
@@ -129,6 +132,8 @@ class InProcessProxy:
             model_family=model_family,
             tool_parser=tool_parser,
             policy_version=policy_version,
+            logprobs_mode=logprobs_mode,
+            **({"engine_limits": engine_limits} if engine_limits is not None else {}),
         )
         self.port = free_port()
         app = create_app(self.config)

@@ -14,7 +14,7 @@ from tracefleet.contract.manifest import BatchManifest
 from tracefleet.traces.batch import table_to_traces, traces_to_table
 from tracefleet.traces.build import BUILDERS, build_from_calls, build_traces
 from tracefleet.traces.calls import Call, calls_from_records
-from tracefleet.traces.reader import Batch, BatchReader, padded_tensors
+from tracefleet.traces.reader import Batch, BatchReader, RawLogprobs, padded_tensors
 from tracefleet.traces.schema import TRACE_SCHEMA_VERSION, BuildResult, ReconstructionStats, SessionInfo, Span, Trace, TraceMetadata
 from tracefleet.traces.seal import SealError, Sealer, seal_traces
 
@@ -26,6 +26,7 @@ __all__ = [
     "BatchReader",
     "BuildResult",
     "Call",
+    "RawLogprobs",
     "ReconstructionStats",
     "SealError",
     "Sealer",

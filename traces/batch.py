@@ -7,7 +7,7 @@ Parquet columns (one row per trace):
 | `tokens` | list<int32> | the token stream |
 | `loss_mask` | list<uint8> | 1 = sampled by the policy |
 | `logprobs` | list<float32> | engine logprob at sampled positions, **null** at masked positions |
-| `spans` | list<struct<call_id, prompt_start, completion_start, completion_end, policy_version, finish_reason, temperature, top_p, top_k>> | turn boundaries |
+| `spans` | list<struct<call_id, prompt_start, completion_start, completion_end, policy_version, finish_reason, temperature, top_p, top_k, logprobs_mode>> | turn boundaries, the sampling sent and what kind the logprobs are |
 | `trace_id`, `job`, `session_id`, `task_id`, `group_id`, `harness`, `model`, `tokenizer`, `builder`, `outcome` | string | |
 | `new_root_reason` | string | why the trace's first call started a trace (`auxiliary`: a call beside the agent's conversation; null when it branched) |
 | `sample_index`, `num_tokens`, `num_trainable`, `policy_version_min`, `policy_version_max`, `schema_version` | int32 | |
@@ -44,6 +44,7 @@ SPAN_TYPE = pa.struct(
         ("temperature", pa.float64()),
         ("top_p", pa.float64()),
         ("top_k", pa.int32()),
+        ("logprobs_mode", pa.string()),
     ]
 )
 

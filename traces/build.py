@@ -66,7 +66,8 @@ def _assemble(calls: Sequence[Call], chain: Sequence[int]) -> tuple[np.ndarray, 
             spans.append(Span(call_id=call.call_id, prompt_start=at if start == 0 else cs + start,
                               completion_start=cs + start, completion_end=cs + end, policy_version=version,
                               finish_reason=call.finish_reason, temperature=call.sampling.get("temperature"),
-                              top_p=call.sampling.get("top_p"), top_k=call.sampling.get("top_k")))
+                              top_p=call.sampling.get("top_p"), top_k=call.sampling.get("top_k"),
+                              logprobs_mode=call.logprobs_mode))
         bounds.append((idx, cs, ce))
         at = ce
     tokens = np.concatenate(pieces).astype(np.int32, copy=False)

@@ -30,6 +30,7 @@ class Call:
     # [(policy version, start, end)] over the completion: more than one when the call straddled an update
     version_spans: tuple[tuple[int, int, int], ...] = ()
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature / top_p / top_k as sent (absent: engine default)
+    logprobs_mode: str | None = None  # processed_logprobs | raw_logprobs | unknown (None: not recorded)
     flags: tuple[str, ...] = ()
     status: str = "ok"
     error_kind: str | None = None
@@ -63,6 +64,7 @@ def call_from_record(record: CaptureRecord, index: int) -> Call:
         version_spans=tuple(versions),
         finish_reason=record.finish_reason,
         sampling={k: v.get("value") for k, v in (record.sampling or {}).items() if isinstance(v, dict)},
+        logprobs_mode=record.logprobs_mode,
         flags=tuple(record.flags),
         status=record.status,
         error_kind=record.error.kind if record.error else None,

@@ -7,6 +7,10 @@
         train_step(t)
         reader.commit(batch)                                   # cursor in the bucket: restart-safe
 
+`tensors()` refuses raw logprobs as `old_logprobs` (a span whose `logprobs_mode` is `raw_logprobs`: vLLM's
+default, taken before temperature and top-k/top-p, so not the behaviour policy's) with `RawLogprobs`, unless
+`allow_raw_logprobs=True` (a trainer that corrects for it, or sampled at T=1 without truncation).
+
 `tensors()` and `advantages()` leave out auxiliary traces (a harness's title or summary calls: sealed,
 labelled, not trained on by default; `include_auxiliary=True` keeps them) and compute GRPO statistics
 over the rest (tracefleet.contract.semantics). Quarantined traces (a diagnostic judged how the session earned its
@@ -41,6 +45,7 @@ import pyarrow.compute as pc
 
 from tracefleet.contract.semantics import AUXILIARY
 from tracefleet.bucket import Bucket, BucketError, ObjectNotFound, open_bucket
+from tracefleet.contract.engine_limits import RAW_LOGPROBS
 from tracefleet.contract.layout import batch_object_key, cursor_key, job_root, manifest_key
 
 from tracefleet.traces.advantages import group_advantages
@@ -55,6 +60,27 @@ from tracefleet.traces.versions import NOT_SAMPLED, Stale, stale_bound, token_ve
 
 class CorruptBatch(BucketError):
     pass
+
+
+class RawLogprobs(ValueError):
+    """Rows whose logprobs are raw (taken before temperature/top-k/top-p) asked for as behaviour logprobs."""
+
+
+def check_behaviour_logprobs(table: pa.Table) -> None:
+    """Raise RawLogprobs when any span of `table` records raw logprobs (batches sealed before spans recorded
+    their logprobs_mode pass)."""
+    # plain Arrow array methods, not pyarrow.compute: its thread pool, once started, aborted a process that exits
+    # with torch loaded ("terminate called without an active exception"), as a refused trainer does
+    spans = table.column("spans").combine_chunks().flatten()
+    if "logprobs_mode" not in {f.name for f in spans.type}:
+        return
+    modes = spans.field("logprobs_mode").to_pylist()
+    raw = modes.count(RAW_LOGPROBS)
+    if raw:
+        raise RawLogprobs(
+            f"{raw} of {len(modes)} spans hold raw logprobs (vLLM --logprobs-mode raw_logprobs: taken before "
+            "temperature/top-k/top-p), not the behaviour policy's: run vLLM with --logprobs-mode processed_logprobs, "
+            "or pass allow_raw_logprobs=True if the trainer corrects for it")
 
 
 @dataclass
@@ -140,17 +166,21 @@ def padded_tensors(
     max_lag: int | None = None,
     stale: Stale = "mask",
     temperature: float = 1.0,
+    allow_raw_logprobs: bool = False,
 ) -> dict[str, Any]:
     """Right-padded [B, T] tensors: input_ids (long), attention_mask (long), loss_mask (float),
     old_logprobs (float, 0 where loss_mask is 0), advantages (float, the trace's advantage on its
     trainable positions), token_versions (long: the policy version that sampled each token, -1 where none
     did), temperatures (float: the temperature each token was sampled at as its span records it; `temperature`
-    where the call left it to the engine, 1 on context), plus rewards [B] and sequence_advantages [B]. Traces longer than `max_length` are cut at the end
-    (only trailing tokens are lost; what remains is still causal).
+    where the call left it to the engine, 1 on context), plus rewards [B] and sequence_advantages [B]. Traces
+    longer than `max_length` are cut at the end (only trailing tokens are lost; what remains is still causal).
+    RawLogprobs when a row's logprobs are raw, unless `allow_raw_logprobs`.
 
     Staleness (tracefleet.traces.versions): tokens sampled by a version below `min_policy_version`, or more
     than `max_lag` versions behind the newest in the table, are masked out of the loss (`stale="mask"`), or
     their rows left out (`stale="drop"`, before the group advantages are computed)."""
+    if not allow_raw_logprobs:
+        check_behaviour_logprobs(table)
     import torch
 
     spans = table.column("spans").to_pylist() if "spans" in table.column_names else [[]] * table.num_rows

@@ -9,8 +9,10 @@ A trace is one causal token stream, held columnar (numpy) because traces are lon
   them into 0.0 under a zero `loss_mask`.
 - `spans`: one per call in the trace, in order: `call_id`, `prompt_start` (where the tokens this call
   added to the prompt begin), `completion_start`, `completion_end` (the sampled span), `policy_version`
-  (the policy that sampled that span), `finish_reason` and the sampling parameters sent (`temperature`,
-  `top_p`, `top_k`; null = the engine's default). These are the turn boundaries.
+  (the policy that sampled that span), `finish_reason`, the sampling parameters sent (`temperature`,
+  `top_p`, `top_k`; null = the engine's default) and `logprobs_mode`, what the span's logprobs are
+  (`processed_logprobs`: the sampling distribution's, behaviour logprobs; `raw_logprobs`: before temperature
+  and top-k/top-p; `unknown`; null in traces built before it was recorded). These are the turn boundaries.
 - `meta`: `TraceMetadata` (job, session, task, group, sample index, harness, model, tokenizer, reward,
   outcome, finish reasons, timings, the session's reconstruction stats, ...).
 
@@ -43,11 +45,14 @@ class Span(BaseModel):
     policy_version: int
     finish_reason: str | None = None
     # the sampling parameters the proxy sent for this call; None = the engine's default (vLLM: the model's
-    # generation_config.json). The span's logprobs are the behaviour policy's because tracefleet runs vLLM with
-    # --logprobs-mode processed_logprobs (tracefleet.vllm); vLLM's default would give them before temperature
+    # generation_config.json)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    # what the span's logprobs are, as its capture record says: processed_logprobs are the behaviour policy's
+    # (tracefleet runs vLLM with --logprobs-mode processed_logprobs); raw_logprobs (vLLM's default) are taken
+    # before temperature/top-k/top-p, and the reader refuses them as behaviour logprobs unless told
+    logprobs_mode: str | None = None
 
 
 class ReconstructionStats(BaseModel):

@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import tempfile
 from typing import Any
 
 import torch
 from torch import nn
 
-from tracefleet.traces import BatchReader
+from tracefleet.traces import BatchReader, RawLogprobs
 
 
 class TinyPolicy(nn.Module):
@@ -61,9 +62,10 @@ def grpo_loss(policy: nn.Module, batch: dict[str, torch.Tensor], clip: float = 0
     `old_logprobs` are the engine's. tracefleet runs vLLM with `--logprobs-mode processed_logprobs`
     (tracefleet.vllm: the operator's Deployment, `tracefleet engine --backend vllm`, the tests' server), so they
     are the logprobs of the distribution that sampled, after temperature and top-k/top-p; vLLM's own default,
-    `raw_logprobs`, would give the T=1 distribution's whatever the sampling. The new logprobs are taken at the
-    temperature each span records (the reader's `temperatures`). Top-p/top-k truncation is not re-applied here: keep
-    them off for on-policy training."""
+    `raw_logprobs`, would give the T=1 distribution's whatever the sampling. Each span records which it holds
+    (`logprobs_mode`), and `batch.tensors()` refuses raw ones unless `--allow-raw-logprobs`. The new logprobs are
+    taken at the temperature each span records (the reader's `temperatures`). Top-p/top-k truncation is not
+    re-applied here: keep them off for on-policy training."""
     mask = batch["loss_mask"][:, 1:]
     new = token_logprobs(policy, batch)
     ratio = torch.exp(new - batch["old_logprobs"][:, 1:])
@@ -73,7 +75,7 @@ def grpo_loss(policy: nn.Module, batch: dict[str, torch.Tensor], clip: float = 0
 
 
 def train(bucket: str, job: str, consumer: str, *, lr: float, max_batches: int, seed: int,
-          temperature: float = 1.0) -> list[dict[str, float]]:
+          temperature: float = 1.0, allow_raw_logprobs: bool = False) -> list[dict[str, float]]:
     torch.manual_seed(seed)
     torch.set_num_threads(1)
     reader = BatchReader(bucket, job=job, consumer=consumer)
@@ -81,7 +83,8 @@ def train(bucket: str, job: str, consumer: str, *, lr: float, max_batches: int, 
     opt: torch.optim.Optimizer | None = None
     out: list[dict[str, float]] = []
     for batch in reader.follow(idle_exit=True):
-        t = batch.tensors(pad_token_id=0, temperature=temperature)
+        t = batch.tensors(pad_token_id=0, temperature=temperature,
+                          allow_raw_logprobs=allow_raw_logprobs)  # RawLogprobs: not behaviour ones
         if policy is None:  # vocab from the data: this toy model has no tokenizer of its own
             vocab = int(t["input_ids"].max().item()) + 1
             policy = TinyPolicy(vocab, max_len=t["input_ids"].shape[1] + 1)
@@ -147,13 +150,20 @@ def main() -> int:
     p.add_argument("--temperature", type=float, default=1.0,
                    help="the temperature of calls that left it to the engine (their spans record none); "
                         "calls that set one are trained at the temperature their spans record")
+    p.add_argument("--allow-raw-logprobs", action="store_true",
+                   help="train on spans whose logprobs are raw (vLLM's default --logprobs-mode: taken before "
+                        "temperature/top-k/top-p) as if they were the behaviour policy's; refused otherwise")
     p.add_argument("--demo", action="store_true", help="seal a synthetic job into --bucket (default: a temp dir) first")
     args = p.parse_args()
     bucket = args.bucket or tempfile.mkdtemp(prefix="tf-grpo-bucket-")
     if args.demo:
         seal_demo_job(bucket, args.job)
-    rows = train(bucket, args.job, args.consumer, lr=args.lr, max_batches=args.max_batches, seed=args.seed,
-                 temperature=args.temperature)
+    try:
+        rows = train(bucket, args.job, args.consumer, lr=args.lr, max_batches=args.max_batches, seed=args.seed,
+                     temperature=args.temperature, allow_raw_logprobs=args.allow_raw_logprobs)
+    except RawLogprobs as exc:
+        print(f"train_step: {exc} (here: --allow-raw-logprobs)", file=sys.stderr)
+        return 2
     if not rows:
         print(f"no unconsumed batches for job {args.job!r} in {bucket}")
         return 1

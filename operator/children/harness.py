@@ -6,6 +6,7 @@ import secrets
 from typing import Any
 
 from tracefleet.contract import layout, podenv
+from tracefleet.contract.engine_limits import logprobs_mode_flags
 from tracefleet.contract.job import ModelCache, RolloutJob
 from tracefleet.contract.session import session_id as session_id_of
 from tracefleet.operator import names as n
@@ -54,6 +55,7 @@ def harness_pod(job: RolloutJob, cfg: OperatorConfig, session: int, attempt: int
         *_exact_mode_args(job),
         *(["--served-model", served_model] if served_model else []),
         "--policy-version", str(job.spec.inference.policy_version),
+        *_engine_args(job),
         "--session", f"{session_id}:{env_ref(podenv.SESSION_SECRET)}",
         # on SIGTERM (the pod stopping after the harness exits) upload capture.jsonl + the harness's
         # artifacts to the session's prefix (tracefleet.proxy.upload)
@@ -166,6 +168,12 @@ def _sidecar_tokenizer_cache(job: RolloutJob) -> ModelCache | None:
     """The volume the proxy sidecar mounts read-only to read the tokenizer; None in server mode."""
     inference = job.spec.inference
     return None if inference.capture.mode == "server" else inference.capture_tokenizer_cache()
+
+
+def _engine_args(job: RolloutJob) -> list[str]:
+    """The proxy's engine time limits and the kind of logprobs the engine reports (spec.inference)."""
+    inference = job.spec.inference
+    return inference.engine_timeouts.limits().flags() + logprobs_mode_flags(inference.logprobs_mode())
 
 
 def _exact_mode_args(job: RolloutJob) -> list[str]:

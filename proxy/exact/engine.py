@@ -113,7 +113,8 @@ class ExactTokenEngine(ServedModelName):
         if limit is not None and len(plan.prompt_ids) >= limit:
             raise context_overflow(len(plan.prompt_ids), limit)
         body = self._body(conv, model, plan.prompt_ids, limit, state.policy_version)
-        state.sampling = sampling_record(conv)
+        state.sampling = sampling_record(conv, body)
+        state.logprobs_mode = self.logprobs_mode
         kinds = {t.name: t.kind for t in conv.tools}
         parser = make_parser(self.fmt.parser_name, plan.rendered.tools, prompt_text=plan.rendered.tail)
         state.engine_sent_at = time.time()

@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tracefleet.contract.engine_limits import LOGPROBS_MODE, arg_value, logprobs_mode_of  # noqa: F401 - callers read them here too
 from tracefleet.contract.job import DEFAULT_VLLM_IMAGE, MIN_VLLM_VERSION, VLLM_VERSION  # noqa: F401 - the release and its image
 
 if TYPE_CHECKING:
@@ -40,7 +41,6 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 # vLLM reads its API key from this variable (same as --api-key, but kept out of the pod's command line).
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
-LOGPROBS_MODE = "processed_logprobs"  # the behaviour policy's logprobs (see the module docstring)
 HEALTH_PATH = "/health"  # never behind --api-key, unlike /v1/models
 
 # Model family (tracefleet.formats.families) -> vLLM tool-call parser that reads the same output format.

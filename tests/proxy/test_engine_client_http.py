@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 import pytest
 
+from tracefleet.contract.engine_limits import EngineLimits
 from tracefleet.proxy.engine_client import ENGINE_KEEPALIVE_S, EngineClient
 from tracefleet.proxy.errors import ProxyError
 
@@ -103,7 +104,7 @@ async def test_engine_failures_map_to_error_kinds() -> None:
                                   (rejects, "context_length", True)):
         server, url, _ = await _serve(handler)
         async with server:
-            client = EngineClient(url, timeout_s=0.5)
+            client = EngineClient(url, limits=EngineLimits(first_token_s=0.5))
             with pytest.raises(ProxyError) as exc:
                 if stream:
                     [c async for c in client.chat_stream({"stream": True})]
@@ -118,6 +119,65 @@ async def test_engine_failures_map_to_error_kinds() -> None:
     with pytest.raises(ProxyError) as exc:
         await EngineClient(f"http://127.0.0.1:{port}").chat({})
     assert exc.value.kind == "engine_unavailable"
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n" % len(data) + data + b"\r\n"
+
+
+def _paced_engine(tokens: int, gap_s: float, stall_after: int | None = None, first_s: float = 0.0) -> Handler:
+    """An engine streaming `tokens` chunks `gap_s` apart after `first_s`, or going silent after `stall_after`."""
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(first_s)
+        for i in range(tokens):
+            if i == stall_after:
+                await asyncio.sleep(60)
+            writer.write(_chunk(b"data: " + orjson.dumps({"choices": [{"index": 0, "text": "x", "token_ids": [i]}]})
+                                + b"\n\n"))
+            await writer.drain()
+            await asyncio.sleep(gap_s)
+        writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await writer.drain()
+    return handler
+
+
+async def test_time_limits_cut_only_what_they_say() -> None:
+    """A stream that keeps producing runs past its first-token and inter-token limits (no total cap by default);
+    one that stalls is cut at the inter-token limit, one that never starts at the first-token limit, and a set
+    total cap cuts a producing stream: each error names its limit, the tokens before it reached the caller."""
+    limits = EngineLimits(first_token_s=0.6, inter_token_s=0.4)
+    cases = [(_paced_engine(12, 0.1), limits, None, 12),
+             (_paced_engine(12, 0.1, stall_after=3), limits, "inter_token", 3),
+             (_paced_engine(3, 0.1, first_s=2.0), limits, "first_token", 0),
+             (_paced_engine(30, 0.1), EngineLimits(first_token_s=0.6, inter_token_s=0.4, total_s=1.0), "total", None)]
+    for handler, lim, cut, received in cases:
+        server, url, _ = await _serve(handler)
+        async with server:
+            client = EngineClient(url, limits=lim)
+            got: list[int] = []
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            try:
+                async for chunk in client.completions_stream({"stream": True}):
+                    got += chunk["choices"][0]["token_ids"]
+                    await asyncio.sleep(0.5 if len(got) == 1 else 0)  # a slow consumer: not the engine's time
+                limit = None
+            except ProxyError as err:
+                assert err.kind == "engine_timeout" and err.status == 504
+                limit = err.limit
+                assert limit.replace("_", "-") in err.message
+            elapsed = loop.time() - t0
+            await client.aclose()
+        assert limit == cut, (cut, limit, got)
+        if received is not None:
+            assert len(got) == received, (cut, got)
+        if cut is None:
+            assert elapsed > lim.first_token_s + lim.inter_token_s  # longer than both limits, not cut
+        if cut == "total":
+            assert 0.9 < elapsed < 1.6 and 3 < len(got) < 30, (elapsed, got)
 
 
 def _answer(writer: asyncio.StreamWriter, stream: bool) -> None:

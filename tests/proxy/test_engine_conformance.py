@@ -252,7 +252,9 @@ def test_server_mode_forwards_reasoning_effort_and_both_reasoning_fields(vllm_sh
     assert body["messages"][1]["reasoning"] == body["messages"][1]["reasoning_content"] == "thought"
     assert state.sampling == {"temperature": {"value": 0.7, "source": "request"},
                               "top_p": {"value": None, "source": "engine_default"},
-                              "top_k": {"value": None, "source": "engine_default"}}
+                              "top_k": {"value": None, "source": "engine_default"},
+                              "seed": {"value": None, "source": "engine_default"},
+                              "max_tokens": {"value": None, "source": "engine_default"}}
 
 
 def test_engine_below_the_minimum_version_fails_calls_with_one_clear_line(vllm_shaped: Any) -> None:

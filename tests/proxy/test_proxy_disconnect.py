@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,7 +20,7 @@ import pytest
 from tracefleet.contract.capture import CaptureRecord, read_capture_log
 
 from fixtures.abandoning_client import DIALECTS, abandon, request_bytes
-from fixtures.prometheus import metric
+from fixtures.capture_counts import assert_counts_true, metric, wait_for
 from fixtures.servers import quiet_child_env, stop_process_group
 
 LONG = " ".join(f"word{i}" for i in range(100))  # ~200 tokens at 20 ms each: generating for seconds
@@ -30,15 +29,6 @@ LONG = " ".join(f"word{i}" for i in range(100))  # ~200 tokens at 20 ms each: ge
 def records(capture_dir: Path, session_id: str) -> list[CaptureRecord]:
     path = capture_dir / f"{session_id}.jsonl"
     return read_capture_log(path).records if path.exists() else []
-
-
-def wait_for(check: Callable[[], Any], timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -67,6 +57,7 @@ def test_abandoned_call_is_recorded_and_cancelled(slow_engine, start_proxy, dial
         assert len(rec.logprobs) == len(rec.completion_ids)
     assert wait_for(lambda: slow_engine.running() == 0, 5.0), "the engine request is still running"
     text = proxy.admin("GET", "/metrics").text
+    assert_counts_true(recs, text)
     assert metric(text, "tracefleet_proxy_abandoned_calls_total", dialect=dialect, reason="client_disconnect") == 1
     assert metric(text, "tracefleet_proxy_engine_requests_cancelled_total") == 1
     info = proxy.admin("GET", f"/admin/sessions/{s['session_id']}").json()
@@ -103,6 +94,8 @@ def test_closing_a_session_cuts_off_its_calls_in_flight(slow_engine, start_proxy
         t.join(10)
     assert len(answers) == 2 and all("session was closed" in a for a in answers), answers
     text = proxy.admin("GET", "/metrics").text
+    assert_counts_true(recs, text)
+    assert any(r.completion_tokens for r in recs)  # the streamed one had tokens when it was cut off
     assert metric(text, "tracefleet_proxy_abandoned_calls_total", dialect="openai-chat", reason="session_closed") == 2
     assert f'session="{s["session_id"]}"' not in text and f'session="{other["session_id"]}"' not in text
 
@@ -188,6 +181,7 @@ def test_stopping_the_proxy_cuts_off_its_calls_in_flight(slow_engine, tmp_path: 
     for rec in recs if mode == "exact" else [r for r in recs if r.stream]:
         assert rec.status == "partial" and rec.completion_ids and rec.output_text.startswith("word0"), rec
         assert len(rec.logprobs) == len(rec.completion_ids)
+    assert_counts_true(recs)
     assert wait_for(lambda: slow_engine.running() == 0, 5.0), "the engine requests are still running"
     status, text = answers["streamed"]
     assert status == 200 and "event: error" in text and "overloaded_error" in text and "shutting down" in text, text

@@ -115,7 +115,9 @@ def engine_url_of(engine: Any) -> str:
 
 def test_local_run_seals_batches_with_rewards(scripted_engine: Any, tmp_path: Path) -> None:
     job = write_job(tmp_path, name="local-basic", tasks=2, samples=2, parallelism=2, sleep_s=0, per_batch=3)
-    proc = tracefleet_run(job, engine_url_of(scripted_engine), tmp_path)
+    # the engine's logprobs kind and a time limit stated on the command line (an external engine says neither)
+    proc = tracefleet_run(job, engine_url_of(scripted_engine), tmp_path, "--logprobs-mode", "processed_logprobs",
+                          "--engine-inter-token-timeout-s", "90")
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output
     rows = sealed_rows(tmp_path / "out", "local-basic")
@@ -124,9 +126,9 @@ def test_local_run_seals_batches_with_rewards(scripted_engine: Any, tmp_path: Pa
     assert all(r["num_trainable"] > 0 for r in rows)
     assert "mean reward    0.500" in output and "inspect: tracefleet traces ls" in output
     # --engine-url: the harness was given the name the engine serves (read from its /v1/models), not `default`
-    requested = {r.requested_model for log in (tmp_path / "work" / "capture").rglob("*.jsonl")
-                 for r in read_capture_log(log).records}
-    assert requested == {scripted_engine.model}
+    records = [r for log in (tmp_path / "work" / "capture").rglob("*.jsonl") for r in read_capture_log(log).records]
+    assert {r.requested_model for r in records} == {scripted_engine.model}
+    assert {r.logprobs_mode for r in records} == {"processed_logprobs"}
 
 
 def test_sigint_keeps_sealed_batches_and_rerun_completes_without_duplicates(scripted_engine: Any, tmp_path: Path) -> None:

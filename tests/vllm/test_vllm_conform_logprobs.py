@@ -43,7 +43,10 @@ def test_recorded_logprobs_are_the_distribution_that_sampled(vllm_server: Any, p
     rec = proxy.records()[-1]
     assert rec.sampling == {"temperature": {"value": temperature, "source": "request"},
                             "top_p": {"value": None, "source": "engine_default"},
-                            "top_k": {"value": top_k, "source": "request"}}
+                            "top_k": {"value": top_k, "source": "request"},
+                            "seed": {"value": 3, "source": "request"},
+                            "max_tokens": {"value": 10, "source": "request"}}
+    assert rec.logprobs_mode == "processed_logprobs"  # the vLLM tracefleet started, told the proxy from its args
     raw = rescore(vllm_server, rec.prompt_ids, rec.completion_ids, top=top_k)
     expected = []
     for position, token in zip(raw, rec.completion_ids, strict=True):

@@ -1,6 +1,7 @@
-"""Real vLLM: a call the harness abandons mid-generation is recorded by the proxy within a second
-and aborted at vLLM (closing the proxy's engine connection is what makes vLLM abort it), streamed
-or not: `vllm:num_requests_running` goes back to where it was."""
+"""Real vLLM: a call the harness abandons mid-generation is recorded by the proxy within a second, with the true
+token counts of what it holds (the proxy's token metrics agreeing), and aborted at vLLM (closing the proxy's
+engine connection is what makes vLLM abort it), streamed or not: `vllm:num_requests_running` goes back to where
+it was."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tracefleet.proxy.app import create_app
 from tracefleet.proxy.config import ProxyConfig
 
 from fixtures.abandoning_client import abandon, request_bytes
+from fixtures.capture_counts import assert_counts_true
 from fixtures.servers import ServedApp, serve_in_thread
 
 ADMIN = "admin-token-for-vllm-tests"
@@ -66,6 +68,8 @@ def test_abandoned_call_is_aborted_at_vllm(vllm_server: Any, proxy: ServedApp, t
     recs = read_capture_log(log).records if log.exists() else []
     assert [r.error.kind if r.error else r.status for r in recs] == ["client_disconnect"]
     assert recs[0].timings.done_at - hung_up < 1.0
+    # its counts are those of the ids it holds (a streamed one's tokens so far), and the proxy's metrics agree
+    assert_counts_true(recs, httpx.get(proxy.url + "/metrics", timeout=10).text)
     deadline = time.monotonic() + 5
     while running(vllm_server) > before and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tracefleet.contract.engine_limits import Limit, LogprobsMode
+
 CAPTURE_SCHEMA_VERSION = 1
 
 Dialect = Literal["openai-chat", "openai-responses", "anthropic", "google", "completions"]
@@ -27,6 +29,8 @@ class CallError(BaseModel):
     kind: str  # e.g. engine_timeout, engine_disconnect, context_length, engine_4xx, engine_5xx, client_disconnect
     message: str
     status_code: int | None = None
+    # engine_timeout: the limit that cut the call (connect | first_token | inter_token | total), its tokens kept
+    limit: Limit | None = None
 
 
 class SpliceInfo(BaseModel):
@@ -85,9 +89,13 @@ class CaptureRecord(BaseModel):
     error: CallError | None = None
     prompt_tokens: int = 0  # the engine's usage counts (the id list lengths when it reported none)
     completion_tokens: int = 0
-    # the sampling parameters sent, each {"value", "source": "request" | "engine_default"}: vLLM fills omitted
-    # ones from the model's generation_config.json, and its default logprobs are taken before them
+    # the sampling parameters sent, each {"value", "source": "request" | "proxy" | "engine_default"}: vLLM fills
+    # omitted ones from the model's generation_config.json, and its default logprobs are taken before them
     sampling: dict[str, Any] | None = None
+    # what the logprobs are (vLLM --logprobs-mode): processed_logprobs (the distribution that sampled, after
+    # temperature/top-k/top-p: behaviour logprobs), raw_logprobs (before them), unknown (nobody said);
+    # absent in records written before it was recorded
+    logprobs_mode: LogprobsMode | None = None
     # what makes the record suspect, e.g. "token_count_mismatch": len(completion_ids), the engine's
     # usage.completion_tokens and len(logprobs) disagree (a trainer should not trust its ids/logprobs)
     flags: list[str] = Field(default_factory=list)

@@ -17,6 +17,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from tracefleet.contract.diagnostics import BUILTIN_DIAGNOSTICS as BUILTINS
+from tracefleet.contract.engine_limits import CONNECT_S, FIRST_TOKEN_S, INTER_TOKEN_S, EngineLimits, StatedLogprobsMode, logprobs_mode_of
 from tracefleet.contract.rules import BUCKET_URI_MESSAGE, Rule, bucket_uri_cel, bucket_uri_ok, exactly_one, has
 from tracefleet.contract.semantics import DEFAULT_MAX_QUARANTINE_RATE, DEFAULT_MIN_JUDGED_SESSIONS
 
@@ -181,6 +182,36 @@ class ExternalInference(WireModel):
         default=None, description="Model name to request; defaults to the first one the engine lists."
     )
     api_key_secret_ref: SecretKeyRef | None = Field(default=None, description="API key for the engine, if it needs one.")
+    logprobs_mode: StatedLogprobsMode | None = Field(
+        default=None,
+        description="What kind of logprobs the engine reports (vLLM --logprobs-mode): processed_logprobs (after "
+        "temperature/top-k/top-p: the behaviour policy's) or raw_logprobs (vLLM's default). Recorded with every "
+        "call; trainers refuse raw ones as behaviour logprobs unless told. Unset: unknown unless the engine says.",
+    )
+
+
+class EngineTimeouts(WireModel):
+    """How long the proxy waits for the engine, each limit for what it says (tracefleet.contract.engine_limits)."""
+
+    connect_seconds: float = Field(default=CONNECT_S, ge=0.1, le=3600,
+                                   description="Opening a connection to the engine.")
+    first_token_seconds: float = Field(
+        default=FIRST_TOKEN_S, ge=0.1, le=86400,
+        description="From sending a request to its first token (a non-streamed engine answer arrives whole: "
+        "this bounds all of it).",
+    )
+    inter_token_seconds: float = Field(
+        default=INTER_TOKEN_S, ge=0.1, le=86400,
+        description="Between two tokens of a streamed answer: an engine that stalls this long is cut off.",
+    )
+    total_seconds: float | None = Field(
+        default=None, ge=0.1, le=604800,
+        description="Whole call; unset (the default): a call that keeps producing tokens is never cut for time.",
+    )
+
+    def limits(self) -> EngineLimits:
+        return EngineLimits(connect_s=self.connect_seconds, first_token_s=self.first_token_seconds,
+                            inter_token_s=self.inter_token_seconds, total_s=self.total_seconds)
 
 
 class Capture(WireModel):
@@ -213,6 +244,8 @@ class Inference(WireModel):
     managed: ManagedInference | None = Field(default=None, description="Run vLLM in the cluster for this job.")
     external: ExternalInference | None = Field(default=None, description="Use an engine that already runs.")
     capture: Capture = _object(Capture, "How token ids are captured.")
+    engine_timeouts: EngineTimeouts = _object(
+        EngineTimeouts, "How long the proxy waits for the engine; a call cut by a limit is recorded with it.")
     policy_version: int = Field(
         default=0, ge=0, description="Policy version recorded with every sampled token until the trainer changes it."
     )
@@ -244,6 +277,13 @@ class Inference(WireModel):
     def api_key_secret_ref(self) -> SecretKeyRef | None:
         """The engine's API key, managed or external."""
         return (self.managed or self.external).api_key_secret_ref  # type: ignore[union-attr]  # one is set (x_rules)
+
+    def logprobs_mode(self) -> str | None:
+        """The kind of logprobs the engine reports: a managed vLLM's from the arguments tracefleet starts it with
+        (its extraArgs may override them), an external engine's as the job states it (None: not stated)."""
+        if self.managed is not None:
+            return logprobs_mode_of(self.managed.extra_args or [])
+        return self.external.logprobs_mode if self.external is not None else None
 
 
 # ---------------------------------------------------------------- harness
