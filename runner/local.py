@@ -39,7 +39,7 @@ from tracefleet.api.semantics import (
     should_retry,
 )
 from tracefleet.runner.evaluators import EvaluatorSpec
-from tracefleet.runner.failures import run_verdict
+from tracefleet.runner.failures import run_verdict, session_error
 from tracefleet.runner.learning_signal import learning_signal_line
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import netns_available
@@ -217,9 +217,14 @@ def plan_sessions(job: Any, tasks: list[Task], model: str, harness: HarnessConfi
 
 
 class LocalRun:
-    def __init__(self, options: LocalOptions, out: TextIO = sys.stderr) -> None:
+    """`out` takes the progress (start-up, live progress, per-session failures, warnings); `summary` the
+    run's result (the summary table, the follow-up commands and the FAILED lines), so that
+    `tracefleet run job.yaml > result.txt` keeps the result and the terminal still shows the progress."""
+
+    def __init__(self, options: LocalOptions, out: TextIO = sys.stderr, summary: TextIO = sys.stdout) -> None:
         self.options = options
         self.out = out
+        self.summary_out = summary
         self.stop = threading.Event()
         self.job = load_job(options.job_path)
         self.base_dir = options.job_path.resolve().parent
@@ -374,7 +379,7 @@ class LocalRun:
             # when a session's every call failed, no session got through or nothing trainable was sealed: say why.
             verdict = run_verdict([r.result for r in self.results], sink.sealed_traces, progress.trainable_tokens)
             for reason in verdict.reasons:
-                print(f"  FAILED: {reason}", file=self.out, flush=True)
+                print(f"  FAILED: {reason}", file=self.summary_out, flush=True)
             return 1 if sink.errors or verdict.failed else 0
         finally:
             if bridge is not None:
@@ -470,7 +475,7 @@ class LocalRun:
             progress.rewards.append(result.reward)
         else:
             progress.failed += 1
-            self._say(f"session {result.session_id}: {result.status} at {result.stage}: {result.error}")
+            self._say(f"session {result.session_id}: {result.status} at {result.stage}: {session_error(result)}")
         accepted = self.acceptance is None or (result.status == "completed" and self.acceptance.accepts(result.reward))
         if accepted:
             progress.accepted += 1
@@ -526,17 +531,17 @@ class LocalRun:
         if self.acceptance is not None:
             rows.insert(4, ("accepted", f"{p.accepted}/{attempted} sessions ({self.options.accept})"))
         width = max(len(k) for k, _ in rows)
-        print("\n" + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows), file=self.out)
-        print(f"\n  inspect: tracefleet traces ls {sink.uri} --job {self.job.name}", file=self.out, flush=True)
+        print("\n" + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows), file=self.summary_out)
+        print(f"\n  inspect: tracefleet traces ls {sink.uri} --job {self.job.name}", file=self.summary_out, flush=True)
         if p.batches:
             first = p.batches[0].rsplit("/", 1)[-1]
             print(f"  a trace: tracefleet traces show {sink.uri} --job {self.job.name} --batch {int(first)} --trace 0",
-                  file=self.out, flush=True)
+                  file=self.summary_out, flush=True)
         if interrupted:
             print(f"  continue: tracefleet run {self.options.job_path}"
-                  + (f" --output {self.options.output}" if self.options.output else ""), file=self.out, flush=True)
+                  + (f" --output {self.options.output}" if self.options.output else ""), file=self.summary_out, flush=True)
 
 
-def run_local(options: LocalOptions, out: TextIO = sys.stderr) -> int:
+def run_local(options: LocalOptions, out: TextIO = sys.stderr, summary: TextIO = sys.stdout) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return LocalRun(options, out).run()
+    return LocalRun(options, out, summary).run()
