@@ -112,8 +112,8 @@ def serve_vllm(args: argparse.Namespace) -> int:
         return 0
     finally:
         if server is not None:
-            took = server.stop()
-            print(json.dumps({"event": "stopped", "seconds": round(took, 2)}), flush=True)
+            took, killed = server.stop()
+            print(json.dumps({"event": "stopped", "seconds": round(took, 2), "killed": killed}), flush=True)
 
 
 def main(args: argparse.Namespace) -> int:

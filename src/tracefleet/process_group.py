@@ -34,10 +34,10 @@ def running_members(pgid: int) -> list[int]:
     return pids
 
 
-def stop_group(proc: subprocess.Popen, grace_s: float) -> float:
+def stop_group(proc: subprocess.Popen, grace_s: float) -> tuple[float, list[int]]:
     """SIGTERM to `proc`'s process group (it must lead its own session), then wait up to grace_s for the leader
     to exit and every other member to be gone; SIGKILL, one pid at a time, only those still running then.
-    Returns the seconds it took. Call it from the thread that owns `proc` (not from a signal handler)."""
+    Returns the seconds it took and the pids it had to kill. Call it from the thread that owns `proc` (not from a signal handler)."""
     started = time.monotonic()
     deadline = started + grace_s
     pgid = proc.pid
@@ -52,10 +52,11 @@ def stop_group(proc: subprocess.Popen, grace_s: float) -> float:
         pass
     while running_members(pgid) and time.monotonic() < deadline:
         time.sleep(POLL_S)
-    for pid in running_members(pgid):
+    killed = running_members(pgid)
+    for pid in killed:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     proc.wait()
-    return time.monotonic() - started
+    return time.monotonic() - started, killed
