@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fixtures.harnesses import harness_binary_path
 from tracefleet.runner.failures import MESSAGE_CHARS, harness_reason, run_verdict, session_error
 from tracefleet.runner.session import SessionResult
 
@@ -192,3 +193,25 @@ def test_verdict_adds_the_harness_reason_to_a_non_zero_exit(tmp_path: Path) -> N
     verdict = run_verdict(broken, sealed_traces=2, trainable_tokens=0)
     assert verdict.reasons[0] == "2 of 2 sessions failed at harness: harness exited 1: fatal: model refused: quota exceeded"
     assert session_error(broken[0]) == "harness exited 1: fatal: model refused: quota exceeded"
+
+
+@pytest.mark.slow
+def test_a_real_harness_that_gives_up_is_reported_with_its_own_words(make_scripted_engine: Any, tmp_path: Path) -> None:
+    # Claude Code against an engine whose 16-token context refuses every prompt: it reports the API error in its
+    # stream-json result and exits 1; the run's verdict repeats that, not just "harness exited 1"
+    harness_binary_path("claude-code")
+    engine = make_scripted_engine(extra_args=["--max-model-len", "16"])
+    job = yaml.safe_load(_job(tmp_path, engine.url).read_text())
+    job["spec"]["harness"] = {"preset": "claude-code", "sessionTimeoutSeconds": 180}
+    job["spec"]["tasks"]["samplesPerTask"] = 1
+    job["spec"]["tasks"]["inline"] = job["spec"]["tasks"]["inline"][:1]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    done = subprocess.run(
+        [sys.executable, "-m", "tracefleet", "run", str(tmp_path / "job.yaml"), "--work-dir", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=400, cwd=tmp_path,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    failed = [line.strip() for line in done.stdout.splitlines() if "sessions failed at harness: harness exited" in line]
+    print("\n" + "\n".join(failed))
+    assert len(failed) == 1 and "maximum context length is 16 tokens" in failed[0], output

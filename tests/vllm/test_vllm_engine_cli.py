@@ -32,8 +32,12 @@ MAX_MODEL_LEN = 24_576  # given after `--`: vLLM's own flag, overriding the trai
 # vLLM's per-call output cap (a generation-config override, also after `--`): the harness's answers stay short,
 # so a session costs one long prefill and a few seconds of decoding on 2 cores.
 OUTPUT_CAP = 24
+# Prefill in chunks of 2048 tokens: a 10k-token prompt prefilled in one step took the worker past 4 GB and the
+# shared machine's OOM killer took it (measured); chunks bound its activations.
+PREFILL_CHUNK = 2048
 VLLM_ARGS = ["--max-model-len", str(MAX_MODEL_LEN),
-             "--override-generation-config", json.dumps({"max_new_tokens": OUTPUT_CAP})]
+             "--override-generation-config", json.dumps({"max_new_tokens": OUTPUT_CAP}),
+             "--max-num-batched-tokens", str(PREFILL_CHUNK)]
 END_OF_TURN, EOS = 106, 1  # Gemma 3's <end_of_turn> and <eos>
 HARNESS = "qwen-code"  # first prompt ~18.6k tokens with Gemma (README, "Which harness fits which model")
 LONG_PROMPT = 12_000
