@@ -8,7 +8,9 @@ vLLM cannot load the GGUF directly, and transformers refuses to `save_pretrained
 model of the same architecture from the config, load the dequantized weights, tie the embeddings and save
 safetensors. The tokenizer is the project's converted `tokenizer.json` (the proxy's exact mode tokenizes
 with the very same file) and the chat template is the one the project serves the model with, so vLLM's
-renderer and the proxy's render the same text.
+renderer and the proxy's render the same text. `generation_config.json` names every token that ends a turn
+(`--stop-token`, e.g. Gemma 3's `<end_of_turn>` beside `<eos>`): vLLM stops on the tokenizer's EOS plus that
+list, and a base model's GGUF names only `<eos>`, so without it Gemma would run past its turn to max_tokens.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import sys
 from pathlib import Path
 
 
-def convert(gguf: Path, tokenizer_json: Path, template: Path, out: Path, max_model_len: int) -> None:
+def convert(gguf: Path, tokenizer_json: Path, template: Path, out: Path, max_model_len: int,
+            stop_tokens: list[str] | None = None) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
@@ -50,7 +53,14 @@ def convert(gguf: Path, tokenizer_json: Path, template: Path, out: Path, max_mod
     tok.chat_template = template.read_text()
     tok.save_pretrained(str(tmp))
     # Only the token ids: no sampling defaults, so vLLM samples as the request says (T=1 when omitted).
-    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=tok.eos_token_id,
+    eos_ids = [tok.eos_token_id]
+    for text in stop_tokens or ():
+        token_id = tok.convert_tokens_to_ids(text)
+        if token_id is None or token_id == tok.unk_token_id:
+            raise SystemExit(f"stop token {text!r} is not in {tokenizer_json.name}'s vocabulary")
+        if token_id not in eos_ids:
+            eos_ids.append(token_id)
+    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=eos_ids[0] if len(eos_ids) == 1 else eos_ids,
                      pad_token_id=tok.eos_token_id).save_pretrained(str(tmp))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
@@ -63,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--template", type=Path, required=True)
     p.add_argument("--max-model-len", type=int, required=True)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--stop-token", action="append", default=[], metavar="TEXT",
+                   help="a token that ends an assistant turn besides EOS (repeatable)")
     a = p.parse_args(argv)
-    convert(a.gguf, a.tokenizer_json, a.template, a.out, a.max_model_len)
+    convert(a.gguf, a.tokenizer_json, a.template, a.out, a.max_model_len, a.stop_token)
     print(f"converted {a.gguf.name} -> {a.out}")
     return 0
 

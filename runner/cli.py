@@ -21,6 +21,11 @@ examples:
 Rerunning the same job (same metadata.name, same output) continues: sessions whose traces are already
 in a sealed batch are not run again. Ctrl-C stops cleanly: running sessions are killed and what
 finished is sealed. Inspect the result with `tracefleet traces ls OUTPUT/JOB`.
+
+Output: progress (start-up, sessions as they finish, a failed session's reason) on stderr; the summary, the
+commands to inspect the result and the FAILED: lines that say why a run failed on stdout. Exit status: 0 the
+run succeeded, 1 it failed (FAILED: lines say why) or could not start, 2 a usage or job-file error,
+130 interrupted (what finished is sealed).
 """
 
 

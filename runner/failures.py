@@ -4,14 +4,24 @@ A run has failed when a session's every model call failed, when no session compl
 trainable was sealed. The reasons are read from what the run left: each session's result (the stage that failed)
 and its capture records' errors (what the engine or the proxy said), grouped so that eight calls refused
 for the same reason are one line, `8 of 8 calls rejected by the engine (HTTP 400): …`, not eight.
+
+A harness that exits non-zero says why in its own output, not in its exit code (Codex's `turn.failed` event
+"Incomplete response returned, reason: max_output_tokens", Claude Code's result "API Error: Claude's response
+exceeded the 32000 output token maximum", a plain `Error: …` on stderr): `harness_reason` reads it back from
+the tails of harness.stdout/stderr by one rule for every harness, so `harness exited 1` becomes
+`harness exited 1: <the harness's last reason>`.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
 
+from tracefleet.contract import layout
 from tracefleet.contract.capture import CallError, read_capture_log
 
 if TYPE_CHECKING:
@@ -34,6 +44,14 @@ CALL_ERROR_VERBS = {
 }
 SESSION_STATUS_VERBS = {"error": "failed", "timeout": "timed out"}
 MESSAGE_CHARS = 240  # one line stays readable in a terminal
+TAIL_BYTES = 64 * 1024  # of each harness output file: its last reason is near the end
+# A plain-text line that reports a failure (`Error: …`, `ValueError: …`, `fatal: …`, `… exceeded …`).
+ERROR_LINE = re.compile(r"error|exception|fail|fatal|exceeded|refused|denied|invalid|unable to|cannot|timed? ?out",
+                        re.IGNORECASE)
+# A JSON event (the harnesses' --json / stream-json output) that reports a failure, and where its words are.
+ERROR_EVENT_TYPE = re.compile(r"error|fail", re.IGNORECASE)
+MESSAGE_KEYS = ("message", "errorMessage", "result", "error", "detail", "data")
+HARNESS_EXITED = "harness exited "  # runner.session.wait_stage's words for a non-zero exit (the reason follows)
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,69 @@ class RunVerdict:
 def _one_line(text: str | None) -> str:
     flat = " ".join((text or "").split())
     return flat if len(flat) <= MESSAGE_CHARS else flat[: MESSAGE_CHARS - 1] + "…"
+
+
+def _event_message(value: Any, depth: int = 0) -> str | None:
+    """The first non-empty string under MESSAGE_KEYS (nested: `{"error": {"data": {"message": …}}}`)."""
+    if isinstance(value, str):
+        return value.strip() or None
+    if not isinstance(value, dict) or depth > 3:
+        return None
+    for key in MESSAGE_KEYS:
+        if (found := _event_message(value.get(key), depth + 1)) is not None:
+            return found
+    return None
+
+
+def _reports_error(event: dict[str, Any]) -> bool:
+    kinds = " ".join(str(event.get(k, "")) for k in ("type", "subtype", "stopReason", "status"))
+    return event.get("is_error") is True or bool(ERROR_EVENT_TYPE.search(kinds)) or bool(event.get("error"))
+
+
+def _error_event(line: str) -> str | None:
+    """The message of a JSON line that reports a failure: `is_error: true` (Claude Code's result), an `error`
+    or `…failed` type or subtype (Codex's turn.failed, OpenCode's error), `stopReason: error` (Pi, also on the
+    event's `message`), `status: error`, or an `error` field; None for any other line. Only the event and its
+    `message` are looked at: deeper down are tool results (a failed shell command is not the harness failing)."""
+    if not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(event, dict):
+        return None
+    for part in (event, event.get("message")):
+        if isinstance(part, dict) and _reports_error(part):
+            return _event_message(part)
+    return None
+
+
+def _tail_lines(path: Path) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - TAIL_BYTES))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def harness_reason(session_dir: str | Path) -> str | None:
+    """The harness's own last reason for failing, read from the ends of its stdout and stderr, one line:
+    the last JSON error event on either (the structured outputs say it most precisely), else the last
+    error-looking plain line (stderr first: that is where CLIs write errors), else stderr's last line."""
+    out = _tail_lines(Path(session_dir) / layout.HARNESS_STDOUT)
+    err = _tail_lines(Path(session_dir) / layout.HARNESS_STDERR)
+    for lines in (out, err):
+        for line in reversed(lines):
+            if (message := _error_event(line)) is not None:
+                return _one_line(message)
+    for lines in (err, out):
+        for line in reversed(lines):
+            if not line.startswith("{") and ERROR_LINE.search(line):
+                return _one_line(line)
+    return _one_line(err[-1]) if err else None
 
 
 def _call_errors(results: Iterable[SessionResult]) -> tuple[int, list[CallError]]:

@@ -214,9 +214,14 @@ def plan_sessions(job: Any, tasks: list[Task], model: str, harness: HarnessConfi
 
 
 class LocalRun:
-    def __init__(self, options: LocalOptions, out: TextIO = sys.stderr) -> None:
+    """`out` takes the progress (start-up, live progress, per-session failures, warnings); `summary` the
+    run's result (the summary table, the follow-up commands and the FAILED lines), so that
+    `tracefleet run job.yaml > result.txt` keeps the result and the terminal still shows the progress."""
+
+    def __init__(self, options: LocalOptions, out: TextIO = sys.stderr, summary: TextIO = sys.stdout) -> None:
         self.options = options
         self.out = out
+        self.summary_out = summary
         self.stop = threading.Event()
         from tracefleet.api.manifest import load_job
 
@@ -386,7 +391,7 @@ class LocalRun:
             # when a session's every call failed, no session got through or nothing trainable was sealed: say why.
             verdict = run_verdict([r.result for r in self.results], sink.sealed_traces, progress.trainable_tokens)
             for reason in verdict.reasons:
-                print(f"  FAILED: {reason}", file=self.out, flush=True)
+                print(f"  FAILED: {reason}", file=self.summary_out, flush=True)
             return 1 if sink.errors or verdict.failed else 0
         finally:
             if bridge is not None:
@@ -534,17 +539,17 @@ class LocalRun:
         if self.acceptance is not None:
             rows.insert(4, ("accepted", f"{p.accepted}/{attempted} sessions ({self.options.accept})"))
         width = max(len(k) for k, _ in rows)
-        print("\n" + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows), file=self.out)
-        print(f"\n  inspect: tracefleet traces ls {sink.uri} --job {self.job.name}", file=self.out, flush=True)
+        print("\n" + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows), file=self.summary_out)
+        print(f"\n  inspect: tracefleet traces ls {sink.uri} --job {self.job.name}", file=self.summary_out, flush=True)
         if p.batches:
             first = p.batches[0].rsplit("/", 1)[-1]
             print(f"  a trace: tracefleet traces show {sink.uri} --job {self.job.name} --batch {int(first)} --trace 0",
-                  file=self.out, flush=True)
+                  file=self.summary_out, flush=True)
         if interrupted:
             print(f"  continue: tracefleet run {self.options.job_path}"
-                  + (f" --output {self.options.output}" if self.options.output else ""), file=self.out, flush=True)
+                  + (f" --output {self.options.output}" if self.options.output else ""), file=self.summary_out, flush=True)
 
 
-def run_local(options: LocalOptions, out: TextIO = sys.stderr) -> int:
+def run_local(options: LocalOptions, out: TextIO = sys.stderr, summary: TextIO = sys.stdout) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return LocalRun(options, out).run()
+    return LocalRun(options, out, summary).run()

