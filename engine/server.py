@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 
 from tracefleet.engine.backend import Backend
 from tracefleet.engine.openai import chat_completion, completion, health, metrics, models, tokenization
-from tracefleet.engine.openai.control import add_control_routes
+from tracefleet.engine.openai.scripting import add_control_routes
 from tracefleet.engine.openai.serving import EngineServing
 from tracefleet.engine.protocol import ENGINE_VERSION, EngineError
 

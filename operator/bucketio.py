@@ -15,7 +15,7 @@ from tracefleet.contract.semantics import diagnostics_counts
 from tracefleet.bucket import ObjectNotFound, open_bucket
 from tracefleet.contract.sealed_batch import SealedBatch
 from tracefleet.contract.layout import batch_uri, capture_key, manifest_key, session_prefix
-from tracefleet.contract.manifest import BatchManifest
+from tracefleet.contract.batch import BatchManifest
 from tracefleet.traces.seal import sealed_seqs
 
 

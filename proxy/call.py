@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from tracefleet.proxy.canonical import Conversation
-from tracefleet.proxy.capture import Persister, RecordHead, encode_record_line
+from tracefleet.proxy.recording import Persister, RecordHead, encode_record_line
 from tracefleet.proxy.dialects import DialectCodec
 from tracefleet.proxy.errors import ProxyError
 from tracefleet.proxy.metrics import ProxyMetrics

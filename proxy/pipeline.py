@@ -18,7 +18,7 @@ from starlette.datastructures import QueryParams
 
 from tracefleet.proxy.call import CallContext, Flight, Flights, call_error
 from tracefleet.proxy.canonical import Conversation
-from tracefleet.proxy.capture import Persister, RecordHead, kept_headers, precompute_head, spill_body
+from tracefleet.proxy.recording import Persister, RecordHead, kept_headers, precompute_head, spill_body
 from tracefleet.proxy.config import ProxyConfig
 from tracefleet.proxy.controls import Controls
 from tracefleet.proxy.dialects import DialectCodec

@@ -108,7 +108,7 @@ class Acceptance:
 
 
 @dataclass
-class Progress:
+class RunProgress:
     total: int
     skipped: int = 0  # already sealed by an earlier run
     done: int = 0
@@ -150,14 +150,14 @@ class Progress:
 
 def job_tasks(job: Any, base_dir: Path) -> list[Task]:
     """The job's tasks as runner tasks. Inline tasks or a local/s3 JSONL file; ConfigMaps need a cluster."""
-    from tracefleet.contract.job import Task as ApiTask
+    from tracefleet.contract.job import TaskSpec
 
     spec = job.spec
     extra_setup = list(spec.harness.workspace.setup or [])
     if spec.tasks.inline:
         api_tasks = list(spec.tasks.inline)
     elif spec.tasks.uri:
-        api_tasks = [ApiTask.model_validate(json.loads(line)) for line in _read_uri(spec.tasks.uri, base_dir).splitlines() if line.strip()]
+        api_tasks = [TaskSpec.model_validate(json.loads(line)) for line in _read_uri(spec.tasks.uri, base_dir).splitlines() if line.strip()]
     elif spec.tasks.harbor:
         raise ValueError(HARBOR_NOT_YET)
     else:
@@ -333,7 +333,7 @@ class LocalRun:
         keys = [(t.id, i) for t in tasks for i in range(spec.tasks.samples_per_task)]
         if all(k in sealed for k in keys):
             self._say(f"all {len(keys)} sessions of job {self.job.name!r} are already in sealed batches at {sink.job_uri}")
-            self._summary(Progress(total=len(keys), skipped=len(keys)), sink, False)
+            self._summary(RunProgress(total=len(keys), skipped=len(keys)), sink, False)
             return 0
         engine_url, engine, model_hint = self._engine()
         capture = spec.inference.capture
@@ -372,7 +372,7 @@ class LocalRun:
             plans = plan_sessions(self.job, tasks, model_hint or "default", harness)
             todo = [p for p in plans if (p.task.id, p.sample_index) not in sealed]
             sink.expect(dict(Counter(p.group_id for p in todo)))
-            progress = Progress(total=len(plans), skipped=len(plans) - len(todo))
+            progress = RunProgress(total=len(plans), skipped=len(plans) - len(todo))
             if progress.skipped:
                 self._say(f"{progress.skipped} of {len(plans)} sessions are already in sealed batches of job "
                           f"{self.job.name!r}: continuing with the other {len(todo)}")
@@ -401,7 +401,7 @@ class LocalRun:
             if engine is not None:
                 engine.stop()
 
-    def _schedule(self, todo: list[SessionPlan], admin: ProxyAdmin, proxy_url: str, sink: Any, progress: Progress,
+    def _schedule(self, todo: list[SessionPlan], admin: ProxyAdmin, proxy_url: str, sink: Any, progress: RunProgress,
                   run_id: str) -> bool:
         parallelism = max(1, self.options.parallelism or self.job.spec.parallelism)
         session_root = self.work_dir / "sessions" / run_id
@@ -468,7 +468,7 @@ class LocalRun:
         queue.append(plan.model_copy(update={"attempt": plan.attempt + 1}))
         return True
 
-    def _record(self, run: SessionRun, sink: Any, progress: Progress) -> None:
+    def _record(self, run: SessionRun, sink: Any, progress: RunProgress) -> None:
         result = run.result
         self.results.append(run)
         progress.statuses[result.status] = progress.statuses.get(result.status, 0) + 1
@@ -500,13 +500,13 @@ class LocalRun:
             for sub in ("original", "workdir", "eval"):
                 shutil.rmtree(Path(result.session_dir) / sub, ignore_errors=True)
 
-    def _progress(self, progress: Progress) -> None:
+    def _progress(self, progress: RunProgress) -> None:
         if self._tty:
             print(f"\r\033[K{progress.line()}", end="", file=self.out, flush=True)
         else:
             print(f"tracefleet: {progress.line()}", file=self.out, flush=True)
 
-    def _summary(self, progress: Progress, sink: Any, interrupted: bool) -> None:
+    def _summary(self, progress: RunProgress, sink: Any, interrupted: bool) -> None:
         p = progress
         if self._tty:
             print(file=self.out)

@@ -55,7 +55,7 @@ def evaluator_status(result: SessionResult) -> str:
 
 def outcome_of(result: SessionResult) -> SessionOutcome:
     """A session's outcome from its judged result: what both drivers attach to its rows (the sealer reads
-    the result from result.json and judges it with reward.json, tracefleet.runner.pod.seal)."""
+    the result from result.json and judges it with reward.json, tracefleet.runner.pod.sealer_job)."""
     return SessionOutcome(
         job=result.job,
         session_id=result.session_id,

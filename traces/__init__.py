@@ -9,7 +9,7 @@ See README.md in this folder for the schema and the bucket layout.
 """
 
 from tracefleet.traces.advantages import group_advantages
-from tracefleet.contract.manifest import BatchManifest
+from tracefleet.contract.batch import BatchManifest
 
 from tracefleet.traces.batch import table_to_traces, traces_to_table
 from tracefleet.traces.build import BUILDERS, build_from_calls, build_traces

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from tracefleet.contract.semantics import DROPPED_BY_DIAGNOSTICS
 
-from tracefleet.contract.manifest import DiagnosticStats, RewardStats
+from tracefleet.contract.batch import DiagnosticStats, RewardStats
 
 from tracefleet.traces.schema import TRACE_SCHEMA_VERSION, Span, Trace, TraceMetadata
 

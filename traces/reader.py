@@ -49,7 +49,7 @@ from tracefleet.contract.engine_limits import RAW_LOGPROBS
 from tracefleet.contract.layout import batch_object_key, cursor_key, job_root, manifest_key
 
 from tracefleet.traces.advantages import group_advantages
-from tracefleet.contract.manifest import BatchManifest
+from tracefleet.contract.batch import BatchManifest
 
 from tracefleet.traces.batch import list_values, parquet_to_table, table_to_traces
 from tracefleet.traces.overlay import Overlay, apply_overlays, current_overlays

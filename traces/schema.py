@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from tracefleet.contract.manifest import TRACE_SCHEMA_VERSION
+from tracefleet.contract.batch import TRACE_SCHEMA_VERSION
 
 from tracefleet.traces.versions import token_versions
 

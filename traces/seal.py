@@ -41,7 +41,7 @@ import pyarrow as pa
 from tracefleet.bucket import Bucket, BucketError, ObjectNotFound, spool_dir
 
 from tracefleet.contract.layout import MANIFEST, batch_dir, batch_key_parts, batches_prefix, data_object_name, job_root, manifest_key
-from tracefleet.contract.manifest import BatchManifest, ObjectEntry
+from tracefleet.contract.batch import BatchManifest, ObjectEntry
 
 from tracefleet.traces.batch import summarize, table_to_parquet, table_to_traces, traces_to_table
 from tracefleet.traces.schema import Trace

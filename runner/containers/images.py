@@ -64,7 +64,7 @@ BuildStatus = Literal["built", "cached", "prebuilt", "failed"]
 
 
 @dataclass(frozen=True)
-class BuildResult:
+class ImageBuild:
     task: str
     image: str
     status: BuildStatus
@@ -80,7 +80,7 @@ class BuildResult:
 
 
 def build_task_image(runtime: ContainerRuntime, task: HarborTask, log_dir: Path | None = None,
-                     push: str | None = None) -> BuildResult:
+                     push: str | None = None) -> ImageBuild:
     """Build (or find) the task's image; with `push`, also tag it for that registry and push it there. Never
     raises for the task's own failure: a Dockerfile that does not build is a `failed` result with its last
     error line (the full log in `log_dir/<task>.build.log` when given), so the other tasks go on."""
@@ -93,8 +93,8 @@ def build_task_image(runtime: ContainerRuntime, task: HarborTask, log_dir: Path 
             _build(runtime, task, image, log_dir)
         pushed = _push(runtime, task, image, push) if push else None
     except ContainerError as err:
-        return BuildResult(task.name, image, "failed", time.monotonic() - start, str(err))
-    return BuildResult(task.name, image, status, time.monotonic() - start, pushed=pushed)
+        return ImageBuild(task.name, image, "failed", time.monotonic() - start, str(err))
+    return ImageBuild(task.name, image, status, time.monotonic() - start, pushed=pushed)
 
 
 def _build(runtime: ContainerRuntime, task: HarborTask, image: str, log_dir: Path | None) -> None:

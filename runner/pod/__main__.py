@@ -1,7 +1,7 @@
 """`python -m tracefleet.runner.pod seal|evaluate`: the programs of the sealer and evaluator Jobs the
 operator creates (same image). Configuration comes from the environment the operator's child builders
 set; bucket credentials come from the job's Secret as AWS_* variables (tracefleet.bucket reads them).
-The harness pod's program is `tracefleet run --in-pod` (tracefleet.runner.pod.harness).
+The harness pod's program is `tracefleet run --in-pod` (tracefleet.runner.pod.harness_pod).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pydantic import BaseModel
 from tracefleet.bucket import open_bucket
 from tracefleet.contract.podenv import EvaluatorEnv, PodEnvError, SealerEnv
 
-from tracefleet.runner.pod.evaluate import evaluate, evaluate_session
-from tracefleet.runner.pod.seal import seal
+from tracefleet.runner.pod.evaluator_job import evaluate, evaluate_session
+from tracefleet.runner.pod.sealer_job import seal
 
 
 def main(argv: list[str] | None = None) -> int:

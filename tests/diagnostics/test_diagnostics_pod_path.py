@@ -19,8 +19,8 @@ from tracefleet.bucket import LocalBucket
 from tracefleet.contract.session import SessionResult
 from tracefleet.diagnostics.evidence import SessionEvidence
 from tracefleet.contract.podenv import EvaluatorEnv, SealerEnv
-from tracefleet.runner.pod import seal as pod_seal
-from tracefleet.runner.pod.evaluate import evaluate_session
+from tracefleet.runner.pod import sealer_job as pod_seal
+from tracefleet.runner.pod.evaluator_job import evaluate_session
 from tracefleet.traces.reader import BatchReader
 from tracefleet.traces.synthetic import SyntheticSession
 

@@ -39,7 +39,7 @@ from tracefleet.operator import metrics
 from tracefleet.operator import names as n
 from tracefleet.operator.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, verify_signature
 from tracefleet.contract.podenv import SealerEnv
-from tracefleet.runner.pod.seal import seal
+from tracefleet.runner.pod.sealer_job import seal
 from tracefleet.traces.reader import BatchReader
 from tracefleet.traces.synthetic import SyntheticSession
 

@@ -14,7 +14,7 @@ from tracefleet.bucket import open_bucket
 from tracefleet.operator import bucketio
 from tracefleet.operator.names import POD_PROGRAMS
 from tracefleet.contract.podenv import SealerEnv
-from tracefleet.runner.pod import evaluate as pod_evaluate, seal as pod_seal
+from tracefleet.runner.pod import evaluator_job as pod_evaluate, sealer_job as pod_seal
 from tracefleet.traces.reader import BatchReader
 from tracefleet.traces.synthetic import SyntheticSession
 

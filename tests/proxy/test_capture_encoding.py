@@ -11,7 +11,7 @@ import pytest
 
 from tracefleet.contract.capture import CallError, CaptureRecord, SpliceInfo, Timings, read_capture_log
 from tracefleet.proxy.canonical import ToolCall
-from tracefleet.proxy.capture import RecordHead, canonical_dump, encode_record_line
+from tracefleet.proxy.recording import RecordHead, canonical_dump, encode_record_line
 from tracefleet.proxy.dialects.openai_chat import OpenAIChat
 from tracefleet.proxy.errors import ProxyError
 from tracefleet.proxy.token_engine import CallState

@@ -142,7 +142,7 @@ def test_reference_trainer_recomputes_the_engines_logprobs_and_syncs_its_weights
                                                                                   tmp_path: Path) -> None:
     import torch
 
-    from tracefleet.trainer.reference import grpo_step, load_policy, save_weights, token_logprobs, trainable
+    from tracefleet.trainer.grpo import grpo_step, load_policy, save_weights, token_logprobs, trainable
     from tracefleet.traces.batch import traces_to_table
     from tracefleet.traces.reader import padded_tensors
 

@@ -39,7 +39,7 @@ from tracefleet.contract.job import (
     RolloutJobStatus,
     SecretKeyRef,
     SecretRef,
-    Task,
+    TaskSpec,
     Tasks,
     TaskWorkspace,
     Trainer,

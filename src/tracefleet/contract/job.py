@@ -364,7 +364,7 @@ class TaskWorkspace(WireModel):
     )
 
 
-class Task(WireModel):
+class TaskSpec(WireModel):
     id: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(description="Unique task id.")
     prompt: Annotated[str, StringConstraints(min_length=1, max_length=262144)] = Field(
         description="What the harness is asked to do."
@@ -409,7 +409,7 @@ class HarborTasks(WireModel):
 
 
 class Tasks(WireModel):
-    inline: list[Task] | None = Field(
+    inline: list[TaskSpec] | None = Field(
         default=None, min_length=1, max_length=1000, description="Tasks written in the manifest."
     )
     config_map_ref: ConfigMapTasks | None = Field(default=None, description="Tasks as JSON lines in a ConfigMap.")

@@ -81,7 +81,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracefleet.contract.manifest import BatchManifest
+from tracefleet.contract.batch import BatchManifest
 
 # ---------------------------------------------------------------- presets
 

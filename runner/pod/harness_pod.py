@@ -51,7 +51,7 @@ def _task_line(text: str, index: int, where: str) -> dict[str, Any]:
 def task_from_env(env: SessionEnv, base: Path, extra_setup: list[str] | None = None) -> Task:
     """The session's task from the pod environment (harness pods and evaluator Jobs alike); `base` is
     where relative task paths start."""
-    from tracefleet.contract.job import Task as ApiTask
+    from tracefleet.contract.job import TaskSpec
 
     if env.task_json is not None:
         raw = env.task_json
@@ -62,7 +62,7 @@ def task_from_env(env: SessionEnv, base: Path, extra_setup: list[str] | None = N
 
         assert env.tasks_uri is not None  # SessionEnv.has_task was checked by the caller's model
         raw = _task_line(_read_uri(env.tasks_uri, base), env.task_index, env.tasks_uri)
-    return task_from_api(ApiTask.model_validate(raw), base, extra_setup)
+    return task_from_api(TaskSpec.model_validate(raw), base, extra_setup)
 
 
 def job_dir(env: HarnessEnv) -> Path:

@@ -31,7 +31,7 @@ from tracefleet.contract.session import (
 )
 from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, PodEnvError
 from tracefleet.runner.pod.evidence import download_capture, harness_result
-from tracefleet.runner.pod.harness import task_from_env
+from tracefleet.runner.pod.harness_pod import task_from_env
 from tracefleet.runner.session import eval_context, evidence_of, judge
 from tracefleet.runner.workspace import WorkspaceError, prepare_workspace
 

@@ -2,7 +2,7 @@
 makes, tracefleet.engine.vllm_model) trained by torch on CPU with GRPO from `BatchReader.follow()`, its new
 weights put back into the running job's engine(s) by `update_policy` after every step.
 
-    python -m tracefleet.trainer.reference --bucket ./batches --job my-job --engine http://127.0.0.1:8000 \\
+    python -m tracefleet.trainer.grpo --bucket ./batches --job my-job --engine http://127.0.0.1:8000 \\
         --model ~/.cache/tracefleet/vllm/models/smollm2-... --out ./ckpt --max-lag 1
 
 The estimator, per trainable token t of a trace with group advantage A (tracefleet.contract.semantics):
@@ -139,7 +139,7 @@ def train(bucket: str, job: str, engines: list[str], model_dir: str, out: Path, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tracefleet.trainer.reference", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tracefleet.trainer.grpo", description=__doc__.splitlines()[0])
     p.add_argument("--bucket", required=True)
     p.add_argument("--job", required=True)
     p.add_argument("--engine", action="append", required=True, help="engine root URL (repeat for replicas)")
