@@ -8,6 +8,7 @@ import logging
 import os
 
 from tracefleet.operator.config import DEFAULT_IMAGE, OperatorConfig
+from tracefleet.contract import environment
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -28,9 +29,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between reconciles of each RolloutJob")
     parser.add_argument("--max-creates", type=int, default=100, help="most children one reconcile may create")
     parser.add_argument("--retry-backoff", type=float, default=10.0, help="first retry delay of a failed session (doubles)")
-    parser.add_argument("--proxy-image", default=os.environ.get("TRACEFLEET_PROXY_IMAGE", DEFAULT_IMAGE),
+    parser.add_argument("--proxy-image", default=os.environ.get(environment.PROXY_IMAGE, DEFAULT_IMAGE),
                         help="image of the proxy sidecar and sealer Jobs")
-    parser.add_argument("--evaluator-image", default=os.environ.get("TRACEFLEET_EVALUATOR_IMAGE", DEFAULT_IMAGE),
+    parser.add_argument("--evaluator-image", default=os.environ.get(environment.EVALUATOR_IMAGE, DEFAULT_IMAGE),
                         help="evaluator image when the RolloutJob names none")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 

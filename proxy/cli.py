@@ -7,10 +7,11 @@ import gc
 import os
 from pathlib import Path
 
+from tracefleet.contract import environment, podenv
 from tracefleet.contract.engine_limits import (CONNECT_FLAG, FIRST_TOKEN_FLAG, INTER_TOKEN_FLAG, LOGPROBS_MODE_FLAG,
                                                LOGPROBS_MODES, TOTAL_FLAG, EngineLimits)
 
-ENGINE_API_KEY_ENV = "TRACEFLEET_ENGINE_API_KEY"
+ENGINE_API_KEY_ENV = podenv.ENGINE_API_KEY
 
 
 def engine_api_key(path: Path | None) -> str | None:
@@ -99,7 +100,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--engine", required=True, metavar="URL", help="engine base URL, e.g. http://127.0.0.1:8000 (no /v1)")
     parser.add_argument("--capture-dir", required=True, type=Path, metavar="DIR", help="where <session_id>.jsonl capture logs go")
-    parser.add_argument("--admin-token", default=os.environ.get("TRACEFLEET_ADMIN_TOKEN"), metavar="T",
+    parser.add_argument("--admin-token", default=os.environ.get(environment.ADMIN_TOKEN), metavar="T",
                         help="bearer token for /admin/* (default: $TRACEFLEET_ADMIN_TOKEN; sidecar mode with --session and "
                         "no token: a random one, the admin API stays closed)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")

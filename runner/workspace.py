@@ -16,7 +16,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracefleet.contract import layout
+from tracefleet.contract import environment, layout
 from tracefleet.contract.job import is_remote
 from tracefleet.runner.task import Task
 
@@ -52,7 +52,7 @@ def _git_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(GIT_IDENTITY)
     # Keep the user's global config (hooks, signing, templates) out of our plumbing.
-    env["HOME"] = env.get("TRACEFLEET_GIT_HOME", "/nonexistent")
+    env["HOME"] = env.get(environment.GIT_HOME, "/nonexistent")
     env["GIT_CONFIG_GLOBAL"] = "/dev/null"
     return env
 

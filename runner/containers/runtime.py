@@ -10,6 +10,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+from tracefleet.contract import environment
 
 CONTAINERS_CONF_ENV = "CONTAINERS_CONF"
 BASE_IMAGE = "localhost/debian:bookworm"  # made by hack/setup.d/55-containers.sh (no registry is reachable)
@@ -20,7 +21,7 @@ class ContainerError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("TRACEFLEET_CACHE") or Path.home() / ".cache" / "tracefleet")
+    return environment.cache_dir()
 
 
 def last_line(text: str) -> str:

@@ -11,6 +11,7 @@ from tracefleet.contract.layout import PATCH
 from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, EvaluatorSpec
 from tracefleet.runner.sandbox import ProcessResult, run_sandboxed
 from tracefleet.runner.workspace import WorkspaceError, apply_patch, fresh_copy, restore_paths
+from tracefleet.contract import environment
 
 
 def patched_copy(ctx: EvalContext, name: str = "eval") -> Path:
@@ -28,14 +29,14 @@ def eval_env(ctx: EvalContext, spec: EvaluatorSpec, cwd: Path) -> dict[str, str]
     if not patch_file.exists():
         patch_file.write_text(ctx.patch)
     env = {
-        "TRACEFLEET_TASK_ID": ctx.task.id,
-        "TRACEFLEET_PATCH_FILE": str(patch_file),
-        "TRACEFLEET_ORIGINAL": str(ctx.workspace.original),
-        "TRACEFLEET_EVAL_DIR": str(cwd),
-        "TRACEFLEET_HARNESS_EXIT_CODE": "" if ctx.harness_exit_code is None else str(ctx.harness_exit_code),
+        environment.EVAL_TASK_ID: ctx.task.id,
+        environment.EVAL_PATCH_FILE: str(patch_file),
+        environment.EVAL_ORIGINAL: str(ctx.workspace.original),
+        environment.EVAL_DIR: str(cwd),
+        environment.EVAL_HARNESS_EXIT_CODE: "" if ctx.harness_exit_code is None else str(ctx.harness_exit_code),
     }
     if ctx.harness_stdout is not None:
-        env["TRACEFLEET_HARNESS_STDOUT"] = str(ctx.harness_stdout)
+        env[environment.EVAL_HARNESS_STDOUT] = str(ctx.harness_stdout)
     env.update(spec.env)
     return env
 

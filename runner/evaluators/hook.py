@@ -14,9 +14,10 @@ from typing import Any, Callable
 
 from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, EvaluatorSpec, tail
 from tracefleet.runner.evaluators.common import finite_reward, process_failure, run_judged, timed
+from tracefleet.contract import environment
 
 ENTRY_POINT_GROUP = "tracefleet.evaluators"
-RESULT_MARK = "TRACEFLEET_HOOK_RESULT "
+RESULT_MARK = environment.HOOK_RESULT_MARK
 
 
 def load_hook(ref: str) -> Callable[[dict[str, Any]], Any]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal, Protocol
+from tracefleet.contract import environment
 
 # The API a harness speaks (its dialect, as the capture log names it), or "any" for a command that speaks what it is told
 HarnessDialect = Literal["openai-chat", "openai-responses", "anthropic", "google", "any"]
@@ -80,14 +81,14 @@ def harness_pins() -> dict[str, Pin]:
 
 
 def harness_cache_dir() -> Path:
-    return Path(os.environ.get("TRACEFLEET_CACHE") or Path.home() / ".cache" / "tracefleet") / "harnesses"
+    return environment.cache_dir() / "harnesses"
 
 
 def installed_binary(name: str) -> Path | None:
     """The binary hack/setup.d/50-harnesses.sh installed for harness `name`, or None when it is not there.
 
     `TRACEFLEET_<NAME>_BIN` (e.g. TRACEFLEET_CLAUDE_CODE_BIN) overrides the cache location."""
-    override = os.environ.get(f"TRACEFLEET_{name.upper().replace('-', '_')}_BIN")
+    override = os.environ.get(environment.harness_bin(name))
     if override:
         return Path(override) if Path(override).exists() else None
     pin = harness_pins()[name]

@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 
 from tracefleet.runner.presets.base import CliPreset, HarnessLaunch, LaunchContext, v1
+from tracefleet.contract import environment
 
-API_KEY_ENV = "TRACEFLEET_API_KEY"
+API_KEY_ENV = environment.HARNESS_API_KEY
 
 
 def toml_string(value: str) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracefleet.runner.presets.base import COMMON_ENV, HarnessDialect, HarnessLaunch, v1
+from tracefleet.contract import environment
 
 PLACEHOLDER = re.compile(r"\{(prompt|workdir|home|base_url|base_url_v1|api_key|model)\}")
 
@@ -53,11 +54,11 @@ class CommandPreset:
         env = {
             **COMMON_ENV,
             "HOME": str(home),
-            "TRACEFLEET_BASE_URL": base_url,
-            "TRACEFLEET_API_KEY": api_key,
-            "TRACEFLEET_MODEL": model,
-            "TRACEFLEET_PROMPT": prompt,
-            "TRACEFLEET_WORKDIR": str(workdir),
+            environment.HARNESS_BASE_URL: base_url,
+            environment.HARNESS_API_KEY: api_key,
+            environment.HARNESS_MODEL: model,
+            environment.HARNESS_PROMPT: prompt,
+            environment.HARNESS_WORKDIR: str(workdir),
             "OPENAI_BASE_URL": v1(base_url),
             "OPENAI_API_KEY": api_key,
             "OPENAI_MODEL": model,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from tracefleet.runner.presets.base import CliPreset, HarnessLaunch, LaunchContext, v1
+from tracefleet.contract import environment
 
 PROVIDER = "tracefleet"
 
@@ -25,7 +26,7 @@ def config(ctx: LaunchContext) -> dict:
             PROVIDER: {
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "tracefleet",
-                "options": {"baseURL": v1(ctx.base_url), "apiKey": "{env:TRACEFLEET_API_KEY}"},
+                "options": {"baseURL": v1(ctx.base_url), "apiKey": f"{{env:{environment.HARNESS_API_KEY}}}"},
                 "models": {ctx.model: {"name": ctx.model, "tool_call": True}},
             }
         },
@@ -37,7 +38,7 @@ def build(ctx: LaunchContext) -> HarnessLaunch:
         # `run` takes the message as positional words; "--" keeps a prompt starting with "-" a message.
         argv=[ctx.binary, "run", "--model", f"{PROVIDER}/{ctx.model}", "--format", "json", "--", ctx.prompt],
         env={
-            "TRACEFLEET_API_KEY": ctx.api_key,
+            environment.HARNESS_API_KEY: ctx.api_key,
             "OPENCODE_DISABLE_AUTOUPDATE": "1",
             "OPENCODE_DISABLE_SHARE": "1",
             "OPENCODE_DISABLE_MODELS_FETCH": "1",

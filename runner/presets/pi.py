@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 
 from tracefleet.runner.presets.base import CliPreset, HarnessLaunch, LaunchContext, v1
+from tracefleet.contract import environment
 
 PROVIDER = "tracefleet"
-API_KEY_ENV = "TRACEFLEET_API_KEY"  # models.json resolves an upper-case name from the environment
+API_KEY_ENV = environment.HARNESS_API_KEY  # models.json resolves an upper-case name from the environment
 
 
 def models_json(ctx: LaunchContext, api: str = "openai-completions") -> dict:

@@ -12,7 +12,7 @@ from tracefleet.api.reference import manifest_reference, update_readme
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "Generate the RolloutJob CustomResourceDefinition from the pydantic model in src/tracefleet/api/. "
+        "Generate the RolloutJob CustomResourceDefinition from the pydantic model (src/tracefleet/contract/job.py). "
         f"By default writes crds/{CRD_FILENAME}; install it with `kubectl apply -f crds/`."
     )
     parser.epilog = (

@@ -327,7 +327,7 @@ class Harness(WireModel):
         default=None, description="Harness container image (on Kubernetes)."
     )
     env: dict[str, Annotated[str, StringConstraints(max_length=32768)]] | None = Field(
-        default=None, description="Extra environment variables for the harness."
+        default=None, description="Extra environment variables for the harness: they override the preset's defaults, never the variables that point the harness at its proxy session (its URL, secret and HOME) nor TRACEFLEET_* (tracefleet.runner.environment)."
     )
     resources: ResourceRequirements | None = Field(default=None, description="Harness container resources.")
     runtime_class_name: Annotated[str, StringConstraints(min_length=1, max_length=253)] | None = Field(
