@@ -10,7 +10,8 @@ import textwrap
 import yaml
 
 from tracefleet.operator.children.harness import harness_pod
-from tracefleet.operator.view import JobView, OperatorConfig
+from tracefleet.contract.job import RolloutJob
+from tracefleet.operator.config import OperatorConfig
 from tracefleet.proxy.cli import configure, engine_limits
 
 CFG = OperatorConfig(proxy_image="reg/tracefleet:test", evaluator_image="reg/tracefleet:test")
@@ -33,7 +34,7 @@ def sidecar_args(inference: dict | None = None) -> argparse.Namespace:
     body = yaml.safe_load(BODY)
     body["spec"]["inference"].update(inference or {})
     body["spec"]["inference"] = {k: v for k, v in body["spec"]["inference"].items() if v is not None}
-    (proxy,) = harness_pod(JobView.from_body(body), CFG, session=0, attempt=0)["spec"]["initContainers"]
+    (proxy,) = harness_pod(RolloutJob.model_validate(body), CFG, session=0, attempt=0)["spec"]["initContainers"]
     parser = argparse.ArgumentParser()
     configure(parser)  # what `tracefleet proxy` makes of them
     assert proxy["args"][0] == "proxy"
