@@ -121,7 +121,7 @@ def test_a_real_harness_with_a_long_first_prompt_completes_in_exact_mode(gemma_v
     print(f"\n{HARNESS} on vLLM Gemma: exit {done.returncode} in {seconds:.0f} s\n{output[-3000:]}")
     assert done.returncode == 0, output
     assert "capture mode exact" in done.stderr and "status         completed 1" in done.stdout, output
-    records = [r for log in sorted((tmp_path / "work" / "capture").glob("*.jsonl"))
+    records = [r for log in sorted((tmp_path / "work" / "capture").rglob("*.jsonl"))
                for r in read_capture_log(log).records]
     assert records and all(r.status == "ok" for r in records), [(r.status, r.error) for r in records]
     assert max(len(r.prompt_ids) for r in records) >= LONG_PROMPT, [len(r.prompt_ids) for r in records]
