@@ -59,7 +59,7 @@ LOCAL_MODEL_ALIASES = {
 def max_model_len_arg(extra_args: list[str]) -> int | None:
     """The value of vLLM's `--max-model-len N` / `--max-model-len=N` in a managed engine's extraArgs (the
     last one wins, as in vLLM's own parser), or None."""
-    from tracefleet.vllm import arg_value
+    from tracefleet.contract.engine_limits import arg_value
 
     value = arg_value(extra_args, "--max-model-len")
     if value is None:

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tracefleet.contract.engine_limits import LOGPROBS_MODE, arg_value, logprobs_mode_of  # noqa: F401 - callers read them here too
+from tracefleet.contract.engine_limits import LOGPROBS_MODE
 from tracefleet.contract.job import DEFAULT_VLLM_IMAGE, MIN_VLLM_VERSION, VLLM_VERSION  # noqa: F401 - the release and its image
 
 if TYPE_CHECKING:

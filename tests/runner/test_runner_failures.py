@@ -20,8 +20,8 @@ from tracefleet.runner.session import SessionResult, StageFailed, wait_stage
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 
-# A harness that, like a real CLI whose model calls all fail, reports the error and still exits 0.
-SHRUGGING_HARNESS = textwrap.dedent(
+# The one model call both harnesses below make, through the session's OpenAI-Chat endpoint.
+MODEL_REQUEST = textwrap.dedent(
     """
     import json, os, sys, urllib.error, urllib.request
     req = urllib.request.Request(
@@ -30,6 +30,12 @@ SHRUGGING_HARNESS = textwrap.dedent(
                          "messages": [{"role": "user", "content": os.environ["TRACEFLEET_PROMPT"]}]}).encode(),
         headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
     )
+    """
+)
+
+# A harness that, like a real CLI whose model calls all fail, reports the error and still exits 0.
+SHRUGGING_HARNESS = MODEL_REQUEST + textwrap.dedent(
+    """
     try:
         urllib.request.urlopen(req, timeout=60)
     except urllib.error.HTTPError as exc:
@@ -106,15 +112,8 @@ def test_verdict_groups_session_failures_by_stage() -> None:
 
 # A harness that makes its model call and then gives up the way a CLI does: its reason on its own output
 # (here a Codex-shaped JSON event on stdout and a plain line on stderr), exit 1.
-QUITTING_HARNESS = textwrap.dedent(
+QUITTING_HARNESS = MODEL_REQUEST + textwrap.dedent(
     """
-    import json, os, sys, urllib.request
-    req = urllib.request.Request(
-        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-        data=json.dumps({"model": os.environ["OPENAI_MODEL"], "max_tokens": 8,
-                         "messages": [{"role": "user", "content": os.environ["TRACEFLEET_PROMPT"]}]}).encode(),
-        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
-    )
     urllib.request.urlopen(req, timeout=60).read()
     print(json.dumps({"type": "thread.started"}))
     print(json.dumps({"type": "turn.failed", "error": {"message": "Incomplete response returned, reason: max_output_tokens"}}))

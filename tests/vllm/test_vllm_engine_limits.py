@@ -28,7 +28,7 @@ from tracefleet.bucket import open_bucket
 from tracefleet.contract.engine_limits import EngineLimits
 from tracefleet.engine.vllm_local import VllmFailed, VllmMissing, launch
 from tracefleet.traces import BatchReader, RawLogprobs, Sealer, SessionInfo, build_traces
-from tracefleet.vllm import logprobs_mode_of
+from tracefleet.contract.engine_limits import logprobs_mode_of
 
 from fixtures.capture_counts import assert_counts_true, wait_for
 from fixtures.proxy_on_vllm import ADMIN, SESSION, auth_headers, dialect_request, post, start_proxy_on_vllm
