@@ -26,9 +26,8 @@ from tracefleet.proxy.engine_client import EngineClient
 
 from fixtures.checkpoints import changed_checkpoint
 from fixtures.proxy_on_vllm import (ProxyOnVllm, auth_headers, dialect_request, post,  # noqa: F401 (proxies)
-                                    proxies, served_model_dir)
+                                    proxies, served_model_dir, RUNS_TO_CAP, RUNS_TO_CAP_TOKENS)
 
-LONG = "Write a very long story about a dragon who learns to cook."
 SHORT = "Say hello."
 
 
@@ -44,12 +43,12 @@ def engine(vllm: Any, op: str, *args: Any) -> Any:
 
 
 def stream_through_pause(vllm: Any, proxy: ProxyOnVllm, sync: Callable[[], None]) -> list[dict[str, Any]]:
-    """Start a long streamed chat call, run `sync` (which pauses vLLM with mode=abort) once tokens flow; the
-    SSE data the harness got."""
+    """Start a streamed chat call that generates until its cap, run `sync` (which pauses vLLM with mode=abort)
+    once tokens flow and before the call could end by itself; the SSE data the harness got."""
     lines: list[str] = []
 
     def call() -> None:
-        path, body = dialect_request("chat", vllm.model, LONG, 400, stream=True)
+        path, body = dialect_request("chat", vllm.model, RUNS_TO_CAP, RUNS_TO_CAP_TOKENS, stream=True)
         with httpx.stream("POST", proxy.url + path, json=body, headers=auth_headers("chat"), timeout=120) as r:
             lines.extend(r.iter_lines())
 
@@ -58,8 +57,9 @@ def stream_through_pause(vllm: Any, proxy: ProxyOnVllm, sync: Callable[[], None]
     deadline = time.monotonic() + 60
     while not any('"content":"' in line and '"content":""' not in line for line in lines) and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert thread.is_alive() and not any('"finish_reason":"' in line for line in lines), "the call ended before the sync"
     sync()
-    thread.join(60)
+    thread.join(120)
     return [json.loads(line[6:]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"]
 
 

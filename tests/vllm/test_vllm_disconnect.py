@@ -20,13 +20,10 @@ from tracefleet.proxy.config import ProxyConfig
 
 from fixtures.abandoning_client import abandon, request_bytes
 from fixtures.capture_counts import assert_counts_true
+from fixtures.proxy_on_vllm import RUNS_TO_CAP
 from fixtures.servers import ServedApp, serve_in_thread
 
 ADMIN = "admin-token-for-vllm-tests"
-# Greedy SmolLM2 writes to the 512-token cap on this (~35 s on 2 loaded cores): the call is still generating
-# when the client hangs up, however fast the machine. A short answer (a count to 2000 stops after ~120
-# tokens) could finish first on a faster CI machine, and the record would then rightly be `ok`.
-PROMPT = "Write a 3000-word essay on the history of Rome."
 HOLD_S = 5.0  # the most the client waits for vLLM to report the request running before it hangs up anyway
 
 
@@ -60,7 +57,7 @@ def test_abandoned_call_is_aborted_at_vllm(vllm_server: Any, proxy: ServedApp, t
                          timeout=30).json()
     url = urlsplit(proxy.url)
     before = settled_running(vllm_server)
-    hung_up = abandon(url.hostname, url.port, request_bytes(dialect, stream, session["secret"], prompt=PROMPT, greedy=True), stream,
+    hung_up = abandon(url.hostname, url.port, request_bytes(dialect, stream, session["secret"], prompt=RUNS_TO_CAP, greedy=True), stream,
                       hold_s=HOLD_S, ready=lambda: running(vllm_server) > before)
     log = tmp_path / f"{session['session_id']}.jsonl"
     while not (log.exists() and read_capture_log(log).records) and time.time() < hung_up + 1.0:
