@@ -4,18 +4,16 @@ streamed (vLLM's chunk sequence: the role chunk with the first output, one chunk
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any, AsyncIterator
 
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from tracefleet.engine.backend import ChatContext, GenerationRequest, SampledToken
-from tracefleet.engine.openai.serving import (SSE_DONE, SYSTEM_FINGERPRINT, EngineServing, Generation, Step, engine_of,
-                                              parse_body, sse, stop_strings, until_disconnect)
-from tracefleet.engine.protocol import CHAT_COMPLETIONS, ChatCompletionRequest, EngineError
+from tracefleet.engine.backend import ChatContext, SampledToken
+from tracefleet.engine.openai.serving import (SSE_DONE, SYSTEM_FINGERPRINT, Endpoint, Started, engine_of,
+                                              parse_body, sse, until_disconnect)
+from tracefleet.engine.protocol import CHAT_COMPLETIONS, ChatCompletionRequest
 from tracefleet.formats.tool_parser import StreamingToolParser
 
 router = APIRouter()
@@ -27,10 +25,7 @@ async def create_chat_completion(request: Request) -> Response:
     return await until_disconnect(request, serving.chat(await parse_body(request, ChatCompletionRequest)))
 
 
-class ServingChat:
-    def __init__(self, engine: EngineServing) -> None:
-        self.engine = engine
-
+class ServingChat(Endpoint):
     def logprob(self, tok: SampledToken, top: int) -> dict[str, Any]:
         token_text = self.engine.token_text
         text = token_text(tok.token_id)
@@ -44,9 +39,7 @@ class ServingChat:
 
     async def chat(self, body: ChatCompletionRequest) -> Response:
         engine = self.engine
-        model = engine.check_model(body.model)
-        if body.n != 1:
-            raise EngineError("Only n=1 is supported by the tracefleet engine", param="n")
+        model = engine.check_request(body)
         use_tools = bool(body.tools) and body.tool_choice != "none"
         prompt = engine.render(body.messages, body.tools if body.tool_choice != "none" else None,
                                body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs)
@@ -54,18 +47,11 @@ class ServingChat:
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         max_tokens = engine.max_tokens_for(len(prompt_ids), requested)
         top = (body.top_logprobs or 0) if body.logprobs else 0
-        req = GenerationRequest(prompt_ids, engine.sampling(body, max_tokens, top),
-                                ChatContext(body.messages, body.tools if use_tools else None))
-        gen = Generation(prompt_ids)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        steps = engine.generate(req, stop_strings(body.stop), body.include_stop_str_in_output,
-                                body.skip_special_tokens, gen)
+        started = engine.start(body, model, prompt_ids, max_tokens, top,
+                               ChatContext(body.messages, body.tools if use_tools else None), "chatcmpl")
         if body.stream:
-            return StreamingResponse(self.stream(body, model, rid, created, gen, steps, use_tools),
-                                     media_type="text/event-stream")
-        async for _ in steps:
-            pass
+            return StreamingResponse(self.stream(body, started, use_tools), media_type="text/event-stream")
+        gen = await started.finished()
         text = "".join(s.text for s in gen.steps)
         parser = StreamingToolParser() if use_tools else None
         calls = []
@@ -89,7 +75,8 @@ class ServingChat:
             "token_ids": [s.token.token_id for s in gen.steps] if body.return_token_ids else None,
         }
         return Response(orjson.dumps({
-            "id": rid, "object": "chat.completion", "created": created, "model": model, "choices": [choice],
+            "id": started.rid, "object": "chat.completion", "created": started.created, "model": model,
+            "choices": [choice],
             "system_fingerprint": SYSTEM_FINGERPRINT,
             "usage": {**engine.usage(len(prompt_ids), len(gen.steps)), "prompt_tokens_details": None},
             "prompt_logprobs": engine.prompt_logprobs_body(gen.prompt_logprobs),
@@ -97,12 +84,12 @@ class ServingChat:
             "kv_transfer_params": None,
         }), media_type="application/json")
 
-    async def stream(self, body: ChatCompletionRequest, model: str, rid: str, created: int, gen: Generation,
-                     steps: AsyncIterator[Step], use_tools: bool) -> AsyncIterator[bytes]:
+    async def stream(self, body: ChatCompletionRequest, started: Started, use_tools: bool) -> AsyncIterator[bytes]:
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-            return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": choices, **extra}
+            return {"id": started.rid, "object": "chat.completion.chunk", "created": started.created,
+                    "model": started.model, "choices": choices, **extra}
 
+        gen, steps = started.gen, started.steps
         usage = self.engine.usage
         top = (body.top_logprobs or 0) if body.logprobs else 0
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

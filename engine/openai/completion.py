@@ -3,17 +3,14 @@
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any, AsyncIterator
 
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from tracefleet.engine.backend import GenerationRequest
-from tracefleet.engine.openai.serving import (SSE_DONE, SYSTEM_FINGERPRINT, EngineServing, Generation, Step, engine_of,
-                                              parse_body, sse, stop_strings, until_disconnect)
+from tracefleet.engine.openai.serving import (SSE_DONE, SYSTEM_FINGERPRINT, Endpoint, Started, Step, engine_of,
+                                              parse_body, sse, until_disconnect)
 from tracefleet.engine.protocol import COMPLETIONS, CompletionRequest, EngineError
 
 router = APIRouter()
@@ -25,10 +22,7 @@ async def create_completion(request: Request) -> Response:
     return await until_disconnect(request, serving.completions(await parse_body(request, CompletionRequest)))
 
 
-class ServingCompletion:
-    def __init__(self, engine: EngineServing) -> None:
-        self.engine = engine
-
+class ServingCompletion(Endpoint):
     def logprobs(self, steps: list[Step], top: int, offset: int) -> dict[str, Any]:
         token_text = self.engine.token_text
         tokens, lps, tops, offsets = [], [], [], []
@@ -60,25 +54,16 @@ class ServingCompletion:
 
     async def completions(self, body: CompletionRequest) -> Response:
         engine = self.engine
-        model = engine.check_model(body.model)
-        if body.n != 1:
-            raise EngineError("Only n=1 is supported by the tracefleet engine", param="n")
+        model = engine.check_request(body)
         if body.echo:
             raise EngineError("echo is not supported by the tracefleet engine", param="echo")
         prompt_ids = self.prompt_ids(body)
         max_tokens = engine.max_tokens_for(len(prompt_ids), body.max_tokens)
         top = body.logprobs or 0
-        req = GenerationRequest(prompt_ids, engine.sampling(body, max_tokens, top), None)
-        gen = Generation(prompt_ids)
-        rid = f"cmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        steps = engine.generate(req, stop_strings(body.stop), body.include_stop_str_in_output,
-                                body.skip_special_tokens, gen)
+        started = engine.start(body, model, prompt_ids, max_tokens, top, None, "cmpl")
         if body.stream:
-            return StreamingResponse(self.stream(body, model, rid, created, gen, steps),
-                                     media_type="text/event-stream")
-        async for _ in steps:
-            pass
+            return StreamingResponse(self.stream(body, started), media_type="text/event-stream")
+        gen = await started.finished()
         text = "".join(s.text for s in gen.steps)
         choice = {
             "index": 0, "text": text,
@@ -90,14 +75,19 @@ class ServingCompletion:
             "token_ids": [s.token.token_id for s in gen.steps] if body.return_token_ids else None,
         }
         return Response(orjson.dumps({
-            "id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice],
+            "id": started.rid, "object": "text_completion", "created": started.created, "model": model,
+            "choices": [choice],
             "system_fingerprint": SYSTEM_FINGERPRINT,
             "usage": {**engine.usage(len(prompt_ids), len(gen.steps)), "prompt_tokens_details": None},
             "kv_transfer_params": None,
         }), media_type="application/json")
 
-    async def stream(self, body: CompletionRequest, model: str, rid: str, created: int,
-                     gen: Generation, steps: AsyncIterator[Step]) -> AsyncIterator[bytes]:
+    async def stream(self, body: CompletionRequest, started: Started) -> AsyncIterator[bytes]:
+        def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+            return {"id": started.rid, "object": "text_completion", "created": started.created,
+                    "model": started.model, "choices": choices, **extra}
+
+        gen, steps = started.gen, started.steps
         top = body.logprobs or 0
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         n_out = 0
@@ -117,14 +107,13 @@ class ServingCompletion:
                     choice["token_ids"] = [step.token.token_id]
                 if n_out == 1 and body.prompt_logprobs is not None:
                     choice["prompt_logprobs"] = self.engine.prompt_logprobs_body(gen.prompt_logprobs)
-                yield sse({"id": rid, "object": "text_completion", "created": created, "model": model,
-                           "choices": [choice]})
+                yield sse(chunk([choice]))
         except Exception as exc:  # noqa: BLE001 - a stream cannot change its status any more
             yield self.engine.stream_failure(exc)
             return
         finally:
             await steps.aclose()  # type: ignore[attr-defined]
         if include_usage:
-            yield sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
-                       "system_fingerprint": SYSTEM_FINGERPRINT, "usage": self.engine.usage(len(gen.prompt_ids), n_out)})
+            yield sse(chunk([], system_fingerprint=SYSTEM_FINGERPRINT,
+                            usage=self.engine.usage(len(gen.prompt_ids), n_out)))
         yield SSE_DONE

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, TypeVar
 
@@ -17,7 +18,8 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
-from tracefleet.engine.backend import Backend, GenerationRequest, PromptLogprob, SampledToken, SamplingParams
+from tracefleet.engine.backend import (Backend, ChatContext, GenerationRequest, PromptLogprob, SampledToken,
+                                      SamplingParams)
 from tracefleet.engine.protocol import ChatCompletionRequest, CompletionRequest, EngineError
 from tracefleet.formats.chat_template import TemplateError, render_chat
 from tracefleet.formats.tokenizer import IncrementalDetokenizer
@@ -42,6 +44,29 @@ class Generation:
     prompt_ids: list[int]
     prompt_logprobs: list[PromptLogprob | None] | None = None
     steps: list[Step] = field(default_factory=list)
+
+
+@dataclass
+class Started:
+    """A generation under way, and what its answer is labelled with (whole or streamed)."""
+
+    model: str
+    rid: str
+    created: int
+    gen: Generation
+    steps: AsyncIterator[Step]
+
+    async def finished(self) -> Generation:
+        async for _ in self.steps:
+            pass
+        return self.gen
+
+
+class Endpoint:
+    """One generation endpoint's serving object (vLLM's `OpenAIServing*`), over the app's `EngineServing`."""
+
+    def __init__(self, engine: EngineServing) -> None:
+        self.engine = engine
 
 
 def sse(obj: Any) -> bytes:
@@ -118,6 +143,13 @@ class EngineServing:
         self.running = 0  # generations under way: vLLM's `vllm:num_requests_running` (GET /metrics)
 
     # --- validation ----------------------------------------------------------------------------
+    def check_request(self, body: ChatCompletionRequest | CompletionRequest) -> str:
+        """The served model's name for `body`, or the 4xx vLLM gives for what this engine cannot serve."""
+        model = self.check_model(body.model)
+        if body.n != 1:
+            raise EngineError("Only n=1 is supported by the tracefleet engine", param="n")
+        return model
+
     def check_model(self, model: str | None) -> str:
         if model is None or model in self.names:
             return self.names[0]
@@ -181,6 +213,15 @@ class EngineServing:
             ignore_eos=body.ignore_eos)
 
     # --- generation ----------------------------------------------------------------------------
+    def start(self, body: ChatCompletionRequest | CompletionRequest, model: str, prompt_ids: list[int],
+              max_tokens: int, top: int, context: ChatContext | None, id_prefix: str) -> Started:
+        """Start generating for `body` (already checked): the steps come as the caller reads them."""
+        req = GenerationRequest(prompt_ids, self.sampling(body, max_tokens, top), context)
+        gen = Generation(prompt_ids)
+        steps = self.generate(req, stop_strings(body.stop), body.include_stop_str_in_output, body.skip_special_tokens,
+                              gen)
+        return Started(model, f"{id_prefix}-{uuid.uuid4().hex}", int(time.time()), gen, steps)
+
     async def generate(self, req: GenerationRequest, stop: list[str], include_stop: bool,
                        skip_special: bool, gen: Generation) -> AsyncIterator[Step]:
         """Run the backend in a worker thread; yield steps as tokens arrive."""
