@@ -1,6 +1,6 @@
-"""`python -m tracefleet.runner.pod seal|evaluate`: the programs of the sealer and evaluator Jobs the
-operator creates (same image). Configuration comes from the environment the operator's child builders
-set; bucket credentials come from the job's Secret as AWS_* variables (tracefleet.bucket reads them).
+"""`python -m tracefleet.runner.pod seal|evaluate|harbor-fetch`: the programs of the sealer and evaluator Jobs
+the operator creates (same image; harbor-fetch is a Harbor task's evaluator Job's first step, its report step
+is `evaluate`). Configuration comes from the environment the operator's child builders set; bucket credentials come from the job's Secret as AWS_* variables (tracefleet.bucket reads them).
 The harness pod's program is `tracefleet run --in-pod` (tracefleet.runner.pod.harness_pod).
 """
 
@@ -15,12 +15,13 @@ from tracefleet.bucket import open_bucket
 from tracefleet.contract.podenv import EvaluatorEnv, PodEnvError, SealerEnv
 
 from tracefleet.runner.pod.evaluator_job import evaluate, evaluate_session
+from tracefleet.runner.pod.harbor_verifier import fetch, report
 from tracefleet.runner.pod.sealer_job import seal
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in ("seal", "evaluate"):
+    if not argv or argv[0] not in ("seal", "evaluate", "harbor-fetch"):
         print(__doc__)
         return 2
     code = 0
@@ -29,10 +30,16 @@ def main(argv: list[str] | None = None) -> int:
             sealer = SealerEnv.from_env()
             out = seal(open_bucket(sealer.bucket), sealer.job, sealer.batch_seq, sealer.planned_sessions(), sealer.builder,
                        sealer.diagnostic_specs(), sealer.policy_version)
+        elif argv[0] == "harbor-fetch":
+            env = EvaluatorEnv.from_env()
+            problem = fetch(open_bucket(env.bucket), env)
+            out = {"fetched": problem is None, "problem": problem}
         else:
             env = EvaluatorEnv.from_env()
             bucket = open_bucket(env.bucket)
-            if env.has_task:
+            if env.harbor_uri is not None:
+                out, code = report(bucket, env)
+            elif env.has_task:
                 out, code = evaluate_session(bucket, env)
             elif env.command:
                 out = evaluate(bucket, env.job, env.session, env.command, env.timeout_s)
