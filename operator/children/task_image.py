@@ -59,7 +59,7 @@ def task_security_context(user: str | int | None) -> dict[str, Any]:
 def task_resources(task: HarborTaskPlan, fallback: dict[str, Any]) -> dict[str, Any]:
     """task.toml's cpus, memory, storage (ephemeral-storage) and gpus (nvidia.com/gpu), requested and limited
     alike (a task states what it needs); the job's harness resources where task.toml states none."""
-    quantities = task.resources
+    quantities = {k: str(v) for k, v in task.resources.items()}  # Kubernetes quantities are strings
     return {"requests": dict(quantities), "limits": dict(quantities)} if quantities else fallback
 
 
