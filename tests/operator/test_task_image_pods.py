@@ -16,11 +16,13 @@ import threading
 import time
 from pathlib import Path
 
+from fixtures.harnesses import harness_binary_path
 from tracefleet.bucket import open_bucket
 from tracefleet.contract import layout
 from tracefleet.contract import taskimage as ti
 from tracefleet.contract.podenv import EvaluatorEnv
 from tracefleet.contract.session import EvaluatorSpec, HarnessConfig, SessionPlan, SessionResult, Task
+from tracefleet.runner.containers.bundle import make_bundle
 from tracefleet.runner.containers.in_image import LAUNCHER, VERIFIER
 from tracefleet.runner.containers.runtime import BASE_IMAGE, ContainerRuntime
 from tracefleet.runner.containers.verifier import HARDENED_ENV
@@ -33,7 +35,9 @@ TEST_SH = """#!/bin/bash
 if [ "$(cat /app/answer.txt 2>/dev/null)" = 42 ] && [ ! -e /etc/issue ]; then echo 1 > /logs/verifier/reward.txt
 else echo 0 > /logs/verifier/reward.txt; fi
 """
-SOLVE = "echo 42 > answer.txt && rm /etc/issue && echo \"worked in $PWD, home $HOME, mark $MARK\""
+# the harness CLI from the bundle (Pi, with the bundle's own Node.js: the base image has none), first on PATH
+SOLVE = ("echo 42 > answer.txt && rm /etc/issue && echo \"worked in $PWD, home $HOME, mark $MARK\" && pi --version 2>&1 "
+         "&& command -v pi")
 CHEAT = ("echo 41 > answer.txt; mkdir -p /logs/verifier /tests; echo 1 > /logs/verifier/reward.txt; "
          "printf 'echo 1 > /logs/verifier/reward.txt\\n' > /tests/test.sh; sleep 600")
 
@@ -49,10 +53,12 @@ def _task_source(root: Path) -> Path:
 
 
 def _session(runtime: ContainerRuntime, root: Path, name: str, agent: str, timeout_s: float) -> tuple[Path, SessionResult]:
-    """One harness pod: the task container (podman) and the session program's place (here); its artifacts."""
+    """One harness pod: the bundle as the init container leaves it, the task container (podman) and the session
+    program's place (here); its artifacts."""
     shared, home, work, artifacts = (root / name / d for d in ("shared", "home", "work", "artifacts"))
     for d in (shared / "launch", home, work, artifacts):
         d.mkdir(parents=True)
+    make_bundle(shared / "bundle", {"pi": harness_binary_path("pi").parents[2]}, link=True)
     container = f"h20k-{name}-{int(time.time())}"
     task_container = subprocess.Popen(
         runtime.command("run", "--rm", "--name", container, "-v", f"{shared}:{ti.SHARED_DIR}", "-v", f"{home}:{home}",
@@ -109,7 +115,8 @@ def test_task_image_pods_judge_what_the_agent_changed(container_runtime: Contain
     solved, solved_result = _session(container_runtime, tmp_path, "solve", SOLVE, timeout_s=60)
     out = (solved / layout.HARNESS_STDOUT).read_text()
     # the agent worked in the task's workdir (the session's workspace path mapped there), with the pod's HOME
-    assert out.startswith(f"worked in /app, home {tmp_path}/solve/home, mark /app/x"), out
+    assert out.splitlines() == [f"worked in /app, home {tmp_path}/solve/home, mark /app/x", "0.73.1",
+                                f"{ti.BUNDLE_BIN}/pi"], out
     assert solved_result.harness_exit_code == 0
     assert (solved / ti.DELETED).read_text().splitlines() == ["/etc/issue"]
     members = subprocess.run(["tar", "tf", solved / ti.CHANGES], capture_output=True, text=True, check=True).stdout.split()
