@@ -5,6 +5,7 @@ evaluator Job's report step on a cluster), so the same test.sh outcome gives the
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tracefleet.contract.harbor import HarborVerdict
 from tracefleet.contract.session import EvalOutcome
@@ -31,11 +32,15 @@ def harbor_verdict(logs: Path, *, exit_code: int | None, output: str, timed_out:
 
 
 def outcome_of(verdict: HarborVerdict) -> EvalOutcome:
-    """The runner's outcome: the training reward, fail-closed statuses as `timeout` or `error` with the reason, and
-    every metric test.sh wrote in `details.metrics` (kept in the batch even when fail-closed)."""
-    status = "ok" if verdict.status == "ok" else "timeout" if verdict.status == "timeout" else "error"
-    return EvalOutcome(reward=verdict.reward if status == "ok" else 0.0, status=status, message=verdict.reason,
-                       duration_s=verdict.duration_s,
-                       details={"harbor_status": verdict.status, "metrics": verdict.metrics,
-                                "reward_file": verdict.reward_file, "exit_code": verdict.exit_code,
-                                "output_tail": verdict.output_tail})
+    """The runner's outcome, as the local `harbor` evaluator makes it (runner.evaluators.harbor.outcome_of_verdict
+    on the local side's branch: one of the two goes when both are merged): the training reward; fail-closed
+    statuses as `timeout` or `error`, reward 0, the verdict's reason as the message; every metric test.sh wrote
+    (EvalOutcome.metrics where the contract has it), kept also when fail-closed."""
+    details = {"verdict": verdict.status, "reward_file": verdict.reward_file, "exit_code": verdict.exit_code,
+               "output_tail": verdict.output_tail[-2000:]}
+    metrics: dict[str, Any] = {"metrics": verdict.metrics} if "metrics" in EvalOutcome.model_fields else {}
+    if verdict.status == "ok":
+        return EvalOutcome(reward=verdict.reward, details=details, duration_s=verdict.duration_s, **metrics)
+    return EvalOutcome(status="timeout" if verdict.status == "timeout" else "error", reward=0.0,
+                       message=f"harbor verifier: {verdict.reason}", details=details, duration_s=verdict.duration_s,
+                       **metrics)

@@ -77,14 +77,28 @@ class TaskImagePlace(PodPlace):
             time.sleep(POLL_S)
         return (self.launch / name).exists()
 
+    def _task_workdir(self, wait_s: float) -> str | None:
+        """The task container's working directory, once its launcher is up (None: it did not come up)."""
+        if not self._wait_for(ti.READY, time.monotonic() + wait_s):
+            return None
+        return (self.launch / ti.READY).read_text().strip() or "/"
+
+    def harness_workdir(self, plan: SessionPlan, workspace: Path) -> Path:
+        """Where the preset is told the harness works (the session program asks places that run the harness
+        elsewhere): the task container's working directory; the workspace when the launcher is not up (run says so)."""
+        found = self._task_workdir(min(READY_WAIT_S, plan.harness.timeout_s))
+        return Path(found) if found else workspace
+
     def run(self, plan: SessionPlan, argv: list[str], *, cwd: Path, home: Path, env: dict[str, str], timeout_s: float,
             stdout_path: Path, stderr_path: Path) -> ProcessResult:
         started = time.monotonic()
-        if not self._wait_for(ti.READY, started + min(READY_WAIT_S, timeout_s)):
+        workdir = self._task_workdir(min(READY_WAIT_S, timeout_s))
+        if workdir is None:
             return ProcessResult(exit_code=None, timed_out=False, duration_s=time.monotonic() - started,
                                  stopped=self._stopping(),
                                  start_error=f"the task container's launcher did not start ({self.launch}/{ti.READY})")
-        workdir = (self.launch / ti.READY).read_text().strip() or "/"
+        # A session program without the harness_workdir question told the preset the prepared workspace: that path
+        # stands for the task container's working directory
         here = str(cwd)
 
         def there(text: str) -> str:

@@ -133,3 +133,31 @@ def test_task_image_pods_judge_what_the_agent_changed(container_runtime: Contain
     # a planted reward, a rewritten /tests/test.sh: neither reaches the fresh verifier container
     assert _evaluate(container_runtime, tmp_path, "cheat", cheated, tasks) == 0.0
     shutil.rmtree(tmp_path / "solve", ignore_errors=True)
+
+
+def test_the_report_step_fails_closed_with_one_line(tmp_path: Path) -> None:
+    """What the verify step left, read by the report step: each failure is reward 0 with its reason."""
+    from tracefleet.runner.containers.harbor_outcome import outcome_of
+    from tracefleet.runner.pod.harbor_verifier import verdict_here
+
+    def case(files: dict[str, str], reward: str | None = None) -> tuple[str, float, str | None]:
+        eval_dir, logs = tmp_path / f"e{len(list(tmp_path.iterdir()))}", tmp_path / f"l{len(list(tmp_path.iterdir()))}"
+        eval_dir.mkdir()
+        logs.mkdir()
+        for name, text in files.items():
+            (eval_dir / name).write_text(text)
+        if reward is not None:
+            (logs / "reward.txt").write_text(reward)
+        outcome = outcome_of(verdict_here(eval_dir, logs, 30))
+        return outcome.status, outcome.reward, outcome.message
+
+    assert case({ti.EXIT_CODE: "0\n", ti.DURATION: "2\n"}, "0.5\n")[:2] == ("ok", 0.5)
+    assert case({ti.FETCH_ERROR: "the harness pod uploaded no change set (x)\n"}) == (
+        "error", 0.0, "harbor verifier: the harness pod uploaded no change set (x)")
+    assert case({}) == ("error", 0.0, "harbor verifier: the task image's verify step left no exit status (did it run?)")
+    assert case({ti.EXIT_CODE: "124\n", ti.TIMED_OUT: ""}, "1\n") == (
+        "timeout", 0.0, "harbor verifier: test.sh ran past [verifier].timeout_sec (30 s)")
+    status, reward, message = case({ti.EXIT_CODE: "0\n"}, "passed\n")
+    assert (status, reward) == ("error", 0.0) and "reward.txt does not hold one number: 'passed'" in (message or "")
+    status, reward, message = case({ti.EXIT_CODE: "1\n", ti.TEST_OUTPUT: "boom\n"})
+    assert (status, reward) == ("error", 0.0) and message.endswith("(exit status 1: boom)")
