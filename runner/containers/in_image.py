@@ -47,7 +47,8 @@ _LISTING = f"""listing() {{ find / -xdev \\( {_prune()} \\) -prune -o -print 2>/
 
 LAUNCHER = f"""set -u
 L={ti.LAUNCH_DIR}
-mkdir -p "$L"
+# the session container (another uid) writes its request, stop and done here
+mkdir -p "$L" && chmod 0777 "$L"
 if [ -n "${{{podenv.TASK_WORKDIR}:-}}" ]; then mkdir -p "${podenv.TASK_WORKDIR}" && cd "${podenv.TASK_WORKDIR}"; fi
 {_LISTING}
 : > "$L/.start"

@@ -58,6 +58,7 @@ def fetch(bucket: Bucket, env: EvaluatorEnv, into: Path = Path(ti.EVAL_DIR)) -> 
     if env.harbor_uri is None or env.task_json is None:
         raise PodEnvError("the Harbor fetch step needs the task source and the task")
     into.mkdir(parents=True, exist_ok=True)
+    into.chmod(0o777)  # the verify step runs as the task's verifier user and writes its results here
     problem = None
     prefix = layout.artifacts_prefix(env.job, env.session)
     try:
