@@ -41,7 +41,8 @@ def task_tests(uri: str, task: str, dest: Path, scratch: Path) -> None:
     root = None
     if uri.startswith("s3://") and not is_tarball(uri):
         try:
-            root = open_source(f"{uri.rstrip('/')}/{task}", scratch / "one")
+            # into a folder of the task's name: a source that is one task folder is named by its folder
+            root = open_source(f"{uri.rstrip('/')}/{task}", scratch / "one" / task)
         except TaskSourceError:
             root = None
     if root is None:

@@ -651,6 +651,45 @@ def test_harbor_job_runs_each_session_in_its_task_image(env: Env, tmp_path: Path
     assert {m.mount_path for m in verify.volume_mounts} == {ti.SHARED_DIR, "/tests", "/logs/verifier"}
     assert {e.name: e.value for e in pod.containers[0].env}["TRACEFLEET_HARBOR_URI"] == uri
 
+    # the tracefleet-image steps with the Job's own environment, against the real S3 server: fetch takes the
+    # change set the harness pod uploaded and the task's tests from the source; report stores the verdict
+    from tracefleet.contract.podenv import EvaluatorEnv
+    from tracefleet.runner.pod.harbor_verifier import fetch as harbor_fetch, report
+
+    s = int(evaluator.metadata.labels[n.LABEL_SESSION])
+    cenv = EvaluatorEnv.from_env({e.name: e.value for e in fetch.env if e.value is not None})
+    bucket = open_bucket(cenv.bucket, **env.s3.bucket_options())
+    for name in (ti.CHANGES, ti.DELETED):
+        bucket.put(layout.artifacts_prefix("hb", s) + name, b"")
+    shared = tmp_path / "shared"
+    with _aws_env(env):
+        assert harbor_fetch(bucket, cenv, shared / "eval") is None
+    assert (shared / "eval" / "tests" / "test.sh").read_text() == (greet / "tests" / "test.sh").read_text()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "reward.txt").write_text("1\n")
+    (shared / "eval" / ti.EXIT_CODE).write_text("0\n")
+    verdict, code = report(bucket, EvaluatorEnv.from_env({e.name: e.value for e in pod.containers[0].env
+                                                          if e.value is not None}), shared / "eval", logs)
+    assert (verdict.reward, verdict.status, verdict.task_id, code) == (1.0, "ok", "greet", 0)
+    assert json.loads(bucket.get(layout.reward_key("hb", s)))["evaluator"] == ti.HARBOR_EVALUATOR
+
+
+class _aws_env:
+    """The bucket credentials the Job's pods get from the job's Secret (envFrom), for a step played here."""
+
+    def __init__(self, env: Env) -> None:
+        self.values = {"AWS_ACCESS_KEY_ID": env.s3.access_key, "AWS_SECRET_ACCESS_KEY": env.s3.secret_key,
+                       "AWS_ENDPOINT_URL": env.s3.endpoint, "AWS_DEFAULT_REGION": env.s3.region}
+
+    def __enter__(self) -> None:
+        self.saved = {k: os.environ.get(k) for k in self.values}
+        os.environ.update(self.values)
+
+    def __exit__(self, *exc: object) -> None:
+        for k, v in self.saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
 
 def test_harbor_tasks_outside_the_bucket_fail_with_invalid_spec(env: Env) -> None:
     """A directory on the operator's machine is no task source on a cluster: one line, no pods."""
