@@ -118,7 +118,7 @@ def verifier_steps(cfg: OperatorConfig, task: HarborTaskPlan, eval_env: dict[str
     fetch = {
         "name": "fetch",
         "image": cfg.proxy_image,
-        "command": ["python", "-m", n.POD_PROGRAMS, "harbor-fetch"],
+        "command": ["python", "-m", n.POD_PROGRAMS, "harbor-fetch", ti.EVAL_DIR],
         "env": env_vars(eval_env),
         "envFrom": bucket_env_from,
         "resources": SESSION_RESOURCES,
@@ -141,7 +141,7 @@ def verifier_steps(cfg: OperatorConfig, task: HarborTaskPlan, eval_env: dict[str
     report = {
         "name": "evaluator",
         "image": cfg.proxy_image,
-        "command": ["python", "-m", n.POD_PROGRAMS, "evaluate"],
+        "command": ["python", "-m", n.POD_PROGRAMS, "harbor-report", ti.EVAL_DIR, ti.VERIFIER_LOGS_DIR],
         "env": env_vars(eval_env),
         "envFrom": bucket_env_from,
         "resources": SESSION_RESOURCES,

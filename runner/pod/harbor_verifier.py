@@ -2,12 +2,12 @@
 with the agent's change set applied (tracefleet.runner.containers.in_image has why and how it compares with the
 local snapshot). Three steps, in order, in one pod (tracefleet.operator.children.jobs builds it):
 
-    fetch   (init, tracefleet image)  `python -m tracefleet.runner.pod harbor-fetch`: the session's change set from
+    fetch   (init, tracefleet image)  `python -m tracefleet.runner.pod harbor-fetch EVAL_DIR`: the session's change set from
                                       its uploaded artifacts and the task's tests/ from the task source (never from
                                       anything the session wrote) into the shared volume
     verify  (init, the task image)    in_image.VERIFIER: apply, fresh /tests and /logs/verifier, test.sh under the
                                       verifier's timeout
-    report  (the tracefleet image)    `python -m tracefleet.runner.pod evaluate`: the verdict read from the verifier
+    report  (the tracefleet image)    `python -m tracefleet.runner.pod harbor-report EVAL_DIR LOGS_DIR`: the verdict read from the verifier
                                       logs' volume (harbor_outcome.harbor_verdict), stored as reward.json with the
                                       session's evidence, as every evaluator Job stores it
 
