@@ -11,9 +11,11 @@ Layout (paths relative to the bundle):
 
 What it asks of the task image: Linux on the bundle's architecture, `sh`, and the C and C++ runtime a Node.js
 build links against (glibc >= 2.28, libstdc++: every Debian/Ubuntu-based image, which Harbor task images are). It
-sets no LD_LIBRARY_PATH, so the commands the agent runs see the task image's own libraries, never ours.
+sets no LD_LIBRARY_PATH, so the commands the agent runs see the task image's own libraries, never ours (but a
+`node` the agent runs is the bundle's: bin/ comes first on the harness's PATH).
 
-A bundle image is the bundle under BUNDLE_SOURCE_DIR of an image with `sh` and `cp`, e.g.
+A bundle image holds the bundle at tracefleet.contract.taskimage.BUNDLE_SOURCE_DIR (/opt/tracefleet/bundle) and
+has `sh` and `cp`, e.g.
 
     FROM debian:bookworm-slim
     COPY bundle/ /opt/tracefleet/bundle/
@@ -27,7 +29,6 @@ import os
 import shutil
 from pathlib import Path
 
-from tracefleet.contract.taskimage import BUNDLE_SOURCE_DIR  # noqa: F401 - where a bundle image holds it
 
 NODE = "node"
 
