@@ -25,8 +25,8 @@ from pydantic import ValidationError
 from tracefleet.contract.job import Condition, Counters, RolloutJob, RolloutJobStatus
 from tracefleet.contract.semantics import DiagnosticsCounts
 from tracefleet.contract.sealed_batch import BatchSealed, JobRef, SealedBatch
-from tracefleet.contract.harbor import HARBOR_NOT_YET
 from tracefleet.contract.layout import batch_id_for
+from tracefleet.contract.taskimage import HARBOR_EVALUATOR
 from tracefleet.operator import bucketio, metrics
 from tracefleet.operator import names as n
 from tracefleet.operator.body import job_of, plain, status_of
@@ -36,6 +36,7 @@ from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.operator.children.metadata import namespace_of
 from tracefleet.operator.children.network_policy import harness_network_policy
 from tracefleet.operator.config import OperatorConfig
+from tracefleet.operator.harbor_tasks import HarborSource, HarborSourceError, HarborTaskPlan, read_source
 from tracefleet.operator.immutable_spec import check_spec
 from tracefleet.operator.inference_ready import CREATED, EndpointProbe, deployment_condition
 from tracefleet.operator.kube import Kube
@@ -43,6 +44,7 @@ from tracefleet.operator.sealing import batches_to_seal, observe_sealers, record
 from tracefleet.operator.session_table import observe, plan
 from tracefleet.operator.status import (
     EVENT_BATCH_SEALED,
+    EVENT_TASK_LEFT_OUT,
     FINISHED_PHASES,
     NORMAL,
     REASON_INVALID_SPEC,
@@ -52,6 +54,7 @@ from tracefleet.operator.status import (
     failed_status,
     quarantine_condition,
     status_changed,
+    WARNING,
 )
 from tracefleet.operator.ttl_after_finished import ttl_expired
 from tracefleet.operator.webhook import Delivery, WebhookNotifier
@@ -71,6 +74,11 @@ class Result:
     api_calls: int = 0
 
 
+def _task_of(harbor: HarborSource | None, job: RolloutJob, session: int) -> HarborTaskPlan | None:
+    """The Harbor task a session runs (None for a job without Harbor tasks)."""
+    return None if harbor is None else harbor.tasks[n.task_sample_of(session, job.spec.tasks.samples_per_task)[0]]
+
+
 def _utc_seconds(now: datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -82,6 +90,7 @@ class Reconciler:
     notifier: WebhookNotifier | None = None
     _ensured: dict[str, set[str]] = field(default_factory=dict)
     _task_ids: dict[str, list[str]] = field(default_factory=dict)
+    _harbor: dict[str, HarborSource] = field(default_factory=dict)
     _made_calls: dict[tuple[str, int, int], bool] = field(default_factory=dict)
     _secrets: dict[tuple[str, str], dict[str, str] | None] = field(default_factory=dict)
     _endpoints: EndpointProbe = field(default_factory=EndpointProbe)
@@ -104,6 +113,7 @@ class Reconciler:
     def forget(self, uid: str) -> None:
         self._ensured.pop(uid, None)
         self._task_ids.pop(uid, None)
+        self._harbor.pop(uid, None)
         for key in [k for k in self._made_calls if k[0] == uid]:
             del self._made_calls[key]
 
@@ -136,8 +146,16 @@ class Reconciler:
             problems.append("spec.evaluator.image (or spec.harness.image) is required on Kubernetes")
         if (problem := exact_mode_problem(job)) is not None:
             problems.append(problem)
+        harbor: HarborSource | None = None
         if spec.tasks.harbor is not None:
-            problems.append(HARBOR_NOT_YET)
+            if spec.evaluator is not None and spec.evaluator.preset not in (None, HARBOR_EVALUATOR):
+                problems.append(f"spec.evaluator.preset {spec.evaluator.preset}: Harbor tasks are judged by their own "
+                                f"tests/test.sh (preset {HARBOR_EVALUATOR}, or no spec.evaluator)")
+            else:
+                try:
+                    harbor = self._harbor_source(job, res)
+                except HarborSourceError as exc:
+                    problems.append(str(exc))
         if problems:
             res.status = self._fail_status(old, job.metadata.generation or 0, REASON_INVALID_SPEC, "; ".join(problems), now)
             return res
@@ -159,7 +177,7 @@ class Reconciler:
         may_start = inference.status == "True" and not spec.suspend and not checked.refused
         p = plan(
             table,
-            has_evaluator=spec.evaluator is not None,
+            has_evaluator=spec.evaluator is not None or harbor is not None,
             parallelism=spec.parallelism,
             max_retries=spec.max_retries,
             now=now.timestamp(),
@@ -186,12 +204,12 @@ class Reconciler:
             budget -= 1
 
         # --- harness pods and evaluator Jobs
-        batch_pods = [harness_pod(job, self.cfg, s, a) for s, a in p.need_pod[: max(0, budget)]]
+        batch_pods = [harness_pod(job, self.cfg, s, a, harbor=_task_of(harbor, job, s)) for s, a in p.need_pod[: max(0, budget)]]
         budget -= len(batch_pods)
         created_pods = sum(self.kube.create_many(batch_pods))
         metrics.CHILDREN_CREATED.labels(n.COMPONENT_HARNESS).inc(created_pods)
-        if spec.evaluator is not None:
-            evals_new = [evaluator_job(job, self.cfg, s) for s in p.need_eval[: max(0, budget)]]
+        if spec.evaluator is not None or harbor is not None:
+            evals_new = [evaluator_job(job, self.cfg, s, harbor=_task_of(harbor, job, s)) for s in p.need_eval[: max(0, budget)]]
             budget -= len(evals_new)
             metrics.CHILDREN_CREATED.labels(n.COMPONENT_EVALUATOR).inc(sum(self.kube.create_many(evals_new)))
 
@@ -260,8 +278,22 @@ class Reconciler:
         ref = job.spec.output.credentials_secret_ref
         return self._secret(namespace_of(job), ref.name) if ref else None
 
+    def _harbor_source(self, job: RolloutJob, res: Result) -> HarborSource:
+        """The job's Harbor tasks, read from the bucket once per operator process (a Warning Event per folder
+        left out, on that read); HarborSourceError when none can run."""
+        key = self._uid(job)
+        with self._lock:
+            if key not in self._harbor:
+                assert job.spec.tasks.harbor is not None
+                source = read_source(job.spec.tasks.harbor, self._bucket_creds(job), self.cfg.bucket_endpoint)
+                res.events += [(WARNING, EVENT_TASK_LEFT_OUT, problem) for problem in source.problems]
+                self._harbor[key] = source
+                self._task_ids[key] = [t.name for t in source.tasks]
+            return self._harbor[key]
+
     def _task_ids_of(self, job: RolloutJob) -> list[str]:
-        """The job's task ids, in order (tasks from a ConfigMap or URI are read once per operator process)."""
+        """The job's task ids, in order (tasks from a ConfigMap, a URI or Harbor folders are read once per
+        operator process)."""
         tasks = job.spec.tasks
         if tasks.inline is not None:
             return [t.id for t in tasks.inline]

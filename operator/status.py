@@ -77,6 +77,7 @@ MESSAGE_MAX = 1024
 
 # Event reasons beside the conditions'.
 EVENT_BATCH_SEALED = "BatchSealed"
+EVENT_TASK_LEFT_OUT = "HarborTaskLeftOut"  # a Harbor task folder with a problem: the job runs the others
 NORMAL = "Normal"
 WARNING = "Warning"
 

@@ -16,6 +16,14 @@ from tracefleet.operator.children.metadata import Manifest, metadata, priority_c
 from tracefleet.operator.children.security import container_security_context, pod_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.contract.podenv import HarnessEnv, ProxySidecarEnv
+from tracefleet.contract import taskimage as ti
+from tracefleet.operator.children.task_image import (
+    bundle_init_container,
+    session_container,
+    shared_volume,
+    task_harness_container,
+)
+from tracefleet.operator.harbor_tasks import HarborTaskPlan
 
 PROXY_PORT = 8100
 # Where the containers of a harness pod meet: the harness writes ARTIFACTS_DIR, which the sidecar
@@ -32,11 +40,13 @@ def session_secret() -> str:
     return "tfs_" + secrets.token_urlsafe(24)
 
 
-def harness_pod(job: RolloutJob, cfg: OperatorConfig, session: int, attempt: int, secret: str | None = None) -> Manifest:
+def harness_pod(job: RolloutJob, cfg: OperatorConfig, session: int, attempt: int, secret: str | None = None,
+                harbor: HarborTaskPlan | None = None) -> Manifest:
     """One session = one pod: the harness container plus the proxy as a native sidecar.
 
     The sidecar is an init container with `restartPolicy: Always`: it starts (and is probed ready)
-    before the harness, and the pod still completes when the harness exits.
+    before the harness, and the pod still completes when the harness exits. A Harbor task (`harbor`) runs
+    its harness in the task's own image, the session program beside it (tracefleet.operator.children.task_image).
     """
     task, sample = n.task_sample_of(session, job.spec.tasks.samples_per_task)
     name = n.harness_pod_name(job.name, session, attempt)
@@ -104,6 +114,12 @@ def harness_pod(job: RolloutJob, cfg: OperatorConfig, session: int, attempt: int
     task_fields, task_volumes, task_mounts = task_source(job, task)
     volumes += task_volumes
     mounts += task_mounts
+    timeout_s: float = h.session_timeout_seconds
+    if harbor is not None:
+        task_fields = {"task_json": harbor.task_json(),
+                       "launch_dir": ti.LAUNCH_DIR, "harness_env": {k: str(v) for k, v in (h.env or {}).items()} or None}
+        # task.toml's [agent].timeout_sec, within the job's session timeout
+        timeout_s = min(timeout_s, harbor.config.agent.timeout_sec or timeout_s)
     pod_env = HarnessEnv(
         job=job.name,
         session=session,
@@ -115,7 +131,7 @@ def harness_pod(job: RolloutJob, cfg: OperatorConfig, session: int, attempt: int
         api_key=secret,
         model=served_model or None,
         preset=h.preset,  # unset: the session's HarnessConfig applies the default
-        timeout_s=h.session_timeout_seconds,
+        timeout_s=timeout_s,
         artifacts_dir=ARTIFACTS_DIR,
         command=h.command,
         workspace_setup=h.workspace.setup or None,
@@ -123,6 +139,7 @@ def harness_pod(job: RolloutJob, cfg: OperatorConfig, session: int, attempt: int
     # spec.harness.env first: the pod program's own inputs (TRACEFLEET_*, HOME) are not the job's to change;
     # over the preset's variables the job's win, in the pod program (tracefleet.runner.environment)
     harness_env = {**{k: str(v) for k, v in (h.env or {}).items()}, **pod_env.to_env(), "HOME": HOME_DIR}
+    resources = h.resources.model_dump(mode="json", exclude_none=True) if h.resources else {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
     harness = {
         "name": "harness",
         "image": h.image,
@@ -131,10 +148,18 @@ def harness_pod(job: RolloutJob, cfg: OperatorConfig, session: int, attempt: int
         "command": ["tracefleet", "run", "--in-pod"],
         "workingDir": WORKSPACE_DIR,
         "env": env_vars(harness_env),
-        "resources": h.resources.model_dump(mode="json", exclude_none=True) if h.resources else {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+        "resources": resources,
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
     }
+    init_containers, containers = [proxy], [harness]
+    if harbor is not None:
+        # the task's image runs the harness; the session program runs beside it, on the pod's own inputs only
+        session_env = {**pod_env.to_env(), "HOME": HOME_DIR}
+        init_containers.append(bundle_init_container(job))
+        containers = [task_harness_container(harbor, resources, ("home", HOME_DIR)),
+                      session_container(cfg, session_env, mounts, WORKSPACE_DIR)]
+        volumes.append(shared_volume())
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -142,8 +167,8 @@ def harness_pod(job: RolloutJob, cfg: OperatorConfig, session: int, attempt: int
         "securityContext": pod_security_context(),
         "activeDeadlineSeconds": h.session_timeout_seconds + SESSION_DEADLINE_GRACE_S,
         "terminationGracePeriodSeconds": 30,
-        "initContainers": [proxy],
-        "containers": [harness],
+        "initContainers": init_containers,
+        "containers": containers,
         "volumes": volumes,
     }
     if h.runtime_class_name:

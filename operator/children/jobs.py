@@ -12,6 +12,12 @@ from tracefleet.operator.children.metadata import Manifest, child_labels, metada
 from tracefleet.operator.children.security import container_security_context, pod_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, SealerEnv
+from tracefleet.operator.children.task_image import verifier_steps
+from tracefleet.operator.harbor_tasks import HarborTaskPlan
+
+
+EVALUATOR_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
+HARBOR_STEPS_S = 300
 
 
 def _batch_pod_spec(job: RolloutJob, container: dict[str, Any]) -> dict[str, Any]:
@@ -27,12 +33,16 @@ def _batch_pod_spec(job: RolloutJob, container: dict[str, Any]) -> dict[str, Any
     return spec
 
 
-def evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int) -> Manifest:
-    """Scores one finished session in a fresh pod: reads `sessions/<s>/` and writes `reward.json`."""
+def evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int, harbor: HarborTaskPlan | None = None) -> Manifest:
+    """Scores one finished session in a fresh pod: reads `sessions/<s>/` and writes `reward.json`. A Harbor task
+    (`harbor`) is judged by its own tests/test.sh in a fresh container of its image (children.task_image)."""
     e = job.spec.evaluator
-    assert e is not None, "a job without an evaluator has no evaluator Jobs"
+    assert e is not None or harbor is not None, "a job without an evaluator has no evaluator Jobs"
     task, sample = n.task_sample_of(session, job.spec.tasks.samples_per_task)
     labels = {n.LABEL_SESSION: str(session), n.LABEL_TASK: str(task), n.LABEL_SAMPLE: str(sample)}
+    if harbor is not None:
+        return _harbor_evaluator_job(job, cfg, session, harbor, labels)
+    assert e is not None
     # The evaluator judges against the task the operator knows, never one the harness could rewrite.
     task_fields, task_volumes, task_mounts = task_source(job, task)
     env = EvaluatorEnv(
@@ -55,19 +65,44 @@ def evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int) -> Manifes
         "command": ["python", "-m", n.POD_PROGRAMS, "evaluate"],
         "env": env_vars(env.to_env()),
         "envFrom": bucket_env_from(job),
-        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "resources": EVALUATOR_RESOURCES,
         **({"volumeMounts": task_mounts} if task_mounts else {}),
     }
     pod_spec = _batch_pod_spec(job, container)
     if task_volumes:
         pod_spec["volumes"] = task_volumes
+    return _evaluator_manifest(job, session, labels, pod_spec, e.timeout_seconds)
+
+
+def _harbor_evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int, harbor: HarborTaskPlan,
+                          labels: dict[str, str]) -> Manifest:
+    task, sample = n.task_sample_of(session, job.spec.tasks.samples_per_task)
+    assert job.spec.tasks.harbor is not None
+    env = EvaluatorEnv(bucket=job.spec.output.uri, endpoint=cfg.bucket_endpoint, job=job.name, session=session,
+                       task_index=task, sample_index=sample, task_json=harbor.task_json(),
+                       timeout_s=harbor.verifier_timeout_s, policy_version=job.spec.inference.policy_version,
+                       harbor_uri=job.spec.tasks.harbor.uri)
+    h = job.spec.harness
+    fallback = h.resources.model_dump(mode="json", exclude_none=True) if h.resources else EVALUATOR_RESOURCES
+    init, report, volumes = verifier_steps(cfg, harbor, env.to_env(), bucket_env_from(job), fallback)
+    pod_spec = _batch_pod_spec(job, report)
+    pod_spec["initContainers"] = init
+    pod_spec["volumes"] = volumes
+    if h.runtime_class_name:  # the agent's changes run again here
+        pod_spec["runtimeClassName"] = h.runtime_class_name
+    # the fetch and report steps' time on top of test.sh's
+    return _evaluator_manifest(job, session, labels, pod_spec, harbor.verifier_timeout_s + HARBOR_STEPS_S)
+
+
+def _evaluator_manifest(job: RolloutJob, session: int, labels: dict[str, str], pod_spec: dict[str, Any],
+                        deadline_s: int) -> Manifest:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": metadata(job, n.evaluator_job_name(job.name, session), n.COMPONENT_EVALUATOR, **labels),
         "spec": {
             "backoffLimit": 2,
-            "activeDeadlineSeconds": e.timeout_seconds,
+            "activeDeadlineSeconds": deadline_s,
             # Evictions and preemptions are not the evaluator's fault; a known-bad exit code is final.
             "podFailurePolicy": {
                 "rules": [

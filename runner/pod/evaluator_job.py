@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from tracefleet.contract import layout, podenv
@@ -26,6 +27,7 @@ from tracefleet.contract.session import (
     EvaluatorSpec,
     HarnessConfig,
     SessionPlan,
+    SessionResult,
     Verdict,
     session_id,
 )
@@ -72,42 +74,57 @@ def evaluator_spec(env: EvaluatorEnv) -> EvaluatorSpec:
     return EvaluatorSpec(type=kind, command=env.command, entrypoint=env.entrypoint, timeout_s=env.timeout_s)  # type: ignore[arg-type]
 
 
+def session_plan(env: EvaluatorEnv, spec: EvaluatorSpec) -> SessionPlan:
+    """The judged session's plan, from the evaluator Job's environment."""
+    task = task_from_env(env, Path.cwd().resolve())
+    return SessionPlan(session_id=session_id(env.job, env.session), job=env.job, task=task,
+                       sample_index=env.sample_index, group_id=group_id(env.job, task.id), harness=HarnessConfig(),
+                       evaluator=spec, model="", policy_version=env.policy_version)
+
+
+Judging = Callable[[SessionPlan, SessionResult, Path, Path], tuple[EvalOutcome, int]]
+
+
 def evaluate_session(bucket: Bucket, env: EvaluatorEnv) -> tuple[Verdict, int]:
     """Judge one session with the runner's evaluators; (reward.json, exit code). Fails closed: missing
     artifacts, a workspace that cannot be rebuilt or an evaluator error are reward 0."""
+    return store_verdict(bucket, env, evaluator_spec(env), _judge_workspace)
+
+
+def _judge_workspace(plan: SessionPlan, result: SessionResult, artifacts: Path, tmp: Path) -> tuple[EvalOutcome, int]:
+    """The task's workspace rebuilt, the uploaded session.patch applied to a fresh copy, the plan's evaluator."""
+    patch_file = artifacts / layout.PATCH
+    if not patch_file.exists():
+        # retrying cannot produce the missing upload
+        return EvalOutcome(status="error", message=f"no {layout.PATCH} in the session's artifacts: the harness "
+                                                   "pod uploaded no diff"), EVALUATOR_FATAL_EXIT_CODE
+    session_dir = tmp / "session"
+    try:
+        workspace = prepare_workspace(plan.task, session_dir, setup_timeout_s=plan.evaluator.timeout_s)
+    except WorkspaceError as exc:
+        return EvalOutcome(status="error", message=f"rebuilding the task's workspace failed: {exc}"), 1
+    plan.evaluator.env[podenv.ARTIFACTS_DIR] = str(artifacts)
+    return judge(plan, eval_context(plan, workspace, patch_file.read_text(), session_dir, result,
+                                    artifacts / layout.HARNESS_STDOUT)), 0
+
+
+def store_verdict(bucket: Bucket, env: EvaluatorEnv, spec: EvaluatorSpec, judging: Judging,
+                  evaluator: str | None = None) -> tuple[Verdict, int]:
+    """Download what the session's pod uploaded, judge it with `judging`, and store the verdict (reward.json) and
+    the session's evidence (`evaluator` names the judge in reward.json, default the spec's type), built here where the task, the patch and the judging are, as local mode builds it
+    (`tracefleet diagnose` and the sealer read it as stored)."""
     job, session = env.job, env.session
-    spec = evaluator_spec(env)
-    task = task_from_env(env, Path.cwd().resolve())
-    plan = SessionPlan(session_id=session_id(job, session), job=job, task=task, sample_index=env.sample_index,
-                       group_id=group_id(job, task.id), harness=HarnessConfig(), evaluator=spec, model="",
-                       policy_version=env.policy_version)
-    ids = {"task_id": task.id, "sample_index": env.sample_index, "evaluator": spec.type}
-    code = 0
+    plan = session_plan(env, spec)
+    ids = {"task_id": plan.task.id, "sample_index": env.sample_index, "evaluator": evaluator or spec.type}
     with tempfile.TemporaryDirectory() as tmp:
         artifacts = Path(tmp) / "artifacts"
         artifacts.mkdir()
         _download(bucket, layout.artifacts_prefix(job, session), artifacts)
-        patch_file = artifacts / layout.PATCH
         result = harness_result(artifacts, plan)
-        if not patch_file.exists():
-            outcome = EvalOutcome(status="error", message=f"no {layout.artifacts_prefix(job, session)}{layout.PATCH}: "
-                                                          "the harness pod uploaded no diff")
-            code = EVALUATOR_FATAL_EXIT_CODE  # retrying cannot produce the missing upload
-        else:
-            session_dir = Path(tmp) / "session"
-            try:
-                workspace = prepare_workspace(task, session_dir, setup_timeout_s=spec.timeout_s)
-            except WorkspaceError as exc:
-                outcome = EvalOutcome(status="error", message=f"rebuilding the task's workspace failed: {exc}")
-                code = 1
-            else:
-                spec.env[podenv.ARTIFACTS_DIR] = str(artifacts)
-                outcome = judge(plan, eval_context(plan, workspace, patch_file.read_text(), session_dir, result,
-                                                   artifacts / layout.HARNESS_STDOUT))
+        outcome, code = judging(plan, result, artifacts, Path(tmp))
         verdict = Verdict(**outcome.model_dump(), **ids)
-        # the diagnostics' evidence, built here where the task, the patch and the judging are, as local mode
-        # builds it: `tracefleet diagnose` and the sealer read it as stored
-        evidence = evidence_of(result.judged(verdict), task=task,
+        patch_file = artifacts / layout.PATCH
+        evidence = evidence_of(result.judged(verdict), task=plan.task,
                                capture=download_capture(bucket, job, session, Path(tmp) / layout.CAPTURE_LOG),
                                patch=patch_file.read_text() if patch_file.exists() else "",
                                stderr=artifacts / layout.HARNESS_STDERR, policy_version=env.policy_version)

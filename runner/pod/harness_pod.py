@@ -159,6 +159,10 @@ class PodPlace:
 
 def run_in_pod(env: Mapping[str, str], *, stop: threading.Event | None = None) -> SessionResult:
     place = PodPlace(env, stop)
+    if place.pod.launch_dir is not None:  # a task's own image: the harness runs in the task container
+        from tracefleet.runner.pod.task_image import TaskImagePlace
+
+        place = TaskImagePlace(env, stop)
     return run(plan_from_env(place.pod), place).result
 
 

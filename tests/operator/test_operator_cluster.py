@@ -222,6 +222,7 @@ def rolloutjob(env: Env, ns: str, name: str, *, tasks: int, samples: int, parall
             **spec,
         },
     }
+    body["spec"] = {k: v for k, v in body["spec"].items() if v is not None}  # e.g. evaluator=None: none
     env.custom.create_namespaced_custom_object(n.GROUP, n.VERSION, ns, n.PLURAL, body)
     return body
 
@@ -572,18 +573,134 @@ def test_exact_capture_without_a_tokenizer_source_fails_with_invalid_spec(env: E
     assert env.status(ns, "ex")["phase"] == "Failed" and not env.pods(ns, "ex")
 
 
-def test_harbor_tasks_fail_with_invalid_spec_until_they_run(env: Env) -> None:
-    """The CRD takes spec.tasks.harbor (validate and `tracefleet tasks build` read it); until sessions run in their
-    task's image the operator refuses the job in one line instead of looking for its tasks forever."""
-    from tracefleet.contract.harbor import HARBOR_NOT_YET
+def _harbor_source(env: Env, ns: str, root: Path) -> str:
+    """The task folders under `root`, uploaded under an s3:// prefix (how a cluster job names them)."""
+    uri = f"{env.bucket_uri(ns)}/harbor-tasks"
+    bucket = open_bucket(uri, **env.s3.bucket_options())
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        bucket.put(path.relative_to(root).as_posix(), path.read_bytes())
+    return uri
 
+
+def test_harbor_job_runs_each_session_in_its_task_image(env: Env, tmp_path: Path) -> None:
+    """spec.tasks.harbor from an s3:// prefix: one harness pod per session in the task's own image (task.toml's
+    docker_image, else the name `tracefleet tasks build --push` gave it under spec.tasks.harbor.registry), with
+    task.toml's resources, the harness bundle copied in by an init container into the shared volume, the session
+    program beside the task container; a folder with a problem is a Warning Event and the others run; a finished
+    session's evaluator Job runs Harbor's verifier in the task image."""
+    from kubernetes.utils import parse_quantity
+
+    from fixtures.harbor_tasks import TASK_TOML, write_task
+    from tracefleet.contract import taskimage as ti
+    from tracefleet.runner.containers.images import DIGEST_CHARS, environment_digest
+    from tracefleet.runner.containers.in_image import LAUNCHER, VERIFIER
+
+    root = tmp_path / "tasks"
+    greet = write_task(root, "greet")  # cpus 1, memory_mb 1024, built from environment/
+    write_task(root, "prebuilt", dockerfile=None, verifier_timeout=45,
+               toml=TASK_TOML.format(verifier_timeout=45) + 'docker_image = "reg.local/tasks/prebuilt:2"\n'
+                                                            'storage_mb = 2048\ngpus = 1\nworkdir = "/srv"\n')
+    write_task(root, "no-instruction", instruction=None)
     ns = new_namespace(env, "rj-harbor")
-    rolloutjob(env, ns, "hb", tasks=1, samples=1, parallelism=1, per_batch=1,
-               tasks_spec={"harbor": {"uri": "s3://datasets/tb2", "include": ["swe-*"]}})
-    cond = wait_for("Failed=True", lambda: next((c for c in env.status(ns, "hb").get("conditions") or []
+    uri = _harbor_source(env, ns, root)
+    rolloutjob(env, ns, "hb", tasks=2, samples=1, parallelism=2, per_batch=2, evaluator=None,
+               tasks_spec={"harbor": {"uri": uri, "registry": "reg.local:5000/team"}, "samplesPerTask": 1})
+    listed = wait_for("2 harness pods", lambda: (lambda ps: ps if len(ps) == 2 else None)(env.pods(ns, "hb")))
+    pods = {p.metadata.labels[n.LABEL_TASK]: p for p in listed}
+    assert env.status(ns, "hb")["counters"]["total"] == 2  # the folder without instruction.md is left out
+    warning = wait_for("the left-out folder's Event", lambda: [e for e in events(env, ns, "hb") if e.reason == "HarborTaskLeftOut"])
+    assert "no-instruction/instruction.md" in warning[0].message and warning[0].type == "Warning"
+
+    def quantities(d: dict[str, str] | None) -> dict[str, Any]:
+        return {k: parse_quantity(v) for k, v in (d or {}).items()}
+
+    digest = environment_digest(greet / "environment")[:DIGEST_CHARS]
+    for task, image, resources, workdir in (
+        ("0", f"reg.local:5000/team/tracefleet-task/greet:{digest}", {"cpu": "1", "memory": "1Gi"}, None),
+        ("1", "reg.local/tasks/prebuilt:2", {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "2Gi", "nvidia.com/gpu": "1"}, "/srv"),
+    ):
+        spec = pods[task].spec
+        harness, session = spec.containers
+        assert (harness.name, harness.image, harness.command) == ("harness", image, ["sh", "-c", LAUNCHER])
+        assert quantities(harness.resources.requests) == quantities(harness.resources.limits) == quantities(resources)
+        assert harness.security_context.run_as_user == 0 and not harness.security_context.allow_privilege_escalation
+        assert {e.name: e.value for e in harness.env or []}.get("TRACEFLEET_TASK_WORKDIR") == workdir
+        assert [c.name for c in spec.init_containers] == ["proxy", "bundle"]
+        bundle = spec.init_containers[1]
+        assert bundle.image == "reg.local/codex:1" and ti.BUNDLE_SOURCE_DIR in bundle.command[-1]
+        shared = next(v for v in spec.volumes if v.name == ti.SHARED_VOLUME)
+        assert shared.empty_dir is not None
+        for c in (bundle, harness, session):
+            assert any(m.name == ti.SHARED_VOLUME and m.mount_path == ti.SHARED_DIR for m in c.volume_mounts)
+        session_env = {e.name: e.value for e in session.env}
+        assert session.command == ["tracefleet", "run", "--in-pod"] and session.security_context.run_as_non_root
+        assert session_env["TRACEFLEET_LAUNCH_DIR"] == ti.LAUNCH_DIR
+        assert json.loads(session_env["TRACEFLEET_TASK_JSON"])["id"] == ("greet", "prebuilt")[int(task)]
+    assert json.loads({e.name: e.value for e in pods["0"].spec.containers[1].env}["TRACEFLEET_TASK_JSON"])["prompt"] \
+        == "Make greet.py greet harbor.\n"
+
+    play_harness(env, ns, wait_for("greet's pod running", lambda: next(
+        (p for p in env.pods(ns, "hb") if p.metadata.labels[n.LABEL_TASK] == "0" and p.status.phase == "Running"), None)))
+    evaluator = wait_for("greet's evaluator Job", lambda: next(iter(env.jobs(ns, "hb", n.COMPONENT_EVALUATOR)), None))
+    pod = evaluator.spec.template.spec
+    fetch, verify = pod.init_containers
+    assert (fetch.name, verify.name, pod.containers[0].name) == ("fetch", "verify", "evaluator")
+    assert (verify.image, verify.command) == (f"reg.local:5000/team/tracefleet-task/greet:{digest}", ["sh", "-c", VERIFIER])
+    verify_env = {e.name: e.value for e in verify.env}
+    assert verify_env["TRACEFLEET_VERIFIER_TIMEOUT_S"] == "120" and verify_env["PYTHONSAFEPATH"] == "1"
+    assert {m.mount_path for m in verify.volume_mounts} == {ti.SHARED_DIR, "/tests", "/logs/verifier"}
+    assert {e.name: e.value for e in pod.containers[0].env}["TRACEFLEET_HARBOR_URI"] == uri
+
+    # the tracefleet-image steps with the Job's own environment, against the real S3 server: fetch takes the
+    # change set the harness pod uploaded and the task's tests from the source; report stores the verdict
+    from tracefleet.contract.podenv import EvaluatorEnv
+    from tracefleet.runner.pod.harbor_verifier import fetch as harbor_fetch, report
+
+    s = int(evaluator.metadata.labels[n.LABEL_SESSION])
+    cenv = EvaluatorEnv.from_env({e.name: e.value for e in fetch.env if e.value is not None})
+    bucket = open_bucket(cenv.bucket, **env.s3.bucket_options())
+    for name in (ti.CHANGES, ti.DELETED):
+        bucket.put(layout.artifacts_prefix("hb", s) + name, b"")
+    shared = tmp_path / "shared"
+    with _aws_env(env):
+        assert harbor_fetch(bucket, cenv, shared / "eval") is None
+    assert (shared / "eval" / "tests" / "test.sh").read_text() == (greet / "tests" / "test.sh").read_text()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "reward.txt").write_text("1\n")
+    (shared / "eval" / ti.EXIT_CODE).write_text("0\n")
+    verdict, code = report(bucket, EvaluatorEnv.from_env({e.name: e.value for e in pod.containers[0].env
+                                                          if e.value is not None}), shared / "eval", logs)
+    assert (verdict.reward, verdict.status, verdict.task_id, code) == (1.0, "ok", "greet", 0)
+    assert json.loads(bucket.get(layout.reward_key("hb", s)))["evaluator"] == ti.HARBOR_EVALUATOR
+
+
+class _aws_env:
+    """The bucket credentials the Job's pods get from the job's Secret (envFrom), for a step played here."""
+
+    def __init__(self, env: Env) -> None:
+        self.values = {"AWS_ACCESS_KEY_ID": env.s3.access_key, "AWS_SECRET_ACCESS_KEY": env.s3.secret_key,
+                       "AWS_ENDPOINT_URL": env.s3.endpoint, "AWS_DEFAULT_REGION": env.s3.region}
+
+    def __enter__(self) -> None:
+        self.saved = {k: os.environ.get(k) for k in self.values}
+        os.environ.update(self.values)
+
+    def __exit__(self, *exc: object) -> None:
+        for k, v in self.saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+def test_harbor_tasks_outside_the_bucket_fail_with_invalid_spec(env: Env) -> None:
+    """A directory on the operator's machine is no task source on a cluster: one line, no pods."""
+    ns = new_namespace(env, "rj-harbor-dir")
+    rolloutjob(env, ns, "hd", tasks=1, samples=1, parallelism=1, per_batch=1, evaluator=None,
+               tasks_spec={"harbor": {"uri": "/data/tb2", "include": ["swe-*"]}})
+    cond = wait_for("Failed=True", lambda: next((c for c in env.status(ns, "hd").get("conditions") or []
                                                  if c["type"] == "Failed" and c["status"] == "True"), None))
-    assert (cond["reason"], cond["message"]) == ("InvalidSpec", HARBOR_NOT_YET)
-    assert not env.pods(ns, "hb")
+    assert cond["reason"] == "InvalidSpec"
+    assert cond["message"].startswith("spec.tasks.harbor.uri: /data/tb2 is not in a bucket")
+    assert not env.pods(ns, "hd")
 
 
 @pytest.mark.parametrize(

@@ -324,7 +324,9 @@ class Harness(WireModel):
         description="Program to run instead of a preset; {prompt} and {workdir} are substituted.",
     )
     image: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = Field(
-        default=None, description="Harness container image (on Kubernetes)."
+        default=None, description="Harness container image (on Kubernetes). With spec.tasks.harbor the harness runs "
+        "in each task's own image and this image is the harness bundle's: an init container copies its "
+        "/opt/tracefleet/bundle (the harness CLI and its runtime: tracefleet.runner.containers.bundle) into the pod."
     )
     env: dict[str, Annotated[str, StringConstraints(max_length=32768)]] | None = Field(
         default=None, description="Extra environment variables for the harness: they override the preset's defaults, never the variables that point the harness at its proxy session (its URL, secret and HOME) nor TRACEFLEET_* (tracefleet.runner.environment)."
@@ -396,6 +398,13 @@ class HarborTasks(WireModel):
     include: list[Annotated[str, StringConstraints(min_length=1, max_length=253)]] | None = Field(
         default=None, min_length=1, max_length=256,
         description="Keep only the task folders whose name matches one of these shell patterns (e.g. swe-*).",
+    )
+    registry: Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[^\s/]+(/[^\s/]+)*$")] | None = Field(
+        default=None,
+        description="On Kubernetes: the registry the task images were pushed to (`tracefleet tasks build --push "
+        "REGISTRY`). A task whose task.toml names no environment.docker_image runs in "
+        "REGISTRY/tracefleet-task/<task>:<first 16 hex digits of the sha256 of its environment/>; unset: localhost "
+        "(images loaded onto the nodes under their local names).",
     )
 
     x_rules = (

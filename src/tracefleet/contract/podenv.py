@@ -81,6 +81,15 @@ SESSION_PLAN = "TRACEFLEET_SESSION_PLAN"
 DIAGNOSTICS_JSON = "TRACEFLEET_DIAGNOSTICS_JSON"
 POLICY_VERSION = "TRACEFLEET_POLICY_VERSION"
 
+# ---- a task's own image (Harbor tasks; the shared volume's layout is tracefleet.contract.taskimage)
+LAUNCH_DIR = "TRACEFLEET_LAUNCH_DIR"  # session container: launch the harness in the task container through here
+TASK_WORKDIR = "TRACEFLEET_TASK_WORKDIR"  # task.toml's [environment].workdir (unset: the image's WORKDIR)
+VERIFIER_TIMEOUT_S = "TRACEFLEET_VERIFIER_TIMEOUT_S"  # [verifier].timeout_sec, whole seconds (the task image's step)
+# spec.harness.env for the session container, which cannot take it from its own environment (the harness runs in
+# another container; the session container's environment is the tracefleet image's)
+HARNESS_ENV_JSON = "TRACEFLEET_HARNESS_ENV_JSON"
+HARBOR_URI = "TRACEFLEET_HARBOR_URI"  # spec.tasks.harbor.uri: where the evaluator's fetch step reads the task's tests
+
 
 # The evaluator Job's exit code for "this session's artifacts are unusable": its podFailurePolicy fails
 # the Job on it instead of retrying (the builder writes the policy, the evaluator program exits with it).
@@ -182,6 +191,9 @@ class HarnessEnv(SessionEnv):
     workspace_setup: JsonList | None = Field(default=None, alias=WORKSPACE_SETUP_JSON)
     job_dir: str | None = Field(default=None, alias=JOB_DIR)
     work_dir: str | None = Field(default=None, alias=WORK_DIR)
+    # set in a Harbor task's pod: the harness runs in the task container, launched through this folder
+    launch_dir: str | None = Field(default=None, alias=LAUNCH_DIR)
+    harness_env: JsonObject | None = Field(default=None, alias=HARNESS_ENV_JSON)
 
     @model_validator(mode="after")
     def _needs_a_task(self) -> Self:
@@ -206,6 +218,8 @@ class EvaluatorEnv(SessionEnv, BucketEnv):
     timeout_s: float = Field(gt=0, alias=TIMEOUT_S)
     # the job's policy version when the session is judged: its evidence's lag reference, as local mode's
     policy_version: int | None = Field(default=None, ge=0, alias=POLICY_VERSION)
+    # set for a Harbor task: its source (the fetch step reads the task's tests/ there); the verdict is Harbor's
+    harbor_uri: str | None = Field(default=None, alias=HARBOR_URI)
 
     @property
     def session_uri(self) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tarfile
 from pathlib import Path
+from typing import Any
 
 TARBALL_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
@@ -31,12 +32,12 @@ def _unpack(tarball: Path, into: Path) -> Path:
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else into
 
 
-def _download(uri: str, into: Path) -> Path:
+def _download(uri: str, into: Path, options: dict[str, Any]) -> Path:
     from tracefleet.bucket import BucketError, open_bucket
 
     bucket_uri, _, name = uri.rstrip("/").rpartition("/") if is_tarball(uri) else (uri, "", "")
     try:
-        bucket = open_bucket(bucket_uri)
+        bucket = open_bucket(bucket_uri, **options)
         if name:
             tarball = into.with_suffix(".download")
             tarball.write_bytes(bucket.get(name))
@@ -56,12 +57,13 @@ def _download(uri: str, into: Path) -> Path:
     return into
 
 
-def open_source(uri: str, workdir: Path, base_dir: Path | None = None) -> Path:
+def open_source(uri: str, workdir: Path, base_dir: Path | None = None, bucket_options: dict[str, Any] | None = None) -> Path:
     """A local directory holding the source's task folders. A directory is used in place; a tarball or an s3://
     source is unpacked or downloaded into `workdir` (which the caller owns and removes). A relative path is
-    read from `base_dir` (the manifest's directory), as every local task source is."""
+    read from `base_dir` (the manifest's directory), as every local task source is. `bucket_options` open an s3://
+    source (tracefleet.bucket.open_bucket's; default: the AWS_* environment)."""
     if uri.startswith("s3://"):
-        return _download(uri, workdir)
+        return _download(uri, workdir, bucket_options or {})
     path = Path(uri).expanduser()
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path

@@ -1,0 +1,163 @@
+"""A Harbor task's pods with the kubelet played by podman: the task-image containers run for real (the operator's own
+`sh -c` programs in the base image), the tracefleet-image steps run here as the pod programs they are.
+
+Harness pod: the session program's task-image place (runner.pod.task_image) launches an agent in the task
+container through the shared volume; what the agent changed anywhere on the root filesystem comes back as the
+change set, uploaded with the artifacts. Evaluator Job: the fetch step (the change set from the bucket, the tests
+from the task source), the verify step in a FRESH container of the task image, the report step's verdict. An agent
+that solves the task earns 1; one that plants a reward, rewrites /tests and runs past its time earns 0.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from fixtures.harnesses import harness_binary_path
+from tracefleet.bucket import open_bucket
+from tracefleet.contract import layout
+from tracefleet.contract import taskimage as ti
+from tracefleet.contract.podenv import EvaluatorEnv
+from tracefleet.contract.session import EvaluatorSpec, HarnessConfig, SessionPlan, SessionResult, Task
+from tracefleet.runner.containers.bundle import make_bundle
+from tracefleet.runner.containers.in_image import LAUNCHER, VERIFIER
+from tracefleet.runner.containers.runtime import BASE_IMAGE, ContainerRuntime
+from tracefleet.runner.containers.verifier import HARDENED_ENV
+from tracefleet.runner.pod.harbor_verifier import fetch, report
+from tracefleet.runner.pod.task_image import TaskImagePlace
+from tracefleet.runner.session import SessionFolders
+
+TASK = "answer"
+TEST_SH = """#!/bin/bash
+if [ "$(cat /app/answer.txt 2>/dev/null)" = 42 ] && [ ! -e /etc/issue ]; then echo 1 > /logs/verifier/reward.txt
+else echo 0 > /logs/verifier/reward.txt; fi
+"""
+# the harness CLI from the bundle (Pi, with the bundle's own Node.js: the base image has none), first on PATH
+SOLVE = ("echo 42 > answer.txt && rm /etc/issue && echo \"worked in $PWD, home $HOME, mark $MARK\" && pi --version 2>&1 "
+         "&& command -v pi")
+CHEAT = ("echo 41 > answer.txt; mkdir -p /logs/verifier /tests; echo 1 > /logs/verifier/reward.txt; "
+         "printf 'echo 1 > /logs/verifier/reward.txt\\n' > /tests/test.sh; sleep 600")
+
+
+def _task_source(root: Path) -> Path:
+    folder = root / "tasks" / TASK
+    (folder / "tests").mkdir(parents=True)
+    (folder / "task.toml").write_text('schema_version = "1.4"\n[verifier]\ntimeout_sec = 30\n'
+                                      '[environment]\nworkdir = "/app"\n')
+    (folder / "instruction.md").write_text("Write 42 to answer.txt and remove /etc/issue.\n")
+    (folder / "tests" / "test.sh").write_text(TEST_SH)
+    return folder.parent
+
+
+def _session(runtime: ContainerRuntime, root: Path, name: str, agent: str, timeout_s: float) -> tuple[Path, SessionResult]:
+    """One harness pod: the bundle as the init container leaves it, the task container (podman) and the session
+    program's place (here); its artifacts."""
+    shared, home, work, artifacts = (root / name / d for d in ("shared", "home", "work", "artifacts"))
+    for d in (shared / "launch", home, work, artifacts):
+        d.mkdir(parents=True)
+    make_bundle(shared / "bundle", {"pi": harness_binary_path("pi").parents[2]}, link=True)
+    container = f"h20k-{name}-{int(time.time())}"
+    task_container = subprocess.Popen(
+        runtime.command("run", "--rm", "--name", container, "-v", f"{shared}:{ti.SHARED_DIR}", "-v", f"{home}:{home}",
+                        "-e", "TRACEFLEET_TASK_WORKDIR=/app", BASE_IMAGE, "sh", "-c", LAUNCHER),
+        env={**__import__("os").environ, **runtime.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        env = {"TRACEFLEET_JOB": "hb", "TRACEFLEET_SESSION": "0", "TRACEFLEET_TASK_INDEX": "0",
+               "TRACEFLEET_SAMPLE_INDEX": "0", "TRACEFLEET_TASK_JSON": f'{{"id": "{TASK}", "prompt": "p"}}',
+               "TRACEFLEET_SESSION_ID": "hb-s0", "TRACEFLEET_BASE_URL": "http://127.0.0.1:1", "TRACEFLEET_API_KEY": "k",
+               "TRACEFLEET_TIMEOUT_S": str(timeout_s), "TRACEFLEET_ARTIFACTS_DIR": str(artifacts),
+               "TRACEFLEET_WORK_DIR": str(work), "TRACEFLEET_LAUNCH_DIR": str(shared / "launch"), "HOME": str(home)}
+        place = TaskImagePlace(env, threading.Event())
+        workdir = work / "workdir"  # what the session program prepared: it stands for the task's workdir
+        proc = place.run(None, ["sh", "-c", agent], cwd=workdir, home=home,  # type: ignore[arg-type]
+                         env={"MARK": f"{workdir}/x"}, timeout_s=timeout_s,
+                         stdout_path=artifacts / layout.HARNESS_STDOUT, stderr_path=artifacts / layout.HARNESS_STDERR)
+        plan = SessionPlan(session_id="hb-s0", job="hb", task=Task(id=TASK, prompt="p"), sample_index=0,
+                           group_id=f"hb/{TASK}", harness=HarnessConfig(), evaluator=EvaluatorSpec(type="none"),
+                           model="m")
+        result = SessionResult.for_plan(plan, work)
+        result.harness_exit_code = proc.exit_code
+        result.status = "timeout" if proc.timed_out else "completed"
+        place.finish(result, SessionFolders(work=work, artifacts=artifacts, home=home))
+        task_container.wait(timeout=60)
+    finally:
+        runtime.remove(container)
+    return artifacts, result
+
+
+def _evaluate(runtime: ContainerRuntime, root: Path, name: str, artifacts: Path, tasks: Path) -> float:
+    """One evaluator Job: fetch (here), verify (podman, a fresh task container), report (here)."""
+    bucket_dir, shared, tests, logs = (root / name / d for d in ("bucket", "eval-shared", "tests", "logs"))
+    for d in (bucket_dir, shared, tests, logs):
+        d.mkdir(parents=True)
+    bucket = open_bucket(bucket_dir)
+    for f in artifacts.iterdir():
+        bucket.put(layout.artifacts_prefix("hb", 0) + f.name, f.read_bytes())
+    env = EvaluatorEnv.from_env({"TRACEFLEET_BUCKET": str(bucket_dir), "TRACEFLEET_JOB": "hb", "TRACEFLEET_SESSION": "0",
+                                 "TRACEFLEET_TASK_INDEX": "0", "TRACEFLEET_SAMPLE_INDEX": "0",
+                                 "TRACEFLEET_TASK_JSON": f'{{"id": "{TASK}", "prompt": "p"}}',
+                                 "TRACEFLEET_TIMEOUT_S": "30", "TRACEFLEET_HARBOR_URI": str(tasks)})
+    assert fetch(bucket, env, shared / "eval") is None
+    environment = {**HARDENED_ENV, "TRACEFLEET_TASK_WORKDIR": "/app", "TRACEFLEET_VERIFIER_TIMEOUT_S": "30"}
+    runtime.run("run", "--rm", "-v", f"{shared}:{ti.SHARED_DIR}", "-v", f"{tests}:/tests", "-v", f"{logs}:/logs/verifier",
+                *(a for k, v in environment.items() for a in ("-e", f"{k}={v}")), BASE_IMAGE, "sh", "-c", VERIFIER,
+                timeout=120)
+    verdict, code = report(bucket, env, shared / "eval", logs)
+    assert code == 0 and verdict.evaluator == ti.HARBOR_EVALUATOR
+    return verdict.reward if verdict.status == "ok" else -1.0
+
+
+def test_task_image_pods_judge_what_the_agent_changed(container_runtime: ContainerRuntime, tmp_path: Path) -> None:
+    tasks = _task_source(tmp_path)
+    solved, solved_result = _session(container_runtime, tmp_path, "solve", SOLVE, timeout_s=60)
+    out = (solved / layout.HARNESS_STDOUT).read_text()
+    # the agent worked in the task's workdir (the session's workspace path mapped there), with the pod's HOME
+    assert out.splitlines() == [f"worked in /app, home {tmp_path}/solve/home, mark /app/x", "0.73.1",
+                                f"{ti.BUNDLE_BIN}/pi"], out
+    assert solved_result.harness_exit_code == 0
+    assert (solved / ti.DELETED).read_text().splitlines() == ["/etc/issue"]
+    members = subprocess.run(["tar", "tf", solved / ti.CHANGES], capture_output=True, text=True, check=True).stdout.split()
+    assert "app/answer.txt" in members and not any(m.startswith(("tracefleet", "proc", "tests")) for m in members)
+    assert (solved / layout.RESULT).is_file()
+
+    started = time.monotonic()
+    cheated, cheat_result = _session(container_runtime, tmp_path, "cheat", CHEAT, timeout_s=3)
+    assert time.monotonic() - started < 40 and cheat_result.status == "timeout"  # stopped, its change set collected
+    members = subprocess.run(["tar", "tf", cheated / ti.CHANGES], capture_output=True, text=True, check=True).stdout.split()
+    assert "app/answer.txt" in members and "logs/verifier/reward.txt" not in members
+
+    assert _evaluate(container_runtime, tmp_path, "solve", solved, tasks) == 1.0
+    # a planted reward, a rewritten /tests/test.sh: neither reaches the fresh verifier container
+    assert _evaluate(container_runtime, tmp_path, "cheat", cheated, tasks) == 0.0
+    shutil.rmtree(tmp_path / "solve", ignore_errors=True)
+
+
+def test_the_report_step_fails_closed_with_one_line(tmp_path: Path) -> None:
+    """What the verify step left, read by the report step: each failure is reward 0 with its reason."""
+    from tracefleet.runner.containers.harbor_outcome import outcome_of
+    from tracefleet.runner.pod.harbor_verifier import verdict_here
+
+    def case(files: dict[str, str], reward: str | None = None) -> tuple[str, float, str | None]:
+        eval_dir, logs = tmp_path / f"e{len(list(tmp_path.iterdir()))}", tmp_path / f"l{len(list(tmp_path.iterdir()))}"
+        eval_dir.mkdir()
+        logs.mkdir()
+        for name, text in files.items():
+            (eval_dir / name).write_text(text)
+        if reward is not None:
+            (logs / "reward.txt").write_text(reward)
+        outcome = outcome_of(verdict_here(eval_dir, logs, 30))
+        return outcome.status, outcome.reward, outcome.message
+
+    assert case({ti.EXIT_CODE: "0\n", ti.DURATION: "2\n"}, "0.5\n")[:2] == ("ok", 0.5)
+    assert case({ti.FETCH_ERROR: "the harness pod uploaded no change set (x)\n"}) == (
+        "error", 0.0, "harbor verifier: the harness pod uploaded no change set (x)")
+    assert case({}) == ("error", 0.0, "harbor verifier: the task image's verify step left no exit status (did it run?)")
+    assert case({ti.EXIT_CODE: "124\n", ti.TIMED_OUT: ""}, "1\n") == (
+        "timeout", 0.0, "harbor verifier: test.sh ran past [verifier].timeout_sec (30 s)")
+    status, reward, message = case({ti.EXIT_CODE: "0\n"}, "passed\n")
+    assert (status, reward) == ("error", 0.0) and "reward.txt does not hold one number: 'passed'" in (message or "")
+    status, reward, message = case({ti.EXIT_CODE: "1\n", ti.TEST_OUTPUT: "boom\n"})
+    assert (status, reward) == ("error", 0.0) and message.endswith("(exit status 1: boom)")
