@@ -22,8 +22,10 @@ A `Place` is where the session runs; the program asks it only for:
     PodPlace (runner.pod.harness)    the proxy sidecar, artifacts uploaded by it; the evaluator Job judges
                                      (runner.pod.evaluate) and the sealer builds (runner.pod.seal), with
                                      `judge` / `evidence_of` / tracing.outcome_of below, as here
-    a task's own image (issue 20)    `run` wraps the argv in `podman run` with the workspace and HOME
-                                     mounted and the endpoint reachable from the container
+    ContainerPlace                   a Harbor task's own image (runner.containers.place): HostPlace, with
+                                     `run` wrapping the argv in `podman run` of the task's image (HOME and
+                                     the harness CLI mounted, the proxy the only endpoint it reaches) and
+                                     `harness_workdir` the container's working directory
 
 The harness's environment follows one rule (tracefleet.runner.environment): sandbox base < preset
 defaults < spec.harness.env < the session's routing (proxy URL, secret, HOME).
@@ -103,6 +105,13 @@ class Place(Protocol):
     def finish(self, result: SessionResult, folders: SessionFolders) -> None: ...
 
 
+def harness_workdir(place: Place, plan: SessionPlan, workspace: Path) -> Path:
+    """Where the harness works, as the preset is told: the prepared workspace, unless the place runs the harness
+    somewhere else (a container's working directory: `harness_workdir(plan, workspace)` on the place)."""
+    elsewhere = getattr(place, "harness_workdir", None)
+    return elsewhere(plan, workspace) if elsewhere is not None else workspace
+
+
 @contextmanager
 def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
     started = time.monotonic()
@@ -129,7 +138,10 @@ def harness_launch(plan: SessionPlan, *, workdir: Path, home: Path, base_url: st
 
 
 def prepare_stage(plan: SessionPlan, work: Path) -> Any:
-    """The session's workspace (the task's repository, set up)."""
+    """The session's workspace (the task's repository, set up). A task refused before the run (a Harbor folder with
+    a problem, an image that did not build) fails here with its one line."""
+    if plan.task.harbor is not None and plan.task.harbor.refusal:
+        raise StageFailed("prepare", "error", plan.task.harbor.refusal)
     try:
         return prepare_workspace(plan.task, work, setup_timeout_s=plan.setup_timeout_s)
     except WorkspaceError as exc:
@@ -228,7 +240,8 @@ def run(plan: SessionPlan, place: Place) -> SessionRun:
             endpoint = place.connect(plan, deadline)
             connected = True
         with _timed(timings, "harness"):
-            launch = launch_stage(plan, workdir=workspace.workdir, home=folders.home, endpoint=endpoint)
+            workdir = harness_workdir(place, plan, workspace.workdir)
+            launch = launch_stage(plan, workdir=workdir, home=folders.home, endpoint=endpoint)
             env = harness_environment(launch.env, place.user_env(plan), endpoint, str(folders.home))
             (folders.artifacts / "harness.json").write_text(
                 json.dumps({"argv": launch.argv, "env_keys": sorted(env), "files": sorted(launch.files)}, indent=1))

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tracefleet.contract.harbor import HarborTaskRun
 from tracefleet.contract.job import DiagnosticSpec, is_remote
 # A harness without a preset runs its `command`; HarnessConfig applies that (every session, both drivers)
 from tracefleet.contract.semantics import DEFAULT_PRESET, harness_preset
@@ -55,6 +56,7 @@ class Task(BaseModel):
     test_command: str | list[str] | None = None
     protected: list[str] = Field(default_factory=list)  # paths restored from the original before testing
     metadata: dict[str, Any] = Field(default_factory=dict)
+    harbor: HarborTaskRun | None = None  # a Harbor task folder: its sessions run in a container of its image
 
     @model_validator(mode="before")
     @classmethod
@@ -106,7 +108,7 @@ class EvaluatorSpec(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    type: Literal["command", "tests", "python", "none"] = "tests"
+    type: Literal["command", "tests", "python", "harbor", "none"] = "tests"
     command: str | list[str] | None = None  # command: shell string or argv; tests: the test command
     entrypoint: str | None = None  # python: "module:function" or an entry point name
     timeout_s: float = 300
@@ -122,6 +124,9 @@ class EvalOutcome(BaseModel):
     status: EvalStatus = "ok"
     message: str | None = None
     details: dict[str, Any] = Field(default_factory=dict)
+    # Every named metric the judging produced (Harbor's reward.json), kept also when it failed closed; the training
+    # reward is `reward` (for Harbor: reward.txt's number or reward.json's "reward" metric).
+    metrics: dict[str, float] = Field(default_factory=dict)
     duration_s: float = 0.0
 
     @property
