@@ -14,7 +14,8 @@ What the container gets, and why:
     what the preset is told (Codex's `-C`). The agent's writes land there, inside the container, not on the host;
   - the network: `--network none` (a loopback and nothing else: no route to the host, the bridge network or
     anything beyond), and the proxy made reachable on the container's own 127.0.0.1:<proxy port> by a small
-    forwarder run by the mounted node as PID 1 (`BRIDGE_JS`), which connects each accepted connection to a Unix
+    forwarder run by the mounted node as PID 1 (`BRIDGE_JS`; it also makes the working directory when the image
+    names one it never created, as docker does and podman does not), which connects each accepted connection to a Unix
     socket mounted in from the host, where the runner's `UnixToTcpBridge` forwards it to the proxy. So the
     session's proxy URL is the same inside as outside, and the proxy is the only endpoint the harness can reach.
     (With rootful podman here, slirp4netns or the bridge network would also reach the host's other ports, and the
@@ -49,11 +50,15 @@ STOP_TIMEOUT_S = 60
 
 BRIDGE_JS = r"""'use strict';
 // tracefleet: inside the session's container (loopback only), 127.0.0.1:PORT forwards to the Unix socket the
-// runner serves (its bridge to the proxy); then the harness runs, and this exits with the harness's status.
+// runner serves (its bridge to the proxy); then the harness runs in WORKDIR (made when the image has none yet, as
+// docker does), and this exits with the harness's status.
+const fs = require('fs');
 const net = require('net');
 const os = require('os');
 const { spawn } = require('child_process');
-const [port, socketPath, ...argv] = process.argv.slice(2);
+const [port, socketPath, workdir, ...argv] = process.argv.slice(2);
+fs.mkdirSync(workdir, { recursive: true });
+process.chdir(workdir);
 const server = net.createServer((client) => {
   const upstream = net.createConnection(socketPath);
   client.pipe(upstream).pipe(client);
@@ -127,9 +132,9 @@ class ContainerPlace(HostPlace):
         env_file.write_text("".join(f"{k}={v}\n" for k, v in inside.items() if "\n" not in v))
         (home / ".tmp").mkdir(parents=True, exist_ok=True)
         podman = self.runtime.command(
-            "run", "--name", name, "--network", "none", "--env-file", str(env_file), "--workdir", workdir,
+            "run", "--name", name, "--network", "none", "--env-file", str(env_file), "--workdir", "/",
             *self._mounts(argv, home), "--entrypoint", NODE_IN_CONTAINER, harbor.image,
-            BRIDGE_IN_CONTAINER, str(self.port), SOCKET_IN_CONTAINER, *argv)
+            BRIDGE_IN_CONTAINER, str(self.port), SOCKET_IN_CONTAINER, workdir, *argv)
         proc = run_sandboxed(podman, cwd=artifacts, home=artifacts / "podman-home", timeout_s=timeout_s,
                              stdout_path=stdout_path, stderr_path=stderr_path,
                              options=SandboxOptions(extra_env=self.runtime.env), stop=self.stop)
