@@ -380,12 +380,12 @@ class LocalRun:
             self._say(f"all {len(keys)} sessions of job {self.job.name!r} are already in sealed batches at {sink.job_uri}")
             self._summary(RunProgress(total=len(keys), skipped=len(keys)), sink, False)
             return 0
-        tasks = self._task_images(tasks)
-        self._containers = sum(1 for t in tasks if t.harbor is not None and t.harbor.image and not t.harbor.refusal)
         engine_url, engine, model_hint = self._engine()
         capture = spec.inference.capture
         proxy = bridge = None
         try:
+            tasks = self._task_images(tasks)  # after the engine answered: a job that cannot run builds nothing
+            self._containers = sum(1 for t in tasks if t.harbor is not None and t.harbor.image and not t.harbor.refusal)
             proxy = InProcessProxy(
                 engine_url=engine_url,
                 capture_dir=self.work_dir / "capture" / run_id,

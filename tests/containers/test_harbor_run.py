@@ -140,3 +140,29 @@ def test_bad_input_is_one_line_and_a_fail_closed_row(task: str, harbor_job: dict
     else:  # the harness ran; the verifier failed closed with its reason, its status kept
         assert stage == "evaluate" and extra["evaluation"]["status"] in ("error", "timeout"), extra
         assert extra["session_status"] == ("timeout" if task == "slow-verifier" else "error"), extra
+
+
+def test_without_a_container_runtime_a_task_that_needs_an_image_is_refused_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    import yaml
+
+    from tracefleet.runner.local import LocalOptions, LocalRun, job_tasks
+
+    write_task(tmp_path / "tasks", "greet")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob",
+                                   "metadata": {"name": "no-runtime"}, "spec": {
+                                       "inference": {"external": {"baseUrl": "http://127.0.0.1:1"}},
+                                       "harness": {"preset": "pi"}, "tasks": {"harbor": {"uri": "tasks"}},
+                                       "output": {"uri": str(tmp_path / "out")}}}))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no podman, no docker
+    progress = io.StringIO()
+    local = LocalRun(LocalOptions(job_path=job, work_dir=tmp_path / "work"), out=progress)
+    (task,) = local._task_images(job_tasks(local.job, tmp_path))
+    assert task.harbor is not None and task.harbor.image is None
+    assert task.harbor.refusal is not None and task.harbor.refusal.startswith("greet: needs its image, and no container "
+                                                                             "runtime: ") and "\n" not in task.harbor.refusal
+    assert task.prompt == "Make greet.py greet harbor.\n"  # instruction.md is the prompt
+    assert progress.getvalue().count("\n") == 1
