@@ -148,9 +148,10 @@ class RunProgress:
         )
 
 
-def job_tasks(job: Any, base_dir: Path, source_dir: Path | None = None) -> list[Task]:
+def job_tasks(job: Any, base_dir: Path, source_root: Path | None = None) -> list[Task]:
     """The job's tasks as runner tasks. Inline tasks, a local/s3 JSONL file, or Harbor task folders (a tarball or
-    an s3:// source is unpacked into `source_dir`); ConfigMaps need a cluster."""
+    an s3:// source is unpacked into a new folder under `source_root`, default the system's temporary folder);
+    ConfigMaps need a cluster."""
     from tracefleet.contract.job import TaskSpec
 
     spec = job.spec
@@ -163,8 +164,13 @@ def job_tasks(job: Any, base_dir: Path, source_dir: Path | None = None) -> list[
         from tracefleet.harbor.sources import open_source
 
         source = spec.tasks.harbor
-        where = source_dir or Path(tempfile.mkdtemp(prefix="tracefleet-harbor-"))
-        tasks = harbor_tasks(open_source(source.uri, where, base_dir), source.uri, source.include)
+        if source_root is not None:
+            source_root.mkdir(parents=True, exist_ok=True)
+        where = Path(tempfile.mkdtemp(prefix="harbor-source-", dir=source_root))
+        root = open_source(source.uri, where, base_dir)
+        if not root.is_relative_to(where):
+            where.rmdir()  # a local directory is read in place
+        tasks = harbor_tasks(root, source.uri, source.include)
         if not tasks:
             raise ValueError(f"spec.tasks.harbor.uri: {source.uri}: no Harbor task folder"
                              + (f" matching {', '.join(source.include)}" if source.include else ""))
@@ -363,7 +369,7 @@ class LocalRun:
         from tracefleet.runner.sink import BatchSink
 
         spec = self.job.spec
-        tasks = job_tasks(self.job, self.base_dir, self.work_dir / "harbor-source")
+        tasks = job_tasks(self.job, self.base_dir, self.work_dir)
         self._check_diagnostics()
         sink = BatchSink(self.output_uri, self.job.name,
                          groups_per_batch=groups_per_batch(spec.output.traces_per_batch, spec.tasks.samples_per_task))

@@ -166,3 +166,11 @@ def test_without_a_container_runtime_a_task_that_needs_an_image_is_refused_in_on
                                                                              "runtime: ") and "\n" not in task.harbor.refusal
     assert task.prompt == "Make greet.py greet harbor.\n"  # instruction.md is the prompt
     assert progress.getvalue().count("\n") == 1
+    # a tarball source is unpacked into a folder of the run's own
+    import tarfile
+
+    with tarfile.open(tmp_path / "tasks.tgz", "w:gz") as tar:
+        tar.add(tmp_path / "tasks", arcname="tasks")
+    local.job.spec.tasks.harbor.uri = "tasks.tgz"
+    (unpacked,) = job_tasks(local.job, tmp_path, tmp_path / "work")
+    assert unpacked.id == "greet" and Path(unpacked.harbor.folder).is_relative_to(tmp_path / "work")
