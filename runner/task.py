@@ -48,8 +48,9 @@ def harbor_tasks(root: Path, label: str, include: list[str] | None = None) -> li
             id=folder.name,
             prompt=checked.instruction if checked is not None else "",
             metadata=dict(checked.config.metadata) if checked is not None else {},
-            harbor=HarborTaskRun(folder=str(folder.resolve()), workdir=checked.config.environment.workdir
-                                 if checked is not None else None, refusal=refusal),
+            harbor=HarborTaskRun(folder=str(folder.resolve()), refusal=refusal,
+                                 workdir=checked.config.environment.workdir if checked is not None else None,
+                                 agent_timeout_s=checked.config.agent.timeout_sec if checked is not None else None),
         ))
     return tasks
 

@@ -165,6 +165,7 @@ def test_without_a_container_runtime_a_task_that_needs_an_image_is_refused_in_on
     assert task.harbor.refusal is not None and task.harbor.refusal.startswith("greet: needs its image, and no container "
                                                                              "runtime: ") and "\n" not in task.harbor.refusal
     assert task.prompt == "Make greet.py greet harbor.\n"  # instruction.md is the prompt
+    assert task.metadata == {"difficulty": "easy"} and task.harbor.agent_timeout_s == 600.0  # [metadata], [agent]
     assert progress.getvalue().count("\n") == 1
     # a tarball source is unpacked into a folder of the run's own
     import tarfile

@@ -246,3 +246,5 @@ class HarborTaskRun(BaseModel):
     image: str | None = None
     workdir: str | None = Field(default=None, description="task.toml's [environment].workdir, else the image's WORKDIR.")
     refusal: str | None = None
+    agent_timeout_s: float | None = Field(default=None, description="[agent].timeout_sec: the harness's time limit "
+                                                                     "when shorter than the job's.")

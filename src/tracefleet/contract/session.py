@@ -184,6 +184,12 @@ class SessionPlan(BaseModel):
     attempt: int = 0  # 0, then 1.. for each retry (spec.maxRetries) of the same session
 
     @property
+    def harness_timeout_s(self) -> float:
+        """The harness's time limit: the job's, or a Harbor task's [agent].timeout_sec when that is shorter."""
+        agent = self.task.harbor.agent_timeout_s if self.task.harbor is not None else None
+        return min(self.harness.timeout_s, agent) if agent else self.harness.timeout_s
+
+    @property
     def capture_name(self) -> str:
         """This attempt's name where several attempts share a place (one proxy, one work folder): the
         session id, with `-a<attempt>` for a retry."""
