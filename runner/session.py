@@ -24,8 +24,9 @@ A `Place` is where the session runs; the program asks it only for:
                                      `judge` / `evidence_of` / tracing.outcome_of below, as here
     ContainerPlace                   a Harbor task's own image (runner.containers.place): HostPlace, with
                                      `run` wrapping the argv in `podman run` of the task's image (HOME and
-                                     the harness CLI mounted, the proxy the only endpoint it reaches) and
-                                     `harness_workdir` the container's working directory
+                                     the harness CLI mounted, the proxy the only endpoint it reaches),
+                                     `harness_workdir` the container's working directory and
+                                     `workspace_diff` its changes against the image's
 
 The harness's environment follows one rule (tracefleet.runner.environment): sandbox base < preset
 defaults < spec.harness.env < the session's routing (proxy URL, secret, HOME).
@@ -177,11 +178,12 @@ def wait_stage(proc: ProcessResult, plan: SessionPlan, result: SessionResult, *,
         raise StageFailed("harness", "error", f"{HARNESS_EXITED}{proc.exit_code}" + (f": {reason}" if reason else ""))
 
 
-def collect_stage(workspace: Any, dest: Path, result: SessionResult) -> str:
+def collect_stage(workspace: Any, dest: Path, result: SessionResult, diff: Any = None) -> str:
     """The workspace's diff against its base commit, written to dest/session.patch (after any outcome:
-    nothing the harness did is lost)."""
+    nothing the harness did is lost). `diff`: the place's own (a container's working directory against its
+    image's), when the harness worked elsewhere than in `workspace`."""
     try:
-        patch = workspace_patch(workspace.workdir, workspace.base_commit)
+        patch = diff() if diff is not None else workspace_patch(workspace.workdir, workspace.base_commit)
         (dest / layout.PATCH).write_text(patch)
     except Exception as exc:  # noqa: BLE001
         result.fail("collect", "error", f"git diff of the workspace failed: {exc}")
@@ -260,7 +262,9 @@ def run(plan: SessionPlan, place: Place) -> SessionRun:
     patch = ""
     if workspace is not None:
         with _timed(timings, "collect"):
-            patch = collect_stage(workspace, folders.artifacts, result)
+            elsewhere = getattr(place, "workspace_diff", None)
+            patch = collect_stage(workspace, folders.artifacts, result,
+                                  (lambda: elsewhere(plan, folders)) if elsewhere is not None else None)
 
     done = _judge_here(plan, result, workspace, patch, folders) if place.judges else SessionRun(result=result)
     if done.result.status != "completed":

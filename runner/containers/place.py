@@ -38,6 +38,7 @@ from tracefleet.runner.containers.runtime import ContainerRuntime
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, base_env, run_sandboxed
 from tracefleet.runner.session import HostPlace, SessionFolders
+from tracefleet.runner.workspace import tree_patch
 
 TOOLS_DIR = "/opt/tracefleet"  # inside the container: node, the forwarder, the proxy's socket
 NODE_IN_CONTAINER = f"{TOOLS_DIR}/bin/node"
@@ -142,6 +143,32 @@ class ContainerPlace(HostPlace):
             # the podman client is gone; the container may still run under conmon: stop it (kept for the verifier)
             self.runtime.run("stop", "-t", "0", name, check=False, timeout=STOP_TIMEOUT_S)
         return proc
+
+    def workspace_diff(self, plan: SessionPlan, folders: SessionFolders) -> str:
+        """What the session changed in the container's working directory, against the image's (both copied out with
+        `podman cp`), as the binary git patch a host session collects (session.patch: the diagnostics read it)."""
+        record = container_of(folders.artifacts)
+        if record is None:
+            return ""  # the container never started: nothing changed
+        scratch = folders.work / "container-diff"
+        shutil.rmtree(scratch, ignore_errors=True)
+        before, after = scratch / "before", scratch / "after"
+        scratch.mkdir(parents=True)
+        pristine = f"{record['name']}-base"
+        try:
+            # never started: its entrypoint only has to be named
+            self.runtime.run("create", "--name", pristine, "--entrypoint", "true", record["image"], timeout=STOP_TIMEOUT_S)
+            # an image without its working directory yet (podman makes none for WORKDIR alone): nothing before
+            if self.runtime.run("cp", f"{pristine}:{record['workdir']}/.", str(before), check=False,
+                                timeout=STOP_TIMEOUT_S).returncode != 0:
+                before.mkdir()
+        finally:
+            self.runtime.remove(pristine)
+        self.runtime.run("cp", f"{record['name']}:{record['workdir']}/.", str(after), timeout=STOP_TIMEOUT_S)
+        try:
+            return tree_patch(before, after, scratch / "git")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def finish(self, result: SessionResult, folders: SessionFolders) -> None:
         super().finish(result, folders)

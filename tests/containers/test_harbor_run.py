@@ -89,10 +89,12 @@ def harbor_job(container_runtime: ContainerRuntime, scripted_engine: Any,
     for seq in reader.seqs():
         table = reader.read(seq).table
         for row in table.select(["task_id", "reward", "evaluator_reward", "outcome", "fail_closed_reasons",
-                                 "num_trainable", "metadata_json"]).to_pylist():
+                                 "num_trainable", "diagnostics", "metadata_json"]).to_pylist():
             row["extra"] = json.loads(row.pop("metadata_json"))["extra"]
             rows.setdefault(row["task_id"], []).append(row)
-    return {"done": done, "rows": rows, "tmp": tmp}
+    patches = {json.loads((p.parent / "result.json").read_text())["task_id"]: p.read_text()
+               for p in (tmp / "work" / "sessions").glob("*/*/session.patch")}
+    return {"done": done, "rows": rows, "tmp": tmp, "patches": patches}
 
 
 def test_the_job_runs_every_task_and_goes_on_past_the_bad_ones(harbor_job: dict[str, Any]) -> None:
@@ -113,6 +115,11 @@ def test_the_harness_works_inside_the_tasks_container_and_test_sh_gives_the_rewa
     assert evaluation["details"]["reward_file"] == "reward.json"
     # ... and not on the host: nowhere under the job's folder, and the host's session folder has no greet.py
     assert not [p for p in tmp.rglob("proof.txt")] and not [p for p in tmp.rglob("greet.py") if "tasks" not in p.parts]
+    # the session's patch is the container's working directory against its image's: what the diagnostics read
+    patch = harbor_job["patches"]["solve"]
+    assert "diff --git a/greet.py b/greet.py" in patch and '+print("hello, harbor")' in patch, patch
+    assert "diff --git a/proof.txt b/proof.txt" in patch and "+written-inside" in patch, patch
+    assert not [f for r in rows for f in r["diagnostics"] if f["name"] == "success_without_work"], rows
 
 
 def test_an_agent_that_tampers_with_the_verifier_earns_nothing(harbor_job: dict[str, Any]) -> None:
@@ -123,6 +130,8 @@ def test_an_agent_that_tampers_with_the_verifier_earns_nothing(harbor_job: dict[
     assert evaluation["status"] == "ok" and evaluation["reward"] == 0.0, evaluation
     assert evaluation["metrics"] == {"reward": 0.0} and "1 failed" in evaluation["details"]["output_tail"], evaluation
     assert all(r["reward"] == 0.0 for r in rows)
+    patch = harbor_job["patches"]["tamper"]  # what it left in /app is in its patch (/tests, /logs are not /app)
+    assert all(f"diff --git a/{name} b/{name}" in patch for name in ("pytest.py", "conftest.py", "pytest.ini")), patch
 
 
 @pytest.mark.parametrize("task", sorted(BAD))
