@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from tracefleet.contract.harbor import HARBOR_NOT_YET
 from tracefleet.contract.semantics import (
     QUARANTINE_RATE_EXCEEDED,
     QuarantineVerdict,
@@ -44,8 +43,9 @@ from tracefleet.runner.failures import run_verdict
 from tracefleet.runner.learning_signal import learning_signal_line
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import netns_available
-from tracefleet.runner.session import HarnessConfig, SessionPlan, SessionRun, run_session
-from tracefleet.runner.task import Task, task_from_api
+from tracefleet.runner.session import HarnessConfig, HostPlace, Place, SessionPlan, SessionRun
+from tracefleet.runner.session import run as run_in_place
+from tracefleet.runner.task import Task, harbor_tasks, task_from_api, with_image
 
 # Models `tracefleet engine` serves from PyPI packages; a managed model name outside this list needs --engine-url.
 LOCAL_MODEL_ALIASES = {
@@ -148,8 +148,10 @@ class RunProgress:
         )
 
 
-def job_tasks(job: Any, base_dir: Path) -> list[Task]:
-    """The job's tasks as runner tasks. Inline tasks or a local/s3 JSONL file; ConfigMaps need a cluster."""
+def job_tasks(job: Any, base_dir: Path, source_root: Path | None = None) -> list[Task]:
+    """The job's tasks as runner tasks. Inline tasks, a local/s3 JSONL file, or Harbor task folders (a tarball or
+    an s3:// source is unpacked into a new folder under `source_root`, default the system's temporary folder);
+    ConfigMaps need a cluster."""
     from tracefleet.contract.job import TaskSpec
 
     spec = job.spec
@@ -159,7 +161,20 @@ def job_tasks(job: Any, base_dir: Path) -> list[Task]:
     elif spec.tasks.uri:
         api_tasks = [TaskSpec.model_validate(json.loads(line)) for line in _read_uri(spec.tasks.uri, base_dir).splitlines() if line.strip()]
     elif spec.tasks.harbor:
-        raise ValueError(HARBOR_NOT_YET)
+        from tracefleet.harbor.sources import open_source
+
+        source = spec.tasks.harbor
+        if source_root is not None:
+            source_root.mkdir(parents=True, exist_ok=True)
+        where = Path(tempfile.mkdtemp(prefix="harbor-source-", dir=source_root))
+        root = open_source(source.uri, where, base_dir)
+        if not root.is_relative_to(where):
+            where.rmdir()  # a local directory is read in place
+        tasks = harbor_tasks(root, source.uri, source.include)
+        if not tasks:
+            raise ValueError(f"spec.tasks.harbor.uri: {source.uri}: no Harbor task folder"
+                             + (f" matching {', '.join(source.include)}" if source.include else ""))
+        return tasks
     else:
         raise ValueError("spec.tasks.configMapRef needs a cluster; in local mode use tasks.inline or tasks.uri")
     return [task_from_api(t, base_dir, extra_setup) for t in api_tasks]
@@ -178,7 +193,8 @@ def _read_uri(uri: str, base_dir: Path) -> str:
 def evaluator_spec(job: Any) -> EvaluatorSpec:
     ev = job.spec.evaluator
     if ev is None:
-        return EvaluatorSpec(type="none")
+        # Harbor tasks bring their own judge (tests/test.sh): a job of them is judged by it unless it says otherwise.
+        return EvaluatorSpec(type="harbor") if job.spec.tasks.harbor else EvaluatorSpec(type="none")
     return EvaluatorSpec(
         type=evaluator_type(ev.preset),  # type: ignore[arg-type]
         command=list(ev.command) if ev.command else None,
@@ -237,6 +253,41 @@ class LocalRun:
         self.netns_mode = "off"
         self._tty = bool(getattr(out, "isatty", lambda: False)())
         self._quarantine_exceeded = False  # the QuarantineRateExceeded condition, as last reported
+        self._runtime: Any = None  # the container runtime, when a Harbor task runs in its image
+        self._containers = 0  # sessions that run in their task's container
+
+    # ------------------------------------------------------------------ Harbor tasks' images
+
+    def _task_images(self, tasks: list[Task]) -> list[Task]:
+        """Each Harbor task with its image, built once and found again by content (tracefleet.runner.containers.
+        images), one progress line per task; a task whose image does not build, or every one when no container
+        runtime works here, is refused in one line (its sessions are fail-closed rows; the job goes on)."""
+        todo = [t for t in tasks if t.harbor is not None and not t.harbor.refusal]
+        if not todo:
+            return tasks
+        from tracefleet.harbor.folders import load_task
+        from tracefleet.runner.containers.images import build_task_image
+        from tracefleet.runner.containers.place import image_workdir
+        from tracefleet.runner.containers.runtime import ContainerError, require_runtime
+
+        try:
+            self._runtime = require_runtime()
+        except ContainerError as err:
+            self._say(f"{len(todo)} Harbor task(s) need a container runtime: {err}")
+            return [with_image(t, refusal=f"{t.id}: needs its image, and {err}") if t in todo else t for t in tasks]
+        found: dict[str, Task] = {}
+        for task in todo:
+            assert task.harbor is not None
+            build = build_task_image(self._runtime, load_task(Path(task.harbor.folder)), self.work_dir / "image-builds")
+            self._say(f"task image {build.line()}")
+            if build.status == "failed":
+                found[task.id] = with_image(task, refusal=f"{task.id}: {build.error}")
+                continue
+            try:
+                found[task.id] = with_image(task, image=build.image, workdir=image_workdir(self._runtime, build.image))
+            except ContainerError as err:
+                found[task.id] = with_image(task, refusal=f"{task.id}: {err}")
+        return [found.get(t.id, t) for t in tasks]
 
     # ------------------------------------------------------------------ pieces
 
@@ -318,7 +369,7 @@ class LocalRun:
         from tracefleet.runner.sink import BatchSink
 
         spec = self.job.spec
-        tasks = job_tasks(self.job, self.base_dir)
+        tasks = job_tasks(self.job, self.base_dir, self.work_dir)
         self._check_diagnostics()
         sink = BatchSink(self.output_uri, self.job.name,
                          groups_per_batch=groups_per_batch(spec.output.traces_per_batch, spec.tasks.samples_per_task))
@@ -339,6 +390,8 @@ class LocalRun:
         capture = spec.inference.capture
         proxy = bridge = None
         try:
+            tasks = self._task_images(tasks)  # after the engine answered: a job that cannot run builds nothing
+            self._containers = sum(1 for t in tasks if t.harbor is not None and t.harbor.image and not t.harbor.refusal)
             proxy = InProcessProxy(
                 engine_url=engine_url,
                 capture_dir=self.work_dir / "capture" / run_id,
@@ -363,11 +416,13 @@ class LocalRun:
                 env=dict(spec.harness.env or {}),
                 timeout_s=float(spec.harness.session_timeout_seconds),
             )
-            if use_netns:
+            sock = self.work_dir / f"proxy-{run_id}.sock"
+            if use_netns or self._containers:
                 from tracefleet.runner.netns import UnixToTcpBridge
 
-                sock = self.work_dir / f"proxy-{run_id}.sock"
+                # a session in a network namespace, or in a container with no network, reaches the proxy by it
                 bridge = UnixToTcpBridge(sock, "127.0.0.1", proxy.port).start()
+            if use_netns:
                 harness = harness.model_copy(update={"netns": True, "bridge_socket": str(sock)})
             plans = plan_sessions(self.job, tasks, model_hint or "default", harness)
             todo = [p for p in plans if (p.task.id, p.sample_index) not in sealed]
@@ -379,7 +434,7 @@ class LocalRun:
             self._say(f"{len(todo)} sessions, parallelism {self.options.parallelism or spec.parallelism}, "
                       f"engine {engine_url}, proxy {proxy.url}, sandbox: {self.netns_mode}")
             admin = ProxyAdmin(proxy.url, proxy.admin_token)
-            interrupted = self._schedule(todo, admin, proxy.url, sink, progress, run_id)
+            interrupted = self._schedule(todo, self._places(admin, proxy.url, run_id, sock), sink, progress)
             # Whatever finished is sealed, also after Ctrl-C: a partial batch is still a whole batch.
             for ref in sink.flush():
                 progress.batches.append(ref)
@@ -401,10 +456,22 @@ class LocalRun:
             if engine is not None:
                 engine.stop()
 
-    def _schedule(self, todo: list[SessionPlan], admin: ProxyAdmin, proxy_url: str, sink: Any, progress: RunProgress,
-                  run_id: str) -> bool:
-        parallelism = max(1, self.options.parallelism or self.job.spec.parallelism)
+    def _places(self, admin: ProxyAdmin, proxy_url: str, run_id: str, sock: Path) -> Callable[[SessionPlan], Place]:
+        """Where each session runs: a Harbor task with its image in a container of it, every other on the host."""
         session_root = self.work_dir / "sessions" / run_id
+        host = HostPlace(admin=admin, proxy_url=proxy_url, session_root=session_root, stop=self.stop)
+        if not self._containers:
+            return lambda plan: host
+        from tracefleet.runner.containers.place import ContainerPlace
+
+        container = ContainerPlace(runtime=self._runtime, admin=admin, proxy_url=proxy_url, session_root=session_root,
+                                   socket=sock, tools=self.work_dir / "tools" / run_id, stop=self.stop)
+        return lambda plan: container if plan.task.harbor is not None and plan.task.harbor.image \
+            and not plan.task.harbor.refusal else host
+
+    def _schedule(self, todo: list[SessionPlan], place_of: Callable[[SessionPlan], Place], sink: Any,
+                  progress: RunProgress) -> bool:
+        parallelism = max(1, self.options.parallelism or self.job.spec.parallelism)
         interrupted = False
         previous = signal.getsignal(signal.SIGINT)
 
@@ -429,8 +496,7 @@ class LocalRun:
                 while queue or running:
                     while queue and len(running) < parallelism and not self.stop.is_set():
                         plan = queue.pop(0)
-                        running[pool.submit(run_session, plan, admin=admin, proxy_url=proxy_url,
-                                            session_root=session_root, stop=self.stop)] = plan
+                        running[pool.submit(run_in_place, plan, place_of(plan))] = plan
                     if self.stop.is_set():
                         queue.clear()
                     progress.running = len(running)
@@ -461,7 +527,8 @@ class LocalRun:
         """A session that failed before its first model call runs again (up to spec.maxRetries, as the next
         attempt of the same session); after a model call its failure is data (tracefleet.contract.semantics.should_retry)."""
         r = run.result
-        if (r.status not in ("error", "timeout") or self.stop.is_set()
+        refused = plan.task.harbor is not None and plan.task.harbor.refusal
+        if (r.status not in ("error", "timeout") or self.stop.is_set() or refused
                 or not should_retry(model_calls=r.calls, retries_done=plan.attempt, max_retries=self.job.spec.max_retries)):
             return False
         self._say(f"session {r.session_id}: {r.stage} failed ({r.error}); retry {plan.attempt + 1}/{self.job.spec.max_retries}")
@@ -533,7 +600,8 @@ class LocalRun:
                 f"{sink.errors[-1]} -- rerun this command to upload it")] if sink.errors else []),
             *([("evidence", f"not kept in the bucket for {len(sink.evidence_errors)} session(s) ({sink.evidence_errors[-1]}); "
                 "each session's evidence.json is in the work dir")] if sink.evidence_errors else []),
-            ("sandbox", self.netns_mode),
+            ("sandbox", self.netns_mode + (f"; {self._containers} task(s) in their own image's container (network "
+                                             "none, the proxy through a socket)" if self._containers else "")),
             ("work dir", str(self.work_dir)),
         ]
         if self.acceptance is not None:

@@ -22,8 +22,11 @@ A `Place` is where the session runs; the program asks it only for:
     PodPlace (runner.pod.harness)    the proxy sidecar, artifacts uploaded by it; the evaluator Job judges
                                      (runner.pod.evaluate) and the sealer builds (runner.pod.seal), with
                                      `judge` / `evidence_of` / tracing.outcome_of below, as here
-    a task's own image (issue 20)    `run` wraps the argv in `podman run` with the workspace and HOME
-                                     mounted and the endpoint reachable from the container
+    ContainerPlace                   a Harbor task's own image (runner.containers.place): HostPlace, with
+                                     `run` wrapping the argv in `podman run` of the task's image (HOME and
+                                     the harness CLI mounted, the proxy the only endpoint it reaches),
+                                     `harness_workdir` the container's working directory and
+                                     `workspace_diff` its changes against the image's
 
 The harness's environment follows one rule (tracefleet.runner.environment): sandbox base < preset
 defaults < spec.harness.env < the session's routing (proxy URL, secret, HOME).
@@ -103,6 +106,13 @@ class Place(Protocol):
     def finish(self, result: SessionResult, folders: SessionFolders) -> None: ...
 
 
+def harness_workdir(place: Place, plan: SessionPlan, workspace: Path) -> Path:
+    """Where the harness works, as the preset is told: the prepared workspace, unless the place runs the harness
+    somewhere else (a container's working directory: `harness_workdir(plan, workspace)` on the place)."""
+    elsewhere = getattr(place, "harness_workdir", None)
+    return elsewhere(plan, workspace) if elsewhere is not None else workspace
+
+
 @contextmanager
 def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
     started = time.monotonic()
@@ -129,7 +139,10 @@ def harness_launch(plan: SessionPlan, *, workdir: Path, home: Path, base_url: st
 
 
 def prepare_stage(plan: SessionPlan, work: Path) -> Any:
-    """The session's workspace (the task's repository, set up)."""
+    """The session's workspace (the task's repository, set up). A task refused before the run (a Harbor folder with
+    a problem, an image that did not build) fails here with its one line."""
+    if plan.task.harbor is not None and plan.task.harbor.refusal:
+        raise StageFailed("prepare", "error", plan.task.harbor.refusal)
     try:
         return prepare_workspace(plan.task, work, setup_timeout_s=plan.setup_timeout_s)
     except WorkspaceError as exc:
@@ -158,18 +171,19 @@ def wait_stage(proc: ProcessResult, plan: SessionPlan, result: SessionResult, *,
     if proc.stopped:
         raise StageFailed("harness", "stopped", stopped)
     if proc.timed_out:
-        raise StageFailed("harness", "timeout", f"harness ran past {plan.harness.timeout_s:.0f}s; process group killed")
+        raise StageFailed("harness", "timeout", f"harness ran past {plan.harness_timeout_s:.0f}s; process group killed")
     if proc.exit_code != 0:
         # with the harness's own last words (its stdout and stderr are in `logs`): what a person reads first
         reason = harness_reason(logs) if logs is not None else None
         raise StageFailed("harness", "error", f"{HARNESS_EXITED}{proc.exit_code}" + (f": {reason}" if reason else ""))
 
 
-def collect_stage(workspace: Any, dest: Path, result: SessionResult) -> str:
+def collect_stage(workspace: Any, dest: Path, result: SessionResult, diff: Any = None) -> str:
     """The workspace's diff against its base commit, written to dest/session.patch (after any outcome:
-    nothing the harness did is lost)."""
+    nothing the harness did is lost). `diff`: the place's own (a container's working directory against its
+    image's), when the harness worked elsewhere than in `workspace`."""
     try:
-        patch = workspace_patch(workspace.workdir, workspace.base_commit)
+        patch = diff() if diff is not None else workspace_patch(workspace.workdir, workspace.base_commit)
         (dest / layout.PATCH).write_text(patch)
     except Exception as exc:  # noqa: BLE001
         result.fail("collect", "error", f"git diff of the workspace failed: {exc}")
@@ -217,7 +231,7 @@ def run(plan: SessionPlan, place: Place) -> SessionRun:
     result = SessionResult.for_plan(plan, folders.work)
     timings = result.timings
     started = time.monotonic()
-    deadline = started + plan.harness.timeout_s
+    deadline = started + plan.harness_timeout_s
     connected = False
     workspace = None
     stdout, stderr = folders.artifacts / layout.HARNESS_STDOUT, folders.artifacts / layout.HARNESS_STDERR
@@ -228,7 +242,8 @@ def run(plan: SessionPlan, place: Place) -> SessionRun:
             endpoint = place.connect(plan, deadline)
             connected = True
         with _timed(timings, "harness"):
-            launch = launch_stage(plan, workdir=workspace.workdir, home=folders.home, endpoint=endpoint)
+            workdir = harness_workdir(place, plan, workspace.workdir)
+            launch = launch_stage(plan, workdir=workdir, home=folders.home, endpoint=endpoint)
             env = harness_environment(launch.env, place.user_env(plan), endpoint, str(folders.home))
             (folders.artifacts / "harness.json").write_text(
                 json.dumps({"argv": launch.argv, "env_keys": sorted(env), "files": sorted(launch.files)}, indent=1))
@@ -247,7 +262,9 @@ def run(plan: SessionPlan, place: Place) -> SessionRun:
     patch = ""
     if workspace is not None:
         with _timed(timings, "collect"):
-            patch = collect_stage(workspace, folders.artifacts, result)
+            elsewhere = getattr(place, "workspace_diff", None)
+            patch = collect_stage(workspace, folders.artifacts, result,
+                                  (lambda: elsewhere(plan, folders)) if elsewhere is not None else None)
 
     done = _judge_here(plan, result, workspace, patch, folders) if place.judges else SessionRun(result=result)
     if done.result.status != "completed":

@@ -161,6 +161,19 @@ def workspace_patch(workdir: Path, base_commit: str) -> str:
         index.unlink(missing_ok=True)
 
 
+def tree_patch(before: Path, after: Path, git_dir: Path) -> str:
+    """What changed from folder `before` to folder `after` (neither a repository of ours: a `.git` inside either is
+    never read or diffed), as a binary git patch with paths relative to the folders; `git_dir` is made for it."""
+    env = {"GIT_DIR": str(git_dir)}
+    git(before, "init", "-q", "-b", "main", env=env)
+    (git_dir / "info").mkdir(parents=True, exist_ok=True)
+    (git_dir / "info" / "exclude").write_text("\n".join(UNTRACKED_CACHES) + "\n")
+    git(before, "add", "-A", env={**env, "GIT_WORK_TREE": str(before)})
+    git(before, "commit", "-q", "--allow-empty", "-m", "before", env={**env, "GIT_WORK_TREE": str(before)})
+    git(after, "add", "-A", env={**env, "GIT_WORK_TREE": str(after)})
+    return git(after, "diff", "--cached", "--binary", "HEAD", env={**env, "GIT_WORK_TREE": str(after)})
+
+
 def fresh_copy(workspace: Workspace, dest: Path) -> Path:
     if dest.exists():
         shutil.rmtree(dest)

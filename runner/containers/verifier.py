@@ -67,10 +67,10 @@ from tracefleet.harbor.folders import HarborTask
 
 from tracefleet.runner.containers.images import repository_name
 from tracefleet.runner.containers.runtime import ContainerRuntime, last_line
+from tracefleet.runner.sandbox import HARDENED_PYTHON_ENV
 
 SNAPSHOT_REPOSITORY = "localhost/tracefleet-verify"
-# Python must not import from the working directory (or the user site) the agent could write.
-HARDENED_ENV = {"PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+HARDENED_ENV = HARDENED_PYTHON_ENV
 PODMAN_FAILED = 125  # `podman run`'s own failure (image missing, bad mount), not test.sh's
 OUTPUT_TAIL = 4000
 

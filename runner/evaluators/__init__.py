@@ -2,13 +2,15 @@
 
 `get_evaluator(spec)` returns one of: `command` (exit code or JSON reward), `tests` (SWE-bench style
 FAIL_TO_PASS / PASS_TO_PASS on a fresh patched copy), `python` (your function), `none` (reward 0,
-status skipped: for pure data generation).
+status skipped: for pure data generation), `harbor` (Harbor's verifier on a session that ran in its task's
+container: tracefleet.runner.evaluators.harbor).
 """
 
 from __future__ import annotations
 
 from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, Evaluator, EvaluatorSpec
 from tracefleet.runner.evaluators.command import CommandEvaluator
+from tracefleet.runner.evaluators.harbor import HarborEvaluator
 from tracefleet.runner.evaluators.hook import PythonHookEvaluator
 from tracefleet.runner.evaluators.tests import TestsEvaluator
 
@@ -22,7 +24,8 @@ class NoEvaluator:
 
 
 def get_evaluator(spec: EvaluatorSpec) -> Evaluator:
-    kinds = {"command": CommandEvaluator, "tests": TestsEvaluator, "python": PythonHookEvaluator, "none": NoEvaluator}
+    kinds = {"command": CommandEvaluator, "tests": TestsEvaluator, "python": PythonHookEvaluator, "harbor": HarborEvaluator,
+             "none": NoEvaluator}
     return kinds[spec.type](spec)
 
 

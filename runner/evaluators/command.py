@@ -2,6 +2,10 @@
 
 The last non-empty stdout line, if it is a JSON object with a numeric `reward`, gives the reward
 (other keys land in details). Otherwise exit code 0 is reward 1 and anything else reward 0.
+
+The command runs hardened (tracefleet.runner.evaluators.common.JudgeFolder): its Python does not import from the
+workspace first (a `pytest.py` left there is not the pytest a `python -m pytest` runs), and every pytest it runs
+reads no conftest.py or pytest.ini of the workspace.
 """
 
 from __future__ import annotations
@@ -9,7 +13,15 @@ from __future__ import annotations
 import json
 
 from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, EvaluatorSpec, tail
-from tracefleet.runner.evaluators.common import argv_of, finite_reward, patched_copy, process_failure, run_judged, timed
+from tracefleet.runner.evaluators.common import (
+    JudgeFolder,
+    argv_of,
+    finite_reward,
+    patched_copy,
+    process_failure,
+    run_judged,
+    timed,
+)
 
 
 def reward_line(stdout: str) -> dict | None:
@@ -36,7 +48,11 @@ class CommandEvaluator:
     @timed
     def evaluate(self, ctx: EvalContext) -> EvalOutcome:
         cwd = ctx.workspace.workdir if self.spec.live_workspace else patched_copy(ctx)
-        result = run_judged(ctx, self.spec, argv_of(self.spec.command), cwd, "command")  # type: ignore[arg-type]
+        judge = JudgeFolder.make(cwd)
+        try:
+            result = run_judged(ctx, self.spec, argv_of(self.spec.command), cwd, "command", judge=judge)  # type: ignore[arg-type]
+        finally:
+            judge.remove()
         failure = process_failure(result, "evaluator command")
         if failure:
             failure.details["stderr_tail"] = tail(result.stderr_path)

@@ -1,15 +1,33 @@
-"""Helpers shared by evaluators: a fresh patched copy, and running a judged process."""
+"""Helpers shared by evaluators: a fresh patched copy, running a judged process, and the judge's hardening.
+
+The hardening (`JudgeFolder`, used by the `tests` and `command` presets): what the agent left in the workspace must
+not stand in for the test runner or its verdict.
+  - PYTHONSAFEPATH=1: `python -m pytest` (or any script) does not put the working directory first on sys.path, so a
+    `pytest.py` (or any module named like one the runner imports) in the workspace is never imported in its place;
+    PYTHONNOUSERSITE=1: no user site-packages; PYTHONDONTWRITEBYTECODE=1: no .pyc left in the workspace.
+  - PYTEST_ADDOPTS (every pytest the judge runs, its own command or the user's): `-c` a configuration written here,
+    outside the workspace (so no pytest.ini / tox.ini / setup.cfg / pyproject.toml of the workspace is read, and
+    its `pythonpath` puts the workspace on sys.path after pytest itself was imported, as the working directory
+    was before), `--rootdir` the workspace (test ids stay as the task names them), `--noconftest` (no conftest.py
+    of the workspace is loaded: a task whose tests need theirs gives its own test command), `-p no:cacheprovider`,
+    and `--junitxml` a report in this folder, outside the workspace, that the `tests` preset reads its verdict from
+    (never from lines the tests print).
+The folder is a fresh temporary directory made when judging starts (after the agent's processes were killed).
+"""
 
 from __future__ import annotations
 
 import math
 import shlex
+import shutil
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tracefleet.contract.layout import PATCH
 from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, EvaluatorSpec
-from tracefleet.runner.sandbox import ProcessResult, run_sandboxed
+from tracefleet.runner.sandbox import HARDENED_PYTHON_ENV, ProcessResult, run_sandboxed
 from tracefleet.runner.workspace import WorkspaceError, apply_patch, fresh_copy, restore_paths
 from tracefleet.contract import environment
 
@@ -45,15 +63,52 @@ def argv_of(command: str | list[str]) -> list[str]:
     return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
 
 
+PYTEST_ADDOPTS = "PYTEST_ADDOPTS"
+JUNIT_REPORT = "report.xml"
+
+
+@dataclass
+class JudgeFolder:
+    """A fresh folder outside the workspace: the pytest configuration the judge runs with and the report it reads."""
+
+    path: Path
+    workspace: Path
+
+    @classmethod
+    def make(cls, workspace: Path) -> JudgeFolder:
+        folder = cls(Path(tempfile.mkdtemp(prefix="tracefleet-judge-")), workspace)
+        folder.config.write_text(f"[pytest]\npythonpath = {workspace}\n")
+        return folder
+
+    @property
+    def config(self) -> Path:
+        return self.path / "pytest.ini"
+
+    def report(self, label: str) -> Path:
+        return self.path / f"{label}.{JUNIT_REPORT}"
+
+    def env(self, label: str) -> dict[str, str]:
+        self.report(label).unlink(missing_ok=True)
+        opts = ["-p", "no:cacheprovider", "--noconftest", "-c", str(self.config), "--rootdir", str(self.workspace),
+                f"--junitxml={self.report(label)}"]
+        return {**HARDENED_PYTHON_ENV, PYTEST_ADDOPTS: shlex.join(opts)}
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
 def run_judged(
-    ctx: EvalContext, spec: EvaluatorSpec, argv: list[str], cwd: Path, label: str, timeout_s: float | None = None
+    ctx: EvalContext, spec: EvaluatorSpec, argv: list[str], cwd: Path, label: str, timeout_s: float | None = None,
+    judge: JudgeFolder | None = None,
 ) -> ProcessResult:
+    """The judged process in `cwd`; with `judge`, hardened (see the module's docstring)."""
     logs = ctx.session_dir / "eval-logs"
+    hardened = judge.env(label) if judge is not None else {}
     return run_sandboxed(
         argv,
         cwd=cwd,
         home=ctx.session_dir / "eval-home",
-        env=eval_env(ctx, spec, cwd),
+        env={**hardened, **eval_env(ctx, spec, cwd)},
         timeout_s=timeout_s if timeout_s is not None else spec.timeout_s,
         stdout_path=logs / f"{label}.stdout",
         stderr_path=logs / f"{label}.stderr",
@@ -97,4 +152,4 @@ def timed(fn):  # type: ignore[no-untyped-def]
     return wrapper
 
 
-__all__ = ["patched_copy", "run_judged", "process_failure", "finite_reward", "timed", "argv_of", "shlex"]
+__all__ = ["JudgeFolder", "patched_copy", "run_judged", "process_failure", "finite_reward", "timed", "argv_of", "shlex"]

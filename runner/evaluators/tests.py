@@ -3,35 +3,48 @@ workspace, restore protected files (the tests themselves), run the test command,
 only when every FAIL_TO_PASS and every PASS_TO_PASS test passed.
 
 The test command is a template: `{tests}` becomes the shell-quoted test names, `{python}` the
-runner's interpreter. Default: pytest with `-rA`, whose summary lines (`PASSED id`, `FAILED id`,
-`ERROR id`) say which tests passed. With `per_test: true` the command runs once per test (`{test}`)
-and the exit code decides: that works for any test runner.
+runner's interpreter. Default: pytest. Which tests passed is read from the JUnit XML report pytest writes
+to the judge's folder outside the workspace (tracefleet.runner.evaluators.common.JudgeFolder: every pytest the
+judge runs writes it, also one in a command of the task's), never from lines the tests print: a `pytest.py`
+in the workspace is not imported (PYTHONSAFEPATH), a conftest.py or pytest.ini there is not read, and
+text that code prints cannot forge the report. A command that writes no report is fail-closed when tests are
+named. With `per_test: true` the command runs once per test (`{test}`) and the exit code decides: that works
+for any test runner.
 """
 
 from __future__ import annotations
 
-import re
 import shlex
 import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
 
 from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, EvaluatorSpec, tail
-from tracefleet.runner.evaluators.common import argv_of, patched_copy, process_failure, run_judged, timed
+from tracefleet.runner.evaluators.common import JudgeFolder, argv_of, patched_copy, process_failure, run_judged, timed
 
-DEFAULT_TEST_COMMAND = ["{python}", "-m", "pytest", "-rA", "-p", "no:cacheprovider", "-o", "addopts=", "{tests}"]
-SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL|SKIPPED)\s+(\S+)")
+DEFAULT_TEST_COMMAND = ["{python}", "-m", "pytest", "-rA", "{tests}"]
+_BAD = {"failure": "FAILED", "error": "ERROR", "skipped": "SKIPPED"}
 
 
-def pytest_results(output: str) -> dict[str, str]:
-    """Test id -> PASSED/FAILED/ERROR/... from pytest's -rA short summary."""
+def junit_key(test_id: str) -> str:
+    """A pytest node id (`tests/test_a.py::TestB::test_c[1]`) as its JUnit report names it (classname + name:
+    `tests.test_a.TestB::test_c[1]`)."""
+    path, _, rest = test_id.partition("::")
+    parts = rest.split("::") if rest else []
+    module = path.removesuffix(".py").replace("/", ".")
+    classname = ".".join([module, *parts[:-1]])
+    return f"{classname}::{parts[-1]}" if parts else classname
+
+
+def junit_results(report: Path) -> dict[str, str]:
+    """junit_key -> PASSED/FAILED/ERROR/SKIPPED from pytest's JUnit XML report. A test that passed its call but
+    errored in teardown is reported twice: the worse state wins."""
     results: dict[str, str] = {}
-    for line in output.splitlines():
-        match = SUMMARY.match(line.strip())
-        if match:
-            state, name = match.groups()
-            # An id that both passed (call) and errored (teardown) did not pass.
-            if results.get(name) in ("FAILED", "ERROR"):
-                continue
-            results[name] = state
+    for case in ET.parse(report).getroot().iter("testcase"):
+        state = next((_BAD[child.tag] for child in case if child.tag in _BAD), "PASSED")
+        key = f"{case.get('classname', '')}::{case.get('name', '')}"
+        if results.get(key) not in ("FAILED", "ERROR"):
+            results[key] = state
     return results
 
 
@@ -67,29 +80,45 @@ class TestsEvaluator:
     @timed
     def evaluate(self, ctx: EvalContext) -> EvalOutcome:
         cwd = patched_copy(ctx)
+        judge = JudgeFolder.make(cwd)
+        try:
+            return self._judge(ctx, cwd, judge)
+        finally:
+            judge.remove()
+
+    def _judge(self, ctx: EvalContext, cwd: Path, judge: JudgeFolder) -> EvalOutcome:
         wanted = list(dict.fromkeys([*ctx.task.fail_to_pass, *ctx.task.pass_to_pass]))
         template = self._command(ctx)
         if self.per_test and wanted:
             passed: dict[str, bool] = {}
             for i, name in enumerate(wanted):
-                result = run_judged(ctx, self.spec, expand_command(template, [name], name), cwd, f"test-{i}")
+                result = run_judged(ctx, self.spec, expand_command(template, [name], name), cwd, f"test-{i}",
+                                    judge=judge)
                 failure = process_failure(result, f"test {name}")
                 if failure:
                     return failure
                 passed[name] = result.exit_code == 0
         else:
-            result = run_judged(ctx, self.spec, expand_command(template, wanted, None), cwd, "tests")
+            result = run_judged(ctx, self.spec, expand_command(template, wanted, None), cwd, "tests", judge=judge)
             failure = process_failure(result, "test command")
             if failure:
                 failure.details["output_tail"] = tail(result.stdout_path)
                 return failure
-            output = result.stdout_path.read_text(errors="replace") if result.stdout_path else ""
             if not wanted:
                 return EvalOutcome(
                     reward=1.0 if result.exit_code == 0 else 0.0,
                     details={"exit_code": result.exit_code, "output_tail": tail(result.stdout_path, 1000)},
                 )
-            states = pytest_results(output)
+            report = judge.report("tests")
+            if not report.is_file():
+                # pytest exits without a report only when it did not run (a program of the workspace exited for it,
+                # or the command is no pytest): nothing says which tests passed
+                return EvalOutcome(
+                    status="error",
+                    message=f"test command exited {result.exit_code} without a test report (JUnit XML)",
+                    details={"output_tail": tail(result.stdout_path)},
+                )
+            states = junit_results(report)
             if not states and result.exit_code not in (0, 1):
                 # pytest exit codes 2-5: interrupted, internal error, usage error, nothing collected.
                 return EvalOutcome(
@@ -97,7 +126,7 @@ class TestsEvaluator:
                     message=f"test command exited {result.exit_code} without test results",
                     details={"output_tail": tail(result.stdout_path)},
                 )
-            passed = {name: states.get(name) in ("PASSED", "XPASS") for name in wanted}
+            passed = {name: states.get(junit_key(name)) == "PASSED" for name in wanted}
         f2p = {n: passed[n] for n in ctx.task.fail_to_pass}
         p2p = {n: passed[n] for n in ctx.task.pass_to_pass}
         ok = all(f2p.values()) and all(p2p.values())

@@ -216,3 +216,40 @@ def test_workspace_from_a_git_repo_at_a_ref_and_from_an_archive(tmp_path: Path) 
         tf.add(QUICKSTART / "tasks" / "calc", arcname="calc")
     ws = prepare_workspace(Task(id="a", prompt="p", archive=str(archive)), tmp_path / "b")
     assert (ws.workdir / "calc.py").exists() and (ws.workdir / ".git").is_dir()
+
+
+# What an agent can leave in its workspace to pass the tests without fixing anything (issue 20). Each earns nothing:
+# the judge's Python does not import the workspace first, pytest reads no conftest.py / pytest.ini of it, and the
+# verdict is the JUnit report written outside the workspace, not the lines printed.
+PLANTS = {
+    # a two-line pytest.py: `python -m pytest` from the workspace would run it, printing the summary lines wanted
+    "shadowing-pytest": {"pytest.py": "print('PASSED test_calc.py::test_add')\nprint('PASSED test_calc.py::test_mul')\n"},
+    # a conftest.py that turns every failure into a pass
+    "conftest": {"conftest.py": textwrap.dedent("""\
+        import pytest
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_makereport(item, call):
+            outcome = yield
+            report = outcome.get_result()
+            report.outcome = "passed"
+        """)},
+    # a pytest.ini whose options deselect the failing test and print a forged pass
+    "pytest-ini": {"pytest.ini": "[pytest]\naddopts = -p no:cacheprovider --deselect test_calc.py::test_add -k mul\n"},
+}
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+@pytest.mark.parametrize("preset", ["tests", "command"])
+def test_what_the_agent_leaves_in_the_workspace_earns_nothing(plant: str, preset: str, tmp_path: Path) -> None:
+    def leave(w: Path) -> None:
+        for rel, text in PLANTS[plant].items():
+            (w / rel).write_text(text)
+
+    spec = EvaluatorSpec(type="tests") if preset == "tests" else EvaluatorSpec(
+        type="command", command=["python", "-m", "pytest", "-q", "test_calc.py"])
+    outcome = get_evaluator(spec).evaluate(session_with(tmp_path, leave))
+    assert outcome.reward == 0.0, outcome
+    if preset == "tests":  # judged, from the report: the real test_add failed, test_mul passed
+        assert outcome.status == "ok" and outcome.details["fail_to_pass"] == {"test_calc.py::test_add": False}, outcome
+        assert outcome.details["pass_to_pass"] == {"test_calc.py::test_mul": True}

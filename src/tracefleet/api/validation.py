@@ -142,9 +142,11 @@ def validate_update(old: RolloutJob, new: RolloutJob) -> list[Problem]:
     return problems
 
 
-def local_problems(job: RolloutJob, base_dir: Path) -> list[Problem]:
+def local_problems(job: RolloutJob, base_dir: Path, task_folders: bool = True) -> list[Problem]:
     """What only the machine that runs the job can check: task sources given as local paths (relative
-    to the manifest's directory, as `tracefleet run` reads them) exist. Remote ones are left to the run."""
+    to the manifest's directory, as `tracefleet run` reads them) exist. Remote ones are left to the run.
+    `task_folders=False` (what `tracefleet run` checks): a Harbor source must open and hold task folders, but a
+    folder with problems is no problem of the job (the run refuses that task alone, fail-closed)."""
     from tracefleet.contract.job import is_remote
 
     def missing(value: str | None) -> str | None:
@@ -161,13 +163,25 @@ def local_problems(job: RolloutJob, base_dir: Path) -> list[Problem]:
     if tasks.uri and (message := missing(tasks.uri)):
         problems.append(Problem("spec.tasks.uri", message))
     if tasks.harbor and not is_remote(tasks.harbor.uri):
-        _, found = check_harbor_source(tasks.harbor.uri, base_dir, tasks.harbor.include)
-        problems += [Problem("spec.tasks.harbor.uri", str(p)) for p in found]
+        count, found = check_harbor_source(tasks.harbor.uri, base_dir, tasks.harbor.include)
+        if task_folders or not count and not _some_folder(tasks.harbor.uri, base_dir, tasks.harbor.include):
+            problems += [Problem("spec.tasks.harbor.uri", str(p)) for p in found]
     for i, task in enumerate(tasks.inline or ()):
         for key in ("repo", "archive"):
             if task.workspace is not None and (message := missing(getattr(task.workspace, key))):
                 problems.append(Problem(f"spec.tasks.inline[{i}].workspace.{key}", message))
     return problems
+
+
+def _some_folder(uri: str, base_dir: Path, include: list[str] | None) -> bool:
+    """Whether a local Harbor source opens and holds a task folder (fine or not)."""
+    from tracefleet.harbor.folders import task_folders
+
+    with tempfile.TemporaryDirectory(prefix="tracefleet-validate-") as tmp:
+        try:
+            return bool(task_folders(open_source(uri, Path(tmp), base_dir), include))
+        except TaskSourceError:
+            return False
 
 
 def check_harbor_source(uri: str, base_dir: Path, include: list[str] | None = None) -> tuple[int, list[TaskProblem]]:
@@ -182,7 +196,7 @@ def check_harbor_source(uri: str, base_dir: Path, include: list[str] | None = No
         return len(tasks), problems
 
 
-def validate_text(text: str, base_dir: Path | None = None) -> list[tuple[int, list[Problem]]]:
+def validate_text(text: str, base_dir: Path | None = None, task_folders: bool = True) -> list[tuple[int, list[Problem]]]:
     """(document index, problems) for every YAML document in `text`; a YAML syntax error is one problem.
     With `base_dir` (the manifest's directory) local task paths are checked too (`local_problems`)."""
     try:
@@ -198,18 +212,18 @@ def validate_text(text: str, base_dir: Path | None = None) -> list[tuple[int, li
     for i, doc in enumerate(docs):
         problems = validate_manifest(doc)
         if not problems and base_dir is not None:
-            problems = local_problems(RolloutJob.model_validate(doc), base_dir)
+            problems = local_problems(RolloutJob.model_validate(doc), base_dir, task_folders)
         results.append((i, problems))
     return results
 
 
-def validate_file(path: str | Path) -> list[tuple[int, list[Problem]]]:
-    """Problems of every RolloutJob in a file, local task paths included (see `validate_text`)."""
+def validate_file(path: str | Path, task_folders: bool = True) -> list[tuple[int, list[Problem]]]:
+    """Problems of every RolloutJob in a file, local task paths included (see `validate_text`, `local_problems`)."""
     try:
         text = Path(path).read_text()
     except UnicodeDecodeError:
         return [(0, [Problem("", "not a text file (a RolloutJob manifest is YAML)")])]
-    return validate_text(text, base_dir=Path(path).resolve().parent)
+    return validate_text(text, base_dir=Path(path).resolve().parent, task_folders=task_folders)
 
 
 def document_name(name: str, index: int, count: int) -> str:

@@ -52,7 +52,8 @@ REWARD_JSON = "reward.json"
 # `min_reward` given as a number gates on this key). reward.txt's one number is this metric too.
 TRAINING_REWARD_KEY = "reward"
 
-# Both drivers refuse a job with Harbor tasks in these words until sessions run in their task's image.
+# The Kubernetes driver refuses a job with Harbor tasks in these words until its sessions run in their task's image
+# (`tracefleet run` runs them: tracefleet.runner.containers.place).
 HARBOR_NOT_YET = ("spec.tasks.harbor: Harbor task folders do not run in a job yet (sessions in their task's own image "
                   "come next); `tracefleet validate` checks them and `tracefleet tasks build` builds their images")
 
@@ -228,3 +229,22 @@ class HarborVerdict(BaseModel):
     @property
     def failed_closed(self) -> bool:
         return self.status != "ok"
+
+
+# ------------------------------------------------------------------ a Harbor task in a session plan
+
+
+class HarborTaskRun(BaseModel):
+    """How a session of a Harbor task runs (SessionPlan.task.harbor): the task folder (its tests/ and task.toml, read
+    again by the verifier), the image its sessions run in and the working directory there. `refusal` (one line) when
+    the task cannot run here (a folder with problems, an image that did not build, no container runtime): its
+    sessions then fail at `prepare` with it, fail-closed rows of the batch, and the job goes on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    folder: str
+    image: str | None = None
+    workdir: str | None = Field(default=None, description="task.toml's [environment].workdir, else the image's WORKDIR.")
+    refusal: str | None = None
+    agent_timeout_s: float | None = Field(default=None, description="[agent].timeout_sec: the harness's time limit "
+                                                                     "when shorter than the job's.")

@@ -42,7 +42,7 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 RECENT_BATCHES_MAX = 10
 
 HARNESS_PRESETS = ("codex", "claude-code", "qwen-code", "pi", "gemini-cli", "opencode", "command")
-EVALUATOR_PRESETS = ("command", "tests", "hook")
+EVALUATOR_PRESETS = ("command", "tests", "hook", "harbor")
 
 # Kubernetes resource quantity (`500m`, `4Gi`, `1`): the apiserver's int-or-string with its pattern.
 QUANTITY_RE = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
@@ -467,7 +467,9 @@ class Evaluator(WireModel):
     preset: Literal[EVALUATOR_PRESETS] | None = Field(  # type: ignore[valid-type]
         default=None,
         description="tests: apply the patch to a fresh workspace and run the task's testCommand; hook: call "
-        "entryPoint; command (the default): run spec.evaluator.command (exit code or JSON reward on stdout). "
+        "entryPoint; command (the default): run spec.evaluator.command (exit code or JSON reward on stdout); "
+        "harbor (the default of a job with tasks.harbor): Harbor's verifier, the task's tests/test.sh in a fresh "
+        "container of the session's, reward from /logs/verifier/reward.txt or reward.json. "
         "Only sessions that completed are judged.",
     )
     command: Command | None = Field(default=None, description="Evaluator program (reward = exit code 0, or JSON on stdout).")

@@ -88,7 +88,7 @@ from tracefleet.contract.batch import BatchManifest
 DEFAULT_PRESET = "command"  # harness and evaluator alike: no preset means "run the command"
 
 # RolloutJob evaluator presets -> the runner's evaluator types.
-EVALUATOR_TYPES = {"tests": "tests", "hook": "python", "command": "command"}
+EVALUATOR_TYPES = {"tests": "tests", "hook": "python", "command": "command", "harbor": "harbor"}
 
 
 def harness_preset(preset: str | None) -> str:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tracefleet.contract.harbor import HarborTaskRun
 from tracefleet.contract.job import DiagnosticSpec, is_remote
 # A harness without a preset runs its `command`; HarnessConfig applies that (every session, both drivers)
 from tracefleet.contract.semantics import DEFAULT_PRESET, harness_preset
@@ -55,6 +56,7 @@ class Task(BaseModel):
     test_command: str | list[str] | None = None
     protected: list[str] = Field(default_factory=list)  # paths restored from the original before testing
     metadata: dict[str, Any] = Field(default_factory=dict)
+    harbor: HarborTaskRun | None = None  # a Harbor task folder: its sessions run in a container of its image
 
     @model_validator(mode="before")
     @classmethod
@@ -106,7 +108,7 @@ class EvaluatorSpec(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    type: Literal["command", "tests", "python", "none"] = "tests"
+    type: Literal["command", "tests", "python", "harbor", "none"] = "tests"
     command: str | list[str] | None = None  # command: shell string or argv; tests: the test command
     entrypoint: str | None = None  # python: "module:function" or an entry point name
     timeout_s: float = 300
@@ -122,6 +124,9 @@ class EvalOutcome(BaseModel):
     status: EvalStatus = "ok"
     message: str | None = None
     details: dict[str, Any] = Field(default_factory=dict)
+    # Every named metric the judging produced (Harbor's reward.json), kept also when it failed closed; the training
+    # reward is `reward` (for Harbor: reward.txt's number or reward.json's "reward" metric).
+    metrics: dict[str, float] = Field(default_factory=dict)
     duration_s: float = 0.0
 
     @property
@@ -177,6 +182,12 @@ class SessionPlan(BaseModel):
     diagnostics: list[DiagnosticSpec] | None = None
     policy_version: int | None = None  # the job's policy version (off-policy lag reference)
     attempt: int = 0  # 0, then 1.. for each retry (spec.maxRetries) of the same session
+
+    @property
+    def harness_timeout_s(self) -> float:
+        """The harness's time limit: the job's, or a Harbor task's [agent].timeout_sec when that is shorter."""
+        agent = self.task.harbor.agent_timeout_s if self.task.harbor is not None else None
+        return min(self.harness.timeout_s, agent) if agent else self.harness.timeout_s
 
     @property
     def capture_name(self) -> str:

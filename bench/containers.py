@@ -1,0 +1,138 @@
+"""A session in its task's container vs on the host, through `tracefleet run`: the same tasks, the same real harness
+(Pi) against the scripted engine (two shell rounds: `echo tracefleet > note.txt`, `ls`, then an answer).
+
+    .venv/bin/python bench/containers.py [--tasks 20] [--samples 2] [--parallelism 4]
+
+Three jobs run one after the other:
+  harbor cold   the tasks as Harbor folders (a Dockerfile FROM localhost/debian:bookworm with a RUN of its own, so each
+                image is a new build), each session in a container of its image, judged by the `harbor` preset
+                (snapshot + test.sh in a fresh container: reward 1 if /app/note.txt exists)
+  harbor warm   the same folders again under another job name: every image found by content (cache hits)
+  host          the same prompts as inline tasks, each session on the host (process group, HOME, workspace), judged
+                by the `command` preset (`test -f note.txt`)
+Prints per session (median and mean over every session, from each result.json's stage timings): the harness stage
+(the container's start, the harness, its stop), the evaluate stage (snapshot + verify vs a host command) and the
+session's total, each as container/host ratio; each job's wall time; the image build cold and the cache hit per
+task. Images the bench built are removed at the end. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH), str(BENCH.parent / "tests")]
+
+from fixtures.harbor_tasks import write_task  # noqa: E402
+from runner import start_scripted_engine  # noqa: E402  (bench/runner.py)
+from tracefleet.runner.containers.runtime import BASE_IMAGE, require_runtime  # noqa: E402
+
+PROMPT = "Write the word tracefleet to note.txt with the shell, then list the directory."
+NOTE_TEST_SH = "#!/bin/bash\nif [ -f /app/note.txt ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
+IMAGE_LINE = re.compile(r"task image (\S+): (built|cached) (\S+) \(([0-9.]+) s\)")
+
+
+def job(name: str, tasks: dict[str, Any], evaluator: dict[str, Any] | None, samples: int, parallelism: int,
+        out: Path) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "inference": {"external": {"baseUrl": "http://127.0.0.1:1"}, "capture": {"mode": "server"}},
+        "harness": {"preset": "pi", "sessionTimeoutSeconds": 300},
+        "tasks": {"samplesPerTask": samples, **tasks}, "parallelism": parallelism,
+        "output": {"uri": str(out), "tracesPerBatch": 64}}
+    if evaluator:
+        spec["evaluator"] = evaluator
+    return {"apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name}, "spec": spec}
+
+
+def run_job(body: dict[str, Any], root: Path, engine_url: str) -> tuple[float, list[dict[str, Any]], str]:
+    """(wall seconds, every session's result.json, stderr) of `tracefleet run` on body."""
+    folder = root / body["metadata"]["name"]
+    folder.mkdir()
+    (folder / "job.yaml").write_text(yaml.safe_dump(body))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "tracefleet.cli", "run", str(folder / "job.yaml"), "--work-dir",
+                           str(folder / "work"), "--engine-url", engine_url], cwd=folder, capture_output=True, text=True)
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{body['metadata']['name']} exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    results = [json.loads(p.read_text()) for p in sorted((folder / "work" / "sessions").glob("*/*/result.json"))]
+    return wall, results, done.stderr
+
+
+def stage(results: list[dict[str, Any]], name: str) -> list[float]:
+    return [r["timings"].get(name, 0.0) for r in results]
+
+
+def line(label: str, container: list[float], host: list[float]) -> str:
+    cm, hm = statistics.median(container), statistics.median(host)
+    return (f"  {label:<9} container median {cm:6.2f} s mean {statistics.mean(container):6.2f} s | host median "
+            f"{hm:6.2f} s mean {statistics.mean(host):6.2f} s | ratio (median) {cm / hm if hm else float('inf'):5.2f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tasks", type=int, default=20)
+    parser.add_argument("--samples", type=int, default=2)
+    parser.add_argument("--parallelism", type=int, default=4)
+    args = parser.parse_args()
+    runtime = require_runtime()
+    nonce = uuid.uuid4().hex[:8]
+    engine, url = start_scripted_engine()
+    images: list[str] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-containers-") as tmp:
+            root = Path(tmp)
+            ids = [f"bench-{nonce}-{i:02d}" for i in range(args.tasks)]
+            for task_id in ids:
+                write_task(root / "tasks", task_id, instruction=PROMPT + "\n",
+                           dockerfile=f"FROM {BASE_IMAGE}\nRUN echo {task_id} > /etc/bench-task\nWORKDIR /app\n",
+                           env_files={}, test_sh=NOTE_TEST_SH, test_files={}, solve_sh=None)
+            harbor = {"harbor": {"uri": str(root / "tasks")}}
+            inline = {"inline": [{"id": t, "prompt": PROMPT} for t in ids]}  # an empty workspace, as /app is
+            runs = {}
+            for name, tasks, evaluator in (
+                    ("harbor-cold", harbor, None), ("harbor-warm", harbor, None),
+                    ("host", inline, {"preset": "command", "command": ["sh", "-c", "test -f note.txt"]})):
+                runs[name] = run_job(job(f"bench-{name}", tasks, evaluator, args.samples, args.parallelism,
+                                         root / "out"), root, url)
+            builds = {name: [m.groups() for m in IMAGE_LINE.finditer(runs[name][2])] for name in ("harbor-cold", "harbor-warm")}
+            images = sorted({image for _, _, image, _ in builds["harbor-cold"]})
+    finally:
+        engine.terminate()
+        engine.wait(timeout=30)
+        if images:
+            runtime.run("rmi", "-f", *images, check=False, timeout=300)
+    n = args.tasks * args.samples
+    print(f"{args.tasks} tasks x {args.samples} samples = {n} sessions per job, parallelism {args.parallelism}, Pi, "
+          f"scripted engine")
+    for name, (wall, results, _) in runs.items():
+        statuses = sorted({(r["status"], r["reward"]) for r in results})
+        print(f"  job {name:<12} wall {wall:6.1f} s ({n / wall * 60:5.1f} sessions/min); (status, reward): {statuses}")
+    container = runs["harbor-warm"][1]
+    host = runs["host"][1]
+    print("per session, harbor warm (images cached) vs host:")
+    for label in ("harness", "evaluate", "total"):
+        print(line(label, stage(container, label), stage(host, label)))
+    for name, rows in builds.items():
+        seconds = [float(s) for *_, s in rows]
+        kinds = sorted({kind for _, kind, _, _ in rows})
+        if seconds:
+            print(f"  images {name:<12} {kinds}: {len(seconds)} tasks, median {statistics.median(seconds):.2f} s, "
+                  f"total {sum(seconds):.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

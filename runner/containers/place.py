@@ -1,0 +1,177 @@
+"""A session in a container of its task's image: the session program's place for Harbor tasks on this machine.
+
+Everything but the harness process is the host's (`HostPlace`: the in-process proxy, the session folders,
+result.json, judging); `run` starts the harness in `podman run` of the task's image (tracefleet.runner.containers.
+images), and the container is kept, stopped, until the session was judged (the Harbor verifier snapshots it), then
+removed (`finish`).
+
+What the container gets, and why:
+  - the harness CLI without being baked into the image: the host's `node` mounted read-only at
+    /opt/tracefleet/bin/node (first on PATH, so `#!/usr/bin/env node` finds it; a bookworm-based image shares its
+    libc), the harness CLIs' cache (~/.cache/tracefleet/harnesses) read-only at the same path, so the preset's argv
+    needs no rewriting; the session's HOME (the preset's config files) read-write at the same path;
+  - the working directory: task.toml's [environment].workdir, else the image's WORKDIR (HarborTaskRun.workdir), also
+    what the preset is told (Codex's `-C`). The agent's writes land there, inside the container, not on the host;
+  - the network: `--network none` (a loopback and nothing else: no route to the host, the bridge network or
+    anything beyond), and the proxy made reachable on the container's own 127.0.0.1:<proxy port> by a small
+    forwarder run by the mounted node as PID 1 (`BRIDGE_JS`; it also makes the working directory when the image
+    names one it never created, as docker does and podman does not), which connects each accepted connection to a Unix
+    socket mounted in from the host, where the runner's `UnixToTcpBridge` forwards it to the proxy. So the
+    session's proxy URL is the same inside as outside, and the proxy is the only endpoint the harness can reach.
+    (With rootful podman here, slirp4netns or the bridge network would also reach the host's other ports, and the
+    unprivileged `unshare -rn` namespace the host sandbox uses cannot be joined by a rootful container.)
+  - its environment from the session program (tracefleet.runner.environment), by an env file in the session's
+    folder (never on the command line, where the session's secret would show in `ps`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import uuid
+from pathlib import Path
+
+from tracefleet.contract.session import SessionPlan, SessionResult
+from tracefleet.runner.containers.images import repository_name
+from tracefleet.runner.containers.runtime import ContainerRuntime
+from tracefleet.runner.proxy_admin import ProxyAdmin
+from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, base_env, run_sandboxed
+from tracefleet.runner.session import HostPlace, SessionFolders
+from tracefleet.runner.workspace import tree_patch
+
+TOOLS_DIR = "/opt/tracefleet"  # inside the container: node, the forwarder, the proxy's socket
+NODE_IN_CONTAINER = f"{TOOLS_DIR}/bin/node"
+BRIDGE_IN_CONTAINER = f"{TOOLS_DIR}/bridge.js"
+SOCKET_IN_CONTAINER = f"{TOOLS_DIR}/proxy.sock"
+CONTAINER_PATH = f"{TOOLS_DIR}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CONTAINER_RECORD = "container.json"  # in the session's artifacts: which container the session ran in
+CONTAINER_PREFIX = "tracefleet-session-"
+STOP_TIMEOUT_S = 60
+
+BRIDGE_JS = r"""'use strict';
+// tracefleet: inside the session's container (loopback only), 127.0.0.1:PORT forwards to the Unix socket the
+// runner serves (its bridge to the proxy); then the harness runs in WORKDIR (made when the image has none yet, as
+// docker does), and this exits with the harness's status.
+const fs = require('fs');
+const net = require('net');
+const os = require('os');
+const { spawn } = require('child_process');
+const [port, socketPath, workdir, ...argv] = process.argv.slice(2);
+fs.mkdirSync(workdir, { recursive: true });
+process.chdir(workdir);
+const server = net.createServer((client) => {
+  const upstream = net.createConnection(socketPath);
+  client.pipe(upstream).pipe(client);
+  const end = () => { client.destroy(); upstream.destroy(); };
+  for (const s of [client, upstream]) { s.on('error', end); s.on('close', end); }
+});
+server.on('error', (err) => { console.error(`tracefleet bridge: ${err.message}`); process.exit(125); });
+server.listen(Number(port), '127.0.0.1', () => {
+  const child = spawn(argv[0], argv.slice(1), { stdio: 'inherit' });
+  for (const sig of ['SIGTERM', 'SIGINT']) process.on(sig, () => child.kill(sig));
+  child.on('error', (err) => { console.error(`tracefleet: cannot start ${argv[0]}: ${err.message}`); process.exit(127); });
+  child.on('exit', (code, sig) => process.exit(code === null ? 128 + (os.constants.signals[sig] || 0) : code));
+});
+"""
+
+
+def container_of(session_dir: Path) -> dict[str, str] | None:
+    """The container a session ran in ({"name", "image", "workdir"}), as its place recorded it, or None."""
+    record = Path(session_dir) / CONTAINER_RECORD
+    return json.loads(record.read_text()) if record.is_file() else None
+
+
+def image_workdir(runtime: ContainerRuntime, image: str) -> str:
+    """The image's WORKDIR ("/" when it sets none), where Harbor runs the agent and test.sh by default."""
+    return runtime.run("image", "inspect", "--format", "{{.Config.WorkingDir}}", image, timeout=60).stdout.strip() or "/"
+
+
+class ContainerPlace(HostPlace):
+    """HostPlace, with the harness in a container of the task's image (see the module's docstring). `socket`: the
+    host's Unix socket forwarding to the proxy (a `UnixToTcpBridge` the caller runs); `tools`: a folder this place
+    may write its forwarder to."""
+
+    def __init__(self, *, runtime: ContainerRuntime, admin: ProxyAdmin, proxy_url: str, session_root: Path,
+                 socket: Path, tools: Path, stop: threading.Event | None = None) -> None:
+        super().__init__(admin=admin, proxy_url=proxy_url, session_root=session_root, stop=stop)
+        self.runtime, self.socket = runtime, socket
+        self.port = int(self.proxy_url.rsplit(":", 1)[1].split("/")[0])
+        tools.mkdir(parents=True, exist_ok=True)
+        self.bridge_js = tools / "bridge.js"
+        self.bridge_js.write_text(BRIDGE_JS)
+        self.node = Path(shutil.which("node") or "/usr/bin/node").resolve()
+
+    def harness_workdir(self, plan: SessionPlan, workspace: Path) -> Path:
+        harbor = plan.task.harbor
+        return Path(harbor.workdir) if harbor is not None and harbor.workdir else workspace
+
+    def _mounts(self, argv: list[str], home: Path) -> list[str]:
+        from tracefleet.runner.presets.base import harness_cache_dir
+
+        mounts = [(self.node, NODE_IN_CONTAINER, "ro"), (self.bridge_js, BRIDGE_IN_CONTAINER, "ro"),
+                  (self.socket, SOCKET_IN_CONTAINER, "rw"), (home, home, "rw")]
+        cache = harness_cache_dir()
+        if cache.is_dir():
+            mounts.append((cache, cache, "ro"))
+        program = Path(argv[0])
+        if program.is_absolute() and program.exists() and not program.resolve().is_relative_to(cache.resolve()):
+            mounts.append((program, program, "ro"))  # a harness binary named outside the cache (TRACEFLEET_*_BIN)
+        return [arg for host, inside, mode in mounts for arg in ("-v", f"{host}:{inside}:{mode}")]
+
+    def run(self, plan: SessionPlan, argv: list[str], *, cwd: Path, home: Path, env: dict[str, str], timeout_s: float,
+            stdout_path: Path, stderr_path: Path) -> ProcessResult:
+        harbor = plan.task.harbor
+        assert harbor is not None and harbor.image, "ContainerPlace runs Harbor tasks with an image"
+        artifacts = stdout_path.parent
+        name = f"{CONTAINER_PREFIX}{repository_name(plan.capture_name)}-{uuid.uuid4().hex[:6]}"
+        workdir = str(self.harness_workdir(plan, cwd))
+        (artifacts / CONTAINER_RECORD).write_text(json.dumps({"name": name, "image": harbor.image, "workdir": workdir}))
+        inside = {**base_env(home, home / ".tmp"), **env, "PATH": CONTAINER_PATH, "PWD": workdir}
+        env_file = artifacts / "container.env"
+        env_file.touch(mode=0o600)
+        env_file.write_text("".join(f"{k}={v}\n" for k, v in inside.items() if "\n" not in v))
+        (home / ".tmp").mkdir(parents=True, exist_ok=True)
+        podman = self.runtime.command(
+            "run", "--name", name, "--network", "none", "--env-file", str(env_file), "--workdir", "/",
+            *self._mounts(argv, home), "--entrypoint", NODE_IN_CONTAINER, harbor.image,
+            BRIDGE_IN_CONTAINER, str(self.port), SOCKET_IN_CONTAINER, workdir, *argv)
+        proc = run_sandboxed(podman, cwd=artifacts, home=artifacts / "podman-home", timeout_s=timeout_s,
+                             stdout_path=stdout_path, stderr_path=stderr_path,
+                             options=SandboxOptions(extra_env=self.runtime.env), stop=self.stop)
+        if proc.timed_out or proc.stopped:
+            # the podman client is gone; the container may still run under conmon: stop it (kept for the verifier)
+            self.runtime.run("stop", "-t", "0", name, check=False, timeout=STOP_TIMEOUT_S)
+        return proc
+
+    def workspace_diff(self, plan: SessionPlan, folders: SessionFolders) -> str:
+        """What the session changed in the container's working directory, against the image's (both copied out with
+        `podman cp`), as the binary git patch a host session collects (session.patch: the diagnostics read it)."""
+        record = container_of(folders.artifacts)
+        if record is None:
+            return ""  # the container never started: nothing changed
+        scratch = folders.work / "container-diff"
+        shutil.rmtree(scratch, ignore_errors=True)
+        before, after = scratch / "before", scratch / "after"
+        scratch.mkdir(parents=True)
+        pristine = f"{record['name']}-base"
+        try:
+            # never started: its entrypoint only has to be named
+            self.runtime.run("create", "--name", pristine, "--entrypoint", "true", record["image"], timeout=STOP_TIMEOUT_S)
+            # an image without its working directory yet (podman makes none for WORKDIR alone): nothing before
+            if self.runtime.run("cp", f"{pristine}:{record['workdir']}/.", str(before), check=False,
+                                timeout=STOP_TIMEOUT_S).returncode != 0:
+                before.mkdir()
+        finally:
+            self.runtime.remove(pristine)
+        self.runtime.run("cp", f"{record['name']}:{record['workdir']}/.", str(after), timeout=STOP_TIMEOUT_S)
+        try:
+            return tree_patch(before, after, scratch / "git")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def finish(self, result: SessionResult, folders: SessionFolders) -> None:
+        super().finish(result, folders)
+        record = container_of(folders.artifacts)
+        if record is not None:
+            self.runtime.remove(record["name"])
