@@ -14,6 +14,11 @@ from starlette.routing import Route
 WORDS = ["Hello", " from", " the", " fake", " engine", ".", " It", " answers", " instantly", "!"]
 
 
+def logprob(token: str) -> dict:
+    """One sampled token's logprob entry, every field vLLM sends (strict clients validate them all)."""
+    return {"token": token, "logprob": -0.5, "bytes": list(token.encode()), "top_logprobs": []}
+
+
 def fake_engine_app(tokens: int = 16, model: str = "fake-model",
                     answer: list[tuple[int, str]] | None = None) -> Starlette:
     answer = answer or [(100 + i, WORDS[i % len(WORDS)]) for i in range(tokens)]
@@ -38,7 +43,7 @@ def fake_engine_app(tokens: int = 16, model: str = "fake-model",
                 "prompt_token_ids": prompt_ids,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(texts)},
                              "finish_reason": "stop", "token_ids": ids,
-                             "logprobs": {"content": [{"token": t, "logprob": -0.5} for t in texts]}}],
+                             "logprobs": {"content": [logprob(t) for t in texts]}}],
                 "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": tokens, "total_tokens": len(prompt_ids) + tokens},
             }), media_type="application/json")
 
@@ -49,7 +54,7 @@ def fake_engine_app(tokens: int = 16, model: str = "fake-model",
             for i, t in enumerate(texts):
                 yield b"data: " + orjson.dumps({**head, "choices": [
                     {"index": 0, "delta": {"content": t}, "token_ids": [ids[i]],
-                     "logprobs": {"content": [{"token": t, "logprob": -0.5}]},
+                     "logprobs": {"content": [logprob(t)]},
                      "finish_reason": "stop" if i == tokens - 1 else None}]}) + b"\n\n"
             yield b"data: " + orjson.dumps({**head, "choices": [], "usage": {
                 "prompt_tokens": len(prompt_ids), "completion_tokens": tokens,

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fake_engine import WORDS  # noqa: E402
+from fake_engine import WORDS, logprob  # noqa: E402
 from proxy import BODY  # noqa: E402  (bench/proxy.py's request)
 
 TOKENS = 16
@@ -36,7 +36,7 @@ ANSWER = {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "mod
           "prompt_token_ids": PROMPT_IDS,
           "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(TEXTS)}, "finish_reason": "stop",
                        "token_ids": list(range(100, 100 + TOKENS)),
-                       "logprobs": {"content": [{"token": t, "logprob": -0.5} for t in TEXTS]}}],
+                       "logprobs": {"content": [logprob(t) for t in TEXTS]}}],
           "usage": {"prompt_tokens": 11, "completion_tokens": TOKENS, "total_tokens": 11 + TOKENS}}
 ANSWER_BYTES = orjson.dumps(ANSWER)
 
@@ -48,7 +48,7 @@ def stream_chunks() -> list[bytes]:
                          "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})]
     for i, t in enumerate(TEXTS):
         out.append(orjson.dumps({**head, "choices": [{"index": 0, "delta": {"content": t}, "token_ids": [100 + i],
-                                                      "logprobs": {"content": [{"token": t, "logprob": -0.5}]},
+                                                      "logprobs": {"content": [logprob(t)]},
                                                       "finish_reason": "stop" if i == TOKENS - 1 else None}]}))
     out.append(orjson.dumps({**head, "choices": [], "usage": ANSWER["usage"]}))
     return out
