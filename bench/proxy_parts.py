@@ -187,6 +187,24 @@ def main() -> int:
         m.latency.labels(chat.name).observe(0.001)
 
     line = encode_record_line(head, done, None)
+    sconv = chat.parse({**body, "stream": True})
+
+    async def streamed_events() -> list[Any]:
+        st = state()
+        return [ev async for ev in engine.generate(sconv, st)]
+
+    events = loop.run_until_complete(streamed_events())
+
+    def render() -> bytes:
+        writer = chat.writer(sconv, done)
+        out = [writer.start()]
+        for kind, value in events:
+            for k, v in (value if kind == "batch" else [(kind, value)]):
+                if k == "text":
+                    out.append(writer.text(v))
+        out.append(writer.end())
+        return b"".join(out)
+
     rows += [
         ("authenticate (credential headers, session lookup)", best_us(lambda: proxy.sessions.authenticate(api_key({"headers": headers}), None), n)),
         ("request JSON parse (orjson)", best_us(lambda: orjson.loads(raw), n)),
@@ -205,6 +223,11 @@ def main() -> int:
         ("answer in the dialect (dict + orjson)", best_us(lambda: orjson.dumps(chat.response(conv, done)), n)),
         ("metrics (5 observations)", best_us(observe, n)),
     ]
+    stream_rows = [
+        (f"streamed: {len(CHUNKS)} engine chunks -> text, token ids, logprobs (incl. JSON parse)",
+         best_us(lambda: loop.run_until_complete(streamed_events()), n) - empty),
+        (f"streamed: the answer's SSE events in the dialect ({TOKENS} deltas + start + end)", best_us(render, n)),
+    ]
     print(f"# in-process, server mode, Chat Completions, {TOKENS}-token answer; CPU µs per call (best of 5 x {n}); "
           f"load average {os.getloadavg()[0]:.2f}")
     print(f"{'whole call through the ASGI app, not streamed':<80} {whole:8.1f}")
@@ -213,6 +236,8 @@ def main() -> int:
     for name, us in rows:
         print(f"{'  ' + name:<80} {us:8.1f}")
     print(f"{'  sum of the pieces':<80} {sum(us for _, us in rows):8.1f}")
+    for name, us in stream_rows:
+        print(f"{'  ' + name:<80} {us:8.1f}")
     proxy.sessions.close_all()
     return 0
 
