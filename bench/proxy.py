@@ -130,6 +130,28 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def measure(targets: dict[str, tuple[str, str]], pids: dict[str, int], conc: int, calls: int, rounds: int,
+            stream: bool) -> dict[str, tuple[float, float, float, float]]:
+    """One cell: each target driven `rounds` times, in turn (a different one first each round), so load that
+    comes and goes on a shared machine falls on all of them alike. Per target: p50 and p99 latency over every
+    round's calls, calls/s (median round) and server CPU seconds per call."""
+    lats: dict[str, list[float]] = {t: [] for t in targets}
+    rates: dict[str, list[float]] = {t: [] for t in targets}
+    cpu: dict[str, float] = {t: 0.0 for t in targets}
+    names = list(targets)
+    per_round = max(1, calls // rounds)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            base, key = targets[name]
+            c0 = cpu_s(pids[name])
+            lat, rate = asyncio.run(drive(base + "/v1/chat/completions", key, conc, per_round, stream))
+            cpu[name] += (cpu_s(pids[name]) - c0) / (per_round + min(per_round, conc * 2))
+            lats[name] += lat
+            rates[name].append(rate)
+    return {t: (pct(lats[t], 0.5), pct(lats[t], 0.99), sorted(rates[t])[len(rates[t]) // 2], cpu[t] / rounds)
+            for t in targets}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=400, help="calls per (target, concurrency, stream) cell")
@@ -140,6 +162,10 @@ def main() -> int:
     ap.add_argument("--proxy-launcher", default=None, metavar="SCRIPT",
                     help="run the proxy as `python SCRIPT proxy ...` instead of `python -m tracefleet proxy ...` "
                     "(to bench another build of it, e.g. a checkout of an older commit)")
+    ap.add_argument("--before", default=None, metavar="SCRIPT",
+                    help="also run the proxy as `python SCRIPT proxy ...` (another build, e.g. the commit before a "
+                    "change), interleaved with this one in every cell, and print both beside the floor")
+    ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds per cell (default 4)")
     ap.add_argument("--capture-dir", default=None, help="capture dir (default: a fresh dir under /dev/shm)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the servers we started
@@ -189,37 +215,49 @@ def main() -> int:
             print(f"# litellm not found at {args.litellm!r}: LiteLLM columns skipped")
 
         pids = {"direct": procs[0].pid, "proxy": procs[1].pid, "floor": procs[2].pid, "litellm": procs[-1].pid}
+        if args.before:  # the same proxy, built from another checkout (`--before`): interleaved with this one
+            bport = free_port()
+            procs.append(start([PY, args.before, "proxy", "--engine", engine, "--capture-dir", str(capture),
+                                "--admin-token", admin, "--port", str(bport), "--session", f"{sid}-before:{secret}-b"],
+                               log=tmp / "before.log"))
+            wait_http(f"http://127.0.0.1:{bport}/health")
+            targets["before"] = (f"http://127.0.0.1:{bport}", f"{secret}-b")
+            pids["before"] = procs[-1].pid
         for name, (base, key) in targets.items():  # warm-up: lazy imports, pools, caches
             for stream in (False, True):
                 asyncio.run(drive(base + "/v1/chat/completions", key, 8, 200, stream))
-        print(f"# fake engine: {args.tokens} tokens/answer, {args.calls} calls per cell; capture dir {capture}; "
-              f"one server process each; +p50/+p99 = added latency vs direct; cpu = server CPU ms per call; "
-              f"floor = bench/passthrough.py (a bare uvicorn + aiohttp relay: the hop's own cost on this machine)")
+        load0 = os.getloadavg()
+        print(f"# fake engine: {args.tokens} tokens/answer, {args.calls} calls per cell in {args.rounds} interleaved "
+              f"rounds; capture dir {capture}; one server process each; load average {load0[0]:.2f} {load0[1]:.2f} "
+              f"{load0[2]:.2f} on {os.cpu_count()} CPUs")
+        print("# +p50/+p99 = added latency vs direct; cpu = server CPU ms per call; floor = bench/passthrough.py (a bare "
+              "uvicorn + aiohttp relay: the hop's own cost on this machine)"
+              + ("; before = --before " + args.before if args.before else ""))
+        cols = [t for t in ("proxy", "before", "litellm") if t in targets]
         print(f"{'stream':>6} {'conc':>4} | {'direct p50':>10} {'calls/s':>8} | {'floor +p50':>10} {'cpu':>5} | "
-              f"{'proxy +p50':>10} {'+p99':>7} {'calls/s':>8} {'cpu':>5} | "
-              f"{'litellm +p50':>12} {'+p99':>7} {'calls/s':>8} {'cpu':>5} | "
-              f"{'calls/s ratio':>13} {'+p50 ratio':>10} {'cpu ratio':>9}")
+              + " | ".join(f"{t + ' +p50':>13} {'+p99':>7} {'calls/s':>8} {'cpu':>5}" for t in cols)
+              + " || " + " | ".join(f"{t + '/floor +p50':>18} {'cpu':>5}" for t in cols)
+              + (f" || {'proxy/litellm calls/s':>21} {'litellm/proxy +p50':>18} {'cpu':>5}" if "litellm" in targets else ""))
         for stream in (False, True):
             for conc in args.concurrency:
-                res = {}
-                for name, (base, key) in targets.items():
-                    c0 = cpu_s(pids[name])
-                    lat, rate = asyncio.run(drive(base + "/v1/chat/completions", key, conc, args.calls, stream))
-                    cpu = (cpu_s(pids[name]) - c0) / (args.calls + min(args.calls, conc * 2))
-                    res[name] = (pct(lat, 0.5), pct(lat, 0.99), rate, cpu)
-                d, f, p = res["direct"], res["floor"], res["proxy"]
+                res = measure(targets, pids, conc, args.calls, args.rounds, stream)
+                d, f = res["direct"], res["floor"]
+                added = {t: (res[t][0] - d[0], res[t][1] - d[1]) for t in res}
                 line = (f"{str(stream):>6} {conc:>4} | {d[0]*1e3:8.2f}ms {d[2]:8.0f} | "
-                        f"{(f[0]-d[0])*1e3:+8.2f}ms {f[3]*1e3:5.2f} | "
-                        f"{(p[0]-d[0])*1e3:+8.2f}ms {(p[1]-d[1])*1e3:+7.2f} {p[2]:8.0f} {p[3]*1e3:5.2f} | ")
+                        f"{added['floor'][0]*1e3:+8.2f}ms {f[3]*1e3:5.2f} | ")
+                line += " | ".join(f"{added[t][0]*1e3:+11.2f}ms {added[t][1]*1e3:+7.2f} {res[t][2]:8.0f} {res[t][3]*1e3:5.2f}"
+                                   for t in cols)
+                line += " || " + " | ".join(f"{added[t][0] / max(added['floor'][0], 1e-6):17.2f}x {res[t][3] / f[3]:4.2f}x"
+                                            for t in cols)
                 if "litellm" in res:
-                    lt = res["litellm"]
-                    ratio_lat = (lt[0] - d[0]) / max(p[0] - d[0], 1e-6)
-                    line += (f"{(lt[0]-d[0])*1e3:+10.2f}ms {(lt[1]-d[1])*1e3:+7.2f} {lt[2]:8.0f} {lt[3]*1e3:5.2f} | "
-                             f"{p[2]/lt[2]:12.1f}x {ratio_lat:9.1f}x {lt[3]/max(p[3], 1e-9):8.1f}x")
-                else:
-                    line += f"{'n/a':>12} {'':>7} {'':>8} {'':>5} | {'n/a':>13}"
+                    p, lt = res["proxy"], res["litellm"]
+                    line += (f" || {p[2] / lt[2]:20.1f}x {added['litellm'][0] / max(added['proxy'][0], 1e-6):17.1f}x "
+                             f"{lt[3] / max(p[3], 1e-9):4.1f}x")
                 print(line, flush=True)
-        print("# ratios: proxy calls/s ÷ litellm calls/s; litellm added p50 ÷ proxy added p50; litellm cpu ÷ proxy cpu")
+        load1 = os.getloadavg()
+        print(f"# load average at the end {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}; X/floor = X's added p50 (cpu per "
+              "call) over the floor's: the issue's target is <= 1.25x for the proxy"
+              + ("; litellm/proxy = LiteLLM's added p50 (cpu) over the proxy's" if "litellm" in targets else ""))
         records = sum(1 for _ in (capture / f"{sid}.jsonl").open("rb"))
         print(f"# proxy capture log: {records} records fsync'd")
     finally:

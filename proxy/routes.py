@@ -19,6 +19,7 @@ from tracefleet.proxy.errors import ProxyError
 from tracefleet.proxy.pipeline import Proxy
 
 CHAT, RESPONSES, ANTHROPIC, GOOGLE = OpenAIChat(), OpenAIResponses(), Anthropic(), Google()
+GOOGLE_MODELS = "/v1beta/models/"  # + <model>:<action>
 
 
 def dialect_for_path(path: str) -> DialectCodec:
@@ -68,8 +69,9 @@ class GoogleModelAction:
         await response(scope, receive, send)
 
 
-def add_routes(app: FastAPI, proxy: Proxy) -> None:
-    """Every route but the admin API (`proxy.admin`), generation routes first."""
+def add_routes(app: FastAPI, proxy: Proxy) -> dict[str, Any]:
+    """Every route but the admin API (`proxy.admin`), generation routes first. Returns the generation
+    endpoints by path (the Google one under its prefix), for `app.ProxyApp` to answer directly."""
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
@@ -86,10 +88,12 @@ def add_routes(app: FastAPI, proxy: Proxy) -> None:
     # handlers still apply), without the Request object and exception-wrapping layer FastAPI puts around
     # function endpoints on every model call. Registered first because the router tries routes in order.
 
-    app.add_route("/v1/chat/completions", Generate(proxy, CHAT), methods=["POST"])
-    app.add_route("/v1/responses", Generate(proxy, RESPONSES), methods=["POST"])
-    app.add_route("/v1/messages", Generate(proxy, ANTHROPIC), methods=["POST"])
-    app.add_route("/v1beta/models/{target:path}", GoogleModelAction(proxy), methods=["POST"])
+    generation: dict[str, Any] = {"/v1/chat/completions": Generate(proxy, CHAT),
+                                  "/v1/responses": Generate(proxy, RESPONSES),
+                                  "/v1/messages": Generate(proxy, ANTHROPIC),
+                                  GOOGLE_MODELS: GoogleModelAction(proxy)}
+    for path, endpoint in generation.items():
+        app.add_route(path + "{target:path}" if path == GOOGLE_MODELS else path, endpoint, methods=["POST"])
 
     # -- probes ----------------------------------------------------------------------------------
 
@@ -163,3 +167,5 @@ def add_routes(app: FastAPI, proxy: Proxy) -> None:
         except ProxyError as err:
             return proxy.error_response(ANTHROPIC, err)
         return Response(orjson.dumps({"input_tokens": n}), media_type="application/json")
+
+    return generation

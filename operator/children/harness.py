@@ -9,6 +9,7 @@ from tracefleet.contract import layout, podenv
 from tracefleet.contract.engine_limits import logprobs_mode_flags
 from tracefleet.contract.job import ModelCache, RolloutJob
 from tracefleet.contract.session import session_id as session_id_of
+from tracefleet.contract.sidecar_resources import proxy_resources
 from tracefleet.operator import names as n
 from tracefleet.operator.children.inference import engine_api_key_env, inference_service_url
 from tracefleet.operator.children.inputs import bucket_env_from, env_ref, env_vars, task_source
@@ -84,9 +85,7 @@ def harness_pod(job: RolloutJob, cfg: OperatorConfig, session: int, attempt: int
         "ports": [{"name": "proxy", "containerPort": PROXY_PORT}],
         "startupProbe": {"httpGet": {"path": "/health", "port": "proxy"}, "periodSeconds": 1, "failureThreshold": 60},
         "readinessProbe": {"httpGet": {"path": "/health", "port": "proxy"}, "periodSeconds": 5},
-        # exact mode holds the model's tokenizer (a large vocabulary is ~100-200 MiB) and the served ids
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi" if capture_mode == "server" else "256Mi"},
-                      "limits": {"memory": "512Mi" if capture_mode == "server" else "1Gi"}},
+        "resources": proxy_resources(capture_mode, job.spec.inference.capture.proxy_resources),
         "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
         "volumeMounts": [
             {"name": "capture", "mountPath": CAPTURE_DIR},

