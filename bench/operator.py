@@ -54,6 +54,16 @@ def api_calls(port: int) -> float:
     return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith("tracefleet_api_calls_total{"))
 
 
+def reconcile_seconds(port: int) -> dict[str, float]:
+    """Passes an operator ran and the seconds they took, from its /metrics."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    got = {l.split(" ")[0]: float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+           if l.startswith(("tracefleet_reconcile_seconds_sum", "tracefleet_reconcile_seconds_count"))}
+    return {"passes": got.get("tracefleet_reconcile_seconds_count", 0), "seconds": round(got.get("tracefleet_reconcile_seconds_sum", 0), 1)}
+
+
 class Driver:
     """Watches the job's harness pods (raw JSON, no client models): notes when each first appears and,
     once `complete` is set, marks Running pods Succeeded from a small pool (what a finished harness does)."""
@@ -162,7 +172,7 @@ def main() -> int:
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
             ops.append((op, mport))
-        samples = 8
+        samples = max(8, -(-args.sessions // 1000))  # spec.tasks.inline holds at most 1,000 tasks
         tasks = args.sessions // samples
         sessions = tasks * samples
         body = {
@@ -180,6 +190,8 @@ def main() -> int:
         rss_start = {i: proc_stat(op.pid)[0] for i, (op, _) in enumerate(ops)}
         cpu_start = {i: proc_stat(op.pid)[1] for i, (op, _) in enumerate(ops)}
         load_start = os.getloadavg()
+        cp_cpu_start = {c.name: proc_stat(c.process.pid)[1] for c in kube.components}
+        self_cpu_start = time.process_time()
         driver = Driver(api, n.job_selector("bench", n.COMPONENT_HARNESS))
         t_start = time.monotonic()
         custom.create_namespaced_custom_object(n.GROUP, n.VERSION, "default", n.PLURAL, body)
@@ -233,6 +245,10 @@ def main() -> int:
             "operator_rss_mib_end": {i: round(proc_stat(op.pid)[0] / 1024, 1) for i, (op, _) in enumerate(ops) if op.poll() is None},
             "operator_rss_mib_peak": {i: round(v / 1024, 1) for i, v in peak_rss.items()},
             "operator_cpu_s": {i: round(proc_stat(op.pid)[1] - cpu_start[i], 1) for i, (op, _) in enumerate(ops) if op.poll() is None},
+            # where the machine's time went during the job: CPU seconds of each process
+            "cpu_s_during_job": {**{c.name: round(proc_stat(c.process.pid)[1] - cp_cpu_start[c.name], 1) for c in kube.components},
+                                 "bench-driver": round(time.process_time() - self_cpu_start, 1)},
+            "operator_reconcile": {i: reconcile_seconds(port) for i, (op, port) in enumerate(ops) if op.poll() is None},
             "machine_cpus": os.cpu_count(), "load_avg_1m_start": round(load_start[0], 2),
             "load_avg_1m_during_max": round(max(loads), 2) if loads else None,
             "load_avg_1m_end": round(os.getloadavg()[0], 2),

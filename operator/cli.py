@@ -8,6 +8,7 @@ import contextlib
 import http.server
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -55,6 +56,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.leader_elect and not args.lease_retry < args.lease_renew_deadline < args.lease_duration:
+        print("tracefleet operator: the Lease needs --lease-retry < --lease-renew-deadline < --lease-duration", file=sys.stderr)
+        return 2
     import kopf
     from kubernetes import client, config
 

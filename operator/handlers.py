@@ -1,6 +1,7 @@
 """kopf wiring: one timer per RolloutJob runs the level-based reconcile; nothing else does work.
 
-kopf is edge-triggered and has no Lease-based leader election, so every decision is made by
+kopf is edge-triggered and has no Lease-based leader election (tracefleet.operator.leader decides which
+replica runs this at all), so every decision is made by
 `Reconciler.reconcile` from observed state, kopf's own bookkeeping lives in `tracefleet.io/*`
 annotations, the finalizer is domain-named, and status is written through `patch.status` (never via
 handler return values, which the CRD schema would prune).

@@ -107,6 +107,27 @@ class HarnessView:
     succeeded: list[int]
 
 
+def apply_event(jobs: dict[str, JobPods], pod: dict[str, Any], deleted: bool) -> None:
+    """One watch event (or listed pod) into the per-job state."""
+    key = _session(pod)
+    if key is None or (deleted and key[0] not in jobs):
+        return  # (a deleted job's pods going away do not bring its entry back)
+    jp = jobs.setdefault(key[0], JobPods())
+    name = pod["metadata"]["name"]
+    phase = (pod.get("status") or {}).get("phase")
+    jp.live.pop(name, None)
+    jp.failed.pop(name, None)
+    if phase == "Succeeded":
+        # a finished pod cannot change phase: its bit goes only when the pod itself goes
+        (jp.succeeded.discard if deleted else jp.succeeded.add)(key[1])
+    elif deleted:
+        pass
+    elif phase == "Failed":
+        jp.failed[name] = _failed(pod)
+    else:
+        jp.live[name] = _slim(pod)
+
+
 class _Namespace:
     def __init__(self, kube: Kube, ns: str) -> None:
         self.kube, self.ns = kube, ns
@@ -116,30 +137,11 @@ class _Namespace:
         self.lock = threading.Lock()
         threading.Thread(target=self._run, name=f"harness-watch-{ns}", daemon=True).start()
 
-    def _apply(self, jobs: dict[str, JobPods], pod: dict[str, Any], deleted: bool) -> None:
-        key = _session(pod)
-        if key is None or (deleted and key[0] not in jobs):
-            return  # (a deleted job's pods going away do not bring its entry back)
-        jp = jobs.setdefault(key[0], JobPods())
-        name = pod["metadata"]["name"]
-        phase = (pod.get("status") or {}).get("phase")
-        jp.live.pop(name, None)
-        jp.failed.pop(name, None)
-        if phase == "Succeeded":
-            # a finished pod cannot change phase: its bit goes only when the pod itself goes
-            (jp.succeeded.discard if deleted else jp.succeeded.add)(key[1])
-        elif deleted:
-            pass
-        elif phase == "Failed":
-            jp.failed[name] = _failed(pod)
-        else:
-            jp.live[name] = _slim(pod)
-
     def _relist(self) -> str:
         resp = self.kube.list_pods_raw(self.ns, HARNESS_SELECTOR)
         jobs: dict[str, JobPods] = {}
         for pod in resp["items"]:
-            self._apply(jobs, pod, False)
+            apply_event(jobs, pod, False)
         rv = resp["metadata"].get("resourceVersion", "")
         with self.lock:
             self.jobs, self.rv = jobs, _rv(rv)
@@ -162,7 +164,7 @@ class _Namespace:
                     if ev.get("type") == "BOOKMARK":
                         continue
                     with self.lock:
-                        self._apply(self.jobs, obj, ev.get("type") == "DELETED")
+                        apply_event(self.jobs, obj, ev.get("type") == "DELETED")
                         self.rv = _rv(rv)
             except Exception as e:  # noqa: BLE001 - any failure: relist after a pause, the reconcile waits meanwhile
                 log.warning("harness pod watch in %s failed: %s; relisting", self.ns, e)

@@ -1,8 +1,9 @@
 """One level-based reconcile of a RolloutJob: observe children, act a bounded amount, report.
 
 Driven by a kopf timer (handlers.py), never by edge events: whatever happened while the operator
-was down is simply observed on the next pass. Per pass: one pod list and one Job list by label
-selector, one Deployment get (managed inference), then at most `max_creates_per_reconcile`
+was down is simply observed on the next pass. Per pass: the harness pods from the namespace's watch
+(harness_watch; one list when there is none), one Job list by label selector, one Deployment get
+(managed inference), then at most `max_creates_per_reconcile`
 creates/deletes and a few batch-manifest reads. State lives in the cluster (children and their
 annotations) and the bucket; the in-memory caches below only save repeat calls. The policies are
 modules of their own (immutable_spec, inference_ready, session_table, sealing, ttl_after_finished);
