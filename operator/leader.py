@@ -129,7 +129,7 @@ class LeaseElector:
         self.leading.set()
 
     def keep_leading(self, on_lost: Callable[[], None]) -> threading.Thread:
-        """Renews the Lease in a thread; `on_lost()` once it could not for renew_deadline_s."""
+        """Renews the Lease in a thread; `on_lost()` once it could not for renew_deadline_s or saw another holder."""
 
         def loop() -> None:
             while not self._stop.wait(self.retry_s):
@@ -137,9 +137,11 @@ class LeaseElector:
                     self.try_acquire_or_renew()
                 except Exception as e:  # noqa: BLE001 - a failed renewal is retried until the deadline
                     log.warning("renewing the Lease failed: %s", e)
-                if time.monotonic() - self._last_renew > self.renew_deadline_s and not self._stop.is_set():
-                    log.error("lost the Lease %s/%s (not renewed for %.0f s): stopping", self.ns, self.name,
-                              self.renew_deadline_s)
+                holder = (self._observed or {}).get("holderIdentity")
+                taken = holder is not None and holder != self.identity
+                if (taken or time.monotonic() - self._last_renew > self.renew_deadline_s) and not self._stop.is_set():
+                    log.error("lost the Lease %s/%s (%s): stopping", self.ns, self.name,
+                              f"{holder} holds it" if taken else f"not renewed for {self.renew_deadline_s:g} s")
                     self.leading.clear()
                     on_lost()
                     return
