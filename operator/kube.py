@@ -150,7 +150,7 @@ class Kube:
 
     def create_many(self, manifests: list[dict[str, Any]], workers: int = CREATE_WORKERS) -> list[bool]:
         """Creates in parallel (bounded pool): at parallelism 500 one-by-one creates dominate start-up time."""
-        return [body is not None for body in self.create_pods(manifests, workers)]
+        return [body is not None for body in self.create_all(manifests, workers)]
 
     def create_object(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Create a child and return it as the API server stored it; None when it already exists."""
@@ -167,8 +167,8 @@ class Kube:
         resp = self._call("create", kind.lower(), f"{ns}/{manifest['metadata']['name']}", fn, ns, manifest, ok=(409,))
         return None if isinstance(resp, ApiException) else json.loads(resp.data)
 
-    def create_pods(self, manifests: list[dict[str, Any]], workers: int = CREATE_WORKERS) -> list[dict[str, Any] | None]:
-        """`create_object` of each, `workers` at a time (round trips overlap; the API server does the work)."""
+    def create_all(self, manifests: list[dict[str, Any]], workers: int = CREATE_WORKERS) -> list[dict[str, Any] | None]:
+        """`create_object` of each (any kind), `workers` at a time (round trips overlap; the API server does the work)."""
         if len(manifests) <= 1:
             return [self.create_object(m) for m in manifests]
         with self._pool_lock:

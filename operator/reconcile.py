@@ -251,7 +251,7 @@ class Reconciler:
         return view.pods, view.succeeded
 
     def _create_harness_pods(self, manifests: list[dict[str, Any]]) -> int:
-        created = [p for p in self.kube.create_pods(manifests) if p is not None]
+        created = [p for p in self.kube.create_all(manifests) if p is not None]
         if self.harness is not None:
             for pod in created:
                 self.harness.created(pod)
