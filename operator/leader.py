@@ -66,6 +66,7 @@ class LeaseElector:
         self._observed: Any = None  # the Lease spec last seen, and when (our clock: no skew between nodes)
         self._observed_at = 0.0
         self._last_renew = 0.0
+        self._held: dict[str, Any] | None = None  # the Lease as we last wrote it (its resourceVersion)
         self._stop = threading.Event()
         self.leading = threading.Event()
 
@@ -83,6 +84,9 @@ class LeaseElector:
             return False
 
     def _try_acquire_or_renew(self) -> bool:
+        if self._held is not None and self._renew(self._held):
+            return True  # renewed from the Lease as we last wrote it: one request, not a read and a write
+        self._held = None
         now = time.time()
         lease = self._call("get", self.api.read_namespaced_lease, self.name, self.ns)
         spec = {"holderIdentity": self.identity, "leaseDurationSeconds": int(round(self.lease_duration_s)),
@@ -107,9 +111,15 @@ class LeaseElector:
         lease["spec"] = spec
         return self._won(self._call("replace", self.api.replace_namespaced_lease, self.name, self.ns, lease))
 
+    def _renew(self, lease: dict[str, Any]) -> bool:
+        """Replace the Lease we hold with a new renewTime; False on a 409 (someone wrote it since: read it again)."""
+        lease = {**lease, "spec": {**lease["spec"], "renewTime": _micro_time()}}
+        return self._won(self._call("replace", self.api.replace_namespaced_lease, self.name, self.ns, lease))
+
     def _won(self, written: Any) -> bool:
         if written is None or isinstance(written, ApiException):
             return False  # someone else wrote it first (409) or the API server did not answer
+        self._held = written
         self._observed, self._observed_at = written["spec"], time.monotonic()
         self._last_renew = time.monotonic()
         return True
@@ -156,6 +166,7 @@ class LeaseElector:
         if not self.leading.is_set():
             return
         self.leading.clear()
+        self._held = None
         try:
             lease = self._call("get", self.api.read_namespaced_lease, self.name, self.ns)
             if isinstance(lease, dict) and (lease.get("spec") or {}).get("holderIdentity") == self.identity:

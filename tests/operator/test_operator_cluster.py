@@ -643,7 +643,7 @@ def test_two_replicas_leader_killed_mid_job(env: Env, tmp_path: Path) -> None:
         wait_for("the standby takes the Lease", lambda: lease_holder(env, "ha-test") == standby, 60, interval=0.2)
         takeover_s = time.monotonic() - killed
         print(f"takeover after SIGKILL: {takeover_s:.1f} s (lease {lease_s:g} s, retry {retry_s:g} s)")
-        assert takeover_s <= lease_s + retry_s + 5
+        assert takeover_s <= lease_s + 2 * retry_s + 5  # + the API server's and the processes' latency on a busy machine
         drive(env, ns, "ha", parallelism=3)
         st = env.status(ns, "ha")
         assert st["phase"] == "Succeeded"
