@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import http.server
 import logging
 import os
+import sys
+import threading
+from collections.abc import Iterator
 
 from tracefleet.operator.config import DEFAULT_IMAGE, OperatorConfig
+from tracefleet.operator.leader import LEASE_DURATION_S, LEASE_NAME, RENEW_DEADLINE_S, RETRY_S
 from tracefleet.contract import environment
 
 
@@ -33,15 +39,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="image of the proxy sidecar and sealer Jobs")
     parser.add_argument("--evaluator-image", default=os.environ.get(environment.EVALUATOR_IMAGE, DEFAULT_IMAGE),
                         help="evaluator image when the RolloutJob names none")
+    ha = parser.add_argument_group("high availability (tracefleet.operator.leader)")
+    ha.add_argument("--leader-elect", action="store_true",
+                    help="run as one of several replicas: only the holder of a coordination.k8s.io Lease reconciles")
+    ha.add_argument("--lease-name", default=LEASE_NAME, help=f"the Lease's name (default {LEASE_NAME})")
+    ha.add_argument("--lease-namespace", default=None,
+                    help="the Lease's namespace (default: the pod's namespace, $POD_NAMESPACE, else 'default')")
+    ha.add_argument("--lease-identity", default=None, help="this replica's name in the Lease (default: $POD_NAME, else host-pid)")
+    ha.add_argument("--lease-duration", type=float, default=LEASE_DURATION_S,
+                    help=f"seconds a standby waits, seeing the Lease unrenewed, before taking it (default {LEASE_DURATION_S:g})")
+    ha.add_argument("--lease-renew-deadline", type=float, default=RENEW_DEADLINE_S,
+                    help=f"seconds the leader may fail to renew before it stops (default {RENEW_DEADLINE_S:g})")
+    ha.add_argument("--lease-retry", type=float, default=RETRY_S,
+                    help=f"seconds between renewals and standby attempts (default {RETRY_S:g})")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.leader_elect and not args.lease_retry < args.lease_renew_deadline < args.lease_duration:
+        print("tracefleet operator: the Lease needs --lease-retry < --lease-renew-deadline < --lease-duration", file=sys.stderr)
+        return 2
     import kopf
     from kubernetes import client, config
 
     from tracefleet.operator import metrics
     from tracefleet.operator.handlers import OperatorState, build_registry
+    from tracefleet.operator.harness_watch import HarnessWatch
     from tracefleet.operator.kube import Kube
     from tracefleet.operator.reconcile import Reconciler
     from tracefleet.operator.webhook import WebhookNotifier
@@ -64,15 +87,29 @@ def main(args: argparse.Namespace) -> int:
         max_creates_per_reconcile=args.max_creates,
         retry_backoff_s=args.retry_backoff,
     )
-    state = OperatorState(reconciler=Reconciler(kube=kube, cfg=op_cfg, notifier=notifier), interval_s=args.interval)
+    state = OperatorState(reconciler=Reconciler(kube=kube, cfg=op_cfg, notifier=notifier, harness=HarnessWatch(kube)),
+                          interval_s=args.interval)
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.bind_address)
     namespaces = args.namespace or ([] if args.all_namespaces else [os.environ.get("POD_NAMESPACE") or "default"])
+    elector = None
+    if args.leader_elect:
+        from tracefleet.operator.leader import EXIT_LEASE_LOST, LeaseElector, default_identity
+
+        elector = LeaseElector(kube, args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default",
+                               args.lease_identity or default_identity(), args.lease_name, args.lease_duration,
+                               args.lease_renew_deadline, args.lease_retry)
+        with standby_liveness(args.bind_address, args.liveness_port):
+            elector.wait_until_leading()
+        # a leader that cannot renew stops at once, before a standby may take the Lease (no graceful
+        # shutdown: a pass still running must not go on creating children)
+        elector.keep_leading(lambda: os._exit(EXIT_LEASE_LOST))
     try:
         asyncio.run(
             kopf.operator(
                 registry=build_registry(state),
-                standalone=True,  # one replica (chart: replicas 1, strategy Recreate); no peering objects needed
+                # no kopf peering: with --leader-elect the Lease decides which replica runs (tracefleet.operator.leader)
+                standalone=True,
                 clusterwide=args.all_namespaces,
                 namespaces=namespaces,
                 liveness_endpoint=f"http://{args.bind_address}:{args.liveness_port}/healthz" if args.liveness_port else None,
@@ -80,4 +117,31 @@ def main(args: argparse.Namespace) -> int:
         )
     finally:
         notifier.stop()
+        if elector is not None:
+            elector.release()
     return 0
+
+
+@contextlib.contextmanager
+def standby_liveness(addr: str, port: int) -> Iterator[None]:
+    """/healthz answers 200 while the replica waits as a standby (kopf serves it once leading)."""
+    if not port:
+        yield
+        return
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200 if self.path.startswith("/healthz") else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer((addr, port), Health)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -1,6 +1,7 @@
 """kopf wiring: one timer per RolloutJob runs the level-based reconcile; nothing else does work.
 
-kopf is edge-triggered and has no Lease-based leader election, so every decision is made by
+kopf is edge-triggered and has no Lease-based leader election (tracefleet.operator.leader decides which
+replica runs this at all), so every decision is made by
 `Reconciler.reconcile` from observed state, kopf's own bookkeeping lives in `tracefleet.io/*`
 annotations, the finalizer is domain-named, and status is written through `patch.status` (never via
 handler return values, which the CRD schema would prune).
@@ -22,6 +23,7 @@ import kopf
 from tracefleet.operator import metrics
 from tracefleet.operator import names as n
 from tracefleet.operator.body import status_of
+from tracefleet.operator.events import pass_key
 from tracefleet.operator.reconcile import Reconciler, Result
 from tracefleet.operator.status import REASON_CHILD_REJECTED, WARNING, failed_status, status_patch
 
@@ -80,11 +82,16 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
         if res.annotations:
             for k, v in res.annotations.items():
                 patch.metadata.annotations[k] = v
+        # Events first, then the status kopf writes after this handler: a replica that redoes the pass after
+        # a kill in between posts them again under the same names (tracefleet.operator.events), not twice.
+        meta = body["metadata"]
+        for type_, reason, message in res.events:
+            state.reconciler.post_event(meta["namespace"], meta["name"], meta.get("uid", ""), type_, reason, message,
+                                        pass_key(meta.get("uid", ""), meta.get("resourceVersion", ""), type_, reason, message))
         if res.status is not None:
             patch.status.update(status_patch(res.status))
-        # kopf posts Events asynchronously after this handler returns and its patch is applied.
-        for type_, reason, message in res.events:
-            kopf.event(body, type=type_, reason=reason, message=message)
+        if res.status is not None or res.annotations:
+            metrics.API_CALLS.labels("patch", "rolloutjobs").inc()  # kopf sends the one patch; counted as ours
         if res.delete:
             logger.info("ttlSecondsAfterFinished elapsed: deleting %s", body["metadata"]["name"])
             state.reconciler.kube.delete_rolloutjob(body["metadata"]["namespace"], body["metadata"]["name"])
@@ -93,6 +100,8 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
     def forget(body: kopf.Body, **_: Any) -> None:
         # Children go with ownerReferences (cascading GC); only in-memory caches need dropping.
         state.reconciler.forget(body["metadata"].get("uid", ""))
+        if state.reconciler.harness is not None:
+            state.reconciler.harness.forget(body["metadata"].get("namespace", ""), body["metadata"]["name"])
         metrics.forget_job(body["metadata"].get("namespace", ""), body["metadata"]["name"])
 
     return registry

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -26,6 +28,8 @@ API_RETRY_DELAY_S = 5.0
 FORBIDDEN_RETRY_DELAY_S = 60.0
 # The object is invalid or too large: building it again from the same spec cannot succeed.
 REFUSED_STATUSES = (400, 413, 422)
+# Creates in flight at once: enough to keep the API server busy, few enough for the client's connection pool.
+CREATE_WORKERS = 16
 
 
 def _api_message(exc: ApiException) -> str:
@@ -64,6 +68,8 @@ class Kube:
         self.custom = client.CustomObjectsApi(api_client)
         self.calls = 0
         self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None  # one pool for the process: no thread start-up per pass
+        self._pool_lock = threading.Lock()
 
     def _call(self, verb: str, kind: str, what: str, fn: Any, *args: Any, ok: tuple[int, ...] = (), **kw: Any) -> Any:
         """`fn(*args)`, counted; the ApiException when its status is in `ok` (the caller's answer for it),
@@ -87,8 +93,37 @@ class Kube:
         resp = self._call(verb, kind, what, fn, *args, ok=(404,), **kw)
         return None if isinstance(resp, ApiException) else json.loads(resp.data)
 
+    def json_or_conflict(self, verb: str, kind: str, what: str, fn: Any, *args: Any, **kw: Any) -> Any:
+        """The object as JSON; None when it does not exist; the ApiException of a 409 Conflict (someone
+        else's write came first: the caller's answer, e.g. a Lease another replica took)."""
+        resp = self._call(verb, kind, what, fn, *args, ok=(404, 409), **kw)
+        if isinstance(resp, ApiException):
+            return None if resp.status == 404 else resp
+        return json.loads(resp.data)
+
     def list_pods(self, ns: str, selector: str) -> list[dict[str, Any]]:
         return self._json("list", "pods", f"{ns} {selector}", self.core.list_namespaced_pod, ns, label_selector=selector)["items"]
+
+    def list_pods_raw(self, ns: str, selector: str) -> dict[str, Any]:
+        """The whole list (its metadata.resourceVersion is where a watch starts)."""
+        return self._json("list", "pods", f"{ns} {selector}", self.core.list_namespaced_pod, ns, label_selector=selector)
+
+    def watch_pods(self, ns: str, selector: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        """The pod watch events from `resource_version` (with bookmarks) until the server ends the watch;
+        one request, however many events."""
+        resp = self._call("watch", "pods", f"{ns} {selector}", self.core.list_namespaced_pod, ns, label_selector=selector,
+                          watch=True, resource_version=resource_version, allow_watch_bookmarks=True,
+                          timeout_seconds=timeout_s, _request_timeout=(10, timeout_s + 30))
+        try:
+            buf = b""
+            for chunk in resp.stream(64 * 1024, decode_content=True):
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            resp.release_conn()
 
     def list_jobs(self, ns: str, selector: str) -> list[dict[str, Any]]:
         return self._json("list", "jobs", f"{ns} {selector}", self.batch.list_namespaced_job, ns, label_selector=selector)["items"]
@@ -111,6 +146,14 @@ class Kube:
 
     def create(self, manifest: dict[str, Any]) -> bool:
         """Create a child; False when it already exists (deterministic names make this the dedupe)."""
+        return self.create_object(manifest) is not None
+
+    def create_many(self, manifests: list[dict[str, Any]], workers: int = CREATE_WORKERS) -> list[bool]:
+        """Creates in parallel (bounded pool): at parallelism 500 one-by-one creates dominate start-up time."""
+        return [body is not None for body in self.create_all(manifests, workers)]
+
+    def create_object(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a child and return it as the API server stored it; None when it already exists."""
         kind = manifest["kind"]
         ns = manifest["metadata"]["namespace"]
         fn = {
@@ -119,18 +162,19 @@ class Kube:
             "Deployment": self.apps.create_namespaced_deployment,
             "Job": self.batch.create_namespaced_job,
             "NetworkPolicy": self.net.create_namespaced_network_policy,
+            "Event": self.core.create_namespaced_event,
         }[kind]
         resp = self._call("create", kind.lower(), f"{ns}/{manifest['metadata']['name']}", fn, ns, manifest, ok=(409,))
-        return not isinstance(resp, ApiException)
+        return None if isinstance(resp, ApiException) else json.loads(resp.data)
 
-    def create_many(self, manifests: list[dict[str, Any]], workers: int = 16) -> list[bool]:
-        """Creates in parallel (bounded pool): at parallelism 500 one-by-one creates dominate start-up time."""
+    def create_all(self, manifests: list[dict[str, Any]], workers: int = CREATE_WORKERS) -> list[dict[str, Any] | None]:
+        """`create_object` of each (any kind), `workers` at a time (round trips overlap; the API server does the work)."""
         if len(manifests) <= 1:
-            return [self.create(m) for m in manifests]
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=min(workers, len(manifests))) as pool:
-            return list(pool.map(self.create, manifests))
+            return [self.create_object(m) for m in manifests]
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="create")
+        return list(self._pool.map(self.create_object, manifests))
 
     def delete_pod(self, ns: str, name: str) -> None:
         self._call("delete", "pods", f"{ns}/{name}", self.core.delete_namespaced_pod, name, ns, grace_period_seconds=30, ok=(404,))

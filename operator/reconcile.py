@@ -1,8 +1,9 @@
 """One level-based reconcile of a RolloutJob: observe children, act a bounded amount, report.
 
 Driven by a kopf timer (handlers.py), never by edge events: whatever happened while the operator
-was down is simply observed on the next pass. Per pass: one pod list and one Job list by label
-selector, one Deployment get (managed inference), then at most `max_creates_per_reconcile`
+was down is simply observed on the next pass. Per pass: the harness pods from the namespace's watch
+(harness_watch; one list when there is none), one Job list by label selector, one Deployment get
+(managed inference), then at most `max_creates_per_reconcile`
 creates/deletes and a few batch-manifest reads. State lives in the cluster (children and their
 annotations) and the bucket; the in-memory caches below only save repeat calls. The policies are
 modules of their own (immutable_spec, inference_ready, session_table, sealing, ttl_after_finished);
@@ -38,6 +39,8 @@ from tracefleet.operator.children.network_policy import harness_network_policy
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.operator.harbor_tasks import HarborSource, HarborSourceError, HarborTaskPlan, read_source
 from tracefleet.operator.immutable_spec import check_spec
+from tracefleet.operator.events import batch_key, event_manifest
+from tracefleet.operator.harness_watch import HarnessWatch
 from tracefleet.operator.inference_ready import CREATED, EndpointProbe, deployment_condition
 from tracefleet.operator.kube import Kube
 from tracefleet.operator.sealing import batches_to_seal, observe_sealers, record_annotation, recorded_batch
@@ -95,6 +98,7 @@ class Reconciler:
     _secrets: dict[tuple[str, str], dict[str, str] | None] = field(default_factory=dict)
     _endpoints: EndpointProbe = field(default_factory=EndpointProbe)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    harness: HarnessWatch | None = None  # the harness pods by watch; None: listed on every pass
 
     # ------------------------------------------------------------------ entry
 
@@ -109,6 +113,10 @@ class Reconciler:
         finally:
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
             log.debug("reconcile took %d API calls", self.kube.calls - calls0)
+
+    def post_event(self, ns: str, job: str, uid: str, type_: str, reason: str, message: str, key: str) -> None:
+        """An Event about the job, once per `key` (tracefleet.operator.events)."""
+        self.kube.create_object(event_manifest(ns, job, uid, type_, reason, message, key))
 
     def forget(self, uid: str) -> None:
         self._ensured.pop(uid, None)
@@ -169,11 +177,11 @@ class Reconciler:
         inference, budget = self._inference(job, budget)
 
         # --- observe sessions
-        pods = self.kube.list_pods(ns, n.job_selector(job.name, n.COMPONENT_HARNESS))
+        pods, succeeded = self._harness_pods(ns, job.name)
         jobs = self.kube.list_jobs(ns, n.job_selector(job.name))
         evals = [j for j in jobs if (j["metadata"].get("labels") or {}).get(n.LABEL_COMPONENT) == n.COMPONENT_EVALUATOR]
         sealers = [j for j in jobs if (j["metadata"].get("labels") or {}).get(n.LABEL_COMPONENT) == n.COMPONENT_SEALER]
-        table = observe(total, pods, evals)
+        table = observe(total, pods, evals, succeeded)
         may_start = inference.status == "True" and not spec.suspend and not checked.refused
         p = plan(
             table,
@@ -206,7 +214,7 @@ class Reconciler:
         # --- harness pods and evaluator Jobs
         batch_pods = [harness_pod(job, self.cfg, s, a, harbor=_task_of(harbor, job, s)) for s, a in p.need_pod[: max(0, budget)]]
         budget -= len(batch_pods)
-        created_pods = sum(self.kube.create_many(batch_pods))
+        created_pods = self._create_harness_pods(batch_pods)
         metrics.CHILDREN_CREATED.labels(n.COMPONENT_HARNESS).inc(created_pods)
         if spec.evaluator is not None or harbor is not None:
             evals_new = [evaluator_job(job, self.cfg, s, harbor=_task_of(harbor, job, s)) for s in p.need_eval[: max(0, budget)]]
@@ -251,6 +259,21 @@ class Reconciler:
         return res
 
     # ------------------------------------------------------------------ pieces
+
+    def _harness_pods(self, ns: str, job: str) -> tuple[list[dict[str, Any]], list[int]]:
+        """(live and failed harness pods, succeeded sessions): from the namespace's pod watch when there is
+        one (tracefleet.operator.harness_watch), else one list."""
+        if self.harness is None:
+            return self.kube.list_pods(ns, n.job_selector(job, n.COMPONENT_HARNESS)), []
+        view = self.harness.view(ns, job)
+        return view.pods, view.succeeded
+
+    def _create_harness_pods(self, manifests: list[dict[str, Any]]) -> int:
+        created = [p for p in self.kube.create_all(manifests) if p is not None]
+        if self.harness is not None:
+            for pod in created:
+                self.harness.created(pod)
+        return len(created)
 
     def _fail_status(self, old: RolloutJobStatus, generation: int, reason: str, message: str,
                      now: datetime) -> RolloutJobStatus | None:
@@ -359,10 +382,13 @@ class Reconciler:
             if batch is None:
                 log.info("sealer Job %s completed but batch %d has no manifest yet", sealer_name, seq)
                 continue
+            # the Event before the annotation that records the batch: a replica taking over after a kill in
+            # between posts the same Event again, under the same name (tracefleet.operator.events)
+            self.post_event(namespace_of(job), job.name, self._uid(job), NORMAL, EVENT_BATCH_SEALED,
+                            f"batch {seq} sealed: {batch.traces} traces at {batch.uri}", batch_key(self._uid(job), seq))
             self.kube.annotate_job(namespace_of(job), sealer_name, record_annotation(batch))
             recorded.append(batch)
             metrics.BATCHES_SEALED.inc()
-            res.events.append((NORMAL, EVENT_BATCH_SEALED, f"batch {seq} sealed: {batch.traces} traces at {batch.uri}"))
             self._notify(job, batch, sealer_name)
         unsealed = bool(finished - seen.assigned) or len(recorded) < seen.count
         nxt = seen.next_seq

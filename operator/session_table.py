@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from tracefleet.contract.semantics import should_retry
 from tracefleet.operator import names as n
@@ -48,8 +48,11 @@ class SessionTable:
     terminating: int = 0
 
 
-def observe(total: int, pods: list[dict[str, Any]], eval_jobs: list[dict[str, Any]]) -> SessionTable:
-    t = SessionTable(total=total)
+def observe(total: int, pods: list[dict[str, Any]], eval_jobs: list[dict[str, Any]],
+            succeeded: Iterable[int] = ()) -> SessionTable:
+    """`succeeded`: sessions whose harness pod succeeded, known without the pod (the harness watch keeps
+    them as bits)."""
+    t = SessionTable(total=total, harness_ok=set(succeeded))
     for p in pods:
         labels = p["metadata"].get("labels") or {}
         try:

@@ -45,16 +45,27 @@ def test_helm_lint_is_clean() -> None:
     assert "0 chart(s) failed" in r.stdout
 
 
-def test_template_defaults_single_operator_with_recreate_and_probes() -> None:
+def test_template_defaults_two_operators_on_a_lease_with_probes() -> None:
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service"])
+    assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "Role", "RoleBinding"])
     dep = next(d for d in docs if d["kind"] == "Deployment")
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
     pod = dep["spec"]["template"]["spec"]
     (ctr,) = pod["containers"]
     assert ctr["command"] == ["tracefleet", "operator"]
     assert "--all-namespaces" in ctr["args"]
+    assert "--leader-elect" in ctr["args"] and "--lease-namespace=tf-system" in ctr["args"]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in ctr["env"]
+    # the Lease: in the release namespace, only the verbs the election uses
+    lease_role = next(d for d in docs if d["kind"] == "Role")
+    assert lease_role["metadata"]["namespace"] == "tf-system"
+    assert lease_role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
+    # one replica without the Lease: Recreate, never two at once
+    single = next(d for d in render("--set", "operator.replicas=1", "--set", "operator.leaderElection.enabled=false")
+                  if d["kind"] == "Deployment")
+    assert single["spec"]["strategy"] == {"type": "Recreate"}
+    assert "--leader-elect" not in single["spec"]["template"]["spec"]["containers"][0]["args"]
     assert ctr["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert ctr["securityContext"]["readOnlyRootFilesystem"] is True
@@ -77,14 +88,14 @@ def test_rbac_is_least_privilege() -> None:
 def test_namespaced_rbac_servicemonitor_and_schema() -> None:
     docs = render("--set", "rbac.clusterWide=false", "--set", "operator.watchNamespaces={team-a,team-b}",
                   "--set", "metrics.serviceMonitor.enabled=true")
-    roles = [d for d in docs if d["kind"] == "Role"]
+    roles = [d for d in docs if d["kind"] == "Role" and not d["metadata"]["name"].endswith("-leader-election")]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     dep = next(d for d in docs if d["kind"] == "Deployment")
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--all-namespaces" not in args
     assert any(d["kind"] == "ServiceMonitor" for d in docs)
-    # values.schema.json: more than one replica is refused (kopf has no leader election)
-    r = subprocess.run([helm(), "template", "rel", str(CHART), "--kube-version", "v1.35.4", "--set", "operator.replicas=2"],
+    # values.schema.json: a negative replica count is refused
+    r = subprocess.run([helm(), "template", "rel", str(CHART), "--kube-version", "v1.35.4", "--set", "operator.replicas=-1"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "replicas" in r.stderr
     json.loads((CHART / "values.schema.json").read_text())

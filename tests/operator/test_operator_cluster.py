@@ -74,6 +74,7 @@ class OperatorProc:
     liveness_port: int = 0
     proc: subprocess.Popen | None = None
     starts: int = 0
+    extra: tuple[str, ...] = ()  # more `tracefleet operator` flags (the Lease's)
 
     def start(self) -> None:
         self.metrics_port = free_port()
@@ -86,7 +87,7 @@ class OperatorProc:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tracefleet.operator", "--all-namespaces", "--interval", "1",
              "--retry-backoff", "1", "--metrics-port", str(self.metrics_port), "--bind-address", "127.0.0.1", "--liveness-port", str(self.liveness_port),
-             "--proxy-image", "reg.local/tracefleet:test", "--evaluator-image", "reg.local/tracefleet:test"],
+             "--proxy-image", "reg.local/tracefleet:test", "--evaluator-image", "reg.local/tracefleet:test", *self.extra],
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
 
@@ -722,6 +723,65 @@ def test_invalid_rolloutjobs_rejected_by_apiserver(env: Env, mutate: Callable, e
     with pytest.raises(ApiException) as e:
         env.custom.create_namespaced_custom_object(n.GROUP, n.VERSION, "default", n.PLURAL, body)
     assert e.value.status == 422 and expect in e.value.body
+
+
+def lease_holder(env: Env, name: str) -> str | None:
+    lease = _get(client.CoordinationV1Api(env.api).read_namespaced_lease, name, RELEASE_NS)
+    return lease.spec.holder_identity if lease else None
+
+
+def test_two_replicas_leader_killed_mid_job(env: Env, tmp_path: Path) -> None:
+    """The chart's two replicas on one Lease (short timings here): the leader is SIGKILLed mid-job, the standby
+    takes the Lease and finishes the job - no child created twice, the counters and Events as with one operator."""
+    ns = new_namespace(env, "rj-ha")
+    lease_s, retry_s = 6.0, 1.0
+    flags = ("--leader-elect", "--lease-namespace", RELEASE_NS, "--lease-name", "ha-test", "--lease-duration", str(lease_s),
+             "--lease-renew-deadline", "4.5", "--lease-retry", str(retry_s))
+    ops = {who: OperatorProc(kubeconfig=env.op.kubeconfig, log=tmp_path / f"{who}.log", extra=(*flags, "--lease-identity", who))
+           for who in ("a", "b")}
+    env.op.stop()  # the module's operator runs without the Lease: it must not reconcile beside the pair
+    LOG_TAIL[:] = [lambda: "\n".join(f"--- {w}\n{o.tail()}" for w, o in ops.items())]
+    try:
+        ops["a"].start()
+        wait_for("a holds the Lease", lambda: lease_holder(env, "ha-test") == "a", 60)
+        ops["b"].start()
+        rolloutjob(env, ns, "ha", tasks=4, samples=2, parallelism=3, per_batch=4)
+        done: list[str] = []
+
+        def outcome(p: Any) -> str:
+            done.append(p.metadata.name)
+            return "Succeeded"
+
+        drive(env, ns, "ha", parallelism=3, outcome=outcome, stop_when=lambda: len(done) >= 3)
+        leader = lease_holder(env, "ha-test")
+        standby = "b" if leader == "a" else "a"
+        killed = time.monotonic()
+        ops[leader].kill()
+        wait_for("the standby takes the Lease", lambda: lease_holder(env, "ha-test") == standby, 60, interval=0.2)
+        takeover_s = time.monotonic() - killed
+        print(f"takeover after SIGKILL: {takeover_s:.1f} s (lease {lease_s:g} s, retry {retry_s:g} s)")
+        assert takeover_s <= lease_s + 2 * retry_s + 5  # + the API server's and the processes' latency on a busy machine
+        drive(env, ns, "ha", parallelism=3)
+        st = env.status(ns, "ha")
+        assert st["phase"] == "Succeeded"
+        assert {k: st["counters"][k] for k in ("total", "succeeded", "failed", "running", "pending")} == \
+            {"total": 8, "succeeded": 8, "failed": 0, "running": 0, "pending": 0}
+        pods = env.pods(ns, "ha")
+        assert sorted(int(p.metadata.labels[n.LABEL_SESSION]) for p in pods) == list(range(8))  # each session once
+        evals = env.jobs(ns, "ha", n.COMPONENT_EVALUATOR)
+        assert sorted(int(j.metadata.labels[n.LABEL_SESSION]) for j in evals) == list(range(8))
+        sealers = env.jobs(ns, "ha", n.COMPONENT_SEALER)
+        covered = [s for j in sealers for s in n.decode_ranges(j.metadata.annotations[n.ANNOTATION_SESSIONS])]
+        assert sorted(covered) == list(range(8)) and len(sealers) == st["batchesCompleted"] == 2
+        sealed = [e for e in events(env, ns, "ha") if e.reason == "BatchSealed"]
+        assert sorted(e.message.split(":")[0] for e in sealed) == ["batch 0 sealed", "batch 1 sealed"]
+        assert all((e.count or 1) == 1 for e in sealed)
+        assert len([e for e in events(env, ns, "ha") if e.reason == "AllSessionsFinished"]) == 1
+    finally:
+        for o in ops.values():
+            o.stop()
+        env.op.start()
+        LOG_TAIL[:] = [env.op.tail]
 
 
 def _get(fn: Callable, *args: Any) -> Any:

@@ -77,3 +77,8 @@ app.kubernetes.io/component: operator
   resources: ["networkpolicies"]
   verbs: ["get", "create"]
 {{- end -}}
+
+{{/* Non-empty when the operator runs with the Lease: asked for, or implied by more than one replica. */}}
+{{- define "tracefleet.leaderElection" -}}
+{{- if or .Values.operator.leaderElection.enabled (gt (int .Values.operator.replicas) 1) -}}true{{- end -}}
+{{- end -}}
