@@ -33,7 +33,7 @@ from tracefleet.operator.children.security import container_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.operator.harbor_tasks import HarborTaskPlan
 from tracefleet.runner.containers.in_image import LAUNCHER, VERIFIER
-from tracefleet.runner.containers.verifier import HARDENED_ENV
+from tracefleet.runner.sandbox import HARDENED_PYTHON_ENV
 
 SHARED_MOUNT = {"name": ti.SHARED_VOLUME, "mountPath": ti.SHARED_DIR}
 TESTS_VOLUME = "tests"
@@ -126,7 +126,7 @@ def verifier_steps(cfg: OperatorConfig, task: HarborTaskPlan, eval_env: dict[str
         "volumeMounts": [SHARED_MOUNT],
     }
     verifier = task.config.verifier
-    env = {**task.config.environment.env, **verifier.env, **HARDENED_ENV, **_workdir_env(task),
+    env = {**task.config.environment.env, **verifier.env, **HARDENED_PYTHON_ENV, **_workdir_env(task),
            podenv.VERIFIER_TIMEOUT_S: str(task.verifier_timeout_s)}
     verify = {
         "name": "verify",

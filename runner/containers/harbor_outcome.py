@@ -4,13 +4,55 @@ evaluator Job's report step on a cluster), so the same test.sh outcome gives the
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
-from typing import Any
 
-from tracefleet.contract.harbor import HarborVerdict
+from tracefleet.contract.harbor import (CONTAINER_VERIFIER_LOGS, REWARD_JSON, REWARD_TXT, TRAINING_REWARD_KEY,
+                                         HarborVerdict)
 from tracefleet.contract.session import EvalOutcome
 from tracefleet.runner.containers.runtime import last_line
-from tracefleet.runner.containers.verifier import OUTPUT_TAIL, read_reward
+
+OUTPUT_TAIL = 4000
+
+
+def _metrics(data: object) -> dict[str, float] | None:
+    if not isinstance(data, dict) or not data:
+        return None
+    out: dict[str, float] = {}
+    for key, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        out[str(key)] = float(value)
+    return out
+
+
+def read_reward(logs: Path) -> tuple[str, float, dict[str, float], str | None, str | None]:
+    """(status, reward, metrics, reward file, reason) from the verifier's log folder on the host."""
+    json_path, txt_path = logs / REWARD_JSON, logs / REWARD_TXT
+    if json_path.is_file() and not json_path.is_symlink():
+        text = json_path.read_text(errors="replace")
+        try:
+            metrics = _metrics(json.loads(text))
+        except ValueError:
+            metrics = None
+        if metrics is None:
+            return "unreadable_reward", 0.0, {}, REWARD_JSON, \
+                f"{REWARD_JSON} is not a JSON object of finite numbers: {text.strip()[:120]!r}"
+        if TRAINING_REWARD_KEY not in metrics:
+            return "no_reward", 0.0, metrics, REWARD_JSON, \
+                f"{REWARD_JSON} has no {TRAINING_REWARD_KEY!r} metric (it has {', '.join(sorted(metrics))})"
+        return "ok", metrics[TRAINING_REWARD_KEY], metrics, REWARD_JSON, None
+    if txt_path.is_file() and not txt_path.is_symlink():
+        text = txt_path.read_text(errors="replace").strip()
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            return "unreadable_reward", 0.0, {}, REWARD_TXT, f"{REWARD_TXT} does not hold one number: {text[:120]!r}"
+        return "ok", value, {TRAINING_REWARD_KEY: value}, REWARD_TXT, None
+    return "no_reward", 0.0, {}, None, f"test.sh wrote neither {CONTAINER_VERIFIER_LOGS}/{REWARD_TXT} nor {REWARD_JSON}"
 
 
 def harbor_verdict(logs: Path, *, exit_code: int | None, output: str, timed_out: bool, timeout_s: float,
@@ -32,15 +74,14 @@ def harbor_verdict(logs: Path, *, exit_code: int | None, output: str, timed_out:
 
 
 def outcome_of(verdict: HarborVerdict) -> EvalOutcome:
-    """The runner's outcome, as the local `harbor` evaluator makes it (runner.evaluators.harbor.outcome_of_verdict
-    on the local side's branch: one of the two goes when both are merged): the training reward; fail-closed
-    statuses as `timeout` or `error`, reward 0, the verdict's reason as the message; every metric test.sh wrote
-    (EvalOutcome.metrics where the contract has it), kept also when fail-closed."""
+    """The runner's outcome (the local `harbor` evaluator's and the evaluator Job's): the training reward;
+    fail-closed statuses as `timeout` or `error`, reward 0, the verdict's reason as the message; every metric
+    test.sh wrote, kept also when fail-closed."""
     details = {"verdict": verdict.status, "reward_file": verdict.reward_file, "exit_code": verdict.exit_code,
                "output_tail": verdict.output_tail[-2000:]}
-    metrics: dict[str, Any] = {"metrics": verdict.metrics} if "metrics" in EvalOutcome.model_fields else {}
     if verdict.status == "ok":
-        return EvalOutcome(reward=verdict.reward, details=details, duration_s=verdict.duration_s, **metrics)
+        return EvalOutcome(reward=verdict.reward, metrics=verdict.metrics, details=details,
+                           duration_s=verdict.duration_s)
     return EvalOutcome(status="timeout" if verdict.status == "timeout" else "error", reward=0.0,
-                       message=f"harbor verifier: {verdict.reason}", details=details, duration_s=verdict.duration_s,
-                       **metrics)
+                       message=f"harbor verifier: {verdict.reason}", metrics=verdict.metrics, details=details,
+                       duration_s=verdict.duration_s)

@@ -17,7 +17,7 @@ are not the root filesystem and are never in it; neither are /tests and /logs/ve
 task's own tests/ and /logs/verifier a fresh emptyDir, runs `bash /tests/test.sh` from the working directory under
 [verifier].timeout_sec with the hardened Python environment, and records the exit status, the output and whether it
 timed out. It always exits 0: the verdict is the report step's (tracefleet.runner.pod.harbor_verifier), read from
-the verifier logs' volume with tracefleet.runner.containers.verifier.read_reward.
+the verifier logs' volume with tracefleet.runner.containers.harbor_outcome.read_reward.
 
 How this relates to the local verifier (tracefleet.runner.containers.verifier: a `podman commit` snapshot of the
 session's container): the same filesystem state reaches test.sh (a snapshot is the image plus the container's

@@ -45,8 +45,6 @@ timeout ("timeout"), a container that could not run ("error").
 
 from __future__ import annotations
 
-import json
-import math
 import shutil
 import subprocess
 import tempfile
@@ -54,25 +52,17 @@ import time
 import uuid
 from pathlib import Path
 
-from tracefleet.contract.harbor import (
-    CONTAINER_TESTS_DIR,
-    CONTAINER_VERIFIER_LOGS,
-    REWARD_JSON,
-    REWARD_TXT,
-    TEST_SCRIPT,
-    TRAINING_REWARD_KEY,
-    HarborVerdict,
-)
+from tracefleet.contract.harbor import (CONTAINER_TESTS_DIR, CONTAINER_VERIFIER_LOGS, REWARD_JSON, REWARD_TXT, TEST_SCRIPT,
+                                         HarborVerdict)
 from tracefleet.harbor.folders import HarborTask
 
+from tracefleet.runner.containers.harbor_outcome import harbor_verdict
 from tracefleet.runner.containers.images import repository_name
 from tracefleet.runner.containers.runtime import ContainerRuntime, last_line
 from tracefleet.runner.sandbox import HARDENED_PYTHON_ENV
 
 SNAPSHOT_REPOSITORY = "localhost/tracefleet-verify"
-HARDENED_ENV = HARDENED_PYTHON_ENV
 PODMAN_FAILED = 125  # `podman run`'s own failure (image missing, bad mount), not test.sh's
-OUTPUT_TAIL = 4000
 
 
 def snapshot(runtime: ContainerRuntime, container: str) -> str:
@@ -80,45 +70,6 @@ def snapshot(runtime: ContainerRuntime, container: str) -> str:
     image = f"{SNAPSHOT_REPOSITORY}/{repository_name(container)}:latest"
     runtime.run("commit", container, image, timeout=600)
     return image
-
-
-def _metrics(data: object) -> dict[str, float] | None:
-    if not isinstance(data, dict) or not data:
-        return None
-    out: dict[str, float] = {}
-    for key, value in data.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return None
-        out[str(key)] = float(value)
-    return out
-
-
-def read_reward(logs: Path) -> tuple[str, float, dict[str, float], str | None, str | None]:
-    """(status, reward, metrics, reward file, reason) from the verifier's log folder on the host."""
-    json_path, txt_path = logs / REWARD_JSON, logs / REWARD_TXT
-    if json_path.is_file() and not json_path.is_symlink():
-        text = json_path.read_text(errors="replace")
-        try:
-            metrics = _metrics(json.loads(text))
-        except ValueError:
-            metrics = None
-        if metrics is None:
-            return "unreadable_reward", 0.0, {}, REWARD_JSON, \
-                f"{REWARD_JSON} is not a JSON object of finite numbers: {text.strip()[:120]!r}"
-        if TRAINING_REWARD_KEY not in metrics:
-            return "no_reward", 0.0, metrics, REWARD_JSON, \
-                f"{REWARD_JSON} has no {TRAINING_REWARD_KEY!r} metric (it has {', '.join(sorted(metrics))})"
-        return "ok", metrics[TRAINING_REWARD_KEY], metrics, REWARD_JSON, None
-    if txt_path.is_file() and not txt_path.is_symlink():
-        text = txt_path.read_text(errors="replace").strip()
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            return "unreadable_reward", 0.0, {}, REWARD_TXT, f"{REWARD_TXT} does not hold one number: {text[:120]!r}"
-        return "ok", value, {TRAINING_REWARD_KEY: value}, REWARD_TXT, None
-    return "no_reward", 0.0, {}, None, f"test.sh wrote neither {CONTAINER_VERIFIER_LOGS}/{REWARD_TXT} nor {REWARD_JSON}"
 
 
 def verify(runtime: ContainerRuntime, task: HarborTask, image: str, *, mounts: tuple[tuple[Path, str], ...] = (),
@@ -147,7 +98,7 @@ def verify(runtime: ContainerRuntime, task: HarborTask, image: str, *, mounts: t
             args += ["--user", str(verifier.user)]
         if workdir or environment.workdir:
             args += ["--workdir", workdir or environment.workdir]
-        for key, value in {**environment.env, **verifier.env, **HARDENED_ENV}.items():
+        for key, value in {**environment.env, **verifier.env, **HARDENED_PYTHON_ENV}.items():
             args += ["-e", f"{key}={value}"]
         args += [image, f"{CONTAINER_TESTS_DIR}/{TEST_SCRIPT}"]
         try:
@@ -156,19 +107,16 @@ def verify(runtime: ContainerRuntime, task: HarborTask, image: str, *, mounts: t
             runtime.remove(name)
             output = _text(err.stdout) + _text(err.stderr)
             _keep(log_dir, logs, output)
-            return HarborVerdict(status="timeout", reward=0.0, duration_s=time.monotonic() - start,
-                                 reason=f"test.sh ran past [verifier].timeout_sec ({verifier.timeout_sec:g} s)",
-                                 output_tail=output[-OUTPUT_TAIL:])
+            return harbor_verdict(logs, exit_code=None, output=output, timed_out=True,
+                                  timeout_s=verifier.timeout_sec, duration_s=time.monotonic() - start)
         output = proc.stdout + proc.stderr
         _keep(log_dir, logs, output)
-        status, reward, metrics, reward_file, reason = read_reward(logs)
-        if status == "no_reward" and not metrics and proc.returncode == PODMAN_FAILED:
-            status, reason = "error", f"the verifier's container did not run: {last_line(proc.stderr)}"
-        elif status == "no_reward" and not metrics:
-            reason = f"{reason} (exit status {proc.returncode}: {last_line(output)})"
-    return HarborVerdict(status=status, reward=reward, metrics=metrics, reward_file=reward_file, reason=reason,
-                         exit_code=proc.returncode, duration_s=time.monotonic() - start,
-                         output_tail=output[-OUTPUT_TAIL:])
+        verdict = harbor_verdict(logs, exit_code=proc.returncode, output=output, timed_out=False,
+                                 timeout_s=verifier.timeout_sec, duration_s=time.monotonic() - start)
+    if verdict.status == "no_reward" and not verdict.metrics and proc.returncode == PODMAN_FAILED:
+        return verdict.model_copy(update={"status": "error",
+                                          "reason": f"the verifier's container did not run: {last_line(proc.stderr)}"})
+    return verdict
 
 
 def _text(data: bytes | str | None) -> str:

@@ -15,20 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tracefleet.contract.harbor import HarborVerdict
 from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, EvaluatorSpec
+from tracefleet.runner.containers.harbor_outcome import outcome_of
 from tracefleet.runner.evaluators.common import timed
 
 VERIFIER_LOGS = "verifier"  # in the session's folder: test.sh's output and the reward files
-
-
-def outcome_of_verdict(verdict: HarborVerdict) -> EvalOutcome:
-    details = {"verdict": verdict.status, "reward_file": verdict.reward_file, "exit_code": verdict.exit_code,
-               "output_tail": verdict.output_tail[-2000:]}
-    if verdict.status == "ok":
-        return EvalOutcome(reward=verdict.reward, metrics=verdict.metrics, details=details)
-    return EvalOutcome(status="timeout" if verdict.status == "timeout" else "error", reward=0.0,
-                       message=f"harbor verifier: {verdict.reason}", metrics=verdict.metrics, details=details)
 
 
 class HarborEvaluator:
@@ -59,4 +50,4 @@ class HarborEvaluator:
         finally:
             if image is not None:
                 runtime.run("rmi", "-f", image, check=False, timeout=120)
-        return outcome_of_verdict(verdict)
+        return outcome_of(verdict)

@@ -25,7 +25,7 @@ from tracefleet.contract.session import EvaluatorSpec, HarnessConfig, SessionPla
 from tracefleet.runner.containers.bundle import make_bundle
 from tracefleet.runner.containers.in_image import LAUNCHER, VERIFIER
 from tracefleet.runner.containers.runtime import BASE_IMAGE, ContainerRuntime
-from tracefleet.runner.containers.verifier import HARDENED_ENV
+from tracefleet.runner.sandbox import HARDENED_PYTHON_ENV
 from tracefleet.runner.pod.harbor_verifier import fetch, report
 from tracefleet.runner.pod.task_image import TaskImagePlace
 from tracefleet.runner.session import SessionFolders
@@ -101,7 +101,7 @@ def _evaluate(runtime: ContainerRuntime, root: Path, name: str, artifacts: Path,
                                  "TRACEFLEET_TASK_JSON": f'{{"id": "{TASK}", "prompt": "p"}}',
                                  "TRACEFLEET_TIMEOUT_S": "30", "TRACEFLEET_HARBOR_URI": str(tasks)})
     assert fetch(bucket, env, shared / "eval") is None
-    environment = {**HARDENED_ENV, "TRACEFLEET_TASK_WORKDIR": "/app", "TRACEFLEET_VERIFIER_TIMEOUT_S": "30"}
+    environment = {**HARDENED_PYTHON_ENV, "TRACEFLEET_TASK_WORKDIR": "/app", "TRACEFLEET_VERIFIER_TIMEOUT_S": "30"}
     runtime.run("run", "--rm", "-v", f"{shared}:{ti.SHARED_DIR}", "-v", f"{tests}:/tests", "-v", f"{logs}:/logs/verifier",
                 *(a for k, v in environment.items() for a in ("-e", f"{k}={v}")), BASE_IMAGE, "sh", "-c", VERIFIER,
                 timeout=120)
