@@ -26,7 +26,7 @@ from tracefleet.contract.job import HarborTasks
 from tracefleet.harbor.folders import HarborTask, check_tasks
 from tracefleet.harbor.sources import TaskSourceError, open_source
 from tracefleet.operator.bucketio import bucket_options
-from tracefleet.runner.containers.images import LOCAL_REGISTRY, task_image
+from tracefleet.harbor.image_names import LOCAL_REGISTRY, task_image
 
 NOT_IN_BUCKET = ("spec.tasks.harbor.uri: {uri} is not in a bucket: on Kubernetes the task folders are read from an "
                  "s3:// prefix or a tarball there (s3://BUCKET/PATH.tgz), where the evaluator Jobs read their tests")

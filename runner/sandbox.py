@@ -22,9 +22,6 @@ from pathlib import Path
 
 # Variables a harness legitimately needs from the parent; everything else is dropped.
 PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "SSL_CERT_FILE", "SSL_CERT_DIR")
-# A judge's Python (evaluators, the Harbor verifier) must not import from the working directory or the user site the
-# agent could write, nor leave bytecode there.
-HARDENED_PYTHON_ENV = {"PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 KILL_GRACE_S = 2.0
 POLL_S = 0.1
 

@@ -32,8 +32,8 @@ from tracefleet.operator.children.inputs import env_vars
 from tracefleet.operator.children.security import container_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.operator.harbor_tasks import HarborTaskPlan
-from tracefleet.runner.containers.in_image import LAUNCHER, VERIFIER
-from tracefleet.runner.sandbox import HARDENED_PYTHON_ENV
+from tracefleet.operator.children.in_image import LAUNCHER, VERIFIER
+from tracefleet.contract.environment import HARDENED_PYTHON_ENV
 
 SHARED_MOUNT = {"name": ti.SHARED_VOLUME, "mountPath": ti.SHARED_DIR}
 TESTS_VOLUME = "tests"
@@ -79,7 +79,7 @@ def bundle_init_container(job: RolloutJob) -> dict[str, Any]:
 
 
 def task_harness_container(task: HarborTaskPlan, fallback_resources: dict[str, Any], home: tuple[str, str]) -> dict[str, Any]:
-    """The task image, running the launcher (tracefleet.runner.containers.in_image.LAUNCHER)."""
+    """The task image, running the launcher (tracefleet.operator.children.in_image.LAUNCHER)."""
     env = {**task.config.environment.env, **_workdir_env(task)}
     return {
         "name": "harness",

@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 
 from tracefleet.contract.session import SessionPlan, SessionResult
-from tracefleet.runner.containers.images import repository_name
+from tracefleet.harbor.image_names import repository_name
 from tracefleet.runner.containers.runtime import ContainerRuntime
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, base_env, run_sandboxed

@@ -57,9 +57,9 @@ from tracefleet.contract.harbor import (CONTAINER_TESTS_DIR, CONTAINER_VERIFIER_
 from tracefleet.harbor.folders import HarborTask
 
 from tracefleet.runner.containers.harbor_outcome import harbor_verdict
-from tracefleet.runner.containers.images import repository_name
+from tracefleet.harbor.image_names import repository_name
 from tracefleet.runner.containers.runtime import ContainerRuntime, last_line
-from tracefleet.runner.sandbox import HARDENED_PYTHON_ENV
+from tracefleet.contract.environment import HARDENED_PYTHON_ENV
 
 SNAPSHOT_REPOSITORY = "localhost/tracefleet-verify"
 PODMAN_FAILED = 125  # `podman run`'s own failure (image missing, bad mount), not test.sh's

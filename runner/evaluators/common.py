@@ -27,7 +27,8 @@ from pathlib import Path
 
 from tracefleet.contract.layout import PATCH
 from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, EvaluatorSpec
-from tracefleet.runner.sandbox import HARDENED_PYTHON_ENV, ProcessResult, run_sandboxed
+from tracefleet.contract.environment import HARDENED_PYTHON_ENV
+from tracefleet.runner.sandbox import ProcessResult, run_sandboxed
 from tracefleet.runner.workspace import WorkspaceError, apply_patch, fresh_copy, restore_paths
 from tracefleet.contract import environment
 

@@ -1,5 +1,5 @@
 """The evaluator Job of a Harbor task: Harbor's verifier contract in a fresh container of the task's own image,
-with the agent's change set applied (tracefleet.runner.containers.in_image has why and how it compares with the
+with the agent's change set applied (tracefleet.operator.children.in_image has why and how it compares with the
 local snapshot). Three steps, in order, in one pod (tracefleet.operator.children.jobs builds it):
 
     fetch   (init, tracefleet image)  `python -m tracefleet.runner.pod harbor-fetch EVAL_DIR`: the session's change set from

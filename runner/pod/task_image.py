@@ -9,7 +9,7 @@ and not the proxy sidecar: the sidecar runs for the pod's whole life and restart
 completion whose exit status is the pod's outcome, as in every harness pod.
 
 The two containers meet in the shared volume (tracefleet.contract.taskimage has the layout): the task
-container's launcher (tracefleet.runner.containers.in_image.LAUNCHER) says it is ready and where its working
+container's launcher (tracefleet.operator.children.in_image.LAUNCHER) says it is ready and where its working
 directory is; this place writes the launch request (the preset's argv and environment as a shell script, the
 workspace path the session program prepared replaced by the task container's working directory: that is where the
 agent works), waits for the exit status (writing `stop` at the session timeout or on SIGTERM; the launcher kills
@@ -27,7 +27,6 @@ from pathlib import Path
 
 from tracefleet.contract import taskimage as ti
 from tracefleet.contract.session import SessionPlan, SessionResult
-from tracefleet.runner.containers.in_image import STOP_GRACE_S
 from tracefleet.runner.pod.harness_pod import PodPlace
 from tracefleet.runner.sandbox import ProcessResult
 from tracefleet.runner.session import SessionFolders
@@ -115,7 +114,7 @@ class TaskImagePlace(PodPlace):
             if time.monotonic() >= deadline or self._stopping():
                 timed_out, stopped = not self._stopping(), self._stopping()
                 (self.launch / ti.STOP).touch()
-                self._wait_for(ti.EXIT_CODE, time.monotonic() + STOP_GRACE_S + COLLECT_WAIT_S)
+                self._wait_for(ti.EXIT_CODE, time.monotonic() + ti.STOP_GRACE_S + COLLECT_WAIT_S)
                 break
             time.sleep(POLL_S)
         for name, dest in ((ti.HARNESS_STDOUT, stdout_path), (ti.HARNESS_STDERR, stderr_path)):

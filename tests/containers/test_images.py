@@ -13,7 +13,8 @@ import pytest
 
 from fixtures.harbor_tasks import write_task
 from tracefleet.harbor.folders import load_task
-from tracefleet.runner.containers.images import build_task_image, environment_digest, repository_name, task_image
+from tracefleet.harbor.image_names import environment_digest, repository_name, task_image
+from tracefleet.runner.containers.images import build_task_image
 from tracefleet.runner.containers.runtime import BASE_IMAGE, ContainerRuntime
 
 COPY_RUN = f"FROM {BASE_IMAGE}\nWORKDIR /app\nCOPY greet.py /app/greet.py\nRUN echo built-{{n}} > /app/stamp\n"

@@ -23,9 +23,9 @@ from tracefleet.contract import taskimage as ti
 from tracefleet.contract.podenv import EvaluatorEnv
 from tracefleet.contract.session import EvaluatorSpec, HarnessConfig, SessionPlan, SessionResult, Task
 from tracefleet.runner.containers.bundle import make_bundle
-from tracefleet.runner.containers.in_image import LAUNCHER, VERIFIER
+from tracefleet.operator.children.in_image import LAUNCHER, VERIFIER
 from tracefleet.runner.containers.runtime import BASE_IMAGE, ContainerRuntime
-from tracefleet.runner.sandbox import HARDENED_PYTHON_ENV
+from tracefleet.contract.environment import HARDENED_PYTHON_ENV
 from tracefleet.runner.pod.harbor_verifier import fetch, report
 from tracefleet.runner.pod.task_image import TaskImagePlace
 from tracefleet.runner.session import SessionFolders

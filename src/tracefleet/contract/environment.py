@@ -46,3 +46,7 @@ HOOK_RESULT_MARK = "TRACEFLEET_HOOK_RESULT "  # the line prefix an evaluator hoo
 
 # ---- what a diagnostic hook or command reads
 DIAGNOSTIC_PARAMS = "TRACEFLEET_DIAGNOSTIC_PARAMS"
+
+# A judge's Python (evaluators, the Harbor verifier, locally and in an evaluator Job) must not import from the working
+# directory or the user site the agent could write, nor leave bytecode there.
+HARDENED_PYTHON_ENV = {"PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}

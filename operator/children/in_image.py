@@ -33,8 +33,6 @@ from tracefleet.contract import podenv
 from tracefleet.contract import taskimage as ti
 from tracefleet.contract.harbor import CONTAINER_TESTS_DIR, CONTAINER_VERIFIER_LOGS, TEST_SCRIPT
 
-# Seconds between the TERM and the KILL to the harness's process group after a stop.
-STOP_GRACE_S = 5
 
 
 def _prune() -> str:
@@ -66,7 +64,7 @@ pid=$!
 stopped=""
 while [ ! -e "$L/.code" ] && kill -0 "$pid" 2>/dev/null; do
   if [ -e "$L/{ti.STOP}" ] && [ -z "$stopped" ]; then kill -TERM -"$pid" 2>/dev/null || kill -TERM "$pid"; stopped=$(date +%s); fi
-  if [ -n "$stopped" ] && [ $(( $(date +%s) - stopped )) -ge {STOP_GRACE_S} ]; then kill -KILL -"$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null; fi
+  if [ -n "$stopped" ] && [ $(( $(date +%s) - stopped )) -ge {ti.STOP_GRACE_S} ]; then kill -KILL -"$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null; fi
   sleep 0.2
 done
 wait "$pid" 2>/dev/null
@@ -96,7 +94,7 @@ if [ -s "$E/{ti.CHANGES}" ]; then tar --anchored {_TAR_EXCLUDES} -xpf "$E/{ti.CH
 cp -R "$E/{ti.EVAL_TESTS}/." {CONTAINER_TESTS_DIR}/
 if [ -n "${{{podenv.TASK_WORKDIR}:-}}" ]; then mkdir -p "${podenv.TASK_WORKDIR}" && cd "${podenv.TASK_WORKDIR}"; fi
 start=$(date +%s)
-timeout -k {STOP_GRACE_S} "${podenv.VERIFIER_TIMEOUT_S}" bash {CONTAINER_TESTS_DIR}/{TEST_SCRIPT} > "$E/{ti.TEST_OUTPUT}" 2>&1 < /dev/null
+timeout -k {ti.STOP_GRACE_S} "${podenv.VERIFIER_TIMEOUT_S}" bash {CONTAINER_TESTS_DIR}/{TEST_SCRIPT} > "$E/{ti.TEST_OUTPUT}" 2>&1 < /dev/null
 code=$?
 end=$(date +%s)
 echo $(( end - start )) > "$E/{ti.DURATION}"
