@@ -102,9 +102,10 @@ def test_policy_update_reaches_every_replica_behind_the_service(kube: Any, vllm_
                                                                          [(host, "loop-inference-b", True)]))
     discovery.create_namespaced_endpoint_slice(NAMESPACE, endpoint_slice("other", "other-svc", port,
                                                                          [("192.0.2.78", "x", True)]))
-    urls = sorted(f"http://{host}:{r.port}" for r in relays)
+    expected = sorted(zip((f"http://{host}:{r.port}" for r in relays), ["loop-inference-a", "loop-inference-b"]))
+    urls = [url for url, _ in expected]
     replicas = service_replicas(NAMESPACE, service, api_client=api)
-    assert [(r.url, r.pod) for r in replicas] == sorted(zip(urls, ["loop-inference-a", "loop-inference-b"]))
+    assert [(r.url, r.pod) for r in replicas] == expected
 
     model_dir = Path(served_model_dir(vllm_server.url))
     ckpt = changed_checkpoint(model_dir, tmp_path / "policy-1", scale=0.5)
@@ -112,9 +113,11 @@ def test_policy_update_reaches_every_replica_behind_the_service(kube: Any, vllm_
     monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
     try:
         capsys.readouterr()
-        assert cli_main(["policy", "update", "--job", f"{NAMESPACE}/{JOB}", "--weights", str(ckpt), "--version", "1",
-                         "--json"]) == 0
-        report = json.loads(capsys.readouterr().out)
+        status = cli_main(["policy", "update", "--job", f"{NAMESPACE}/{JOB}", "--weights", str(ckpt), "--version", "1",
+                           "--json"])
+        printed = capsys.readouterr()
+        assert status == 0, printed.err
+        report = json.loads(printed.out)
         assert report["pods"] == {r.url: r.pod for r in replicas}
         for url in urls:  # every step on every replica
             assert {s["step"] for s in report["steps"] if s["engine"] == url and s["ok"]} >= \

@@ -115,12 +115,13 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
     if temperature is None:
         temperature = t.get("temperatures", 1.0)
     mask, adv, engine_lp = t["loss_mask"], t["advantages"], t["old_logprobs"]
-    with torch.no_grad():
-        old = token_logprobs(model, t["input_ids"], t["attention_mask"], temperature, mask)
+    # one pass per step: the weights before the step are the ones being trained, so the old logprobs are the
+    # new ones detached (ratio 1 with its gradient; the clip matters only to several passes over a batch)
+    new = token_logprobs(model, t["input_ids"], t["attention_mask"], temperature, mask)
+    old = new.detach()
     stats = mismatch(old, engine_lp, mask, tis_cap)
     n = mask.sum().clamp(min=1)
     weight = torch.exp(old - engine_lp).clamp(max=tis_cap) * mask
-    new = token_logprobs(model, t["input_ids"], t["attention_mask"], temperature, mask)
     ratio = torch.exp(new - old)
     objective = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
     loss = -(weight * objective).sum() / n

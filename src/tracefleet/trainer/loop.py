@@ -89,11 +89,15 @@ def fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def sci(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1e}"
+
+
 def step_line(s: dict[str, Any]) -> str:
     """One step as the command prints it."""
     return (f"step {s['step']:>3}  v{s['version']}  reward {fmt(s['reward_mean'])} ({s['rows']} traces, "
             f"{s['groups_with_signal']}/{s['groups']} groups with signal)  loss {fmt(s.get('loss'), 4)}  "
-            f"|dlogprob| mean {fmt(s.get('mean_abs_dlogprob'), 5)} max {fmt(s.get('max_abs_dlogprob'), 4)}  "
+            f"|dlogprob| mean {sci(s.get('mean_abs_dlogprob'))} max {sci(s.get('max_abs_dlogprob'))}  "
             f"ratio [{fmt(s.get('ratio_min'), 3)}, {fmt(s.get('ratio_max'), 3)}]  train {s['train_s']:.1f} s  "
             f"sync {s['sync_s']:.1f} s (paused {s['paused_s']:.1f} s; kept {s['kept']}, aborted {s['aborted']})  "
             f"stale masked {s['stale_tokens_masked']}  lag<= {s['max_lag_seen']}")
@@ -368,7 +372,7 @@ class Loop:
                          f"({r.held_out_sessions} sessions each)")
         if syncs:
             lines.append(f"weight sync: mean {sum(syncs) / len(syncs):.2f} s, max {max(syncs):.2f} s per step; "
-                         f"train/inference mean |dlogprob| {fmt(sum(mism) / len(mism) if mism else None, 5)}")
+                         f"train/inference mean |dlogprob| {sci(sum(mism) / len(mism) if mism else None)}")
         lines.append(f"generation wasted by syncs: {r.calls_aborted} calls aborted, {r.tokens_aborted} tokens")
         lines.append(f"run folder: {r.run_dir} (loop.jsonl, batches/, checkpoints/, rollouts.log)")
         for line in lines:

@@ -16,10 +16,12 @@ the pod IPs (run it in the cluster, or beside it on the pod network).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"  # set by the EndpointSlice controller on a Service's slices
+KUBECONFIG_ENV = "KUBECONFIG"
 ENGINE_PORT_NAME = "http"  # the managed inference Service's port (tracefleet.operator.children.inference)
 
 
@@ -56,7 +58,8 @@ def kube_api_client() -> Any:
         config.load_incluster_config()
     except config.ConfigException:
         try:
-            config.load_kube_config()
+            # KUBECONFIG as it is now (the client reads it once, at import)
+            config.load_kube_config(config_file=os.environ.get(KUBECONFIG_ENV))
         except (config.ConfigException, OSError) as exc:
             raise ValueError(f"no Kubernetes credentials (not in a pod, no usable kubeconfig: {exc})") from None
     return client.ApiClient()
