@@ -109,9 +109,13 @@ def mismatch(trainer_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tens
 
 def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor], *,
               temperature: torch.Tensor | float | None = None,
-              clip: float = DEFAULT_CLIP, tis_cap: float = DEFAULT_TIS_CAP) -> dict[str, float]:
+              clip: float = DEFAULT_CLIP, tis_cap: float = DEFAULT_TIS_CAP,
+              policy_version: int | None = None) -> dict[str, float]:
     """One GRPO step with the TIS correction over the reader's tensors (`Batch.tensors()`); its stats.
-    `temperature` None: each token's own, as its span records it (the reader's `temperatures`)."""
+    `temperature` None: each token's own, as its span records it (the reader's `temperatures`).
+    `policy_version`: the version of the weights the trainer holds before the step; the mismatch is then also
+    given over the tokens that version sampled (`same_version_*`: the engine's kernels against torch's, with
+    no policy lag in it)."""
     if temperature is None:
         temperature = t.get("temperatures", 1.0)
     mask, adv, engine_lp = t["loss_mask"], t["advantages"], t["old_logprobs"]
@@ -120,6 +124,9 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
     new = token_logprobs(model, t["input_ids"], t["attention_mask"], temperature, mask)
     old = new.detach()
     stats = mismatch(old, engine_lp, mask, tis_cap)
+    if policy_version is not None and "token_versions" in t:
+        same = mismatch(old, engine_lp, mask * (t["token_versions"] == policy_version), tis_cap)
+        stats.update({f"same_version_{k}": v for k, v in same.items() if k in ("tokens", "mean_abs_dlogprob", "max_abs_dlogprob")})
     n = mask.sum().clamp(min=1)
     weight = torch.exp(old - engine_lp).clamp(max=tis_cap) * mask
     ratio = torch.exp(new - old)
@@ -133,8 +140,8 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
 
 def save_weights(model: Any, out: Path) -> Path:
     """The trained tensors as a checkpoint directory vLLM's `reload_weights` reads (safetensors, the Hugging
-    Face names): only those the trainer changes, the in-place reload keeping the rest (SmolLM2: 30 MB for the
-    top two layers, 500 MB for the whole model, which the reload then reads and copies in full)."""
+    Face names): only those the trainer changes, the in-place reload keeping the rest (SmolLM2: 55 MB for the
+    top four layers, 500 MB for the whole model, which the reload then reads and copies in full)."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)

@@ -98,6 +98,7 @@ def step_line(s: dict[str, Any]) -> str:
     return (f"step {s['step']:>3}  v{s['version']}  reward {fmt(s['reward_mean'])} ({s['rows']} traces, "
             f"{s['groups_with_signal']}/{s['groups']} groups with signal)  loss {fmt(s.get('loss'), 4)}  "
             f"|dlogprob| mean {sci(s.get('mean_abs_dlogprob'))} max {sci(s.get('max_abs_dlogprob'))}  "
+            f"(same version {sci(s.get('same_version_max_abs_dlogprob'))})  "
             f"ratio [{fmt(s.get('ratio_min'), 3)}, {fmt(s.get('ratio_max'), 3)}]  train {s['train_s']:.1f} s  "
             f"sync {s['sync_s']:.1f} s (paused {s['paused_s']:.1f} s; kept {s['kept']}, aborted {s['aborted']})  "
             f"stale masked {s['stale_tokens_masked']}  lag<= {s['max_lag_seen']}")
@@ -326,7 +327,7 @@ class Loop:
                 bound = max(0, version - o.max_lag)
                 t = batch.tensors(min_policy_version=bound)
                 rows = int(t["input_ids"].shape[0])
-                stats = grpo_step(policy, optimizer, t) if rows and float(t["loss_mask"].sum()) else {"tokens": 0}
+                stats = grpo_step(policy, optimizer, t, policy_version=version) if rows and float(t["loss_mask"].sum()) else {"tokens": 0}
                 train_s = time.monotonic() - t_step
                 version += 1
                 ckpt = save_weights(policy, run_dir / "checkpoints" / f"policy-{version}")
