@@ -170,7 +170,7 @@ def test_reference_trainer_recomputes_the_engines_logprobs_and_syncs_its_weights
 
         stats = grpo_step(policy, torch.optim.AdamW(trainable(policy), lr=1e-4), t0)
         assert abs(stats["max_abs_dlogprob"] - delta0) < 1e-6 and stats["tokens"] == len(rec0.completion_ids)
-        report = update_policy([vllm_server.url], save_weights(policy, tmp_path / "step-1"), 1)  # every tensor
+        report = update_policy([vllm_server.url], save_weights(policy, tmp_path / "step-1"), 1)  # every trained tensor
         rec1, t1 = sampled()
         assert [label_version(s["version"]) for s in rec1.weight_versions] == [1]
         assert rec1.logprobs[0] != rec0.logprobs[0]  # the trained weights sample now

@@ -147,6 +147,8 @@ class PolicyUpdateReport(BaseModel):
     paused_seconds: float = 0.0  # from the first engine paused to the last resumed: generation stopped this long
     # a load began and not every engine holds the new weights with their label: left paused, not resumed
     left_paused: bool = False
+    # engine URL -> its pod, when the engines were resolved from a Kubernetes Service (one per replica)
+    pods: dict[str, str] = Field(default_factory=dict)
 
     def step_seconds(self) -> dict[str, float]:
         """Seconds per step name, summed over engines."""

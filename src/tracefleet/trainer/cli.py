@@ -5,8 +5,12 @@
 
 `--engine` is an engine replica's root URL: the vLLM that `tracefleet engine --backend vllm` started for a
 local run (`tracefleet run --engine-url`), an external one, or on a cluster each pod of the managed vLLM
-Deployment (its Service URL when it runs one replica). Repeat it for several replicas: they are updated
-in lockstep. The report is printed as JSON with `--json`.
+Deployment. Repeat it for several replicas: they are updated in lockstep. On a cluster, `--service NS/NAME`
+(or `--job NS/JOB`: the job's managed inference Service) resolves every ready replica from the Service's
+EndpointSlices with the kubeconfig (or in-cluster) credentials and updates each (tracefleet.trainer.replicas);
+the checkpoint directory is then taken as the pods see it. The report is printed as JSON with `--json`.
+
+    tracefleet policy update --job rl/my-job --weights /ckpt/policy-3 --version 3
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import sys
 
 from tracefleet.usage import UsageError
 
-from tracefleet.trainer.control import PolicyUpdateFailed, engine_state, update_policy
+from tracefleet.trainer.control import PolicyUpdateFailed, engine_state, update_policy, update_service_policy
+from tracefleet.trainer.replicas import NoReplicas, inference_service_name, split_ref
 
 API_KEY_ENV = "VLLM_API_KEY"  # what vLLM itself reads for --api-key
 
@@ -26,7 +31,10 @@ API_KEY_ENV = "VLLM_API_KEY"  # what vLLM itself reads for --api-key
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     up = sub.add_parser("update", help="pause the engine(s), load new weights, set the policy version, resume")
-    up.add_argument("--engine", action="append", required=True, help="engine root URL (repeat for replicas)")
+    target = up.add_mutually_exclusive_group(required=True)
+    target.add_argument("--engine", action="append", help="engine root URL (repeat for replicas)")
+    target.add_argument("--service", metavar="[NS/]NAME", help="every ready replica behind this Kubernetes Service")
+    target.add_argument("--job", metavar="[NS/]JOB", help="every replica of this RolloutJob's managed vLLM")
     up.add_argument("--weights", required=True, help="checkpoint directory, as the engine sees it")
     up.add_argument("--version", type=int, required=True, help="the new policy version (a non-negative integer)")
     up.add_argument("--mode", choices=("keep", "abort", "wait"), default="keep",
@@ -39,6 +47,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     show.add_argument("--engine", action="append", required=True, help="engine root URL (repeatable)")
 
 
+def service_ref(args: argparse.Namespace) -> tuple[str, str]:
+    """(namespace, Service name) from --service or --job."""
+    if args.service:
+        return split_ref(args.service)
+    namespace, job = split_ref(args.job)
+    return namespace, inference_service_name(job)
+
+
+def pod_note(pods: dict[str, str], url: str) -> str:
+    return f" (pod {pods[url]})" if url in pods else ""
+
+
 def main(args: argparse.Namespace) -> int:
     api_key = os.environ.get(API_KEY_ENV)
     if args.action == "show":
@@ -47,11 +67,14 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.version < 0:
         raise UsageError("--version must be a non-negative integer")
+    options = {"mode": args.mode, "api_key": api_key, "reset_cache": not args.no_reset_cache}
     try:
-        report = update_policy(args.engine, args.weights, args.version, mode=args.mode, api_key=api_key,
-                               reset_cache=not args.no_reset_cache, check=not args.weights_on_engine)
+        if args.engine:
+            report = update_policy(args.engine, args.weights, args.version, check=not args.weights_on_engine, **options)
+        else:
+            report = update_service_policy(*service_ref(args), args.weights, args.version, **options)
         failed = None
-    except ValueError as exc:
+    except (ValueError, NoReplicas) as exc:
         raise UsageError(str(exc)) from None
     except PolicyUpdateFailed as exc:
         report, failed = exc.report, str(exc)
@@ -59,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
         print(report.model_dump_json(indent=2))
     else:
         steps = ", ".join(f"{k} {v:.2f} s" for k, v in report.step_seconds().items())
-        flight = ", ".join(f"{f.engine}: {f.kept} kept, {f.aborted} aborted, {f.waiting} waiting" for f in report.in_flight)
+        flight = ", ".join(f"{f.engine}{pod_note(report.pods, f.engine)}: {f.kept} kept, {f.aborted} aborted, {f.waiting} waiting" for f in report.in_flight)
         print(f"policy {report.version} {'FAILED' if failed else 'loaded'} from {report.weights} in {report.seconds:.2f} s "
               f"(generation paused {report.paused_seconds:.2f} s; {steps}); in flight: {flight or 'none'}")
     if failed:

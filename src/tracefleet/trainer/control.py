@@ -224,6 +224,25 @@ def update_policy(engines: Sequence[str], weights: str | Path, version: int, *, 
     return report
 
 
+def update_service_policy(namespace: str, service: str, weights: str | Path, version: int, *, api_client: Any = None,
+                          **kwargs: Any) -> PolicyUpdateReport:
+    """`update_policy` over every ready replica behind a Kubernetes Service (tracefleet.trainer.replicas), the
+    report saying which pod each engine URL is. `check` defaults to False here: the checkpoint directory is
+    on the pods' volume. NoReplicas when the Service has no ready endpoint."""
+    from tracefleet.trainer.replicas import service_replicas
+
+    replicas = service_replicas(namespace, service, api_client=api_client)
+    pods = {r.url: r.pod for r in replicas if r.pod}
+    kwargs.setdefault("check", False)
+    try:
+        report = update_policy([r.url for r in replicas], weights, version, **kwargs)
+    except PolicyUpdateFailed as exc:
+        exc.report.pods = pods
+        raise
+    report.pods = pods
+    return report
+
+
 def engine_state(url: str, *, api_key: str | None = None) -> dict[str, Any]:
     """What `tracefleet policy show` prints: the engine's vLLM version, pause state, label and its version."""
     engine = EngineControl(url, api_key=api_key, timeout_s=30)

@@ -41,17 +41,25 @@ DEFAULT_CLIP = 0.2
 DEFAULT_TIS_CAP = 2.0
 
 
-def load_policy(model_dir: str | Path) -> Any:
+def load_policy(model_dir: str | Path, train_layers: int | None = None) -> Any:
     """The causal LM in `model_dir` (float32: what the engine runs on CPU), in training mode. A tied
     embedding (SmolLM2: the output head is the input embedding) is frozen: vLLM 0.32's in-place reload
     updates the input embedding but keeps the output head it started with (measured on the CPU build: a 1%
     change of the tied matrix gives max |d logprob| 0.15 between trainer and engine, 2e-5 once the head is
-    left as it was), so training it would make the engine sample from weights the trainer does not hold."""
+    left as it was), so training it would make the engine sample from weights the trainer does not hold.
+    `train_layers`: only the top N decoder layers and the final norm are trained (the backward pass stops
+    there and a checkpoint holds only them: what makes a step and a sync affordable on 2 CPU cores)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     if getattr(model.config, "tie_word_embeddings", False):
         model.get_input_embeddings().weight.requires_grad_(False)
+    if train_layers is not None:
+        layers = model.base_model.layers
+        keep = {f"layers.{i}." for i in range(max(0, len(layers) - train_layers), len(layers))}
+        for name, param in model.named_parameters():
+            if not (any(k in name for k in keep) or name.endswith("model.norm.weight")):
+                param.requires_grad_(False)
     model.train()
     return model
 
@@ -61,16 +69,30 @@ def trainable(model: Any) -> list[torch.nn.Parameter]:
 
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: torch.Tensor | float = 1.0) -> torch.Tensor:
+                   temperature: torch.Tensor | float = 1.0, mask: torch.Tensor | None = None) -> torch.Tensor:
     """[B, T]: log p(token_t | tokens_<t) under `model`'s logits divided by the temperature token t was
-    sampled at ([B, T] or a number); 0 at t = 0, which nothing predicts."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    sampled at ([B, T] or a number); 0 at t = 0, which nothing predicts. With `mask` ([B, T]), only the
+    positions where it is > 0 are computed (0 elsewhere): the output head and softmax run over the
+    vocabulary (49k for SmolLM2) only for the sampled tokens, not for every prompt token."""
+    if mask is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+        if isinstance(temperature, torch.Tensor):
+            logits = logits / temperature[:, 1:, None]
+        elif temperature != 1.0:
+            logits = logits / temperature
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+        return torch.nn.functional.pad(lp, (1, 0))
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    on = mask[:, 1:] > 0  # position t-1's hidden state predicts token t
+    logits = model.get_output_embeddings()(hidden[:, :-1][on]).float()
     if isinstance(temperature, torch.Tensor):
-        logits = logits / temperature[:, 1:, None]
+        logits = logits / temperature[:, 1:][on][:, None]
     elif temperature != 1.0:
         logits = logits / temperature
-    lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return torch.nn.functional.pad(lp, (1, 0))
+    picked = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:][on][:, None]).squeeze(-1)
+    out = torch.zeros(input_ids.shape, dtype=picked.dtype)
+    out[:, 1:][on] = picked
+    return out
 
 
 def mismatch(trainer_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tensor, cap: float = DEFAULT_TIS_CAP) -> dict[str, float]:
@@ -85,16 +107,28 @@ def mismatch(trainer_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tens
             "ratio_capped_share": float((ratio > cap).double().mean())}
 
 
-def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor], *, temperature: torch.Tensor | float = 1.0,
-              clip: float = DEFAULT_CLIP, tis_cap: float = DEFAULT_TIS_CAP) -> dict[str, float]:
-    """One GRPO step with the TIS correction over the reader's tensors (`Batch.tensors()`); its stats."""
+def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor], *,
+              temperature: torch.Tensor | float | None = None,
+              clip: float = DEFAULT_CLIP, tis_cap: float = DEFAULT_TIS_CAP,
+              policy_version: int | None = None) -> dict[str, float]:
+    """One GRPO step with the TIS correction over the reader's tensors (`Batch.tensors()`); its stats.
+    `temperature` None: each token's own, as its span records it (the reader's `temperatures`).
+    `policy_version`: the version of the weights the trainer holds before the step; the mismatch is then also
+    given over the tokens that version sampled (`same_version_*`: the engine's kernels against torch's, with
+    no policy lag in it)."""
+    if temperature is None:
+        temperature = t.get("temperatures", 1.0)
     mask, adv, engine_lp = t["loss_mask"], t["advantages"], t["old_logprobs"]
-    with torch.no_grad():
-        old = token_logprobs(model, t["input_ids"], t["attention_mask"], temperature)
+    # one pass per step: the weights before the step are the ones being trained, so the old logprobs are the
+    # new ones detached (ratio 1 with its gradient; the clip matters only to several passes over a batch)
+    new = token_logprobs(model, t["input_ids"], t["attention_mask"], temperature, mask)
+    old = new.detach()
     stats = mismatch(old, engine_lp, mask, tis_cap)
+    if policy_version is not None and "token_versions" in t:
+        same = mismatch(old, engine_lp, mask * (t["token_versions"] == policy_version), tis_cap)
+        stats.update({f"same_version_{k}": v for k, v in same.items() if k in ("tokens", "mean_abs_dlogprob", "max_abs_dlogprob")})
     n = mask.sum().clamp(min=1)
     weight = torch.exp(old - engine_lp).clamp(max=tis_cap) * mask
-    new = token_logprobs(model, t["input_ids"], t["attention_mask"], temperature)
     ratio = torch.exp(new - old)
     objective = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
     loss = -(weight * objective).sum() / n
@@ -105,9 +139,14 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
 
 
 def save_weights(model: Any, out: Path) -> Path:
-    """The weights as a checkpoint directory vLLM's `reload_weights` reads (safetensors)."""
+    """The trained tensors as a checkpoint directory vLLM's `reload_weights` reads (safetensors, the Hugging
+    Face names): only those the trainer changes, the in-place reload keeping the rest (SmolLM2: 55 MB for the
+    top four layers, 500 MB for the whole model, which the reload then reads and copies in full)."""
+    from safetensors.torch import save_file
+
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out), safe_serialization=True)
+    tensors = {name: p.detach().contiguous() for name, p in model.named_parameters() if p.requires_grad}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
 

@@ -1,0 +1,6 @@
+from calc import subtract
+
+
+def test_subtract():
+    assert subtract(5, 3) == 2
+    assert subtract(1, 4) == -3

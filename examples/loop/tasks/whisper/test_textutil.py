@@ -1,0 +1,5 @@
+from textutil import whisper
+
+
+def test_whisper():
+    assert whisper("HeLLo") == "hello"

@@ -1,0 +1,3 @@
+def whisper(text):
+    """Return text in lower case."""
+    raise NotImplementedError

@@ -1,0 +1,439 @@
+"""The whole loop on one machine: `tracefleet train JOB.yaml`.
+
+One process holds the three parts of reinforcement learning through a harness, running at the same time:
+
+- **the engine**: real vLLM (its CPU build) serving the job's shipped model (SmolLM2-135M-Instruct), started
+  with the arguments every tracefleet vLLM gets (`--logprobs-mode processed_logprobs`, dev-mode routes);
+- **the rollouts**: the job, run by the local driver (`tracefleet run`'s LocalRun) against that engine in a
+  background thread, its inline tasks repeated round after round (each round a new GRPO group per task), so
+  sessions keep coming while the trainer trains: sealed batches land in the loop's own bucket directory;
+- **the trainer**: the reference GRPO trainer (tracefleet.trainer.grpo) reading `BatchReader.follow()`: one
+  step per batch, the new weights written as a checkpoint and put into the engine by `update_policy`
+  (pause keep → reload → version label → resume), while the sessions in flight are frozen and continue.
+
+Asynchrony with a staleness bound: tokens sampled by a version older than `version - max_lag` are masked out
+of the loss (the reader's per-token versions), and while more than `max_lag` sealed batches wait behind the
+one being trained the engine is held paused (mode keep) until the update, so rollouts never run far ahead.
+
+It stops after `iterations` steps or `minutes`, whichever comes first; each step prints one line (reward of
+the batch, train/inference mismatch, sync seconds, requests kept/aborted, stale tokens masked) and appends it to
+`loop.jsonl` in the run's folder. `held_out`: a second job whose tasks are scored (never trained on) before the
+first update and after the last one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from tracefleet.usage import UsageError
+
+CONSUMER = "tracefleet-train"
+ROUND_SEP = "-r"  # a repeated task's id: <task id>-r<round>
+KEEP_CHECKPOINTS = 2  # the newest checkpoints kept on disk (each is the whole model: ~0.5 GB for SmolLM2)
+TRAIN_MODELS = ("smollm2",)  # shipped models the trainer can load from vLLM's converted directory
+POLL_S = 1.0
+# the top decoder layers trained by default: a step's backward pass and the checkpoint a sync reloads stay
+# small enough for 2 CPU cores (SmolLM2 has 30)
+DEFAULT_TRAIN_LAYERS = 4
+ENGINE_ABORTED_KIND = "engine_aborted"  # a capture record's error kind when the engine aborted the call (proxy.errors)
+PRODUCER_STOP_S = 120.0
+
+
+@dataclass
+class LoopOptions:
+    job_path: Path
+    iterations: int = 20
+    minutes: float | None = None
+    lr: float = 1e-5
+    max_lag: int = 1
+    seed: int = 0
+    traces_per_step: int | None = None  # default: the job's output.tracesPerBatch
+    output: Path | None = None  # the run's folder (batches, checkpoints, logs); default ./tracefleet-output/<job>-train-<time>
+    engine_url: str | None = None  # a vLLM already started like `tracefleet engine --backend vllm`: reset to the base weights first
+    held_out: Path | None = None
+    parallelism: int | None = None
+    torch_threads: int | None = None
+    train_layers: int | None = DEFAULT_TRAIN_LAYERS  # None: every layer
+
+
+@dataclass
+class LoopResult:
+    run_dir: Path
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    held_out_before: float | None = None
+    held_out_after: float | None = None
+    held_out_sessions: int = 0
+    wall_s: float = 0.0
+    startup_s: float = 0.0
+    tokens_aborted: int = 0
+    calls_aborted: int = 0
+    sessions: int = 0
+
+    def reward_rise(self) -> tuple[float | None, float | None]:
+        """Mean batch reward over the first two steps and over the last two."""
+        rewards = [s["reward_mean"] for s in self.steps if s.get("reward_mean") is not None]
+        if len(rewards) < 2:
+            return None, None
+        return sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def sci(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1e}"
+
+
+def step_line(s: dict[str, Any]) -> str:
+    """One step as the command prints it."""
+    return (f"step {s['step']:>3}  v{s['version']}  reward {fmt(s['reward_mean'])} ({s['rows']} traces, "
+            f"{s['groups_with_signal']}/{s['groups']} groups with signal)  loss {fmt(s.get('loss'), 4)}  "
+            f"|dlogprob| mean {sci(s.get('mean_abs_dlogprob'))} max {sci(s.get('max_abs_dlogprob'))}  "
+            f"(same version {sci(s.get('same_version_max_abs_dlogprob'))})  "
+            f"ratio [{fmt(s.get('ratio_min'), 3)}, {fmt(s.get('ratio_max'), 3)}]  train {s['train_s']:.1f} s  "
+            f"sync {s['sync_s']:.1f} s (paused {s['paused_s']:.1f} s; kept {s['kept']}, aborted {s['aborted']})  "
+            f"stale masked {s['stale_tokens_masked']}  lag<= {s['max_lag_seen']}")
+
+
+# ---------------------------------------------------------------- the job the loop runs
+
+
+def repeated_job(job: Any, base_dir: Path, rounds: int, traces_per_step: int | None) -> Any:
+    """`job` with its tasks repeated `rounds` times (ids <task>-r<k>: each round is a new group per task, the
+    rounds in order), sealed `traces_per_step` traces per batch."""
+    from tracefleet.contract.job import TaskSpec, Tasks
+
+    spec = job.spec
+    if spec.tasks.inline:
+        tasks = list(spec.tasks.inline)
+    elif spec.tasks.uri and "://" not in spec.tasks.uri:
+        path = Path(spec.tasks.uri)
+        text = (path if path.is_absolute() else base_dir / path).read_text()
+        tasks = [TaskSpec.model_validate(json.loads(line)) for line in text.splitlines() if line.strip()]
+    else:
+        raise UsageError("tracefleet train repeats the job's tasks: give them as spec.tasks.inline or a local "
+                         "spec.tasks.uri file")
+    per_round = len(tasks)
+    rounds = max(1, min(rounds, 1000 // per_round))  # Tasks.inline holds at most 1000
+    repeated = [t.model_copy(update={"id": f"{t.id}{ROUND_SEP}{k}"}) for k in range(rounds) for t in tasks]
+    output = spec.output.model_copy(update={"traces_per_batch": traces_per_step or spec.output.traces_per_batch})
+    new_spec = spec.model_copy(update={"tasks": Tasks(inline=repeated, samples_per_task=spec.tasks.samples_per_task),
+                                       "output": output})
+    return job.model_copy(update={"spec": new_spec})
+
+
+def check_job(path: Path, what: str) -> None:
+    from tracefleet.runner.cli import check_job_file
+
+    problems = check_job_file(path)
+    if problems:
+        raise UsageError(f"{what}: " + "; ".join(problems))
+
+
+def trained_model(job: Any) -> str:
+    from tracefleet.runner.local import LOCAL_MODEL_ALIASES
+
+    managed = job.spec.inference.managed
+    name = LOCAL_MODEL_ALIASES.get(managed.model) if managed is not None else None
+    if name not in TRAIN_MODELS:
+        model = managed.model if managed is not None else "an external engine"
+        raise UsageError(f"tracefleet train trains a shipped model on this machine ({', '.join(TRAIN_MODELS)}); "
+                         f"the job serves {model!r}")
+    return name
+
+
+class Rollouts:
+    """The job's sessions against the loop's engine, in a background thread (LocalRun, as `tracefleet run`)."""
+
+    def __init__(self, job_path: Path, job: Any, engine_url: str, bucket: Path, work_dir: Path,
+                 parallelism: int | None, log: Path) -> None:
+        from tracefleet.runner.local import LocalOptions, LocalRun
+
+        self.log = open(log, "a")  # noqa: SIM115 - closed in join()
+        self.run = LocalRun(LocalOptions(job_path=job_path, output=str(bucket), engine_url=engine_url,
+                                         work_dir=work_dir, parallelism=parallelism, progress_interval_s=30.0),
+                            out=self.log, summary=self.log)
+        self.run.job = job
+        self.status: int | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, name="rollouts", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            self.status = self.run.run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the trainer's loop
+            self.error = exc
+
+    def start(self) -> Rollouts:
+        self.thread.start()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def join(self, timeout_s: float = PRODUCER_STOP_S) -> None:
+        self.run.stop.set()  # running sessions are killed; what finished is sealed
+        self.thread.join(timeout_s)
+        self.log.close()
+
+    def mean_reward(self) -> float | None:
+        rewards = [r.result.reward for r in self.run.results]
+        return sum(rewards) / len(rewards) if rewards else None
+
+
+def score_held_out(path: Path, engine_url: str, run_dir: Path, tag: str, parallelism: int | None) -> tuple[float | None, int]:
+    """The mean reward of the held-out job's sessions on the engine's current weights (their batches go to a
+    folder of their own: nothing trains on them)."""
+    from tracefleet.runner.local import LocalOptions, LocalRun
+
+    with open(run_dir / f"held-out-{tag}.log", "w") as log:
+        run = LocalRun(LocalOptions(job_path=path, output=str(run_dir / f"held-out-{tag}"), engine_url=engine_url,
+                                    work_dir=run_dir / "work" / f"held-out-{tag}", parallelism=parallelism,
+                                    progress_interval_s=30.0), out=log, summary=log)
+        run.run()
+    rewards = [r.result.reward for r in run.results]
+    return (sum(rewards) / len(rewards) if rewards else None), len(rewards)
+
+
+def aborted_tokens(capture_root: Path) -> tuple[int, int]:
+    """(calls, sampled tokens) the engine aborted, from the proxy's capture records: what syncs wasted."""
+    calls = tokens = 0
+    for path in capture_root.rglob("*.jsonl"):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if (rec.get("error") or {}).get("kind") == ENGINE_ABORTED_KIND:
+                calls += 1
+                tokens += len(rec.get("completion_ids") or ())
+    return calls, tokens
+
+
+# ---------------------------------------------------------------- the loop
+
+
+class Loop:
+    def __init__(self, options: LoopOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
+        self.o = options
+        self.out = out
+        self.err = err
+
+    def say(self, text: str) -> None:
+        print(f"tracefleet train: {text}", file=self.err, flush=True)
+
+    def run(self) -> LoopResult:
+        o = self.o
+        if o.iterations < 1:
+            raise UsageError("--iterations must be at least 1")
+        if o.max_lag < 0:
+            raise UsageError("--max-lag must be 0 or more")
+        check_job(o.job_path, str(o.job_path))
+        if o.held_out is not None:
+            check_job(o.held_out, f"--held-out {o.held_out}")
+        from tracefleet.api.manifest import load_job
+
+        job = load_job(o.job_path)
+        model = trained_model(job)
+        try:
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
+        except ImportError as exc:
+            raise UsageError(f"the trainer needs torch and transformers ({exc.name} is missing): "
+                             "pip install -e '.[trainer]'") from None
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_dir = (o.output or Path("tracefleet-output") / f"{job.name}-train-{stamp}").resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        result = LoopResult(run_dir=run_dir)
+        t0 = time.monotonic()
+        engine, engine_url, model_dir = self._engine(model, run_dir)
+        try:
+            result.startup_s = time.monotonic() - t0
+            self._train(job, engine_url, model_dir, run_dir, result)
+        finally:
+            if engine is not None:
+                engine.stop()
+        result.wall_s = time.monotonic() - t0
+        self._summary(result)
+        return result
+
+    def _engine(self, model: str, run_dir: Path) -> tuple[Any, str, Path]:
+        """(the vLLM this loop started or None, its URL, the model directory the trainer loads)."""
+        from tracefleet.engine.vllm_local import VllmFailed, VllmMissing, converted_model, launch
+        from tracefleet.trainer.control import PolicyUpdateFailed, update_policy
+
+        if self.o.engine_url:
+            url = self.o.engine_url.rstrip("/")
+            model_dir = served_model_dir(url)
+            self.say(f"using vLLM at {url}: putting the base weights back ({model_dir}) as policy 0")
+            try:
+                update_policy([url], model_dir, 0)
+            except (PolicyUpdateFailed, ValueError) as exc:
+                raise UsageError(f"--engine-url {url}: cannot reset it to the base weights: {exc}") from None
+            return None, url, model_dir
+        self.say(f"starting vLLM (CPU build) with {model}: about two minutes on 2 cores ...")
+        try:
+            engine = launch(log=run_dir / "vllm.log", model=model)
+        except (VllmMissing, VllmFailed) as exc:
+            raise UsageError(str(exc).splitlines()[0]) from None
+        return engine, engine.url, converted_model(model)
+
+    def _train(self, job: Any, engine_url: str, model_dir: Path, run_dir: Path, result: LoopResult) -> None:
+        import torch
+
+        from tracefleet.traces import BatchReader
+        from tracefleet.trainer.control import update_policy
+        from tracefleet.trainer.grpo import grpo_step, load_policy, save_weights, trainable
+
+        o = self.o
+        torch.manual_seed(o.seed)
+        if o.torch_threads:
+            torch.set_num_threads(o.torch_threads)
+        if o.held_out is not None:
+            self.say(f"scoring the held-out tasks ({o.held_out}) at policy 0 ...")
+            result.held_out_before, result.held_out_sessions = score_held_out(o.held_out, engine_url, run_dir, "before", o.parallelism)
+            self.say(f"held-out reward at policy 0: {fmt(result.held_out_before)} ({result.held_out_sessions} sessions)")
+        policy = load_policy(model_dir, o.train_layers)
+        optimizer = torch.optim.AdamW(trainable(policy), lr=o.lr)
+        loop_job = repeated_job(job, o.job_path.resolve().parent, o.iterations + o.max_lag + 2, o.traces_per_step)
+        bucket = run_dir / "batches"
+        rollouts = Rollouts(o.job_path, loop_job, engine_url, bucket, run_dir / "work", o.parallelism,
+                            run_dir / "rollouts.log").start()
+        layers = "every layer" if o.train_layers is None else f"the top {o.train_layers} layers"
+        self.say(f"rollouts running ({run_dir / 'rollouts.log'}); training {layers} for {o.iterations} steps"
+                 f"{f' or {o.minutes:g} min' if o.minutes else ''}, lr {o.lr:g}, staleness bound {o.max_lag}")
+        started = time.monotonic()
+        deadline = started + o.minutes * 60 if o.minutes else math.inf
+        reader = BatchReader(str(bucket), job.name, consumer=CONSUMER)
+        version, held = 0, False
+        log = open(run_dir / "loop.jsonl", "a")  # noqa: SIM115
+        try:
+            for batch in reader.follow(poll_s=POLL_S, timeout_s=None):
+                t_step = time.monotonic()
+                backlog = len([s for s in reader.seqs() if s > batch.seq])
+                if backlog > o.max_lag and not held:  # rollouts ran ahead: hold generation until this update
+                    update_engine_pause(engine_url)
+                    held = True
+                bound = max(0, version - o.max_lag)
+                t = batch.tensors(min_policy_version=bound)
+                rows = int(t["input_ids"].shape[0])
+                stats = grpo_step(policy, optimizer, t, policy_version=version) if rows and float(t["loss_mask"].sum()) else {"tokens": 0}
+                train_s = time.monotonic() - t_step
+                version += 1
+                ckpt = save_weights(policy, run_dir / "checkpoints" / f"policy-{version}")
+                report = update_policy([engine_url], ckpt, version)
+                held = False
+                reader.commit(batch)
+                prune_checkpoints(run_dir / "checkpoints", KEEP_CHECKPOINTS)
+                group_ids = batch.training_table().column("group_id").to_pylist()
+                step = step_record(len(result.steps) + 1, version, t, group_ids, stats, bound, report, train_s, backlog)
+                step["step_s"] = round(time.monotonic() - t_step, 3)
+                step["elapsed_s"] = round(time.monotonic() - started, 1)
+                result.steps.append(step)
+                print(step_line(step), file=self.out, flush=True)
+                log.write(json.dumps(step) + "\n")
+                log.flush()
+                if len(result.steps) >= o.iterations or time.monotonic() >= deadline:
+                    break
+                if not rollouts.alive and not [s for s in reader.seqs() if s > batch.seq]:
+                    break  # the rollouts ended (every round ran, or it failed: see below)
+        finally:
+            log.close()
+            self.say("stopping the rollouts (running sessions are killed, finished ones sealed) ...")
+            rollouts.join()
+        if rollouts.error is not None and not result.steps:
+            raise RuntimeError(f"the rollouts failed: {rollouts.error} (see {run_dir / 'rollouts.log'})")
+        result.sessions = len(rollouts.run.results)
+        result.calls_aborted, result.tokens_aborted = aborted_tokens(run_dir / "work" / "capture")
+        if o.held_out is not None:
+            self.say(f"scoring the held-out tasks at policy {version} ...")
+            result.held_out_after, _ = score_held_out(o.held_out, engine_url, run_dir, "after", o.parallelism)
+
+    def _summary(self, r: LoopResult) -> None:
+        first, last = r.reward_rise()
+        syncs = [s["sync_s"] for s in r.steps]
+        mism = [s["mean_abs_dlogprob"] for s in r.steps if s.get("mean_abs_dlogprob") is not None]
+        lines = [
+            f"{len(r.steps)} steps in {r.wall_s / 60:.1f} min (engine start {r.startup_s:.0f} s), {r.sessions} sessions",
+            f"batch reward: first two steps {fmt(first)}, last two {fmt(last)}"
+            + (f" ({last - first:+.2f})" if first is not None and last is not None else ""),
+        ]
+        if r.held_out_before is not None or r.held_out_after is not None:
+            lines.append(f"held-out reward: {fmt(r.held_out_before)} at policy 0, {fmt(r.held_out_after)} after "
+                         f"({r.held_out_sessions} sessions each)")
+        if syncs:
+            lines.append(f"weight sync: mean {sum(syncs) / len(syncs):.2f} s, max {max(syncs):.2f} s per step; "
+                         f"train/inference mean |dlogprob| {sci(sum(mism) / len(mism) if mism else None)}")
+        lines.append(f"generation wasted by syncs: {r.calls_aborted} calls aborted, {r.tokens_aborted} tokens")
+        lines.append(f"run folder: {r.run_dir} (loop.jsonl, batches/, checkpoints/, rollouts.log)")
+        for line in lines:
+            print(line, file=self.out, flush=True)
+
+
+def served_model_dir(url: str) -> Path:
+    """The directory a vLLM serves (its /v1/models `root`), which the trainer loads."""
+    import httpx
+
+    card = httpx.get(url + "/v1/models", timeout=10).raise_for_status().json()["data"][0]
+    path = Path(card.get("root") or "")
+    if not (path / "config.json").is_file():
+        raise UsageError(f"the vLLM at {url} serves {card.get('root')!r}, not a model directory on this machine")
+    return path
+
+
+def update_engine_pause(url: str) -> None:
+    """Freeze the engine's requests (mode keep) until the next update resumes it."""
+    from tracefleet.trainer.control import EngineControl
+
+    engine = EngineControl(url)
+    try:
+        engine.pause("keep")
+    finally:
+        engine.close()
+
+
+def prune_checkpoints(folder: Path, keep: int) -> None:
+    ckpts = sorted(folder.glob("policy-*"), key=lambda p: int(p.name.rsplit("-", 1)[1]))
+    for old in ckpts[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def step_record(step: int, version: int, t: dict[str, Any], group_ids: list[str], stats: dict[str, Any], bound: int,
+                report: Any, train_s: float, backlog: int) -> dict[str, Any]:
+    """One step's figures (loop.jsonl)."""
+    on = t["loss_mask"] > 0
+    versions = t["token_versions"]
+    masked = int(((versions >= 0) & (versions < bound)).sum())
+    seen = versions[on]
+    rewards = t["rewards"]
+    by_group: dict[str, set[float]] = {}
+    for g, r in zip(group_ids, rewards.tolist()):
+        by_group.setdefault(g, set()).add(r)
+    flight = report.in_flight
+    return {
+        "step": step, "version": version, "rows": int(t["input_ids"].shape[0]),
+        "reward_mean": float(rewards.mean()) if rewards.numel() else None,
+        "groups": len(by_group), "groups_with_signal": sum(len(v) > 1 for v in by_group.values()),
+        "trainable_tokens": int(on.sum()), "stale_tokens_masked": masked,
+        "max_lag_seen": int(version - 1 - int(seen.min())) if seen.numel() else 0,
+        "backlog": backlog, "train_s": round(train_s, 3), "sync_s": round(report.seconds, 3),
+        "paused_s": round(report.paused_seconds, 3), "sync_steps": {k: round(v, 3) for k, v in report.step_seconds().items()},
+        "kept": sum(f.kept for f in flight), "aborted": sum(f.aborted for f in flight),
+        **{k: v for k, v in stats.items() if k != "tokens"},
+        "mismatch_tokens": stats.get("tokens", 0),
+    }
+
+
+def run_loop(options: LoopOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> LoopResult:
+    return Loop(options, out, err).run()
+

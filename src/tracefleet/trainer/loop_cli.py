@@ -1,0 +1,66 @@
+"""`tracefleet train JOB.yaml`: the whole loop on this machine (tracefleet.trainer.loop)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tracefleet.trainer.loop import DEFAULT_TRAIN_LAYERS
+from tracefleet.usage import UsageError, positive_int
+
+EPILOG = """\
+examples:
+  tracefleet train examples/loop/job.yaml --iterations 10
+      start vLLM (CPU) with SmolLM2, run the job's sessions continuously, train with GRPO, sync the weights
+      into the engine after every step; one line per step
+  tracefleet train examples/loop/job.yaml --minutes 30 --held-out examples/loop/held-out.yaml
+      a time budget, and the held-out tasks scored before the first update and after the last
+  tracefleet train job.yaml --engine-url http://127.0.0.1:8000
+      use a vLLM already started by `tracefleet engine --backend vllm` (reset to its base weights first)
+
+Needs the vLLM CPU build (`bash hack/setup.d/45-vllm.sh`) and torch (`pip install -e '.[trainer]'`).
+Output: one line per step on stdout (batch reward, groups with signal, loss, train/inference mismatch,
+weight-sync seconds, requests kept/aborted by the sync, stale tokens masked), then a summary; progress on
+stderr; every step as JSON in RUN/loop.jsonl. Exit status: 0 done, 1 failed, 2 usage error, 130 interrupted.
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    parser.add_argument("job", type=Path, metavar="JOB.yaml", help="a RolloutJob serving a shipped model (smollm2)")
+    parser.add_argument("--iterations", "-n", type=positive_int, default=20, metavar="N", help="training steps (default 20)")
+    parser.add_argument("--minutes", type=float, metavar="M", help="stop after this long, whatever the step count")
+    parser.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate (default 1e-5)")
+    parser.add_argument("--max-lag", type=int, default=1, metavar="K",
+                        help="staleness bound: tokens more than K versions old are masked out (default 1)")
+    parser.add_argument("--traces-per-step", type=positive_int, metavar="N",
+                        help="traces per batch, so per step (default: the job's output.tracesPerBatch)")
+    parser.add_argument("--held-out", type=Path, metavar="JOB.yaml",
+                        help="a job whose tasks are scored before the first and after the last update (not trained on)")
+    parser.add_argument("--output", "-o", type=Path, metavar="DIR",
+                        help="the run's folder (default ./tracefleet-output/JOB-train-TIME)")
+    parser.add_argument("--engine-url", metavar="URL", help="a running vLLM started like `tracefleet engine --backend vllm`")
+    parser.add_argument("--parallelism", "-j", type=positive_int, metavar="N", help="sessions at once (default: spec.parallelism)")
+    parser.add_argument("--seed", type=int, default=0, help="torch seed (sampling is the engine's)")
+    parser.add_argument("--train-layers", type=int, default=DEFAULT_TRAIN_LAYERS, metavar="N",
+                        help=f"train the top N decoder layers (default {DEFAULT_TRAIN_LAYERS}; 0: every layer)")
+    parser.add_argument("--torch-threads", type=positive_int, metavar="N", help="CPU threads for the trainer")
+
+
+def main(args: argparse.Namespace) -> int:
+    from tracefleet.trainer.loop import LoopOptions, run_loop
+
+    if args.train_layers < 0:
+        raise UsageError("--train-layers must be 0 (every layer) or more")
+    if args.max_lag < 0:
+        raise UsageError("--max-lag must be 0 or more")
+    if args.minutes is not None and args.minutes <= 0:
+        raise UsageError("--minutes must be more than 0")
+    options = LoopOptions(job_path=args.job, iterations=args.iterations, minutes=args.minutes, lr=args.lr,
+                          max_lag=args.max_lag, seed=args.seed, traces_per_step=args.traces_per_step,
+                          output=args.output, engine_url=args.engine_url, held_out=args.held_out,
+                          parallelism=args.parallelism, torch_threads=args.torch_threads,
+                          train_layers=args.train_layers or None)
+    result = run_loop(options)
+    return 0 if result.steps else 1

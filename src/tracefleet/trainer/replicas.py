@@ -1,0 +1,102 @@
+"""The engine replicas behind a Kubernetes Service: what a trainer's weight sync updates on a cluster.
+
+A RolloutJob's managed vLLM is a Deployment of `replicas` pods behind the Service `<job>-inference` (port
+`http`). A weight sync must reach every pod, not the Service's one virtual IP (which would pause, reload and
+label a random replica per call). The pods come from the Service's EndpointSlices (discovery.k8s.io/v1, label
+`kubernetes.io/service-name`), as kube-proxy sees them: every endpoint that is not marked not-ready, at the
+port named `http` (or the slice's only port).
+
+    replicas = service_replicas("ns", "my-job-inference")        # [Replica(url, pod), ...]
+    report = update_policy([r.url for r in replicas], "/ckpt/policy-3", 3, check=False)
+
+`tracefleet policy update --service NS/NAME` (or `--job NS/JOB`) does both; the report's per-engine steps and
+in-flight counts are then per replica, and `pods` maps each replica's URL to its pod. The trainer must reach
+the pod IPs (run it in the cluster, or beside it on the pod network).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"  # set by the EndpointSlice controller on a Service's slices
+KUBECONFIG_ENV = "KUBECONFIG"
+ENGINE_PORT_NAME = "http"  # the managed inference Service's port (tracefleet.operator.children.inference)
+
+
+class NoReplicas(RuntimeError):
+    """The Service has no ready endpoint (or does not exist): nothing to update."""
+
+
+@dataclass(frozen=True)
+class Replica:
+    url: str  # http://<pod ip>:<port>
+    pod: str | None  # the endpoint's targetRef name, when it names a pod
+
+
+def split_ref(ref: str, default_namespace: str = "default") -> tuple[str, str]:
+    """'NS/NAME' or 'NAME' -> (namespace, name)."""
+    namespace, _, name = ref.rpartition("/")
+    if not name or "/" in namespace:
+        raise ValueError(f"{ref!r}: expected NAMESPACE/NAME or NAME")
+    return namespace or default_namespace, name
+
+
+def inference_service_name(job: str) -> str:
+    """The Service the operator gives a job's managed vLLM."""
+    from tracefleet.operator.names import inference_name
+
+    return inference_name(job)
+
+
+def kube_api_client() -> Any:
+    """A client for the cluster this process runs in, else the kubeconfig's current context."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        try:
+            # KUBECONFIG as it is now (the client reads it once, at import)
+            config.load_kube_config(config_file=os.environ.get(KUBECONFIG_ENV))
+        except (config.ConfigException, OSError) as exc:
+            raise ValueError(f"no Kubernetes credentials (not in a pod, no usable kubeconfig: {exc})") from None
+    return client.ApiClient()
+
+
+def _port(ports: list[Any] | None, port_name: str) -> int | None:
+    ports = ports or []
+    named = [p.port for p in ports if p.name == port_name and p.port]
+    if named:
+        return named[0]
+    return ports[0].port if len(ports) == 1 and ports[0].port else None
+
+
+def service_replicas(namespace: str, service: str, *, api_client: Any = None, port_name: str = ENGINE_PORT_NAME,
+                     scheme: str = "http") -> list[Replica]:
+    """Every ready endpoint of the Service's EndpointSlices, as engine root URLs (sorted, no duplicates).
+    NoReplicas when there is none."""
+    from kubernetes import client
+
+    api = client.DiscoveryV1Api(api_client or kube_api_client())
+    slices = api.list_namespaced_endpoint_slice(namespace, label_selector=f"{SERVICE_NAME_LABEL}={service}").items
+    found: dict[str, Replica] = {}
+    for sl in slices:
+        port = _port(sl.ports, port_name)
+        if port is None or sl.address_type not in ("IPv4", "IPv6"):
+            continue
+        for ep in sl.endpoints or []:
+            if ep.conditions is not None and ep.conditions.ready is False:
+                continue  # not serving: kube-proxy sends it nothing either
+            if not ep.addresses:
+                continue
+            host = ep.addresses[0]
+            host = f"[{host}]" if ":" in host else host
+            url = f"{scheme}://{host}:{port}"
+            pod = ep.target_ref.name if ep.target_ref is not None and ep.target_ref.kind == "Pod" else None
+            found[url] = Replica(url=url, pod=pod)
+    if not found:
+        why = "no EndpointSlice" if not slices else f"no ready endpoint with a port named {port_name!r}"
+        raise NoReplicas(f"service {namespace}/{service}: {why} (is the inference Deployment up?)")
+    return [found[u] for u in sorted(found)]

@@ -1,0 +1,45 @@
+"""`tracefleet train` before it starts anything: the job it runs (the tasks repeated round after round, each
+round its own GRPO group) and the one-line errors a user gets. The loop itself runs in bench/loop.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tracefleet.api.manifest import load_job
+from tracefleet.cli import main as cli_main
+from tracefleet.contract.semantics import group_id, session_plan
+from tracefleet.trainer.loop import repeated_job
+
+REPO = Path(__file__).resolve().parents[2]
+LOOP_JOB = REPO / "examples" / "loop" / "job.yaml"
+
+
+def test_the_loop_job_repeats_the_tasks_in_rounds_each_its_own_group() -> None:
+    job = load_job(LOOP_JOB)
+    looped = repeated_job(job, LOOP_JOB.parent, rounds=3, traces_per_step=8)
+    ids = [t.id for t in looped.spec.tasks.inline]
+    assert ids == [f"{t}-r{k}" for k in range(3) for t in ("add", "shout", "total")]
+    assert looped.spec.output.traces_per_batch == 8 and looped.spec.tasks.samples_per_task == 4
+    assert looped.name == job.name and job.spec.tasks.inline[0].id == "add"  # the loaded job is unchanged
+    plan = session_plan(looped.name, ids, 4)
+    assert len({p.group_id for p in plan}) == 9 and plan[0].group_id == group_id("loop", "add-r0")
+    assert [t.prompt for t in looped.spec.tasks.inline[3:6]] == [t.prompt for t in job.spec.tasks.inline]
+
+
+def test_train_says_what_is_wrong_in_one_line(tmp_path: Path, capsys: Any) -> None:
+    other = tmp_path / "job.yaml"
+    other.write_text(LOOP_JOB.read_text().replace("model: smollm2", "model: Qwen/Qwen3-8B")
+                     .replace("../quickstart/", f"{LOOP_JOB.parent.parent}/quickstart/"))
+    cases = [
+        (["train", str(tmp_path / "missing.yaml")], "missing.yaml: no such file"),
+        (["train", str(LOOP_JOB), "--max-lag", "-1"], "--max-lag must be 0 or more"),
+        (["train", str(LOOP_JOB), "--minutes", "0"], "--minutes must be more than 0"),
+        (["train", str(other)], "trains a shipped model on this machine (smollm2); the job serves 'Qwen/Qwen3-8B'"),
+        (["train", str(LOOP_JOB), "--held-out", str(tmp_path)], "is a directory"),
+    ]
+    for argv, message in cases:
+        capsys.readouterr()
+        assert cli_main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
