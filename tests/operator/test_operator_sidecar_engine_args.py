@@ -5,36 +5,19 @@ external engine's as the job states it, nothing when it does not (the proxy then
 from __future__ import annotations
 
 import argparse
-import textwrap
-
-import yaml
 
 from tracefleet.operator.children.harness import harness_pod
 from tracefleet.contract.job import RolloutJob
-from tracefleet.operator.config import OperatorConfig
 from tracefleet.proxy.cli import configure, engine_limits
 
-CFG = OperatorConfig(proxy_image="reg/tracefleet:test", evaluator_image="reg/tracefleet:test")
-BODY = textwrap.dedent(
-    """
-    apiVersion: tracefleet.io/v1alpha1
-    kind: RolloutJob
-    metadata: {name: demo, namespace: team, uid: 0b7d2c1e-uid, generation: 1}
-    spec:
-      inference:
-        managed: {model: Qwen/Qwen3-4B}
-      harness: {preset: codex, image: ghcr.io/acme/codex:1}
-      tasks: {inline: [{id: t1, prompt: "fix the bug"}]}
-      output: {uri: "s3://traces/runs"}
-    """
-)
+from fixtures.rolloutjobs import POD_CONFIG, managed_codex_body
 
 
 def sidecar_args(inference: dict | None = None) -> argparse.Namespace:
-    body = yaml.safe_load(BODY)
+    body = managed_codex_body()
     body["spec"]["inference"].update(inference or {})
     body["spec"]["inference"] = {k: v for k, v in body["spec"]["inference"].items() if v is not None}
-    (proxy,) = harness_pod(RolloutJob.model_validate(body), CFG, session=0, attempt=0)["spec"]["initContainers"]
+    (proxy,) = harness_pod(RolloutJob.model_validate(body), POD_CONFIG, session=0, attempt=0)["spec"]["initContainers"]
     parser = argparse.ArgumentParser()
     configure(parser)  # what `tracefleet proxy` makes of them
     assert proxy["args"][0] == "proxy"

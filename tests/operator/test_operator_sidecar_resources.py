@@ -3,35 +3,20 @@ spec.inference.capture.proxyResources reaches the pod, key by key over those def
 
 from __future__ import annotations
 
-import textwrap
 
 import yaml
 
 from tracefleet.contract.job import RolloutJob
 from tracefleet.contract.sidecar_resources import PROXY_RESOURCES
 from tracefleet.operator.children.harness import harness_pod
-from tracefleet.operator.config import OperatorConfig
 
-CFG = OperatorConfig(proxy_image="reg/tracefleet:test", evaluator_image="reg/tracefleet:test")
-BODY = textwrap.dedent(
-    """
-    apiVersion: tracefleet.io/v1alpha1
-    kind: RolloutJob
-    metadata: {name: demo, namespace: team, uid: 0b7d2c1e-uid, generation: 1}
-    spec:
-      inference:
-        managed: {model: Qwen/Qwen3-4B}
-      harness: {preset: codex, image: ghcr.io/acme/codex:1}
-      tasks: {inline: [{id: t1, prompt: "fix the bug"}]}
-      output: {uri: "s3://traces/runs"}
-    """
-)
+from fixtures.rolloutjobs import POD_CONFIG, managed_codex_body
 
 
 def sidecar_resources(capture: str) -> dict:
-    body = yaml.safe_load(BODY)
+    body = managed_codex_body()
     body["spec"]["inference"]["capture"] = yaml.safe_load(capture)
-    pod = harness_pod(RolloutJob.model_validate(body), CFG, session=0, attempt=0)
+    pod = harness_pod(RolloutJob.model_validate(body), POD_CONFIG, session=0, attempt=0)
     (proxy,) = pod["spec"]["initContainers"]
     return proxy["resources"]
 

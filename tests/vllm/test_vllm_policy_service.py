@@ -22,7 +22,7 @@ from tracefleet.contract.policy import label_version
 from tracefleet.trainer import EngineControl
 from tracefleet.trainer.replicas import SERVICE_NAME_LABEL, inference_service_name, service_replicas
 
-from fixtures.checkpoints import changed_checkpoint
+from fixtures.checkpoints import changed_checkpoint, restore_served_weights
 from fixtures.proxy_on_vllm import served_model_dir
 
 NAMESPACE = "policy-sync"
@@ -127,11 +127,7 @@ def test_policy_update_reaches_every_replica_behind_the_service(kube: Any, vllm_
         assert sorted(f["engine"] for f in report["in_flight"]) == urls
         assert label_version(engine.label()) == 1 and engine.label() == report["label"] and not engine.is_paused()
     finally:  # the server is shared by the session's tests: its own weights and label back
-        engine.pause("wait")
-        engine.reload(str(model_dir))
-        engine.set_label("default")
-        engine.resume()
-        engine.close()
+        restore_served_weights(engine, model_dir)
         for r in relays:
             r.close()
         core.delete_namespace(NAMESPACE)

@@ -26,7 +26,7 @@ from tracefleet.trainer import EngineControl, update_policy
 from tracefleet.traces import SessionInfo, build_traces
 from tracefleet.traces.calls import call_from_record
 
-from fixtures.checkpoints import changed_checkpoint
+from fixtures.checkpoints import changed_checkpoint, restore_served_weights
 from fixtures.proxy_on_vllm import (ProxyOnVllm, auth_headers, dialect_request, post,  # noqa: F401 (proxies)
                                     proxies, served_model_dir)
 
@@ -107,11 +107,7 @@ def test_two_policy_updates_keep_and_label_every_token(vllm_server: Any, proxies
         assert call_from_record(after2, 0).policy_version == 2
         assert after2.logprobs != after1.logprobs
     finally:  # the server is shared by the session's tests: its own weights and label back
-        engine.pause("wait")
-        engine.reload(str(model_dir))
-        engine.set_label("default")
-        engine.resume()
-        engine.close()
+        restore_served_weights(engine, model_dir)
 
     # the trainer's view: the straddling call's trace has a span per version, the reader a version per token
     result = build_traces(proxy.capture / "s.jsonl", builder="per-request",
@@ -179,11 +175,7 @@ def test_reference_trainer_recomputes_the_engines_logprobs_and_syncs_its_weights
         delta1 = float((lp1 - t1["old_logprobs"])[t1["loss_mask"] > 0].abs().max())
         assert delta1 < LOGPROB_TOLERANCE, delta1  # the engine runs exactly the trainer's weights
     finally:
-        engine.pause("wait")
-        engine.reload(str(model_dir))
-        engine.set_label("default")
-        engine.resume()
-        engine.close()
+        restore_served_weights(engine, model_dir)
     print(f"trainer vs engine max |d logprob|: version 0 {delta0:.2e}, version 1 {delta1:.2e} "
           f"({len(rec0.completion_ids)}, {len(rec1.completion_ids)} tokens); step stats {stats}; full-checkpoint sync "
           f"{report.seconds:.2f} s, steps { {k: round(v, 3) for k, v in report.step_seconds().items()} }")
