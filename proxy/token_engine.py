@@ -28,7 +28,7 @@ from tracefleet.contract.capture import SpliceInfo
 from tracefleet.contract.engine_limits import LOGPROBS_MODES, UNKNOWN_LOGPROBS
 from tracefleet.vllm import version_tuple
 
-from tracefleet.proxy.canonical import Conversation, Message, ToolCall
+from tracefleet.proxy.canonical import Conversation, Message, Sampling, ToolCall
 from tracefleet.proxy.engine_client import EngineClient, is_max_tokens_error
 from tracefleet.proxy.errors import ProxyError
 
@@ -301,6 +301,18 @@ class ServedModelName:
     # other engines are not asked (an unknown field costs a warning per request in vLLM's log)
     reports_weight_versions: bool = False
 
+    def sampling_fields(self, s: Sampling, policy_version: int) -> dict[str, Any]:
+        """What either capture mode asks the engine about sampling and the policy: the harness's sampling keys and
+        stop strings, the prefix cache salted by the policy version, per-token weight versions where reported."""
+        fields: dict[str, Any] = {key: getattr(s, key) for key in (*SAMPLING_KEYS, "seed")
+                                  if getattr(s, key) is not None}
+        if s.stop:
+            fields["stop"] = s.stop
+        fields["cache_salt"] = cache_salt(policy_version)
+        if self.reports_weight_versions:
+            fields["return_weight_versions"] = True
+        return fields
+
     async def _read_cards(self) -> None:
         # when the proxy started before the engine, this is the first look at its version
         version = await self.client.check_version()
@@ -361,14 +373,7 @@ class ServerTokenEngine(ServedModelName):
         if s.max_tokens is not None:
             # the prompt is at least one token: never more than the context leaves (vLLM 400s otherwise)
             body["max_tokens"] = clamp_max_tokens(s.max_tokens, 1, await self.max_model_len())
-        for key in (*SAMPLING_KEYS, "seed"):
-            if getattr(s, key) is not None:
-                body[key] = getattr(s, key)
-        if s.stop:
-            body["stop"] = s.stop
-        body["cache_salt"] = cache_salt(policy_version)
-        if self.reports_weight_versions:
-            body["return_weight_versions"] = True
+        body.update(self.sampling_fields(s, policy_version))
         kwargs = reasoning_template_kwargs(s.reasoning_effort)
         if kwargs:
             # the same template variables exact mode renders with; vLLM's own `reasoning_effort` field takes

@@ -24,8 +24,8 @@ from tracefleet.formats.parsers import make_parser
 from tracefleet.proxy.canonical import Conversation
 from tracefleet.proxy.engine_client import EngineClient
 from tracefleet.proxy.errors import ProxyError
-from tracefleet.proxy.token_engine import (FALLBACK_MAX_TOKENS, SAMPLING_KEYS, CallState, Event, ServedModelName, canonical_finish,
-                            cache_salt, clamp_max_tokens, context_overflow, record_tool_call, sampling_record)
+from tracefleet.proxy.token_engine import (FALLBACK_MAX_TOKENS, CallState, Event, ServedModelName, canonical_finish,
+                                           clamp_max_tokens, context_overflow, record_tool_call, sampling_record)
 from tracefleet.proxy.exact.render import render_conversation
 from tracefleet.proxy.exact.splice import SessionSplicer
 
@@ -86,14 +86,7 @@ class ExactTokenEngine(ServedModelName):
             # the splicer relies on a turn ending at the family's end-of-turn id, which vLLM stops on only when
             # generation_config.json lists it (not under --generation-config vllm, e.g. Gemma 3's <end_of_turn>)
             body["stop_token_ids"] = [eot]
-        for key in (*SAMPLING_KEYS, "seed"):
-            if getattr(s, key) is not None:
-                body[key] = getattr(s, key)
-        if s.stop:
-            body["stop"] = s.stop
-        body["cache_salt"] = cache_salt(policy_version)
-        if self.reports_weight_versions:
-            body["return_weight_versions"] = True
+        body.update(self.sampling_fields(s, policy_version))
         return body
 
     async def generate(self, conv: Conversation, state: CallState) -> AsyncIterator[Event]:
