@@ -192,7 +192,8 @@ def test_the_session_patch_is_the_task_workdir_against_the_images(tmp_path: Path
                             "TRACEFLEET_SAMPLE_INDEX": "0", "TRACEFLEET_TASK_JSON": '{"id": "t", "prompt": "p"}',
                             "TRACEFLEET_SESSION_ID": "hb-s0", "TRACEFLEET_BASE_URL": "http://127.0.0.1:1",
                             "TRACEFLEET_API_KEY": "k", "TRACEFLEET_TIMEOUT_S": "30",
-                            "TRACEFLEET_ARTIFACTS_DIR": str(artifacts), "TRACEFLEET_WORK_DIR": str(work), "TRACEFLEET_LAUNCH_DIR": str(launch), "HOME": str(home)})
+                            "TRACEFLEET_ARTIFACTS_DIR": str(artifacts), "TRACEFLEET_WORK_DIR": str(work),
+                            "TRACEFLEET_LAUNCH_DIR": str(launch), "HOME": str(home)})
     folders = SessionFolders(work=work, artifacts=artifacts, home=home)
     patch = place.workspace_diff(None, folders)  # type: ignore[arg-type]
     changed = sorted(line.split(" b/")[-1] for line in patch.splitlines() if line.startswith("diff --git"))
