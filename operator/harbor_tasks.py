@@ -19,6 +19,7 @@ import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tracefleet.bucket import BucketError
 from tracefleet.contract.harbor import TaskConfig
@@ -58,9 +59,12 @@ class HarborTaskPlan:
         """Whole seconds (the task image's `timeout` and the Job's deadline take them), rounded up."""
         return max(1, math.ceil(self.config.verifier.timeout_sec))
 
-    def task_json(self) -> dict[str, str]:
-        """The session's task, as the pods read it (tracefleet.contract.podenv.TASK_JSON)."""
-        return {"id": self.name, "prompt": self.instruction}
+    def task_json(self) -> dict[str, Any]:
+        """The session's task, as the pods read it (tracefleet.contract.podenv.TASK_JSON): task.toml's [metadata]
+        too, which `tracefleet run` gives its rows (tracefleet.runner.task.harbor_tasks), so a trainer reads the
+        same task metadata from either driver."""
+        return {"id": self.name, "prompt": self.instruction,
+                **({"metadata": dict(self.config.metadata)} if self.config.metadata else {})}
 
 
 @dataclass

@@ -49,6 +49,8 @@ L={ti.LAUNCH_DIR}
 mkdir -p "$L" && chmod 0777 "$L"
 if [ -n "${{{podenv.TASK_WORKDIR}:-}}" ]; then mkdir -p "${podenv.TASK_WORKDIR}" && cd "${podenv.TASK_WORKDIR}"; fi
 {_LISTING}
+# the working directory as the image has it, for the session's patch (not the whole root filesystem)
+if [ "$(pwd)" != / ]; then tar -cpf "$L/{ti.WORKDIR_BEFORE}" . 2> /dev/null || rm -f "$L/{ti.WORKDIR_BEFORE}"; fi
 : > "$L/.start"
 listing > "$L/.before"
 pwd > "$L/.ready" && mv "$L/.ready" "$L/{ti.READY}"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import tarfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,6 +31,7 @@ from tracefleet.contract.session import SessionPlan, SessionResult
 from tracefleet.runner.pod.harness_pod import PodPlace
 from tracefleet.runner.sandbox import ProcessResult
 from tracefleet.runner.session import SessionFolders
+from tracefleet.runner.workspace import tree_patch
 
 POLL_S = 0.2
 # The launcher lists the root filesystem before it says ready; a slow image pull is the kubelet's (the container
@@ -125,6 +127,38 @@ class TaskImagePlace(PodPlace):
         return ProcessResult(exit_code=code, timed_out=timed_out, stopped=stopped, duration_s=time.monotonic() - started,
                              stdout_path=stdout_path, stderr_path=stderr_path)
 
+    def workspace_diff(self, plan: SessionPlan, folders: SessionFolders) -> str:
+        """What the agent changed in the task container's working directory, against the image's (the launcher's
+        copy of it before the harness started, then that copy with the change set applied), as the binary git patch
+        `tracefleet run`'s container place makes (session.patch: the diagnostics read it). Empty when the harness
+        never ran or the working directory is `/`."""
+        before_tar = self.launch / ti.WORKDIR_BEFORE
+        workdir = self._task_workdir(0)
+        if workdir is None or not before_tar.exists() or not (self.launch / ti.EXIT_CODE).exists():
+            return ""
+        scratch = folders.work / "container-diff"
+        shutil.rmtree(scratch, ignore_errors=True)
+        before, after = scratch / "before", scratch / "after"
+        try:
+            for dest in (before, after):
+                dest.mkdir(parents=True)
+                _unpack(before_tar, dest)
+            prefix = workdir.strip("/")
+            deleted = self.launch / ti.DELETED
+            for line in deleted.read_text().splitlines() if deleted.exists() else []:
+                rel = _under(line.strip("/"), prefix)
+                if rel:
+                    target = after / rel
+                    if target.is_dir() and not target.is_symlink():
+                        shutil.rmtree(target)
+                    else:
+                        target.unlink(missing_ok=True)
+            if (self.launch / ti.CHANGES).exists():
+                _unpack(self.launch / ti.CHANGES, after, prefix)
+            return tree_patch(before, after, scratch / "git")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
     def finish(self, result: SessionResult, folders: SessionFolders) -> None:
         """The change set into the artifacts (before result.json, which the sidecar takes to mean complete), and
         `done` for a launcher still waiting for a request (the session ended before the harness started)."""
@@ -133,3 +167,26 @@ class TaskImagePlace(PodPlace):
                 shutil.copyfile(self.launch / name, folders.artifacts / name)
         (self.launch / ti.DONE).touch()
         super().finish(result, folders)
+
+
+def _under(name: str, prefix: str) -> str | None:
+    """`name` (a path without its leading /) relative to folder `prefix`; None outside it or for the folder itself."""
+    if not prefix:
+        return name or None
+    if not name.startswith(prefix + "/"):
+        return None
+    return name[len(prefix) + 1:] or None
+
+
+def _unpack(tar_path: Path, dest: Path, prefix: str = "") -> None:
+    """The members of a tar under folder `prefix` (all of them by default) into dest, relative to prefix, with
+    tarfile's `data` filter (nothing outside dest, no devices, no owners of the container's)."""
+    with tarfile.open(tar_path) as tar:
+        for member in tar:
+            rel = None if member.name == "." else _under(member.name.removeprefix("./").lstrip("/"), prefix)
+            if rel is None:
+                continue
+            try:
+                tar.extract(member.replace(name=rel, deep=False), dest, filter="data")
+            except (tarfile.TarError, KeyError, OSError):
+                continue  # a link out of the folder or to a member left out: the patch goes on without it

@@ -25,6 +25,17 @@ session's own proxy address, secret, HOME and workspace named instead of spelled
 in its model call (so in the tokens) and the whole of it in the evaluator's output (trace metadata).
 The job's `spec.harness.env` overrides a preset variable (NO_COLOR) and tries to route the harness
 elsewhere (OPENAI_BASE_URL), which the session's own endpoint overrides (tracefleet.runner.environment).
+
+A Harbor job, the same comparison: 2 Harbor task folders in an s3:// source × 2 samples, an agent (Node.js, one
+model call, its answer to a file in the task's /app) judged by each task's tests/test.sh: one solved (reward.txt),
+one not, with reward.json's second metric. Locally each session runs in a podman container of the task's image; on
+the cluster the task-image containers of each harness pod and evaluator Job run in podman as well
+(fixtures.pods.run_task_image_pod / run_task_image_job), the tracefleet-image ones as above. Every compared column
+agrees, the evaluation's metrics, the task's [metadata] and the diagnostics included; what differs is outside the
+rows (container names, the pod's volume paths, the engine's timings), so nothing more is excluded. Two real
+differences this found, fixed at the root: the pods' task had no [metadata] (HarborTaskPlan.task_json), and the
+pod's session.patch was empty, so a solved row was flagged `success_without_work` on the cluster only (the task
+container's launcher now keeps its working directory as the image has it: runner.pod.task_image.workspace_diff).
 """
 
 from __future__ import annotations
@@ -40,9 +51,12 @@ from typing import Any
 import numpy as np
 
 from fixtures.drivers import CREDENTIALS_SECRET, PlayedCluster, submit
+from fixtures.harbor_tasks import ANSWER_AGENT_JS
 from fixtures.local_runs import run_local
-from tracefleet.contract import semantics
+from tracefleet.bucket import open_bucket
+from tracefleet.contract import layout, semantics
 from tracefleet.operator import names as n
+from tracefleet.runner.containers.runtime import BASE_IMAGE
 from tracefleet.traces.reader import BatchReader
 
 REPO = Path(__file__).resolve().parents[2]
@@ -331,3 +345,90 @@ def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: A
     assert len(trained) == 2 and sorted(len(t["groups"]) for t in trained) == [1, 2]
     assert set().union(*(t["groups"] for t in trained)) == {f"{JOB}/t{i}" for i in range(TASKS)}
     assert all(np.abs(t["advantages"]).max() > 0.5 and t["loss_tokens"] > 0 for t in trained)
+
+
+# ---------------------------------------------------------------- a Harbor job
+
+HARBOR_JOB = "conform-harbor"
+HARBOR_SAMPLES = 2
+HARBOR_TOML = f"""schema_version = "1.4"
+[metadata]
+difficulty = "{{difficulty}}"
+[verifier]
+timeout_sec = 30
+[environment]
+docker_image = "{BASE_IMAGE}"
+workdir = "/app"
+cpus = 1
+memory_mb = 512
+"""
+HARBOR_TESTS = {
+    # the agent's answer solves it: reward.txt
+    "answer": '#!/bin/bash\nif [ "$(cat /app/answer.txt 2>/dev/null)" = 42 ]; then r=1; else r=0; fi\n'
+              'echo $r > /logs/verifier/reward.txt\n',
+    # it does not: reward.json with a second metric (the answer was written, in the task's /app)
+    "metrics": '#!/bin/bash\nif [ "$(cat /app/answer.txt 2>/dev/null)" = 41 ]; then r=1; else r=0; fi\n'
+               'if [ -s /app/answer.txt ]; then a=1; else a=0; fi\n'
+               'printf \'{"reward": %s, "answered": %s}\\n\' $r $a > /logs/verifier/reward.json\n',
+}
+def harbor_manifest(engine: Any, tasks: str, output: str, ns: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": HARBOR_JOB, **({"namespace": ns} if ns else {})}
+    return {
+        "apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob", "metadata": meta,
+        "spec": {
+            "inference": {"external": {"baseUrl": engine.url, "model": engine.model}, "capture": {"mode": "server"}},
+            "harness": {"preset": "command", "image": "reg.local/bundle:test", "sessionTimeoutSeconds": 120,
+                        "command": ["node", "-e", ANSWER_AGENT_JS, "{base_url_v1}", "{api_key}", "{model}", "{prompt}"]},
+            "tasks": {"harbor": {"uri": tasks}, "samplesPerTask": HARBOR_SAMPLES},
+            "output": {"uri": output, "credentialsSecretRef": {"name": CREDENTIALS_SECRET},
+                       "tracesPerBatch": HARBOR_SAMPLES},
+            "parallelism": 2,
+        },
+    }
+
+
+def test_a_harbor_job_gives_a_trainer_the_same_batches_from_both_drivers(kube: Any, s3: Any, scripted_engine: Any,
+                                                                        operator: Any, container_runtime: Any,
+                                                                        tmp_path: Path) -> None:
+    ns, operator_log = operator
+    scripted_engine.configure(no_tools_text="42")
+    bucket_name = s3.create_bucket()
+    creds = {**s3.env(), "AWS_DEFAULT_REGION": s3.region}
+    source = open_bucket(f"s3://{bucket_name}/tasks", **s3.bucket_options())
+    for name, test_sh in HARBOR_TESTS.items():
+        files = {"task.toml": HARBOR_TOML.format(difficulty=f"{name}-level"), "tests/test.sh": test_sh,
+                 "instruction.md": f"Write the answer to answer.txt ({name}).\n"}
+        for rel, text in files.items():
+            source.put(f"{name}/{rel}", text.encode())
+    tasks = f"s3://{bucket_name}/tasks"
+
+    local, local_s = run_local(harbor_manifest(scripted_engine, tasks, f"s3://{bucket_name}/local"), tmp_path,
+                               env=creds, timeout_s=300)
+    assert local.returncode == 0, local.stdout + local.stderr
+
+    submit(kube, ns, harbor_manifest(scripted_engine, tasks, f"s3://{bucket_name}/cluster", ns), creds)
+    played = PlayedCluster(kube, ns, HARBOR_JOB, {CREDENTIALS_SECRET: creds}, tmp_path / "pods",
+                           runtime=container_runtime)
+    started = time.monotonic()
+    status = played.run_until_finished(300, operator_log)
+    print(f"harbor job: local run {local_s:.1f} s, cluster run {time.monotonic() - started:.1f} s")
+    assert status["phase"] == "Succeeded", status
+
+    local_batches = read_batches(BatchReader(f"s3://{bucket_name}/local", HARBOR_JOB, **s3.bucket_options()))
+    cluster_batches = read_batches(BatchReader(f"s3://{bucket_name}/cluster", HARBOR_JOB, **s3.bucket_options()))
+    for batches in (local_batches, cluster_batches):
+        rows = [r for b in batches for r in b["rows"]]
+        summary = Counter((r["task_id"], r["reward"], r["outcome"], r["num_trainable"] > 0) for r in rows)
+        assert summary == {("answer", 1.0, "ok", True): 2, ("metrics", 0.0, "ok", True): 2}, summary
+        for r in rows:
+            evaluation = r["metadata"]["extra"]["evaluation"]
+            assert evaluation["metrics"] == ({"reward": 1.0} if r["task_id"] == "answer"
+                                             else {"reward": 0.0, "answered": 1.0}), evaluation
+    assert sessions_by_group(cluster_batches) == sessions_by_group(local_batches)
+    assert by_group(cluster_batches) == by_group(local_batches), "\n".join(differences(by_group(cluster_batches),
+                                                                                     by_group(local_batches)))
+    # the session's patch the diagnostics read: the agent's change in the task's /app, from the pod's change set as
+    # from the local container (an empty one flagged the cluster's solved rows as success without work)
+    cluster = open_bucket(f"s3://{bucket_name}/cluster", **s3.bucket_options())
+    patch = cluster.get(layout.artifacts_prefix(HARBOR_JOB, 0) + layout.PATCH).decode()
+    assert "diff --git a/answer.txt b/answer.txt" in patch and "+42" in patch, patch

@@ -161,3 +161,44 @@ def test_the_report_step_fails_closed_with_one_line(tmp_path: Path) -> None:
     assert (status, reward) == ("error", 0.0) and "reward.txt does not hold one number: 'passed'" in (message or "")
     status, reward, message = case({ti.EXIT_CODE: "1\n", ti.TEST_OUTPUT: "boom\n"})
     assert (status, reward) == ("error", 0.0) and message.endswith("(exit status 1: boom)")
+
+
+def test_the_session_patch_is_the_task_workdir_against_the_images(tmp_path: Path) -> None:
+    """session.patch on a task-image pod (what the diagnostics read): the launcher's copy of the working directory
+    before the harness (`tar -cpf … .` in it), with the change set's part under that directory applied (a modified
+    file, a new one, a deletion), and nothing from elsewhere on the root filesystem."""
+    import io
+    import tarfile
+
+    shared, home, work, artifacts = (tmp_path / d for d in ("shared", "home", "work", "artifacts"))
+    launch = shared / "launch"
+    for d in (launch, home, work, artifacts):
+        d.mkdir(parents=True)
+
+    def tar(path: Path, files: dict[str, str]) -> None:
+        with tarfile.open(path, "w") as out:
+            for name, text in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(text.encode())
+                out.addfile(info, io.BytesIO(text.encode()))
+
+    (launch / ti.READY).write_text("/app\n")
+    tar(launch / ti.WORKDIR_BEFORE, {"./keep.txt": "same\n", "./edit.py": "x = 1\n", "./gone.txt": "bye\n"})
+    tar(launch / ti.CHANGES, {"app/edit.py": "x = 2\n", "app/new.txt": "hello\n", "etc/issue": "elsewhere\n",
+                              "application/x": "a sibling folder\n"})
+    (launch / ti.DELETED).write_text("/app/gone.txt\n/etc/motd\n")
+    (launch / ti.EXIT_CODE).write_text("0\n")
+    place = TaskImagePlace({"TRACEFLEET_JOB": "hb", "TRACEFLEET_SESSION": "0", "TRACEFLEET_TASK_INDEX": "0",
+                            "TRACEFLEET_SAMPLE_INDEX": "0", "TRACEFLEET_TASK_JSON": '{"id": "t", "prompt": "p"}',
+                            "TRACEFLEET_SESSION_ID": "hb-s0", "TRACEFLEET_BASE_URL": "http://127.0.0.1:1",
+                            "TRACEFLEET_API_KEY": "k", "TRACEFLEET_TIMEOUT_S": "30",
+                            "TRACEFLEET_ARTIFACTS_DIR": str(artifacts), "TRACEFLEET_WORK_DIR": str(work),
+                            "TRACEFLEET_LAUNCH_DIR": str(launch), "HOME": str(home)})
+    folders = SessionFolders(work=work, artifacts=artifacts, home=home)
+    patch = place.workspace_diff(None, folders)  # type: ignore[arg-type]
+    changed = sorted(line.split(" b/")[-1] for line in patch.splitlines() if line.startswith("diff --git"))
+    assert changed == ["edit.py", "gone.txt", "new.txt"], patch
+    assert "-x = 1\n+x = 2" in patch and "deleted file mode" in patch and "+hello" in patch, patch
+    assert not (work / "container-diff").exists()
+    (launch / ti.WORKDIR_BEFORE).unlink()  # a working directory of `/`: no patch
+    assert place.workspace_diff(None, folders) == ""  # type: ignore[arg-type]

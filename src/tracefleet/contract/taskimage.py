@@ -9,6 +9,9 @@ Harness pod (volume SHARED_DIR, mounted in the task container and the session co
 
     bundle/                 the harness bundle the init container copied in (BUNDLE_BIN on the harness's PATH)
     launch/ready            the task container's launcher is up; holds its working directory (the task's workdir)
+    launch/workdir-before.tar  that working directory as the image has it, taken before the harness starts (not
+                            for a working directory of `/`): with the change set, the session's patch
+                            (session.patch, what the diagnostics read), as `tracefleet run` makes it
     launch/request.sh       the session program's launch: the harness's environment, cwd and argv (written last,
                             by rename)
     launch/stop             the session program asks for the harness's process group to be killed
@@ -48,6 +51,7 @@ BUNDLE_SOURCE_DIR = "/opt/tracefleet/bundle"
 
 LAUNCH_DIR = f"{SHARED_DIR}/launch"
 READY = "ready"
+WORKDIR_BEFORE = "workdir-before.tar"
 REQUEST = "request.sh"
 STOP = "stop"
 DONE = "done"
