@@ -51,12 +51,11 @@ from typing import Any
 import numpy as np
 
 from fixtures.drivers import CREDENTIALS_SECRET, PlayedCluster, submit
-from fixtures.harbor_tasks import ANSWER_AGENT_JS
+from fixtures.harbor_tasks import ANSWER_AGENT_JS, ANSWER_TEST_SH, answer_task_toml
 from fixtures.local_runs import run_local
 from tracefleet.bucket import open_bucket
 from tracefleet.contract import layout, semantics
 from tracefleet.operator import names as n
-from tracefleet.runner.containers.runtime import BASE_IMAGE
 from tracefleet.traces.reader import BatchReader
 
 REPO = Path(__file__).resolve().parents[2]
@@ -351,21 +350,9 @@ def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: A
 
 HARBOR_JOB = "conform-harbor"
 HARBOR_SAMPLES = 2
-HARBOR_TOML = f"""schema_version = "1.4"
-[metadata]
-difficulty = "{{difficulty}}"
-[verifier]
-timeout_sec = 30
-[environment]
-docker_image = "{BASE_IMAGE}"
-workdir = "/app"
-cpus = 1
-memory_mb = 512
-"""
 HARBOR_TESTS = {
     # the agent's answer solves it: reward.txt
-    "answer": '#!/bin/bash\nif [ "$(cat /app/answer.txt 2>/dev/null)" = 42 ]; then r=1; else r=0; fi\n'
-              'echo $r > /logs/verifier/reward.txt\n',
+    "answer": ANSWER_TEST_SH,
     # it does not: reward.json with a second metric (the answer was written, in the task's /app)
     "metrics": '#!/bin/bash\nif [ "$(cat /app/answer.txt 2>/dev/null)" = 41 ]; then r=1; else r=0; fi\n'
                'if [ -s /app/answer.txt ]; then a=1; else a=0; fi\n'
@@ -396,7 +383,7 @@ def test_a_harbor_job_gives_a_trainer_the_same_batches_from_both_drivers(kube: A
     creds = {**s3.env(), "AWS_DEFAULT_REGION": s3.region}
     source = open_bucket(f"s3://{bucket_name}/tasks", **s3.bucket_options())
     for name, test_sh in HARBOR_TESTS.items():
-        files = {"task.toml": HARBOR_TOML.format(difficulty=f"{name}-level"), "tests/test.sh": test_sh,
+        files = {"task.toml": answer_task_toml(f'difficulty = "{name}-level"'), "tests/test.sh": test_sh,
                  "instruction.md": f"Write the answer to answer.txt ({name}).\n"}
         for rel, text in files.items():
             source.put(f"{name}/{rel}", text.encode())

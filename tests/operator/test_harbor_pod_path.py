@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fixtures.harbor_tasks import ANSWER_AGENT_JS
+from fixtures.harbor_tasks import ANSWER_AGENT_JS, ANSWER_TEST_SH, answer_task_toml
 from fixtures.pods import Kubelet, run_job_container, run_task_image_job, run_task_image_pod
 from tracefleet.bucket import open_bucket
 from tracefleet.contract import taskimage as ti
@@ -24,25 +24,14 @@ from tracefleet.operator.harbor_tasks import read_source
 from tracefleet.runner.containers.runtime import BASE_IMAGE
 from tracefleet.traces.reader import BatchReader
 
-TASK_TOML = f"""schema_version = "1.4"
-[verifier]
-timeout_sec = 30
-[environment]
-docker_image = "{BASE_IMAGE}"
-workdir = "/app"
-cpus = 1
-memory_mb = 512
-"""
-TEST_SH = """#!/bin/bash
-if [ "$(cat /app/answer.txt 2>/dev/null)" = 42 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
-"""
+
 def test_harbor_session_runs_in_its_task_image_and_is_judged_by_its_tests(scripted_engine, s3, container_runtime,
                                                                           tmp_path: Path) -> None:
     scripted_engine.configure(no_tools_text="42")
     bucket_name = s3.create_bucket()
     source = open_bucket(f"s3://{bucket_name}/tasks/answer", **s3.bucket_options())
-    for rel, text in {"task.toml": TASK_TOML, "instruction.md": "Write the answer to answer.txt.\n",
-                      "tests/test.sh": TEST_SH}.items():
+    for rel, text in {"task.toml": answer_task_toml(), "instruction.md": "Write the answer to answer.txt.\n",
+                      "tests/test.sh": ANSWER_TEST_SH}.items():
         source.put(rel, text.encode())
     job = RolloutJob.model_validate({
         "apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob",
