@@ -1,6 +1,6 @@
 """Bench: does reward rise under the loop? `tracefleet train` (tracefleet.trainer.loop) over several seeds.
 
-    .venv/bin/python bench/loop.py [--seeds 0 1 2] [--minutes 30] [--lr 1e-5] [--train-layers 4]
+    .venv/bin/python bench/loop.py [--seeds 0 1 2] [--minutes 30] [--lr 1e-4] [--epochs 2] [--train-layers 4]
                                    [--job examples/loop/job.yaml] [--held-out examples/loop/held-out.yaml]
                                    [--vllm-url URL] [--out DIR]
 
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from tracefleet.engine.vllm_local import launch
-from tracefleet.trainer.loop import DEFAULT_TRAIN_LAYERS, LoopOptions, LoopResult, fmt, run_loop
+from tracefleet.trainer.loop import DEFAULT_EPOCHS, DEFAULT_LR, DEFAULT_TRAIN_LAYERS, LoopOptions, LoopResult, fmt, run_loop
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,8 @@ def seed_row(seed: int, r: LoopResult) -> dict[str, object]:
             "sync_mean_s": statistics.fmean(syncs) if syncs else None, "sync_max_s": max(syncs) if syncs else None,
             "train_mean_s": statistics.fmean(s["train_s"] for s in r.steps) if r.steps else None,
             "calls_aborted": r.calls_aborted, "tokens_aborted": r.tokens_aborted,
-            "stale_tokens_masked": sum(s["stale_tokens_masked"] for s in r.steps),
+            "stale_tokens_masked": sum(s["stale_tokens_masked"] for s in r.steps) + sum(b["stale_tokens_masked"] for b in r.skipped),
+            "batches_skipped": len(r.skipped), "generation_holds": r.steps[-1].get("holds", 0) if r.steps else 0,
             "rewards": [s["reward_mean"] for s in r.steps]}
 
 
@@ -53,9 +54,10 @@ def main() -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--minutes", type=float, default=30.0, help="per seed")
     p.add_argument("--iterations", type=int, default=1000, help="per seed (the time budget usually ends it)")
-    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--lr", type=float, default=DEFAULT_LR)
     p.add_argument("--train-layers", type=int, default=DEFAULT_TRAIN_LAYERS)
     p.add_argument("--max-lag", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
     p.add_argument("--traces-per-step", type=int)
     p.add_argument("--job", type=Path, default=REPO / "examples" / "loop" / "job.yaml")
     p.add_argument("--held-out", type=Path, default=REPO / "examples" / "loop" / "held-out.yaml")
@@ -73,11 +75,11 @@ def main() -> int:
     rows = []
     try:
         for seed in a.seeds:
-            print(f"--- seed {seed}: {a.minutes:g} min, lr {a.lr:g}, top {a.train_layers} layers", flush=True)
+            print(f"--- seed {seed}: {a.minutes:g} min, lr {a.lr:g}, top {a.train_layers} layers, {a.epochs} epoch(s)", flush=True)
             r = run_loop(LoopOptions(job_path=a.job, iterations=a.iterations, minutes=a.minutes, lr=a.lr,
                                      max_lag=a.max_lag, seed=seed, traces_per_step=a.traces_per_step,
                                      output=out / f"seed-{seed}", engine_url=url, held_out=a.held_out,
-                                     train_layers=a.train_layers or None))
+                                     train_layers=a.train_layers or None, epochs=a.epochs))
             rows.append(seed_row(seed, r))
             print(json.dumps(rows[-1]), flush=True)
             (out / "bench.json").write_text(json.dumps(rows, indent=1))

@@ -97,7 +97,8 @@ class Reconciler:
     _made_calls: dict[tuple[str, int, int], bool] = field(default_factory=dict)
     _secrets: dict[tuple[str, str], dict[str, str] | None] = field(default_factory=dict)
     _endpoints: EndpointProbe = field(default_factory=EndpointProbe)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # guards _harbor_reads
+    _harbor_reads: dict[str, threading.Lock] = field(default_factory=dict)  # one per job: a read blocks no other job
     harness: HarnessWatch | None = None  # the harness pods by watch; None: listed on every pass
 
     # ------------------------------------------------------------------ entry
@@ -122,6 +123,7 @@ class Reconciler:
         self._ensured.pop(uid, None)
         self._task_ids.pop(uid, None)
         self._harbor.pop(uid, None)
+        self._harbor_reads.pop(uid, None)
         for key in [k for k in self._made_calls if k[0] == uid]:
             del self._made_calls[key]
 
@@ -306,6 +308,8 @@ class Reconciler:
         left out, on that read); HarborSourceError when none can run."""
         key = self._uid(job)
         with self._lock:
+            read = self._harbor_reads.setdefault(key, threading.Lock())
+        with read:  # the bucket read holds only this job's lock: other jobs' passes go on meanwhile
             if key not in self._harbor:
                 assert job.spec.tasks.harbor is not None
                 source = read_source(job.spec.tasks.harbor, self._bucket_creds(job), self.cfg.bucket_endpoint)

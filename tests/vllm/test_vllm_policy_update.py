@@ -134,25 +134,32 @@ def test_two_policy_updates_keep_and_label_every_token(vllm_server: Any, proxies
 LOGPROB_TOLERANCE = 1e-3
 
 
+def sampled_call(proxy: ProxyOnVllm, model: str) -> tuple[Any, dict[str, Any]]:
+    """One sampled chat call through the exact-mode proxy: (its capture record, its trace as the reader's
+    tensors with advantage 1)."""
+    from tracefleet.traces.batch import traces_to_table
+    from tracefleet.traces.reader import padded_tensors
+
+    path, body = dialect_request("chat", model, SHORT, 24, temperature=1.0, seed=11)
+    assert post(proxy, "chat", path, body).status_code == 200
+    rec = proxy.records()[-1]
+    result = build_traces(proxy.capture / "s.jsonl", builder="per-request",
+                          session=SessionInfo(job="j", task_id="t", group_id="t", sample_index=0, reward=1.0))
+    trace = next(t for t in result.traces if t.call_ids == [rec.call_id])
+    return rec, padded_tensors(traces_to_table([trace]), advantages=[1.0])
+
+
 def test_reference_trainer_recomputes_the_engines_logprobs_and_syncs_its_weights(vllm_server: Any, proxies: Any,
                                                                                   tmp_path: Path) -> None:
     import torch
 
     from tracefleet.trainer.grpo import grpo_step, load_policy, save_weights, token_logprobs, trainable
-    from tracefleet.traces.batch import traces_to_table
-    from tracefleet.traces.reader import padded_tensors
 
     proxy, model = proxies["exact"], vllm_server.model
     model_dir = Path(served_model_dir(vllm_server.url))
-    path, body = dialect_request("chat", model, SHORT, 24, temperature=1.0, seed=11)
 
     def sampled() -> tuple[Any, dict[str, Any]]:
-        assert post(proxy, "chat", path, body).status_code == 200
-        rec = proxy.records()[-1]
-        result = build_traces(proxy.capture / "s.jsonl", builder="per-request",
-                              session=SessionInfo(job="j", task_id="t", group_id="t", sample_index=0, reward=1.0))
-        trace = next(t for t in result.traces if t.call_ids == [rec.call_id])
-        return rec, padded_tensors(traces_to_table([trace]), advantages=[1.0])
+        return sampled_call(proxy, model)
 
     engine = EngineControl(vllm_server.url)
     try:
@@ -179,6 +186,71 @@ def test_reference_trainer_recomputes_the_engines_logprobs_and_syncs_its_weights
     print(f"trainer vs engine max |d logprob|: version 0 {delta0:.2e}, version 1 {delta1:.2e} "
           f"({len(rec0.completion_ids)}, {len(rec1.completion_ids)} tokens); step stats {stats}; full-checkpoint sync "
           f"{report.seconds:.2f} s, steps { {k: round(v, 3) for k, v in report.step_seconds().items()} }")
+
+
+def test_the_loops_trainer_top_layers_and_epochs_sync_exactly_what_it_holds(vllm_server: Any, proxies: Any,
+                                                                             tmp_path: Path) -> None:
+    """`tracefleet train`'s configuration: the top layers trained from the frozen layers' hidden states
+    computed once, several epochs, a checkpoint of the trained tensors only; the engine then samples with
+    exactly the weights the trainer holds."""
+    import torch
+
+    from tracefleet.trainer.grpo import frozen_prefix, grpo_step, load_policy, sampled_logprobs, save_weights, trainable
+
+    proxy, model = proxies["exact"], vllm_server.model
+    model_dir = Path(served_model_dir(vllm_server.url))
+    engine = EngineControl(vllm_server.url)
+    try:
+        rec0, t0 = sampled_call(proxy, model)
+        policy = load_policy(model_dir, train_layers=4)
+        stats = grpo_step(policy, torch.optim.AdamW(trainable(policy), lr=1e-4), t0, epochs=3)
+        assert stats["epochs"] == 3 and stats["max_abs_dlogprob"] < LOGPROB_TOLERANCE, stats  # prefix path = engine at v0
+        update_policy([vllm_server.url], save_weights(policy, tmp_path / "step-1"), 1)  # four layers and the norm
+        rec1, t1 = sampled_call(proxy, model)
+        assert [label_version(s["version"]) for s in rec1.weight_versions] == [1] and rec1.logprobs != rec0.logprobs
+        with torch.no_grad():
+            prefix = frozen_prefix(policy, t1["input_ids"], t1["attention_mask"])
+            lp1 = sampled_logprobs(policy, t1["input_ids"], t1["attention_mask"], t1["loss_mask"], t1["temperatures"], prefix)
+        delta1 = float((lp1 - t1["old_logprobs"])[t1["loss_mask"] > 0].abs().max())
+        assert delta1 < LOGPROB_TOLERANCE, delta1
+    finally:
+        restore_served_weights(engine, model_dir)
+    print(f"top-4-layer trainer, 3 epochs: max |d logprob| vs the engine {stats['max_abs_dlogprob']:.2e} at version 0, "
+          f"{delta1:.2e} after the sync; clipped share in the last epoch {stats['clipped_share']:.2f}")
+
+
+def test_the_loops_generation_hold_pauses_the_engine_once_the_bound_is_reached(vllm_server: Any) -> None:
+    """`tracefleet train`'s producer-side bound: while batch 0 trains, the engine samples on until `max_lag`
+    sealed batches wait behind it, then is paused (keep) at once, not at the next step; a step that trains
+    nothing resumes it. With max_lag 0 every step pauses it (on-policy)."""
+    from types import SimpleNamespace
+
+    from tracefleet.trainer.loop import GenerationHold
+
+    sealed = [0]
+    reader = SimpleNamespace(seqs=lambda: list(sealed))
+    engine = EngineControl(vllm_server.url)
+    try:
+        hold = GenerationHold(vllm_server.url, reader, max_lag=1, poll_s=0.05)
+        with hold.watching(0):
+            time.sleep(0.2)
+            assert not hold.held and not engine.is_paused()  # nothing waits yet: generation goes on
+            sealed.append(1)  # batch 1 sealed mid-step: whatever is sampled next would be 2 versions old
+            deadline = time.monotonic() + 5
+            while not engine.is_paused() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert hold.held and engine.is_paused() and hold.holds == 1
+        hold.release()
+        assert not hold.held and not engine.is_paused()
+        on_policy = GenerationHold(vllm_server.url, SimpleNamespace(seqs=lambda: [0]), max_lag=0)
+        on_policy.check(0)
+        assert on_policy.held and engine.is_paused()
+        on_policy.release()
+        assert not engine.is_paused()
+    finally:
+        if engine.is_paused():
+            engine.resume()
+        engine.close()
 
 
 def test_a_failed_load_leaves_the_engine_paused_until_a_good_one(vllm_server: Any, tmp_path: Path) -> None:

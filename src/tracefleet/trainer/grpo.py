@@ -18,6 +18,10 @@ The estimator, per trainable token t of a trace with group advantage A (tracefle
                                             rollouts within `max_lag` versions), capped at C for variance
     loss = -sum_t w_t * min(r_t A, clip(r_t) A) / number of trainable tokens
 
+With `epochs` E > 1 the step makes E optimizer updates over the batch, p_t and w_t fixed at the first pass's
+values: from the second pass on r_t moves away from 1 and the clip stops a token's gradient once the policy
+has moved it by more than eps in the direction of its advantage (PPO's epochs; the loop's default is 2).
+
 Every step reports the train/inference mismatch over its trainable tokens: mean and max |p_t - b_t| and the
 mean, min, max of exp(p_t - b_t) and the share of tokens capped. Tokens sampled more than `max_lag` versions
 behind the newest are masked out of the loss by the reader (asynchrony with a staleness bound).
@@ -28,6 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +89,12 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
         lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
         return torch.nn.functional.pad(lp, (1, 0))
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    return _head_logprobs(model, hidden, input_ids, temperature, mask)
+
+
+def _head_logprobs(model: Any, hidden: torch.Tensor, input_ids: torch.Tensor, temperature: torch.Tensor | float,
+                   mask: torch.Tensor) -> torch.Tensor:
+    """[B, T]: the output head and log-softmax over the vocabulary at the positions where mask > 0 only."""
     on = mask[:, 1:] > 0  # position t-1's hidden state predicts token t
     logits = model.get_output_embeddings()(hidden[:, :-1][on]).float()
     if isinstance(temperature, torch.Tensor):
@@ -107,35 +119,97 @@ def mismatch(trainer_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tens
             "ratio_capped_share": float((ratio > cap).double().mean())}
 
 
+def trained_from(model: Any) -> int:
+    """The index of the lowest decoder layer with a trained parameter (0 when the embedding is trained or
+    nothing is frozen): the layers below it and the embedding give the same hidden states at every pass."""
+    if any(p.requires_grad for p in model.get_input_embeddings().parameters()):
+        return 0
+    for i, layer in enumerate(model.base_model.layers):
+        if any(p.requires_grad for p in layer.parameters()):
+            return i
+    return len(model.base_model.layers)
+
+
+@contextmanager
+def _decoder_span(model: Any, start: int, stop: int | None, norm: bool) -> Iterator[Any]:
+    """`model.base_model` running only decoder layers [start, stop), with or without its final norm: the
+    model's own forward (its causal mask, rotary positions and attention kernels) on part of the stack."""
+    base = model.base_model
+    layers, final_norm = base.layers, base.norm
+    base.layers = torch.nn.ModuleList(list(layers)[start:stop])
+    if not norm:
+        base.norm = torch.nn.Identity()
+    try:
+        yield base
+    finally:
+        base.layers, base.norm = layers, final_norm
+
+
+def frozen_prefix(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """[B, T, H]: the hidden states entering the lowest trained layer, computed once without a graph (they do
+    not change while the frozen layers below it stay frozen); None when the whole stack is trained."""
+    split = trained_from(model)
+    if split == 0:
+        return None
+    with torch.no_grad(), _decoder_span(model, 0, split, norm=False) as bottom:
+        return bottom(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def sampled_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
+                     temperature: torch.Tensor | float, prefix: torch.Tensor | None) -> torch.Tensor:
+    """`token_logprobs` at the positions where mask > 0, from `prefix` (frozen_prefix) through the trained
+    layers only when given, else from the token ids through the whole model."""
+    if prefix is None:
+        return token_logprobs(model, input_ids, attention_mask, temperature, mask)
+    with _decoder_span(model, trained_from(model), None, norm=True) as top:
+        hidden = top(inputs_embeds=prefix, attention_mask=attention_mask).last_hidden_state
+    return _head_logprobs(model, hidden, input_ids, temperature, mask)
+
+
 def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor], *,
               temperature: torch.Tensor | float | None = None,
               clip: float = DEFAULT_CLIP, tis_cap: float = DEFAULT_TIS_CAP,
-              policy_version: int | None = None) -> dict[str, float]:
+              policy_version: int | None = None, epochs: int = 1) -> dict[str, float]:
     """One GRPO step with the TIS correction over the reader's tensors (`Batch.tensors()`); its stats.
     `temperature` None: each token's own, as its span records it (the reader's `temperatures`).
     `policy_version`: the version of the weights the trainer holds before the step; the mismatch is then also
     given over the tokens that version sampled (`same_version_*`: the engine's kernels against torch's, with
-    no policy lag in it)."""
+    no policy lag in it).
+    `epochs`: optimizer updates over the batch (PPO epochs). The first pass's logprobs are the old policy p_t
+    of every pass, so from the second on the ratio r_t moves and its clip bounds how far one batch can pull
+    the policy; the frozen layers' hidden states are computed once for all passes (frozen_prefix), so a
+    further pass costs only the trained layers' forward and backward."""
+    if epochs < 1:
+        raise ValueError("epochs must be at least 1")
     if temperature is None:
         temperature = t.get("temperatures", 1.0)
+    ids, attention = t["input_ids"], t["attention_mask"]
     mask, adv, engine_lp = t["loss_mask"], t["advantages"], t["old_logprobs"]
-    # one pass per step: the weights before the step are the ones being trained, so the old logprobs are the
-    # new ones detached (ratio 1 with its gradient; the clip matters only to several passes over a batch)
-    new = token_logprobs(model, t["input_ids"], t["attention_mask"], temperature, mask)
-    old = new.detach()
-    stats = mismatch(old, engine_lp, mask, tis_cap)
-    if policy_version is not None and "token_versions" in t:
-        same = mismatch(old, engine_lp, mask * (t["token_versions"] == policy_version), tis_cap)
-        stats.update({f"same_version_{k}": v for k, v in same.items() if k in ("tokens", "mean_abs_dlogprob", "max_abs_dlogprob")})
+    prefix = frozen_prefix(model, ids, attention)
     n = mask.sum().clamp(min=1)
-    weight = torch.exp(old - engine_lp).clamp(max=tis_cap) * mask
-    ratio = torch.exp(new - old)
-    objective = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
-    loss = -(weight * objective).sum() / n
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    return {"loss": loss.item(), **stats}
+    old = weight = None
+    stats: dict[str, float] = {}
+    losses, clipped = [], []
+    for _ in range(epochs):
+        new = sampled_logprobs(model, ids, attention, mask, temperature, prefix)
+        if old is None:
+            # the first pass's weights are the ones before the step: their logprobs, detached, are p_t
+            old = new.detach()
+            stats = mismatch(old, engine_lp, mask, tis_cap)
+            if policy_version is not None and "token_versions" in t:
+                same = mismatch(old, engine_lp, mask * (t["token_versions"] == policy_version), tis_cap)
+                stats.update({f"same_version_{k}": v for k, v in same.items() if k in ("tokens", "mean_abs_dlogprob", "max_abs_dlogprob")})
+            weight = torch.exp(old - engine_lp).clamp(max=tis_cap) * mask
+        ratio = torch.exp(new - old)
+        objective = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
+        loss = -(weight * objective).sum() / n
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        clipped.append(float((((ratio - 1).abs() > clip) * mask).sum() / n))
+    stats.update({"loss": losses[0], "loss_last": losses[-1], "epochs": epochs, "clipped_share": clipped[-1]})
+    return stats
 
 
 def save_weights(model: Any, out: Path) -> Path:

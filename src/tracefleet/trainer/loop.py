@@ -12,8 +12,10 @@ One process holds the three parts of reinforcement learning through a harness, r
   (pause keep → reload → version label → resume), while the sessions in flight are frozen and continue.
 
 Asynchrony with a staleness bound: tokens sampled by a version older than `version - max_lag` are masked out
-of the loss (the reader's per-token versions), and while more than `max_lag` sealed batches wait behind the
-one being trained the engine is held paused (mode keep) until the update, so rollouts never run far ahead.
+of the loss (the reader's per-token versions), and once `max_lag` sealed batches wait behind the one being
+trained the engine is held paused (mode keep) until the update (GenerationHold), so rollouts never run further
+ahead than the bound lets their tokens be trained on. A batch with nothing left within the bound is skipped
+(no update, no new version).
 
 It stops after `iterations` steps or `minutes`, whichever comes first; each step prints one line (reward of
 the batch, train/inference mismatch, sync seconds, requests kept/aborted, stale tokens masked) and appends it to
@@ -29,6 +31,8 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -45,6 +49,15 @@ POLL_S = 1.0
 DEFAULT_TRAIN_LAYERS = 4
 ENGINE_ABORTED_KIND = "engine_aborted"  # a capture record's error kind when the engine aborted the call (proxy.errors)
 PRODUCER_STOP_S = 120.0
+# What bench/loop.py measured learning on the quickstart's tasks within 20 minutes on 2 cores (README, "The loop
+# on a laptop"): AdamW at 1e-4 on the top 4 layers, two passes over each batch.
+DEFAULT_LR = 1e-4
+DEFAULT_EPOCHS = 2
+# The trainer's torch threads unless told. vLLM's CPU build binds its OpenMP threads to every core but one
+# (`reserve_cpu_num` 1 in its log) and spins them; a trainer with a thread per core keeps one of its threads on a
+# core vLLM holds, and each of its parallel regions waits for that thread. Measured on 2 cores, one 12-trace step:
+# 101 s with 2 threads beside the rollouts, 12 s with 1 thread alone and 6 s with 2 threads alone.
+TRAINER_THREADS = 1
 
 
 @dataclass
@@ -52,7 +65,7 @@ class LoopOptions:
     job_path: Path
     iterations: int = 20
     minutes: float | None = None
-    lr: float = 1e-5
+    lr: float = DEFAULT_LR
     max_lag: int = 1
     seed: int = 0
     traces_per_step: int | None = None  # default: the job's output.tracesPerBatch
@@ -62,6 +75,7 @@ class LoopOptions:
     parallelism: int | None = None
     torch_threads: int | None = None
     train_layers: int | None = DEFAULT_TRAIN_LAYERS  # None: every layer
+    epochs: int = DEFAULT_EPOCHS  # optimizer updates per batch (grpo_step)
 
 
 @dataclass
@@ -76,6 +90,7 @@ class LoopResult:
     tokens_aborted: int = 0
     calls_aborted: int = 0
     sessions: int = 0
+    skipped: list[dict[str, Any]] = field(default_factory=list)  # batches with nothing within the staleness bound
 
     def reward_rise(self) -> tuple[float | None, float | None]:
         """Mean batch reward over the first two steps and over the last two."""
@@ -99,7 +114,8 @@ def step_line(s: dict[str, Any]) -> str:
             f"{s['groups_with_signal']}/{s['groups']} groups with signal)  loss {fmt(s.get('loss'), 4)}  "
             f"|dlogprob| mean {sci(s.get('mean_abs_dlogprob'))} max {sci(s.get('max_abs_dlogprob'))}  "
             f"(same version {sci(s.get('same_version_max_abs_dlogprob'))})  "
-            f"ratio [{fmt(s.get('ratio_min'), 3)}, {fmt(s.get('ratio_max'), 3)}]  train {s['train_s']:.1f} s  "
+            f"ratio [{fmt(s.get('ratio_min'), 3)}, {fmt(s.get('ratio_max'), 3)}]  "
+            f"clipped {fmt(s.get('clipped_share'))} after {s.get('epochs', 1)} epoch(s)  train {s['train_s']:.1f} s  "
             f"sync {s['sync_s']:.1f} s (paused {s['paused_s']:.1f} s; kept {s['kept']}, aborted {s['aborted']})  "
             f"stale masked {s['stale_tokens_masked']}  lag<= {s['max_lag_seen']}")
 
@@ -238,6 +254,8 @@ class Loop:
             raise UsageError("--iterations must be at least 1")
         if o.max_lag < 0:
             raise UsageError("--max-lag must be 0 or more")
+        if o.epochs < 1:
+            raise UsageError("--epochs must be at least 1")
         check_job(o.job_path, str(o.job_path))
         if o.held_out is not None:
             check_job(o.held_out, f"--held-out {o.held_out}")
@@ -297,8 +315,7 @@ class Loop:
 
         o = self.o
         torch.manual_seed(o.seed)
-        if o.torch_threads:
-            torch.set_num_threads(o.torch_threads)
+        torch.set_num_threads(o.torch_threads or TRAINER_THREADS)
         if o.held_out is not None:
             self.say(f"scoring the held-out tasks ({o.held_out}) at policy 0 ...")
             result.held_out_before, result.held_out_sessions = score_held_out(o.held_out, engine_url, run_dir, "before", o.parallelism)
@@ -315,30 +332,37 @@ class Loop:
         started = time.monotonic()
         deadline = started + o.minutes * 60 if o.minutes else math.inf
         reader = BatchReader(str(bucket), job.name, consumer=CONSUMER)
-        version, held = 0, False
+        hold = GenerationHold(engine_url, reader, o.max_lag)
+        version = 0
         log = open(run_dir / "loop.jsonl", "a")  # noqa: SIM115
         try:
             for batch in reader.follow(poll_s=POLL_S, timeout_s=None):
                 t_step = time.monotonic()
-                backlog = len([s for s in reader.seqs() if s > batch.seq])
-                if backlog > o.max_lag and not held:  # rollouts ran ahead: hold generation until this update
-                    update_engine_pause(engine_url)
-                    held = True
+                backlog = hold.backlog(batch.seq)
                 bound = max(0, version - o.max_lag)
                 t = batch.tensors(min_policy_version=bound)
                 rows = int(t["input_ids"].shape[0])
-                stats = grpo_step(policy, optimizer, t, policy_version=version) if rows and float(t["loss_mask"].sum()) else {"tokens": 0}
+                if not rows or not float(t["loss_mask"].sum()):
+                    # every token older than the bound (or none at all): no update, no new version
+                    hold.release()
+                    reader.commit(batch)
+                    result.skipped.append({"seq": batch.seq, "rows": rows, "stale_tokens_masked": stale_tokens(t, bound)})
+                    self.say(f"batch {batch.seq}: nothing within the staleness bound to train on; skipped")
+                    continue
+                with hold.watching(batch.seq):
+                    stats = grpo_step(policy, optimizer, t, policy_version=version, epochs=o.epochs)
                 train_s = time.monotonic() - t_step
                 version += 1
                 ckpt = save_weights(policy, run_dir / "checkpoints" / f"policy-{version}")
                 report = update_policy([engine_url], ckpt, version)
-                held = False
+                hold.updated()
                 reader.commit(batch)
                 prune_checkpoints(run_dir / "checkpoints", KEEP_CHECKPOINTS)
                 group_ids = batch.training_table().column("group_id").to_pylist()
                 step = step_record(len(result.steps) + 1, version, t, group_ids, stats, bound, report, train_s, backlog)
                 step["step_s"] = round(time.monotonic() - t_step, 3)
                 step["elapsed_s"] = round(time.monotonic() - started, 1)
+                step["holds"] = hold.holds
                 result.steps.append(step)
                 print(step_line(step), file=self.out, flush=True)
                 log.write(json.dumps(step) + "\n")
@@ -349,6 +373,7 @@ class Loop:
                     break  # the rollouts ended (every round ran, or it failed: see below)
         finally:
             log.close()
+            hold.release()  # never leave the engine paused: the held-out scoring, or its owner, samples next
             self.say("stopping the rollouts (running sessions are killed, finished ones sealed) ...")
             rollouts.join()
         if rollouts.error is not None and not result.steps:
@@ -391,15 +416,64 @@ def served_model_dir(url: str) -> Path:
     return path
 
 
-def update_engine_pause(url: str) -> None:
-    """Freeze the engine's requests (mode keep) until the next update resumes it."""
-    from tracefleet.trainer.control import EngineControl
+class GenerationHold:
+    """The staleness bound on the producing side. While batch `seq` trains, the batches sealed after it are
+    trained one version later each: the j-th behind it at a lag of j. Once `max_lag` of them wait, whatever the
+    engine samples next would be older than the bound when its turn comes, and only masked; so from that moment
+    the engine is paused (mode keep: the requests in flight are frozen, not lost) until the next update resumes
+    it. Checked when a step starts and every `poll_s` while it trains (the trainer's step takes as long as
+    producing a batch or longer, and a check at the start alone let rollouts run ahead). `max_lag` 0: the engine
+    is paused for every step (on-policy)."""
 
-    engine = EngineControl(url)
-    try:
-        engine.pause("keep")
-    finally:
-        engine.close()
+    def __init__(self, url: str, reader: Any, max_lag: int, poll_s: float = POLL_S) -> None:
+        self.url, self.reader, self.max_lag, self.poll_s = url, reader, max_lag, poll_s
+        self.held = False
+        self.holds = 0  # how often the engine was paused for the bound
+
+    def backlog(self, seq: int) -> int:
+        return len([s for s in self.reader.seqs() if s > seq])
+
+    def check(self, seq: int) -> None:
+        if not self.held and self.backlog(seq) >= self.max_lag:
+            self._engine_call("pause")
+            self.held, self.holds = True, self.holds + 1
+
+    @contextmanager
+    def watching(self, seq: int) -> Iterator[None]:
+        """`check(seq)` now and every poll_s until the block ends (the step's training)."""
+        self.check(seq)
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(self.poll_s):
+                self.check(seq)
+
+        thread = threading.Thread(target=watch, name="generation-hold", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def updated(self) -> None:
+        """The update resumed the engine."""
+        self.held = False
+
+    def release(self) -> None:
+        """Resume the engine without an update (a step that trained nothing)."""
+        if self.held:
+            self._engine_call("resume")
+            self.held = False
+
+    def _engine_call(self, what: str) -> None:
+        from tracefleet.trainer.control import EngineControl
+
+        engine = EngineControl(self.url)
+        try:
+            engine.pause("keep") if what == "pause" else engine.resume()
+        finally:
+            engine.close()
 
 
 def prune_checkpoints(folder: Path, keep: int) -> None:
@@ -408,12 +482,18 @@ def prune_checkpoints(folder: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def stale_tokens(t: dict[str, Any], bound: int) -> int:
+    """Sampled tokens the reader masked for being older than `bound`."""
+    versions = t["token_versions"]
+    return int(((versions >= 0) & (versions < bound)).sum())
+
+
 def step_record(step: int, version: int, t: dict[str, Any], group_ids: list[str], stats: dict[str, Any], bound: int,
                 report: Any, train_s: float, backlog: int) -> dict[str, Any]:
     """One step's figures (loop.jsonl)."""
     on = t["loss_mask"] > 0
     versions = t["token_versions"]
-    masked = int(((versions >= 0) & (versions < bound)).sum())
+    masked = stale_tokens(t, bound)
     seen = versions[on]
     rewards = t["rewards"]
     by_group: dict[str, set[float]] = {}

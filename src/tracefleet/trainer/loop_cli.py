@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tracefleet.trainer.loop import DEFAULT_TRAIN_LAYERS
+from tracefleet.trainer.loop import DEFAULT_EPOCHS, DEFAULT_LR, DEFAULT_TRAIN_LAYERS, TRAINER_THREADS
 from tracefleet.usage import UsageError, positive_int
 
 EPILOG = """\
@@ -31,7 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", type=Path, metavar="JOB.yaml", help="a RolloutJob serving a shipped model (smollm2)")
     parser.add_argument("--iterations", "-n", type=positive_int, default=20, metavar="N", help="training steps (default 20)")
     parser.add_argument("--minutes", type=float, metavar="M", help="stop after this long, whatever the step count")
-    parser.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate (default 1e-5)")
+    parser.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"AdamW learning rate (default {DEFAULT_LR:g})")
     parser.add_argument("--max-lag", type=int, default=1, metavar="K",
                         help="staleness bound: tokens more than K versions old are masked out (default 1)")
     parser.add_argument("--traces-per-step", type=positive_int, metavar="N",
@@ -45,7 +45,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="torch seed (sampling is the engine's)")
     parser.add_argument("--train-layers", type=int, default=DEFAULT_TRAIN_LAYERS, metavar="N",
                         help=f"train the top N decoder layers (default {DEFAULT_TRAIN_LAYERS}; 0: every layer)")
-    parser.add_argument("--torch-threads", type=positive_int, metavar="N", help="CPU threads for the trainer")
+    parser.add_argument("--epochs", type=positive_int, default=DEFAULT_EPOCHS, metavar="N",
+                        help=f"optimizer updates per batch, the PPO clip bounding them (default {DEFAULT_EPOCHS})")
+    parser.add_argument("--torch-threads", type=positive_int, metavar="N",
+                        help=f"CPU threads for the trainer (default {TRAINER_THREADS}: vLLM's CPU build holds the other cores)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -61,6 +64,6 @@ def main(args: argparse.Namespace) -> int:
                           max_lag=args.max_lag, seed=args.seed, traces_per_step=args.traces_per_step,
                           output=args.output, engine_url=args.engine_url, held_out=args.held_out,
                           parallelism=args.parallelism, torch_threads=args.torch_threads,
-                          train_layers=args.train_layers or None)
+                          train_layers=args.train_layers or None, epochs=args.epochs)
     result = run_loop(options)
     return 0 if result.steps else 1

@@ -1,0 +1,77 @@
+"""The reference trainer's step on a small Llama-shaped model (SmolLM2's architecture, random weights, made
+here: no model is downloaded): the frozen layers' hidden states computed once give exactly the logprobs of
+the whole model, and several epochs over one batch move only the trained tensors, with the PPO clip
+bounding how far. The real SmolLM2 against real vLLM: tests/vllm/test_vllm_policy_update.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tracefleet.trainer.grpo import (frozen_prefix, grpo_step, load_policy, sampled_logprobs, save_weights,
+                                     token_logprobs, trainable, trained_from)
+
+LAYERS = 6
+TRAINED = 2
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=True)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def batch(rows: int = 4, length: int = 20) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 97, (rows, length), generator=g)
+    attention = torch.ones(rows, length, dtype=torch.long)
+    attention[0, 15:] = 0  # a shorter row, right-padded as the reader pads
+    mask = torch.zeros(rows, length)
+    mask[:, 10:] = 1
+    mask[0, 15:] = 0
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None] * mask
+    return {"input_ids": ids, "attention_mask": attention, "loss_mask": mask, "advantages": adv,
+            "temperatures": torch.full((rows, length), 0.8), "old_logprobs": torch.zeros(rows, length)}
+
+
+def test_the_frozen_prefix_gives_the_whole_models_logprobs(model_dir: Path) -> None:
+    policy = load_policy(model_dir, TRAINED)
+    assert trained_from(policy) == LAYERS - TRAINED and trained_from(load_policy(model_dir)) == 0
+    t = batch()
+    with torch.no_grad():
+        whole = token_logprobs(policy, t["input_ids"], t["attention_mask"], t["temperatures"], t["loss_mask"])
+        prefix = frozen_prefix(policy, t["input_ids"], t["attention_mask"])
+        parts = sampled_logprobs(policy, t["input_ids"], t["attention_mask"], t["loss_mask"], t["temperatures"], prefix)
+    assert prefix is not None and prefix.shape == (4, 20, 32)
+    assert torch.equal(whole, parts)
+    assert len(policy.base_model.layers) == LAYERS  # the model is whole again after each partial pass
+    assert frozen_prefix(load_policy(model_dir), t["input_ids"], t["attention_mask"]) is None  # all trained
+
+
+def test_epochs_move_only_the_trained_tensors_and_the_clip_bounds_them(model_dir: Path, tmp_path: Path) -> None:
+    policy = load_policy(model_dir, TRAINED)
+    t = batch()
+    with torch.no_grad():
+        t["old_logprobs"] = token_logprobs(policy, t["input_ids"], t["attention_mask"], t["temperatures"])
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    stats = grpo_step(policy, torch.optim.AdamW(trainable(policy), lr=0.05), t, epochs=4)
+    assert stats["epochs"] == 4 and stats["mean_abs_dlogprob"] < 1e-6  # the engine's logprobs were this policy's
+    assert stats["clipped_share"] > 0 and stats["loss_last"] < stats["loss"]  # later passes moved, the clip held some
+    moved = {n for n, p in policy.named_parameters() if not torch.equal(p, before[n])}
+    top = {f"model.layers.{i}." for i in range(LAYERS - TRAINED, LAYERS)}
+    assert moved and all(any(n.startswith(k) for k in top) or n == "model.norm.weight" for n in moved), moved
+    saved = save_weights(policy, tmp_path / "ckpt")
+    from safetensors.torch import load_file
+
+    assert set(load_file(str(saved / "model.safetensors"))) == {n for n, p in policy.named_parameters() if p.requires_grad}
+    with pytest.raises(ValueError, match="epochs must be at least 1"):
+        grpo_step(policy, torch.optim.AdamW(trainable(policy)), t, epochs=0)
