@@ -32,10 +32,37 @@ export TRACEFLEET_SETUP_DOOR="$door"  # parts that install differently per door 
 export TRACEFLEET_CACHE="${TRACEFLEET_CACHE:-$HOME/.cache/tracefleet}"
 mkdir -p "$TRACEFLEET_CACHE"
 total=$SECONDS
+# A part with a `# background: yes` line (the control-plane build: CPU for tens of minutes cold, nothing else
+# needs it during setup) runs beside the parts after it, which mostly wait on downloads; its output goes to a
+# log under the cache, and setup waits for it at the end and fails with its tail if it failed.
+bg_pids=()
+bg_names=()
+bg_log() { echo "$TRACEFLEET_CACHE/setup-${1%.sh}.log"; }
+stop_background() { local pid; for pid in "${bg_pids[@]}"; do pkill -TERM -P "$pid" 2>/dev/null || true; kill "$pid" 2>/dev/null || true; done; }
+trap stop_background EXIT
 for name in $(parts_of "$door"); do
+  if grep -q '^# background: yes' "hack/setup.d/$name"; then
+    echo "==> setup ($door): $name, in the background (log: $(bg_log "$name"))"
+    ( start=$SECONDS; rc=0; bash "hack/setup.d/$name" >"$(bg_log "$name")" 2>&1 || rc=$?
+      echo "    ($name: $((SECONDS - start)) s, in the background)" >>"$(bg_log "$name")"; exit "$rc" ) &
+    bg_pids+=("$!")
+    bg_names+=("$name")
+    continue
+  fi
   echo "==> setup ($door): $name"
   start=$SECONDS
   bash "hack/setup.d/$name"
   echo "    ($name: $((SECONDS - start)) s)"
 done
+for i in "${!bg_pids[@]}"; do
+  name="${bg_names[$i]}"
+  echo "==> setup ($door): waiting for $name"
+  if ! wait "${bg_pids[$i]}"; then
+    tail -20 "$(bg_log "$name")" >&2
+    echo "hack/setup.sh: $name failed (log: $(bg_log "$name"))" >&2
+    exit 1
+  fi
+  tail -1 "$(bg_log "$name")"
+done
+bg_pids=()
 echo "==> setup ($door) done in $((SECONDS - total)) s"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # doors: test
+# background: yes
 # The real Kubernetes control plane for tests (kube-apiserver, controller-manager, scheduler, etcd, kwok,
 # kubectl, helm), built from Go modules into $TRACEFLEET_CACHE/controlplane/<version>/bin.
 # Cold: tens of minutes on 2 cores; warm: a few seconds (every binary already cached).

@@ -237,7 +237,7 @@ def test_the_loops_generation_hold_pauses_the_engine_once_the_bound_is_reached(v
             assert not hold.held and not engine.is_paused()  # nothing waits yet: generation goes on
             sealed.append(1)  # batch 1 sealed mid-step: whatever is sampled next would be 2 versions old
             deadline = time.monotonic() + 5
-            while not engine.is_paused() and time.monotonic() < deadline:
+            while not hold.held and time.monotonic() < deadline:  # set once the engine answered the pause
                 time.sleep(0.02)
             assert hold.held and engine.is_paused() and hold.holds == 1
         hold.release()
