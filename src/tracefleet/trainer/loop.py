@@ -369,7 +369,7 @@ class Loop:
                 log.flush()
                 if len(result.steps) >= o.iterations or time.monotonic() >= deadline:
                     break
-                if not rollouts.alive and not [s for s in reader.seqs() if s > batch.seq]:
+                if not rollouts.alive and not hold.backlog(batch.seq):
                     break  # the rollouts ended (every round ran, or it failed: see below)
         finally:
             log.close()
