@@ -83,6 +83,43 @@ class InMemoryEngine:
         return [{"id": "fake-model"}]
 
 
+HEADERS = [(b"host", b"127.0.0.1:4000"), (b"authorization", f"Bearer {SECRET}".encode()),
+           (b"content-type", b"application/json"), (b"user-agent", b"Python/3.11 aiohttp/3.13"),
+           (b"accept", b"*/*"), (b"accept-encoding", b"gzip, deflate")]
+
+
+def asgi_call(app: Any, loop: asyncio.AbstractEventLoop, stream: bool) -> Callable[[], int]:
+    """One bench call (bench/proxy.py's request, streamed or not) through an ASGI app, as uvicorn would hand
+    it over, run to its end on `loop`; returns the answer's body bytes. The client stays connected."""
+    body = orjson.dumps({**BODY, "stream": stream})
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+             "headers": [*HEADERS, (b"content-length", str(len(body)).encode())], "query_string": b"",
+             "http_version": "1.1", "scheme": "http", "root_path": "", "server": ("127.0.0.1", 4000),
+             "client": ("127.0.0.1", 5000)}
+
+    async def call() -> int:
+        sent = 0
+        first = True
+        never = loop.create_future()
+
+        async def receive() -> dict[str, Any]:
+            nonlocal first
+            if first:
+                first = False
+                return {"type": "http.request", "body": body, "more_body": False}
+            await never  # the client stays: only its disconnect would end this
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal sent
+            sent += len(message.get("body", b""))
+
+        await app(scope, receive, send)
+        return sent
+
+    return lambda: loop.run_until_complete(call())
+
+
 def best_us(fn: Callable[[], Any], n: int, repeat: int = 5) -> float:
     """CPU µs per call of fn, the best of `repeat` runs of n."""
     fn()
@@ -116,40 +153,12 @@ def main() -> int:
                                  sessions=[PresetSession(session_id="bench", secret=SECRET)]), token_engine=engine)
     proxy = app.state.proxy
     proxy.versions.enabled = False  # as on an engine without /weight_info (the bench's fake engine)
-    headers = [(b"host", b"127.0.0.1:4000"), (b"authorization", f"Bearer {SECRET}".encode()),
-               (b"content-type", b"application/json"), (b"user-agent", b"Python/3.11 aiohttp/3.13"),
-               (b"accept", b"*/*"), (b"accept-encoding", b"gzip, deflate")]
+    headers = HEADERS
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
 
     def whole_call(stream: bool) -> Callable[[], Any]:
-        body = orjson.dumps({**BODY, "stream": stream})
-        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-                 "headers": [*headers, (b"content-length", str(len(body)).encode())], "query_string": b"",
-                 "http_version": "1.1", "scheme": "http", "root_path": "", "server": ("127.0.0.1", 4000),
-                 "client": ("127.0.0.1", 5000)}
-
-        async def call() -> int:
-            sent = 0
-            first = True
-            never = loop.create_future()
-
-            async def receive() -> dict[str, Any]:
-                nonlocal first
-                if first:
-                    first = False
-                    return {"type": "http.request", "body": body, "more_body": False}
-                await never  # the client stays: only its disconnect would end this
-                return {"type": "http.disconnect"}
-
-            async def send(message: dict[str, Any]) -> None:
-                nonlocal sent
-                sent += len(message.get("body", b""))
-
-            await app(scope, receive, send)
-            return sent
-
-        return lambda: loop.run_until_complete(call())
+        return asgi_call(app, loop, stream)
 
     n = args.calls
     rows: list[tuple[str, float]] = []

@@ -93,7 +93,7 @@ class Flight:
         if flights.stopping:  # admitted while the proxy shuts down: cut off at its first wait, recorded like the others
             self.reason = PROXY_SHUTDOWN
             task.cancel()  # type: ignore[union-attr]
-        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        self._watcher = self._watching()
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -127,6 +127,9 @@ class Flight:
             self.landed.set()
         self.cut_off = ours
         return ours
+
+    def _watching(self) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
         """Turn the client's disconnect into a cut-off (its engine request with it).

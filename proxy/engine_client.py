@@ -174,10 +174,15 @@ def _carries_output(chunk: dict[str, Any]) -> bool:
 
 
 class _Limits:
-    """One request's deadlines, as one rescheduled `asyncio.timeout` (`timer`); `limit` names the armed one.
-    The first-token deadline is fixed when the request is sent; the inter-token one moves with each read."""
+    """One request's deadlines over one `asyncio.timeout` (`timer`); `limit` names the armed one. The
+    first-token deadline is fixed when the request is sent; the inter-token one moves with each read.
 
-    __slots__ = ("limits", "timer", "limit", "total_at", "first_at", "_loop")
+    A read only stores the new deadline. One timer handle wakes at the earliest moment the deadline could have
+    passed and looks: moved on, it sleeps again until the new one; passed, it makes `timer` expire now, so the
+    cancellation and the TimeoutError are asyncio's own. (Rescheduling `timer` on every read made and cancelled
+    a loop timer per read, two per streamed batch: bench/proxy_account.py.) `close()` on the way out."""
+
+    __slots__ = ("limits", "timer", "limit", "total_at", "first_at", "deadline", "_loop", "_handle", "_due")
 
     def __init__(self, limits: EngineLimits, timer: asyncio.Timeout) -> None:
         self.limits, self.timer = limits, timer
@@ -186,13 +191,29 @@ class _Limits:
         self.total_at = now + limits.total_s if limits.total_s is not None else None
         self.first_at = now + limits.first_token_s
         self.limit = "first_token"
+        self.deadline: float | None = None  # None: disarmed (the caller's time)
+        self._handle: asyncio.TimerHandle | None = None
+        self._due: float | None = None  # when `_handle` wakes
         self.wait_first()
 
     def _arm(self, limit: str, at: float) -> None:
         if self.total_at is not None and self.total_at <= at:
             at, limit = self.total_at, "total"
-        self.limit = limit
-        self.timer.reschedule(at)
+        self.limit, self.deadline = limit, at
+        if self._due is None or at < self._due:
+            if self._handle is not None:
+                self._handle.cancel()
+            self._due, self._handle = at, self._loop.call_at(at, self._look)
+
+    def _look(self) -> None:
+        self._due = self._handle = None
+        at = self.deadline
+        if at is None:  # disarmed: the next _arm sets a new handle
+            return
+        if at > self._loop.time():
+            self._due, self._handle = at, self._loop.call_at(at, self._look)
+        else:
+            self.timer.reschedule(self._loop.time())
 
     def wait_first(self) -> None:
         self._arm("first_token", self.first_at)
@@ -201,7 +222,14 @@ class _Limits:
         self._arm("inter_token", self._loop.time() + self.limits.inter_token_s)
 
     def disarm(self) -> None:
-        self.timer.reschedule(None)
+        self.deadline = None
+
+    def close(self) -> None:
+        """No more deadlines: the request is over (its `timer` is left with the `async with`)."""
+        self.deadline = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._due = self._handle = None
 
     def error(self) -> ProxyError:
         seconds = {"first_token": self.limits.first_token_s, "inter_token": self.limits.inter_token_s,
@@ -271,13 +299,16 @@ class EngineClient:
         try:
             async with asyncio.timeout(None) as timer:
                 limits = _Limits(self.limits, timer)  # a whole answer comes with its first token
-                async with await self._response(
-                    method, path, orjson.dumps(body) if body is not None else None,
-                    self._json_headers if body is not None else self._get_headers,
-                ) as resp:
-                    data = await resp.read()
-                    status = resp.status
-                    retry_after = resp.headers.get("retry-after")
+                try:
+                    async with await self._response(
+                        method, path, orjson.dumps(body) if body is not None else None,
+                        self._json_headers if body is not None else self._get_headers,
+                    ) as resp:
+                        data = await resp.read()
+                        status = resp.status
+                        retry_after = resp.headers.get("retry-after")
+                finally:
+                    limits.close()
         except TimeoutError as exc:
             if limits is not None and limits.timer.expired():
                 raise limits.error() from exc
@@ -381,56 +412,59 @@ class EngineClient:
         try:
             async with asyncio.timeout(None) as timer:
                 limits = _Limits(self.limits, timer)
-                async with await self._response("POST", path, orjson.dumps(body), self._sse_headers) as resp:
-                    if resp.status >= 400:
-                        raise _engine_error(resp.status, await resp.read(), resp.headers.get("retry-after"))
-                    started = True
-                    buf = b""
-                    content = resp.content
-                    while data := await content.readany():
-                        buf = buf + data if buf else data
-                        if b"\n\n" not in buf:
-                            if b"\r" not in buf or b"\n\n" not in buf.replace(b"\r\n", b"\n"):
-                                continue
-                        if b"\r" in buf:
-                            buf = buf.replace(b"\r\n", b"\n")
-                        *events, buf = buf.split(b"\n\n")
-                        if done:
-                            continue  # keep reading to the end so the connection is reused
-                        batch: list[dict[str, Any]] = []
-                        for event in events:
-                            for line in event.split(b"\n") if b"\n" in event else (event,):
-                                if line[:5] != b"data:":
+                try:
+                    async with await self._response("POST", path, orjson.dumps(body), self._sse_headers) as resp:
+                        if resp.status >= 400:
+                            raise _engine_error(resp.status, await resp.read(), resp.headers.get("retry-after"))
+                        started = True
+                        buf = b""
+                        content = resp.content
+                        while data := await content.readany():
+                            buf = buf + data if buf else data
+                            if b"\n\n" not in buf:
+                                if b"\r" not in buf or b"\n\n" not in buf.replace(b"\r\n", b"\n"):
                                     continue
-                                payload = line[5:].strip()
-                                if payload == b"[DONE]":
-                                    done = True
-                                    break
-                                try:
-                                    chunk = loads(payload)
-                                except ValueError as exc:
-                                    if batch:
-                                        limits.disarm()
-                                        yield batch
-                                    raise ProxyError("engine_5xx",
-                                                     f"engine sent an invalid stream chunk: {exc}") from exc
-                                if "choices" not in chunk and ("error" in chunk or chunk.get("object") == "error"):
-                                    if batch:
-                                        limits.disarm()
-                                        yield batch
-                                    raise _engine_error(_error_status(chunk), payload)
-                                if not output and _carries_output(chunk):
-                                    output = True
-                                batch.append(chunk)
+                            if b"\r" in buf:
+                                buf = buf.replace(b"\r\n", b"\n")
+                            *events, buf = buf.split(b"\n\n")
                             if done:
-                                break
-                        if batch:
-                            limits.disarm()  # the caller's time (writing to the harness) is not the engine's
-                            yield batch
-                        if output:
-                            limits.wait_next()
-                        else:
-                            limits.wait_first()
+                                continue  # keep reading to the end so the connection is reused
+                            batch: list[dict[str, Any]] = []
+                            for event in events:
+                                for line in event.split(b"\n") if b"\n" in event else (event,):
+                                    if line[:5] != b"data:":
+                                        continue
+                                    payload = line[5:].strip()
+                                    if payload == b"[DONE]":
+                                        done = True
+                                        break
+                                    try:
+                                        chunk = loads(payload)
+                                    except ValueError as exc:
+                                        if batch:
+                                            limits.disarm()
+                                            yield batch
+                                        raise ProxyError("engine_5xx",
+                                                         f"engine sent an invalid stream chunk: {exc}") from exc
+                                    if "choices" not in chunk and ("error" in chunk or chunk.get("object") == "error"):
+                                        if batch:
+                                            limits.disarm()
+                                            yield batch
+                                        raise _engine_error(_error_status(chunk), payload)
+                                    if not output and _carries_output(chunk):
+                                        output = True
+                                    batch.append(chunk)
+                                if done:
+                                    break
+                            if batch:
+                                limits.disarm()  # the caller's time (writing to the harness) is not the engine's
+                                yield batch
+                            if output:
+                                limits.wait_next()
+                            else:
+                                limits.wait_first()
+                finally:
+                    limits.close()
         except TimeoutError as exc:
             if limits is not None and limits.timer.expired():
                 raise limits.error() from exc
