@@ -173,6 +173,10 @@ def _carries_output(chunk: dict[str, Any]) -> bool:
     return False
 
 
+# A loop timer may wake a little before its time (libuv counts in ms): within this of the deadline, it has passed.
+_TIMER_SLACK_S = 0.001
+
+
 class _Limits:
     """One request's deadlines over one `asyncio.timeout` (`timer`); `limit` names the armed one. The
     first-token deadline is fixed when the request is sent; the inter-token one moves with each read.
@@ -210,7 +214,7 @@ class _Limits:
         at = self.deadline
         if at is None:  # disarmed: the next _arm sets a new handle
             return
-        if at > self._loop.time():
+        if at > self._loop.time() + _TIMER_SLACK_S:
             self._due, self._handle = at, self._loop.call_at(at, self._look)
         else:
             self.timer.reschedule(self._loop.time())

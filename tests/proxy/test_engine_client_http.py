@@ -180,6 +180,38 @@ async def test_time_limits_cut_only_what_they_say() -> None:
             assert 0.9 < elapsed < 1.6 and 3 < len(got) < 30, (elapsed, got)
 
 
+async def test_a_request_leaves_no_deadline_timer_behind() -> None:
+    """The limits' one timer per request (it wakes only when a deadline could have passed, however many reads
+    move it) is gone once the request is: answered whole, streamed to its end, left mid-stream, or cut."""
+    loop = asyncio.get_running_loop()
+
+    def deadline_timers() -> list[asyncio.TimerHandle]:
+        return [h for h in loop._scheduled if not h.cancelled()  # type: ignore[attr-defined]
+                and "_Limits" in getattr(getattr(h, "_callback", None), "__qualname__", "")]
+
+    server, url, _ = await _serve(_paced_engine(6, 0.05))
+    async with server:
+        client = EngineClient(url, limits=EngineLimits(first_token_s=30, inter_token_s=30))
+        assert len([c async for c in client.completions_stream({"stream": True})]) == 6
+        assert deadline_timers() == []
+        stream = client.completions_stream({"stream": True})
+        await anext(stream)
+        assert len(deadline_timers()) == 1  # while it is read: one, not one per read
+        await stream.aclose()  # the inner generators are closed by the loop's finaliser, a turn or two later
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert deadline_timers() == []
+        await client.aclose()
+    server, url, _ = await _serve(_paced_engine(3, 0.1, stall_after=1))
+    async with server:
+        client = EngineClient(url, limits=EngineLimits(first_token_s=0.5, inter_token_s=0.2))
+        with pytest.raises(ProxyError) as cut:
+            async for _ in client.completions_stream({"stream": True}):
+                pass
+        assert cut.value.limit == "inter_token" and deadline_timers() == []
+        await client.aclose()
+
+
 def _answer(writer: asyncio.StreamWriter, stream: bool) -> None:
     if stream:
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
