@@ -1,6 +1,6 @@
 """Bench: where the proxy's cost over the floor goes, on the real hop, piece by piece, in instructions.
 
-    .venv/bin/python bench/proxy_account.py [--calls 200]      (needs valgrind; ~4 minutes)
+    .venv/bin/python bench/proxy_account.py [--calls 200] [--tokens 16]   (needs valgrind; ~6 minutes on 2 CPUs)
 
 bench/proxy.py gives the proxy's whole cost over the floor (bench/passthrough.py) in time; on a shared machine
 its CPU per call moves by tens of µs between runs, more than most pieces of the proxy weigh, so no timing can
