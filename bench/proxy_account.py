@@ -96,38 +96,31 @@ def _no_watcher() -> list[Patch]:
     return [(Flight, "_watching", lambda self: _Unwatched())]
 
 
-class _NoTimer:
-    def __init__(self, when: Any) -> None:
-        return None
+class _NoLimits:
+    """An engine request with no deadlines: no asyncio timeout, no timer."""
 
-    async def __aenter__(self) -> _NoTimer:
+    def __init__(self, limits: Any) -> None:
+        self.timer = self
+
+    async def __aenter__(self) -> _NoLimits:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         return None
 
-    def reschedule(self, when: Any) -> None:
+    def wait_first(self) -> None:
         return None
+
+    wait_next = disarm = wait_first
 
     def expired(self) -> bool:
         return False
 
 
-class _NoLimits:
-    def __init__(self, limits: Any, timer: Any) -> None:
-        return None
-
-    def wait_first(self) -> None:
-        return None
-
-    wait_next = disarm = close = wait_first
-
-
 def _no_limits() -> list[Patch]:
     from tracefleet.proxy import engine_client
 
-    return [(engine_client, "asyncio", types.SimpleNamespace(**{**vars(asyncio), "timeout": _NoTimer})),
-            (engine_client, "_Limits", _NoLimits)]
+    return [(engine_client, "_Limits", _NoLimits)]
 
 
 class _BareResponse:
@@ -281,7 +274,7 @@ PIECES: list[tuple[str, Callable[[], list[Patch]]]] = [
     ("capture record head encode: canonical model_dump + orjson (while the engine works)", _no_record_head_encode),
     ("capture record head: its fields, the kept headers", _no_record_head),
     ("disconnect watcher: one task per call, its receive() and cancel", _no_watcher),
-    ("engine time limits: one rescheduled asyncio.timeout per engine request", _no_limits),
+    ("engine time limits: one asyncio.timeout and one deadline timer per engine request", _no_limits),
     ("starlette Response for a whole answer (headers, content-length)", _no_response_object),
     ("canonical model: the dialect parse into pydantic", _no_canonical_parse),
     ("the dialect's answer dict (not streamed)", _no_answer_dict),

@@ -153,16 +153,12 @@ def main() -> int:
                                  sessions=[PresetSession(session_id="bench", secret=SECRET)]), token_engine=engine)
     proxy = app.state.proxy
     proxy.versions.enabled = False  # as on an engine without /weight_info (the bench's fake engine)
-    headers = HEADERS
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
 
-    def whole_call(stream: bool) -> Callable[[], Any]:
-        return asgi_call(app, loop, stream)
-
     n = args.calls
     rows: list[tuple[str, float]] = []
-    whole, streamed = best_us(whole_call(False), n), best_us(whole_call(True), n)
+    whole, streamed = best_us(asgi_call(app, loop, False), n), best_us(asgi_call(app, loop, True), n)
     empty = best_us(lambda: loop.run_until_complete(asyncio.sleep(0)), n)
 
     body = orjson.loads(orjson.dumps(BODY))
@@ -182,7 +178,7 @@ def main() -> int:
         return s
 
     done = loop.run_until_complete(answered())
-    head = RecordHead(done, conv=conv, request=body, request_ref=None, headers=kept_headers(headers), mode="server",
+    head = RecordHead(done, conv=conv, request=body, request_ref=None, headers=kept_headers(HEADERS), mode="server",
                       engine_url="http://engine")
     head.encode()
     metrics = ProxyMetrics()
@@ -215,12 +211,12 @@ def main() -> int:
         return b"".join(out)
 
     rows += [
-        ("authenticate (credential headers, session lookup)", best_us(lambda: proxy.sessions.authenticate(api_key({"headers": headers}), None), n)),
+        ("authenticate (credential headers, session lookup)", best_us(lambda: proxy.sessions.authenticate(api_key({"headers": HEADERS}), None), n)),
         ("request JSON parse (orjson)", best_us(lambda: orjson.loads(raw), n)),
         ("dialect parse into the canonical model (pydantic)", best_us(lambda: chat.parse(body), n)),
         ("call state + call id", best_us(state, n)),
         ("record head (kept headers, fields)", best_us(lambda: RecordHead(done, conv=conv, request=body, request_ref=None,
-                                                                           headers=kept_headers(headers), mode="server",
+                                                                           headers=kept_headers(HEADERS), mode="server",
                                                                            engine_url="http://engine"), n)),
         ("engine request body + sampling record", best_us(lambda: sampling_record(conv, loop.run_until_complete(engine._body(conv, False))), n) - empty),
         ("engine answer: generate + token ids/logprobs (incl. JSON parse)", best_us(lambda: loop.run_until_complete(answered()), n) - empty),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from types import TracebackType
 from typing import Any
 
 import aiohttp
@@ -184,21 +185,36 @@ class _Limits:
     A read only stores the new deadline. One timer handle wakes at the earliest moment the deadline could have
     passed and looks: moved on, it sleeps again until the new one; passed, it makes `timer` expire now, so the
     cancellation and the TimeoutError are asyncio's own. (Rescheduling `timer` on every read made and cancelled
-    a loop timer per read, two per streamed batch: bench/proxy_account.py.) `close()` on the way out."""
+    a loop timer per read, two per streamed batch: bench/proxy_account.py.) `async with` it around the request."""
 
     __slots__ = ("limits", "timer", "limit", "total_at", "first_at", "deadline", "_loop", "_handle", "_due")
 
-    def __init__(self, limits: EngineLimits, timer: asyncio.Timeout) -> None:
-        self.limits, self.timer = limits, timer
-        self._loop = asyncio.get_running_loop()
-        now = self._loop.time()
-        self.total_at = now + limits.total_s if limits.total_s is not None else None
-        self.first_at = now + limits.first_token_s
+    def __init__(self, limits: EngineLimits) -> None:
+        self.limits, self.timer = limits, asyncio.timeout(None)
         self.limit = "first_token"
         self.deadline: float | None = None  # None: disarmed (the caller's time)
         self._handle: asyncio.TimerHandle | None = None
         self._due: float | None = None  # when `_handle` wakes
+
+    async def __aenter__(self) -> _Limits:
+        """The request is sent: its clock starts, the first-token deadline armed."""
+        await self.timer.__aenter__()
+        self._loop = asyncio.get_running_loop()
+        now = self._loop.time()
+        limits = self.limits
+        self.total_at = now + limits.total_s if limits.total_s is not None else None
+        self.first_at = now + limits.first_token_s
         self.wait_first()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool | None:
+        """The request is over: no handle outlives it; an expired `timer` turns its cancellation into TimeoutError."""
+        self.deadline = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._due = self._handle = None
+        return await self.timer.__aexit__(exc_type, exc, tb)
 
     def _arm(self, limit: str, at: float) -> None:
         if self.total_at is not None and self.total_at <= at:
@@ -227,13 +243,6 @@ class _Limits:
 
     def disarm(self) -> None:
         self.deadline = None
-
-    def close(self) -> None:
-        """No more deadlines: the request is over (its `timer` is left with the `async with`)."""
-        self.deadline = None
-        if self._handle is not None:
-            self._handle.cancel()
-            self._due = self._handle = None
 
     def error(self) -> ProxyError:
         seconds = {"first_token": self.limits.first_token_s, "inter_token": self.limits.inter_token_s,
@@ -299,22 +308,18 @@ class EngineClient:
                 raise first from None
 
     async def _request_json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        limits: _Limits | None = None
+        limits = _Limits(self.limits)  # a whole answer comes with its first token
         try:
-            async with asyncio.timeout(None) as timer:
-                limits = _Limits(self.limits, timer)  # a whole answer comes with its first token
-                try:
-                    async with await self._response(
-                        method, path, orjson.dumps(body) if body is not None else None,
-                        self._json_headers if body is not None else self._get_headers,
-                    ) as resp:
-                        data = await resp.read()
-                        status = resp.status
-                        retry_after = resp.headers.get("retry-after")
-                finally:
-                    limits.close()
+            async with limits:
+                async with await self._response(
+                    method, path, orjson.dumps(body) if body is not None else None,
+                    self._json_headers if body is not None else self._get_headers,
+                ) as resp:
+                    data = await resp.read()
+                    status = resp.status
+                    retry_after = resp.headers.get("retry-after")
         except TimeoutError as exc:
-            if limits is not None and limits.timer.expired():
+            if limits.timer.expired():
                 raise limits.error() from exc
             raise _transport_error(exc, started=False, limits=self.limits) from exc
         except _TRANSPORT_ERRORS as exc:
@@ -411,66 +416,62 @@ class EngineClient:
         started = False
         done = False
         loads = orjson.loads
-        limits: _Limits | None = None
+        limits = _Limits(self.limits)
         output = False  # the first token has come: the inter-token limit applies from here
         try:
-            async with asyncio.timeout(None) as timer:
-                limits = _Limits(self.limits, timer)
-                try:
-                    async with await self._response("POST", path, orjson.dumps(body), self._sse_headers) as resp:
-                        if resp.status >= 400:
-                            raise _engine_error(resp.status, await resp.read(), resp.headers.get("retry-after"))
-                        started = True
-                        buf = b""
-                        content = resp.content
-                        while data := await content.readany():
-                            buf = buf + data if buf else data
-                            if b"\n\n" not in buf:
-                                if b"\r" not in buf or b"\n\n" not in buf.replace(b"\r\n", b"\n"):
+            async with limits:
+                async with await self._response("POST", path, orjson.dumps(body), self._sse_headers) as resp:
+                    if resp.status >= 400:
+                        raise _engine_error(resp.status, await resp.read(), resp.headers.get("retry-after"))
+                    started = True
+                    buf = b""
+                    content = resp.content
+                    while data := await content.readany():
+                        buf = buf + data if buf else data
+                        if b"\n\n" not in buf:
+                            if b"\r" not in buf or b"\n\n" not in buf.replace(b"\r\n", b"\n"):
+                                continue
+                        if b"\r" in buf:
+                            buf = buf.replace(b"\r\n", b"\n")
+                        *events, buf = buf.split(b"\n\n")
+                        if done:
+                            continue  # keep reading to the end so the connection is reused
+                        batch: list[dict[str, Any]] = []
+                        for event in events:
+                            for line in event.split(b"\n") if b"\n" in event else (event,):
+                                if line[:5] != b"data:":
                                     continue
-                            if b"\r" in buf:
-                                buf = buf.replace(b"\r\n", b"\n")
-                            *events, buf = buf.split(b"\n\n")
-                            if done:
-                                continue  # keep reading to the end so the connection is reused
-                            batch: list[dict[str, Any]] = []
-                            for event in events:
-                                for line in event.split(b"\n") if b"\n" in event else (event,):
-                                    if line[:5] != b"data:":
-                                        continue
-                                    payload = line[5:].strip()
-                                    if payload == b"[DONE]":
-                                        done = True
-                                        break
-                                    try:
-                                        chunk = loads(payload)
-                                    except ValueError as exc:
-                                        if batch:
-                                            limits.disarm()
-                                            yield batch
-                                        raise ProxyError("engine_5xx",
-                                                         f"engine sent an invalid stream chunk: {exc}") from exc
-                                    if "choices" not in chunk and ("error" in chunk or chunk.get("object") == "error"):
-                                        if batch:
-                                            limits.disarm()
-                                            yield batch
-                                        raise _engine_error(_error_status(chunk), payload)
-                                    if not output and _carries_output(chunk):
-                                        output = True
-                                    batch.append(chunk)
-                                if done:
+                                payload = line[5:].strip()
+                                if payload == b"[DONE]":
+                                    done = True
                                     break
-                            if batch:
-                                limits.disarm()  # the caller's time (writing to the harness) is not the engine's
-                                yield batch
-                            if output:
-                                limits.wait_next()
-                            else:
-                                limits.wait_first()
-                finally:
-                    limits.close()
+                                try:
+                                    chunk = loads(payload)
+                                except ValueError as exc:
+                                    if batch:
+                                        limits.disarm()
+                                        yield batch
+                                    raise ProxyError("engine_5xx",
+                                                     f"engine sent an invalid stream chunk: {exc}") from exc
+                                if "choices" not in chunk and ("error" in chunk or chunk.get("object") == "error"):
+                                    if batch:
+                                        limits.disarm()
+                                        yield batch
+                                    raise _engine_error(_error_status(chunk), payload)
+                                if not output and _carries_output(chunk):
+                                    output = True
+                                batch.append(chunk)
+                            if done:
+                                break
+                        if batch:
+                            limits.disarm()  # the caller's time (writing to the harness) is not the engine's
+                            yield batch
+                        if output:
+                            limits.wait_next()
+                        else:
+                            limits.wait_first()
         except TimeoutError as exc:
-            if limits is not None and limits.timer.expired():
+            if limits.timer.expired():
                 raise limits.error() from exc
             raise _transport_error(exc, started=started, limits=self.limits) from exc
         except _TRANSPORT_ERRORS as exc:
