@@ -23,8 +23,8 @@ was not labelled would sample under a wrong version. Those are left paused (`lef
 for an update with a good checkpoint to finish. The weights directory is checked first where the trainer sees
 it. The report (tracefleet.contract.policy.PolicyUpdateReport)
 says what each step did on each engine and how long it took, and what became of the requests in flight
-(counted from the engine's own gauges at the pause). These routes need `VLLM_SERVER_DEV_MODE=1` on
-vLLM >= 0.24 (tracefleet.vllm sets it for every vLLM it starts).
+(counted from the engine's own gauges: before an abort or wait pause, after a keep one). These routes need
+`VLLM_SERVER_DEV_MODE=1` on vLLM >= 0.24 (tracefleet.vllm sets it for every vLLM it starts).
 """
 
 from __future__ import annotations
@@ -181,10 +181,14 @@ def update_policy(engines: Sequence[str], weights: str | Path, version: int, *, 
     try:
         for engine in controls:
             chosen: PauseMode = mode if mode in engine.pause_modes() else "abort"
-            running, waiting = engine.requests()
+            # abort and wait end the requests they find: count them first. Keep freezes them, and so the gauges
+            # (measured on vLLM 0.32: a kept request stays counted as running while paused): counting after the
+            # pause counts exactly those kept, and reaches the pause one scrape sooner.
+            counted = engine.requests() if chosen != "keep" else None
             if _step(report, "pause", engine, lambda e=engine, m=chosen: e.pause(m)) is None:
                 break
             paused_at = paused_at or time.monotonic()
+            running, waiting = counted if counted is not None else engine.requests()
             paused.append(engine)
             report.modes[engine.url] = chosen
             report.in_flight.append(InFlight(
