@@ -145,16 +145,8 @@ def _no_response_object() -> list[Patch]:
 def _no_canonical_parse() -> list[Patch]:
     from tracefleet.proxy.dialects.openai_chat import OpenAIChat
 
-    parse = OpenAIChat.parse
-    parsed: dict[Any, Any] = {}
-
-    def cached(self: Any, body: Any, path_model: str | None = None) -> Any:
-        key = body.get("stream")  # the bench sends two bodies, streamed or not
-        if key not in parsed:
-            parsed[key] = parse(self, body, path_model)
-        return parsed[key]
-
-    return [(OpenAIChat, "parse", cached)]
+    # the bench sends two bodies, streamed or not
+    return _cached(OpenAIChat, "parse", lambda body, path_model=None: body.get("stream"))
 
 
 def _cached(cls: Any, name: str, key: Callable[..., Any]) -> list[Patch]:
@@ -199,10 +191,9 @@ def _no_engine_body() -> list[Patch]:
             (token_engine, "sampling_record", record)]
 
 
-def _no_answer_parse() -> list[Patch]:
+def _orjson_cached_loads(module: Any, **more: Any) -> list[Patch]:
+    """module.orjson replaced by one whose loads looks up what it returned the first time for the same bytes."""
     import orjson
-
-    from tracefleet.proxy import engine_client
 
     parsed: dict[bytes, Any] = {}
 
@@ -212,7 +203,13 @@ def _no_answer_parse() -> list[Patch]:
             parsed[key] = orjson.loads(key)
         return parsed[key]
 
-    return [(engine_client, "orjson", types.SimpleNamespace(dumps=orjson.dumps, loads=loads))]
+    return [(module, "orjson", types.SimpleNamespace(dumps=orjson.dumps, loads=loads, **more))]
+
+
+def _no_answer_parse() -> list[Patch]:
+    from tracefleet.proxy import engine_client
+
+    return _orjson_cached_loads(engine_client)
 
 
 def _no_request_parse() -> list[Patch]:
@@ -220,15 +217,7 @@ def _no_request_parse() -> list[Patch]:
 
     from tracefleet.proxy import pipeline
 
-    parsed: dict[bytes, Any] = {}
-
-    def loads(raw: bytes) -> Any:
-        if raw not in parsed:
-            parsed[raw] = orjson.loads(raw)
-        return parsed[raw]
-
-    return [(pipeline, "orjson", types.SimpleNamespace(dumps=orjson.dumps, loads=loads,
-                                                       JSONDecodeError=orjson.JSONDecodeError))]
+    return _orjson_cached_loads(pipeline, JSONDecodeError=orjson.JSONDecodeError)
 
 
 def _no_authentication() -> list[Patch]:

@@ -41,8 +41,9 @@ JOB = "sync"
 ROLES = {"b0": "before", "b1": "before", "a0": "after"}  # task id: what its session does
 BEFORE = 2
 # The `before` sessions' streamed call must still be generating when the engine pauses. The trainer's steps before
-# the pause (/version, /metrics) took 0.3 s on an idle machine but 2.2 s under the full suite on 2 cores, long enough
-# for 36 tokens at ~60 ms a step: 160 leaves ~9 s of margin for ~7 s more of the test's time.
+# the pause (then /version and /metrics; a keep pause now counts after it) took 0.3 s on an idle machine but 2.2 s
+# under the full suite on 2 cores, long enough for 36 tokens at ~60 ms a step: 160 leaves ~9 s of margin for ~7 s
+# more of the test's time.
 LONG_TOKENS = 160
 # A sampled token's logprob as the engine reported it (decode, two requests batched) against the same token
 # rescored in a prefill (prompt_logprobs) by the same weights: measured max |delta| 5.7e-6 to 1.1e-5 over 6 runs;
