@@ -28,9 +28,10 @@ from tracefleet.traces.calls import call_from_record
 
 from fixtures.checkpoints import changed_checkpoint, restore_served_weights
 from fixtures.proxy_on_vllm import (ProxyOnVllm, auth_headers, dialect_request, post,  # noqa: F401 (proxies)
-                                    proxies, served_model_dir)
+                                    RUNS_TO_CAP_TOKENS, proxies, served_model_dir)
 
 SHORT = "Say hello."
+# greedy, it runs to the output cap (512 tokens) at each of the test's weights (measured: versions 0, 1 and 2)
 LONG = "Write a very long story about a dragon who learns to cook."
 
 
@@ -41,12 +42,22 @@ def short_call(proxy: ProxyOnVllm, model: str) -> Any:
     return proxy.records()[-1]
 
 
-def update_while_streaming(proxy: ProxyOnVllm, model: str, update: Any) -> tuple[list[dict[str, Any]], Any]:
-    """A streamed call generating when `update()` runs; (the SSE data the harness got, update's result)."""
+# The streamed call must still be generating when the update's pause lands: the steps before it (the weights'
+# check, /version, for abort a /metrics scrape) took up to 2.2 s under the full suite's load on 2 cores (CI), and
+# a 96-token call was outrun once. Keep lets the call finish after the resume, so its length is test time (256
+# tokens: ~17 s here); abort cuts it, so it asks for the engine's whole output cap.
+KEEP_TOKENS = 256
+ABORT_TOKENS = RUNS_TO_CAP_TOKENS
+
+
+def update_while_streaming(proxy: ProxyOnVllm, model: str, update: Any,
+                           max_tokens: int) -> tuple[list[dict[str, Any]], Any]:
+    """A streamed call of up to `max_tokens` generating when `update()` runs; (the SSE data the harness got,
+    update's result)."""
     lines: list[str] = []
 
     def call() -> None:
-        path, body = dialect_request("chat", model, LONG, 96, stream=True)
+        path, body = dialect_request("chat", model, LONG, max_tokens, stream=True)
         with httpx.stream("POST", proxy.url + path, json=body, headers=auth_headers("chat"), timeout=300) as r:
             lines.extend(r.iter_lines())
 
@@ -72,7 +83,8 @@ def test_two_policy_updates_keep_and_label_every_token(vllm_server: Any, proxies
         assert before.policy_version == 0 and before.weight_versions is None  # no update yet: nothing to split
 
         # update 1, mode=keep, a call in flight
-        data, report1 = update_while_streaming(proxy, model, lambda: update_policy([vllm_server.url], v1, 1))
+        data, report1 = update_while_streaming(proxy, model, lambda: update_policy([vllm_server.url], v1, 1),
+                                                KEEP_TOKENS)
         assert report1.modes == {vllm_server.url: "keep"} and report1.in_flight[0].kept >= 1
         assert not any("error" in c for c in data) and data[-1]["choices"][0]["finish_reason"] in ("stop", "length")
         kept = next(r for r in reversed(proxy.records()) if r.stream)
@@ -95,8 +107,9 @@ def test_two_policy_updates_keep_and_label_every_token(vllm_server: Any, proxies
 
         # update 2, mode=abort (an engine without keep): the call in flight is cut, recorded with its tokens
         data, report2 = update_while_streaming(proxy, model,
-                                               lambda: update_policy([vllm_server.url], v2, 2, mode="abort"))
-        assert data[-1]["error"]["code"] == "engine_aborted", data[-1]
+                                               lambda: update_policy([vllm_server.url], v2, 2, mode="abort"),
+                                               ABORT_TOKENS)
+        assert data[-1].get("error", {}).get("code") == "engine_aborted", data[-1]
         aborted = next(r for r in reversed(proxy.records()) if r.stream)
         assert (aborted.status, aborted.error.kind if aborted.error else None) == ("partial", "engine_aborted")
         assert report2.in_flight[0].aborted >= 1
