@@ -58,6 +58,15 @@ def test_a_broken_link_or_anchor_fails_the_build(tmp_path: Path) -> None:
     assert "no-such-page.md" in proc.stderr and "no-such-heading" in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("name", ["README.md", "CONTRIBUTING.md", "CHANGELOG.md"])
+def test_front_file_links_lead_somewhere(name: str) -> None:
+    """The files outside the site (read on a forge or in a checkout) link to files that exist."""
+    prose = re.sub(r"`[^`\n]*`", "", (REPO / name).read_text())  # a link shown as code is not one
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", prose):
+        if not re.match(r"[a-z]+://", target):
+            assert (REPO / target).exists(), f"{name} links to {target}, which is not there"
+
+
 @pytest.mark.parametrize("name", ["README.md", "CONTRIBUTING.md", "CHANGELOG.md", "LICENSE"])
 def test_the_front_files_are_there(name: str) -> None:
     text = (REPO / name).read_text()
