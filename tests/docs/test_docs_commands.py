@@ -1,8 +1,8 @@
 """Every command the docs show still exists as shown.
 
 The convention (also in CONTRIBUTING.md), which needs nothing registered by whoever writes a page:
-  ```bash     commands a reader types: checked here, every line of every such block in README.md,
-              CONTRIBUTING.md and docs/**/*.md;
+  ```bash     commands a reader types (```sh and ```shell alike): checked here, every line of every such
+              block in README.md, CONTRIBUTING.md and docs/**/*.md;
   ```console  ```text  output (or a session with its output): not checked;
   ```python   ```yaml  code and manifests: not checked here (the snippets that matter have their own tests).
 In a ```bash block:
@@ -36,7 +36,7 @@ from tracefleet.cli import SUBCOMMANDS, build_parser
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.executable).parent / "tracefleet"
 PAGES = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").rglob("*.md"))]
-BLOCK = re.compile(r"^(?P<indent> *)```bash[^\n]*\n(?P<body>.*?)^(?P=indent)```", re.M | re.S)
+BLOCK = re.compile(r"^(?P<indent> *)```(?:bash|sh|shell)\b[^\n]*\n(?P<body>.*?)^(?P=indent)```", re.M | re.S)
 OPERATORS = {"|", "||", "&&", ";", "&", ">", ">>", "<", "2>", "&>", "(", ")"}
 # Top-level folders of the repository: an argument starting with one of them names a file that must exist.
 REPO_FOLDERS = tuple(sorted({f"{path.split('/')[0]}/" for path in subprocess.run(
@@ -58,15 +58,15 @@ def _commands(text: str, page: str) -> list[Command]:
     found = []
     for block in BLOCK.finditer(text):
         first = text.count("\n", 0, block.start("body")) + 1
-        body = block.group("body").replace("\\\n", " \n")  # keep line numbers: a continuation stays one command
+        body = block.group("body")
         logical, start = "", first
         for n, raw in enumerate(body.splitlines(), first):
             if not logical:
                 start = n
-            logical += raw.removesuffix("\\").rstrip() + " "
+            logical += (raw.strip().removeprefix("$ ") if not logical else raw).removesuffix("\\").rstrip() + " "
             if raw.rstrip().endswith("\\"):
                 continue
-            lexer = shlex.shlex(logical.replace(" \n", " "), posix=True, punctuation_chars=True)
+            lexer = shlex.shlex(logical, posix=True, punctuation_chars=True)
             lexer.whitespace_split = True
             words = list(lexer)
             logical = ""
