@@ -14,7 +14,7 @@ garbage included; what the last rung still executes over the floor is the rest o
 cannot be taken out without taking the answer with it.
 
 Instructions are not time (compiled code such as pydantic's and orjson's runs more of them per µs than the
-interpreter, and the kernel's socket work is not counted), so the README turns each piece's share into µs
+interpreter, and the kernel's socket work is not counted), so docs/performance.md turns each piece's share into µs
 of the gap bench/proxy.py measures.
 
     python bench/proxy_account.py serve RUNG_FILE -- <tracefleet proxy arguments>

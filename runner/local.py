@@ -315,8 +315,8 @@ class LocalRun:
         from tracefleet.runner.services import start_cpu_engine
 
         # `managed.extraArgs: [--max-model-len, N]` means what it means to vLLM on a cluster; without it the
-        # model's whole trained context, as vLLM serves it: real harness prompts are large (README, "Which
-        # harness fits which model").
+        # model's whole trained context, as vLLM serves it: real harness prompts are large (docs/your-job.md,
+        # "Which harness fits which model").
         context = max_model_len_arg(inference.managed.extra_args or []) or trained_context(local)
         self._say(f"starting the CPU engine ({local}, context {context or 'default'}, "
                   f"{self.options.engine_threads} thread) ...")

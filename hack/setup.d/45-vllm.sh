@@ -5,7 +5,7 @@
 # ($TRACEFLEET_CACHE/vllm/models/; `tracefleet engine --backend vllm --model gemma3-270m` and the Gemma tests
 # serve the latter). Idempotent: a finished venv carries a .installed stamp and a finished model its
 # config.json, so a warm cache costs seconds. Cold: ~3 GB downloaded (torch and its CUDA libraries), a ~6 GB
-# venv, then the conversions (each prints its time; measured in the README's setup table).
+# venv, then the conversions (each prints its time; measured in docs/performance.md's setup table).
 # The version is tracefleet.vllm.VLLM_VERSION (the operator's default image runs the same release).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tracefleet.api.crd import CRD_FILENAME, crd_yaml
-from tracefleet.api.reference import manifest_reference
+from tracefleet.api.reference import REFERENCE_PAGE, manifest_reference
 
 REPO = Path(__file__).resolve().parents[2]
 # The console script installed next to the interpreter running the tests (.venv/bin/tracefleet).
@@ -37,7 +37,7 @@ def test_top_level_help_lists_every_subcommand() -> None:
 @pytest.mark.parametrize(
     "name, needles",
     [
-        ("crd", ["--out", "--stdout", "--readme", "kubectl apply", CRD_FILENAME]),
+        ("crd", ["--out", "--stdout", "--reference-page", "kubectl apply", CRD_FILENAME]),
         ("validate", ["FILE", "field.path: message", "exit status 1", "examples/*.yaml"]),
     ],
 )
@@ -50,7 +50,7 @@ def test_subcommand_help_is_actionable(name: str, needles: list[str]) -> None:
 
 
 def test_crd_writes_the_generated_file(tmp_path: Path) -> None:
-    proc = run("crd", "--out", str(tmp_path / "out"))
+    proc = run("crd", "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     written = tmp_path / "out" / CRD_FILENAME
     assert written.read_text() == crd_yaml()
@@ -58,13 +58,21 @@ def test_crd_writes_the_generated_file(tmp_path: Path) -> None:
     assert run("crd", "--reference").stdout == manifest_reference()
 
 
-def test_crd_refreshes_a_readme_section(tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text("# x\n\n<!-- manifest-reference:start -->\nstale\n<!-- manifest-reference:end -->\ntail\n")
-    proc = run("crd", "--out", str(tmp_path / "crds"), "--readme", str(readme))
+def test_crd_refreshes_the_reference_page(tmp_path: Path) -> None:
+    # In the repository (here a stand-in), plain `tracefleet crd` refreshes the docs page too.
+    page = tmp_path / REFERENCE_PAGE
+    page.parent.mkdir(parents=True)
+    page.write_text("# x\n\n<!-- manifest-reference:start -->\nstale\n<!-- manifest-reference:end -->\ntail\n")
+    proc = run("crd", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    text = readme.read_text()
+    text = page.read_text()
     assert "stale" not in text and manifest_reference() in text and text.endswith("tail\n")
+    assert f"updated {REFERENCE_PAGE}" in proc.stderr and (tmp_path / "crds" / CRD_FILENAME).exists()
+    # A page named that has no marked section is refused, exit 2, the last line saying why.
+    other = tmp_path / "other.md"
+    other.write_text("# nothing marked\n")
+    bad = run("crd", "--out", str(tmp_path / "crds"), "--reference-page", str(other))
+    assert bad.returncode == 2 and "manifest-reference" in bad.stderr.splitlines()[-1], bad.stderr
 
 
 def test_validate_exit_codes(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import yaml
 
 from tracefleet.api import RolloutJob, load_job
 from tracefleet.api.crd import CRD_FILENAME, crd_manifest, crd_yaml, openapi_schema
-from tracefleet.api.reference import END, START, manifest_reference, readme_section
+from tracefleet.api.reference import END, REFERENCE_PAGE, START, manifest_reference, page_section
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / CRD_FILENAME
@@ -38,10 +38,10 @@ def test_checked_in_crd_matches_the_model() -> None:
     assert CRD_PATH.read_text() == crd_yaml(), "crds/ drifted from the model: run `tracefleet crd`"
 
 
-def test_readme_manifest_reference_matches_the_model() -> None:
-    text = (REPO / "README.md").read_text()
+def test_manifest_reference_page_matches_the_model() -> None:
+    text = (REPO / REFERENCE_PAGE).read_text()
     assert START in text and END in text
-    assert readme_section(text) == manifest_reference(), "run `tracefleet crd --readme README.md`"
+    assert page_section(text) == manifest_reference(), "run `tracefleet crd` in the repository root"
 
 
 def _walk(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:

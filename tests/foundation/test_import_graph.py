@@ -14,7 +14,7 @@ from tracefleet.contract.diagnostics import BUILTIN_DIAGNOSTICS
 from tracefleet.diagnostics.library import BUILTINS
 
 REPO = Path(__file__).resolve().parents[2]
-# setup.py's folder mapping (README, "Where things live")
+# setup.py's folder mapping (docs/index.md, "Where things live")
 ROOTS = {"tracefleet": "src/tracefleet", "tracefleet.operator": "operator", "tracefleet.proxy": "proxy",
          "tracefleet.runner": "runner", "tracefleet.traces": "traces", "tracefleet.engine": "engine"}
 FLOOR = "contract"

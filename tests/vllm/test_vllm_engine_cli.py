@@ -39,7 +39,7 @@ VLLM_ARGS = ["--max-model-len", str(MAX_MODEL_LEN),
              "--override-generation-config", json.dumps({"max_new_tokens": OUTPUT_CAP}),
              "--max-num-batched-tokens", str(PREFILL_CHUNK)]
 END_OF_TURN, EOS = 106, 1  # Gemma 3's <end_of_turn> and <eos>
-HARNESS = "qwen-code"  # first prompt ~18.6k tokens with Gemma (README, "Which harness fits which model")
+HARNESS = "qwen-code"  # first prompt ~18.6k tokens with Gemma (docs/your-job.md, "Real harnesses")
 LONG_PROMPT = 12_000
 STOP_LIMIT_S = 5.0
 

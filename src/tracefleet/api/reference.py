@@ -1,4 +1,5 @@
-"""The manifest reference (README section) generated from the same schema the CRD carries."""
+"""The manifest reference (the docs page docs/reference/manifest.md, between its markers) generated from the same
+schema the CRD carries."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from tracefleet.api.crd import openapi_schema
 
 START = "<!-- manifest-reference:start -->"
 END = "<!-- manifest-reference:end -->"
+REFERENCE_PAGE = "docs/reference/manifest.md"  # relative to the repository root
 
 
 def _type(node: dict[str, Any]) -> str:
@@ -91,18 +93,18 @@ def manifest_reference() -> str:
 _SECTION = re.compile(re.escape(START) + r"\n?(.*?)" + re.escape(END), re.S)
 
 
-def readme_section(text: str) -> str:
+def page_section(text: str) -> str:
     m = _SECTION.search(text)
     if m is None:
-        raise ValueError(f"README has no {START} … {END} section")
+        raise ValueError(f"no {START} … {END} section")
     return m.group(1)
 
 
-def update_readme(path: str | Path) -> bool:
-    """Rewrite the marked README section; True if it changed."""
+def update_page(path: str | Path) -> bool:
+    """Rewrite the page's marked section; True if it changed."""
     p = Path(path)
     text = p.read_text()
-    readme_section(text)
+    page_section(text)
     new = _SECTION.sub(lambda _: f"{START}\n{manifest_reference()}{END}", text, count=1)
     if new != text:
         p.write_text(new)

@@ -1,7 +1,7 @@
 """What a harness pod's proxy sidecar reserves, per capture mode: the defaults, and how a RolloutJob's
 `spec.inference.capture.proxyResources` overrides them.
 
-Measured with bench/sidecar.py (one proxy process serving one session, as in a pod; figures in the README):
+Measured with bench/sidecar.py (one proxy process serving one session, as in a pod; figures in docs/performance.md):
 peak resident memory over an idle start, 400 whole and 400 streamed calls at concurrency 1 and 8, and a
 300-turn session whose history grows to ~450 kB (every call sends it all, exact mode keeps its served ids).
   server mode: 67 MiB idle and under load, peak 83 MiB in the long session; 7.4 ms CPU per call at most

@@ -49,8 +49,8 @@ POLL_S = 1.0
 DEFAULT_TRAIN_LAYERS = 4
 ENGINE_ABORTED_KIND = "engine_aborted"  # a capture record's error kind when the engine aborted the call (proxy.errors)
 PRODUCER_STOP_S = 120.0
-# What bench/loop.py measured learning on the quickstart's tasks within 20 minutes on 2 cores (README, "The loop
-# on a laptop"): AdamW at 1e-4 on the top 4 layers, two passes over each batch.
+# What bench/loop.py measured learning on the quickstart's tasks within 20 minutes on 2 cores (docs/performance.md,
+# "The loop"): AdamW at 1e-4 on the top 4 layers, two passes over each batch.
 DEFAULT_LR = 1e-4
 DEFAULT_EPOCHS = 2
 # The trainer's torch threads unless told. vLLM's CPU build binds its OpenMP threads to every core but one
