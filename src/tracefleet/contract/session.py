@@ -99,8 +99,10 @@ class Task(BaseModel):
 
 # ---------------------------------------------------------------- judging
 
-# ok: the evaluator ran and judged (reward may still be 0); the rest are failures of the judging.
-EvalStatus = Literal["ok", "error", "timeout", "patch_failed", "skipped"]
+# ok: the evaluator ran and judged (reward may still be 0); the rest are failures of the judging. `unavailable`:
+# the evaluator could not run or report, for a reason the agent could not cause (tracefleet.contract.semantics:
+# the row is the infrastructure's, left out of training); `error`, `timeout` and `patch_failed` stay the policy's.
+EvalStatus = Literal["ok", "error", "timeout", "patch_failed", "skipped", "unavailable"]
 
 
 class EvaluatorSpec(BaseModel):
@@ -248,7 +250,7 @@ class SessionResult(BaseModel):
         out = self.model_copy(deep=True)
         out.evaluation = outcome.judging()
         out.reward = outcome.reward if outcome.status == "ok" else 0.0
-        if outcome.status in ("error", "patch_failed"):
+        if outcome.status in ("error", "patch_failed", "unavailable"):
             out.fail("evaluate", "error", outcome.message or outcome.status)
         elif outcome.status == "timeout":
             out.fail("evaluate", "timeout", outcome.message or "evaluator timed out")
