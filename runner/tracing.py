@@ -156,4 +156,5 @@ def build_session_traces(plan: SessionPlan, result: SessionResult, evidence: Ses
     result.trainable_tokens = sum(t.num_trainable for t in built.traces)
     result.capture_torn = built.stats.torn_tail
     result.build_stats = built.stats.model_dump(mode="json")
+    result.outcome_kind = next((t.meta.outcome_kind for t in reversed(built.traces)), None)  # the session's own row last
     return list(built.traces)

@@ -84,6 +84,8 @@ def test_an_evaluator_that_cannot_run_leaves_its_sample_out_of_training(scripted
     # counted: the manifest and the run's summary (status.counters.infrastructure on a cluster)
     assert batch.manifest.outcome_kinds == {"ok": 2, "infrastructure": 1}
     assert "outcomes" in done.stdout and "ok 2, the policy's failures 0, the infrastructure's 1" in done.stdout, done.stdout
+    # the summary's learning signal is what the trainer will find: rewards 1 and 0, not 0, 1, 0
+    assert "rewards 0..1 (std 0.50); 1 of 1 groups (100%) have non-zero advantages" in done.stdout, done.stdout
 
     # what a trainer reads: the group without it
     kept = batch.training_table()

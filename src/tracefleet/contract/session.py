@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tracefleet.contract.harbor import HarborTaskRun
 from tracefleet.contract.job import DiagnosticSpec, is_remote
 # A harness without a preset runs its `command`; HarnessConfig applies that (every session, both drivers)
-from tracefleet.contract.semantics import DEFAULT_PRESET, harness_preset
+from tracefleet.contract.semantics import DEFAULT_PRESET, OutcomeKind, harness_preset
 
 def session_id(job: str, index: int) -> str:
     """The session id of the job's session `index` (job-wide), in both drivers."""
@@ -227,6 +227,8 @@ class SessionResult(BaseModel):
     tokens: int = 0
     trainable_tokens: int = 0
     build_stats: dict[str, Any] = Field(default_factory=dict)
+    # whose outcome its rows are (tracefleet.contract.semantics.OutcomeKind), once they are built where it ran
+    outcome_kind: OutcomeKind | None = None
     timings: dict[str, float] = Field(default_factory=dict)
     session_dir: str = ""
 
