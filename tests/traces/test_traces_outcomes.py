@@ -43,6 +43,9 @@ TABLE = [
     (("tool_parse_errors", "evaluator_unavailable"), True, POLICY),  # fail-closed whatever the judge said
     (("capture_torn_tail", "evaluator_error"), True, POLICY),
     ((NO_TRAINABLE_CALLS,), True, POLICY),  # a completed session without a trainable call
+    ((NO_TRAINABLE_CALLS,), False, INFRA),  # ...in which the engine answered nothing: the policy never acted
+    (("evaluator_error", NO_TRAINABLE_CALLS), False, INFRA),
+    ((), False, OK),
     (("dropped_by_diagnostics",), True, POLICY),
     (("some_reason_not_classified_yet",), True, POLICY),  # fail closed
 ]

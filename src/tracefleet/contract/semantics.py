@@ -30,8 +30,8 @@ Outcome kinds (`OutcomeKind`, the Parquet column `outcome_kind`; docs/training/o
     the model's tool calls could not be parsed, the evaluator judged it failed, timed out on it or errored on
     it): reward <= 0, counted in its group's statistics like any other sample. `infrastructure`: fail-closed
     by something the policy could not cause (the evaluator or verifier could not run or report, a stage of
-    ours failed: the workspace, the proxy, the capture; the session failed before the engine answered any
-    of its calls): left out of the group statistics and the loss exactly like a quarantined row
+    ours failed: the workspace, the proxy, the capture; the engine answered none of the session's calls, so
+    nothing in it is the policy's): left out of the group statistics and the loss exactly like a quarantined row
     (`BatchReader` keeps it only with `include_infrastructure=True`), counted in the manifest
     (`outcome_kinds`), the run's summary and the operator's `status.counters.infrastructure`. One rule
     (`outcome_kind`) over the row's fail-closed reasons: a policy reason wins (the reward would be <= 0
@@ -323,27 +323,28 @@ POLICY_REASONS = frozenset({
 CONSEQUENT_REASONS = frozenset({NO_TRAINABLE_CALLS, DROPPED_BY_DIAGNOSTICS})
 
 
-def reason_kind(reason: str, *, model_answered: bool = True) -> OutcomeKind | None:
-    """Whose one fail-closed reason is (None: it decides nothing). `model_answered`: whether the engine
-    answered any of the session's model calls; a session that failed before it did holds nothing the
-    policy did (the premise of `should_retry`)."""
+def reason_kind(reason: str) -> OutcomeKind | None:
+    """Whose one fail-closed reason is (None: it decides nothing by itself)."""
     if reason in CONSEQUENT_REASONS:
         return None
     if reason in INFRASTRUCTURE_REASONS:
         return OutcomeKind.INFRASTRUCTURE
     if reason.startswith("session_"):
-        stage = reason.partition(":")[2]
-        ours = stage in INFRASTRUCTURE_STAGES or not model_answered
+        ours = reason.partition(":")[2] in INFRASTRUCTURE_STAGES
         return OutcomeKind.INFRASTRUCTURE if ours else OutcomeKind.POLICY
     return OutcomeKind.POLICY  # the listed policy reasons, and any reason not classified yet: fail closed
 
 
 def outcome_kind(reasons: Iterable[str], *, model_answered: bool = True) -> OutcomeKind:
-    """A row's kind from its fail-closed reasons: ok without any; a policy reason wins (the reward is <= 0
-    whatever else happened), then an infrastructure one; only consequent reasons: the policy's."""
-    kinds = {reason_kind(r, model_answered=model_answered) for r in reasons}
+    """A row's kind from its fail-closed reasons: ok without any. `model_answered`: whether the engine answered
+    any of the session's model calls; a session in which it answered none holds nothing the policy did (the
+    premise of `should_retry`): the infrastructure's, whatever failed. Else a policy reason wins (the reward is
+    <= 0 whatever else happened), then an infrastructure one; only consequent reasons: the policy's."""
+    kinds = {reason_kind(r) for r in reasons}
     if not kinds:
         return OutcomeKind.OK
+    if not model_answered:
+        return OutcomeKind.INFRASTRUCTURE
     if OutcomeKind.POLICY in kinds or kinds == {None}:
         return OutcomeKind.POLICY
     return OutcomeKind.INFRASTRUCTURE
