@@ -22,7 +22,8 @@ Failed, timed-out and fail-closed sessions
     `outcome="fail_closed"`, the reason `session_<status>:<stage>` (for example
     `session_timeout:harness`) beside the capture and evaluator reasons, and a reward of at most 0.
     A session without a single trainable call (it failed before a model call, or its only call broke
-    off) is sealed as one row without tokens: it counts in its group's statistics and trains nothing.
+    off) is sealed as one row without tokens: it trains nothing, and counts in its group's statistics
+    unless it is the infrastructure's (outcome kinds, below: one in which the engine answered nothing is).
 
 Outcome kinds (`OutcomeKind`, the Parquet column `outcome_kind`; docs/training/outcomes.md has the table)
     Every row says whose outcome it is. `ok`: not fail-closed. `policy`: fail-closed by what the policy did
@@ -34,7 +35,8 @@ Outcome kinds (`OutcomeKind`, the Parquet column `outcome_kind`; docs/training/o
     nothing in it is the policy's): left out of the group statistics and the loss exactly like a quarantined row
     (`BatchReader` keeps it only with `include_infrastructure=True`), counted in the manifest
     (`outcome_kinds`), the run's summary and the operator's `status.counters.infrastructure`. One rule
-    (`outcome_kind`) over the row's fail-closed reasons: a policy reason wins (the reward would be <= 0
+    (`outcome_kind`) over the row's fail-closed reasons: a session in which the engine answered none of the
+    calls is the infrastructure's whatever failed; else a policy reason wins (the reward would be <= 0
     whatever the infrastructure did), then an infrastructure reason; reasons that only follow from another
     (`no_trainable_calls`, `dropped_by_diagnostics`) decide nothing. An evaluator says it could not judge with
     the status `unavailable` (`EvalStatus`): a command or hook that exits `EVALUATOR_UNAVAILABLE_EXIT_CODE`
