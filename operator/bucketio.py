@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracefleet.contract.semantics import diagnostics_counts
+from tracefleet.contract.semantics import diagnostics_counts, outcome_counts
 from tracefleet.bucket import ObjectNotFound, open_bucket
 from tracefleet.contract.sealed_batch import SealedBatch
 from tracefleet.contract.layout import batch_uri, capture_key, manifest_key, session_prefix
@@ -53,7 +53,7 @@ def find_batch(
     uri: str, job: str, batch_id: str, skip_seqs: set[int], creds: dict[str, str] | None = None, endpoint: str | None = None
 ) -> SealedBatch | None:
     """The sealed batch with `batch_id`, or None; its `diagnostics` are what the job's diagnostics made of
-    its sessions (semantics.DiagnosticsCounts).
+    its sessions (semantics.DiagnosticsCounts), its `outcomes` its sessions by outcome kind (semantics.OutcomeCounts).
 
     One listing of the job's batches, then manifest reads only for seqs not yet attributed."""
     bucket = open_bucket(uri, **bucket_options(creds, endpoint))
@@ -65,5 +65,5 @@ def find_batch(
         if m.batch_id == batch_id:
             return SealedBatch(seq=seq, batch_id=batch_id, uri=batch_uri(uri, job, seq), traces=m.traces, tokens=m.tokens,
                                mean_reward=m.reward.mean, sessions=m.sessions,
-                               diagnostics=diagnostics_counts(m).to_json())
+                               diagnostics=diagnostics_counts(m).to_json(), outcomes=outcome_counts(m).to_json())
     return None

@@ -24,7 +24,7 @@ import kopf
 from pydantic import ValidationError
 
 from tracefleet.contract.job import Condition, Counters, RolloutJob, RolloutJobStatus
-from tracefleet.contract.semantics import DiagnosticsCounts
+from tracefleet.contract.semantics import DiagnosticsCounts, OutcomeCounts
 from tracefleet.contract.sealed_batch import BatchSealed, JobRef, SealedBatch
 from tracefleet.contract.layout import batch_id_for
 from tracefleet.contract.taskimage import HARBOR_EVALUATOR
@@ -229,6 +229,7 @@ class Reconciler:
         # --- counters, phase, conditions
         # what the diagnostics made of the sealed sessions, from the recorded manifests (as `tracefleet run` counts)
         diagnosed = sum((DiagnosticsCounts.from_json(b.diagnostics) for b in batches), DiagnosticsCounts())
+        outcomes = sum((OutcomeCounts.from_json(b.outcomes) for b in batches), OutcomeCounts())
         counts = Counters(
             total=total,
             running=p.running + created_pods,
@@ -239,6 +240,7 @@ class Reconciler:
             judged=diagnosed.judged,
             quarantined=diagnosed.quarantined,
             dropped=diagnosed.dropped,
+            infrastructure=outcomes.infrastructure,
         )
         counts.pending = max(0, total - counts.running - counts.succeeded - counts.failed)
         policy = spec.diagnostics_policy

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from tracefleet.contract import layout
 from tracefleet.contract.capture import CallError, read_capture_log
+from tracefleet.contract.semantics import OutcomeCounts
 
 if TYPE_CHECKING:
     from tracefleet.contract.session import SessionResult
@@ -196,3 +197,11 @@ def run_verdict(results: list[SessionResult], sealed_traces: int, trainable_toke
                        f"and {calls} model calls"
                        + ("" if calls else " (did the harness reach the proxy? see harness.stderr in the work dir)"))
     return RunVerdict(True, reasons)
+
+
+def outcomes_line(counts: OutcomeCounts) -> str:
+    """The sealed sessions by outcome kind (tracefleet.contract.semantics), one line: the run's summary shows what
+    the operator's status.counters.infrastructure counts."""
+    return (f"ok {counts.ok}, the policy's failures {counts.policy}, the infrastructure's {counts.infrastructure}"
+            + (" (left out of the group statistics and the loss)" if counts.infrastructure else "")
+            + " (sessions in sealed batches)")

@@ -2,7 +2,8 @@
 advantages are not all 0 (a group whose samples all scored the same gives the gradient nothing).
 
 Computed with the trainers' own advantage function (`tracefleet.traces.advantages.group_advantages`),
-from each session's final reward (a failed session's is 0: fail closed), so the summary line says what
+from each session's final reward (a failed session's is 0: fail closed), without the sessions the infrastructure
+failed (tracefleet.contract.semantics: left out of training), so the summary line says what
 `BatchReader(...).advantages()` will find.
 """
 
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tracefleet.contract.semantics import OutcomeKind
 from tracefleet.traces.advantages import group_advantages
 
 if TYPE_CHECKING:
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 
 def learning_signal_line(results: list[SessionResult]) -> str:
     """`rewards 0..1 (std 0.47); 2 of 3 groups (67%) have non-zero advantages`, or `-`."""
-    ran = [r for r in results if r.status != "stopped"]
+    ran = [r for r in results if r.status != "stopped" and r.outcome_kind != OutcomeKind.INFRASTRUCTURE]
     if not ran:
         return "-"
     rewards = np.array([r.reward for r in ran], dtype=np.float64)

@@ -39,7 +39,7 @@ from tracefleet.contract.semantics import (
     should_retry,
 )
 from tracefleet.contract.session import EvaluatorSpec, session_id
-from tracefleet.runner.failures import run_verdict
+from tracefleet.runner.failures import outcomes_line, run_verdict
 from tracefleet.runner.learning_signal import learning_signal_line
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import netns_available
@@ -592,6 +592,8 @@ class LocalRun:
             ("traces sealed", f"{sink.sealed_traces} ({p.tokens} tokens, {p.trainable_tokens} trainable)"),
             # the job's sealed sessions, earlier runs' too: status.counters.{judged,quarantined,dropped} on a cluster
             ("diagnostics", f"judged {d.judged}, quarantined {d.quarantined}, dropped {d.dropped} (sessions in sealed batches)"),
+            # status.counters.infrastructure on a cluster (tracefleet.contract.semantics.OutcomeKind)
+            ("outcomes", outcomes_line(sink.outcomes)),
             *([("quarantine", f"{QUARANTINE_RATE_EXCEEDED}={quarantine.exceeded} ({quarantine.reason}): {quarantine.message}")]
               if d.judged else []),
             ("batches", f"{len(p.batches)} new: " + (", ".join(p.batches) if p.batches else "none")),

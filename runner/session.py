@@ -51,6 +51,7 @@ from tracefleet.contract.session import (
     SessionStatus,
     Stage,
 )
+from tracefleet.contract.semantics import JUDGE_ATTEMPTS
 from tracefleet.diagnostics.evidence import HarnessEvidence, SessionEvidence, read_tail, session_evidence
 from tracefleet.runner.environment import SessionEndpoint, harness_environment
 from tracefleet.runner.evaluators import EvalContext, get_evaluator
@@ -58,6 +59,8 @@ from tracefleet.runner.failures import HARNESS_EXITED, harness_reason
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, run_sandboxed
 from tracefleet.runner.workspace import WorkspaceError, prepare_workspace, workspace_patch
+
+REJUDGE_PAUSE_S = 1.0  # before judging again a session whose judging was unavailable (a runtime hiccup passes)
 
 # the models moved to the contract floor; these names stay importable from here
 __all__ = ["HarnessConfig", "SessionPlan", "SessionResult", "SessionRun", "Place", "HostPlace", "run", "run_session"]
@@ -193,11 +196,21 @@ def collect_stage(workspace: Any, dest: Path, result: SessionResult, diff: Any =
 
 
 def judge(plan: SessionPlan, ctx: EvalContext) -> EvalOutcome:
-    """The plan's evaluator on a finished session (here, or in the evaluator Job); never raises."""
+    """The plan's evaluator on a finished session (here, or in the evaluator Job); never raises. A judging that
+    reports `unavailable` (it could not run or report: tracefleet.contract.semantics) is run again over the same
+    patch, JUDGE_ATTEMPTS in all, REJUDGE_PAUSE_S apart; the last verdict says how many ran (`details.attempts`)."""
     try:
-        return get_evaluator(plan.evaluator).evaluate(ctx)
-    except Exception as exc:  # noqa: BLE001 - evaluators fail closed; this catches their construction
-        return EvalOutcome(status="error", message=f"{type(exc).__name__}: {exc}")
+        evaluator = get_evaluator(plan.evaluator)
+    except Exception as exc:  # noqa: BLE001 - an evaluator that cannot be built judges nothing the agent did
+        return EvalOutcome(status="unavailable", message=f"{type(exc).__name__}: {exc}")
+    for attempt in range(1, JUDGE_ATTEMPTS + 1):
+        outcome = evaluator.evaluate(ctx)
+        if outcome.status != "unavailable" or attempt == JUDGE_ATTEMPTS:
+            break
+        time.sleep(REJUDGE_PAUSE_S)
+    if attempt > 1:
+        outcome.details["attempts"] = attempt
+    return outcome
 
 
 def eval_context(plan: SessionPlan, workspace: Any, patch: str, session_dir: Path, result: SessionResult,

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tracefleet.contract.semantics import DiagnosticsCounts, diagnostics_counts, next_batches
+from tracefleet.contract.semantics import DiagnosticsCounts, OutcomeCounts, diagnostics_counts, next_batches, outcome_counts
 from tracefleet.contract import layout
 from tracefleet.bucket import BucketError, open_bucket, spool_dir
 from tracefleet.traces.reader import BatchReader
@@ -38,6 +38,7 @@ class BatchSink:
         # what the diagnostics made of every sealed session of the job, earlier runs' batches included
         # (as the operator counts a job's recorded batches: tracefleet.contract.semantics)
         self.diagnostics = DiagnosticsCounts()
+        self.outcomes = OutcomeCounts()  # the same sessions by outcome kind (status.counters.infrastructure)
         self.errors: list[str] = []
         self.evidence_errors: list[str] = []
 
@@ -56,7 +57,7 @@ class BatchSink:
         reader = BatchReader(self.bucket, self.job)
         for seq in reader.seqs():
             manifest = reader.manifest(seq)
-            self.diagnostics += diagnostics_counts(manifest)
+            self._count_sessions(manifest)
             table = reader.read_table(manifest).select(["task_id", "sample_index"])
             for task, sample in zip(table.column("task_id").to_pylist(), table.column("sample_index").to_pylist()):
                 if task is not None and sample is not None:
@@ -74,7 +75,11 @@ class BatchSink:
 
     def _count(self, manifest: Any) -> None:
         self.sealed_traces += manifest.traces
+        self._count_sessions(manifest)
+
+    def _count_sessions(self, manifest: Any) -> None:
         self.diagnostics += diagnostics_counts(manifest)
+        self.outcomes += outcome_counts(manifest)
 
     def add(self, group_id: str, session_traces: list[Any]) -> list[str]:
         """One finished session's traces (none when the session is not to be sealed, e.g. not accepted).

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tracefleet.contract.semantics import AUXILIARY, DROPPED_BY_DIAGNOSTICS, session_failure_reason
+from tracefleet.contract.semantics import (AUXILIARY, DROPPED_BY_DIAGNOSTICS, NO_TRAINABLE_CALLS, outcome_kind,
+                                           session_failure_reason)
 from tracefleet.contract.diagnostics import quarantined_reward
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from tracefleet.contract.session import SessionPlan, SessionResult
     from tracefleet.traces.schema import BuildResult
 
-NO_TRAINABLE_CALLS = "no_trainable_calls"
+__all__ = ["NO_TRAINABLE_CALLS", "SessionOutcome", "build_session_traces", "outcome_of", "session_traces"]
 
 
 @dataclass
@@ -38,7 +39,7 @@ class SessionOutcome:
     status: str = "completed"  # completed | error | timeout (runner.session.SessionStatus)
     stage: str | None = None
     reward: float | None = None  # the evaluator's; None when the session was never judged
-    evaluator_status: str = "missing"  # ok | error | timeout | missing
+    evaluator_status: str = "missing"  # ok | error | timeout | unavailable | missing
     capture_complete: bool = True
     harness: str | None = None
     model: str | None = None
@@ -50,7 +51,7 @@ def evaluator_status(result: SessionResult) -> str:
     if result.evaluation is None:
         return "missing"  # the session never reached the evaluator (timeout, crash): no positive reward
     status = result.evaluation.status
-    return status if status in ("ok", "timeout") else "error"
+    return status if status in ("ok", "timeout", "unavailable") else "error"
 
 
 def outcome_of(result: SessionResult) -> SessionOutcome:
@@ -131,7 +132,8 @@ def _session_rows(capture: str | os.PathLike[str] | None, outcome: SessionOutcom
         trace_id=f"{outcome.session_id}:{len(built.traces):04d}", job=outcome.job, session_id=outcome.session_id, task_id=outcome.task_id,
         group_id=outcome.group_id, sample_index=outcome.sample_index, harness=outcome.harness, model=outcome.model,
         builder=builder, reward=min(outcome.reward, 0.0) if outcome.reward is not None else 0.0,
-        evaluator_reward=outcome.reward, outcome="fail_closed", fail_closed_reasons=reasons, stats=built.stats,
+        evaluator_reward=outcome.reward, outcome="fail_closed", fail_closed_reasons=reasons,
+        outcome_kind=outcome_kind(reasons, model_answered=built.stats.answered_calls > 0), stats=built.stats,
         extra=dict(outcome.extra),
     )
     # after any auxiliary traces: a trainer that leaves those out still sees the session
@@ -154,4 +156,5 @@ def build_session_traces(plan: SessionPlan, result: SessionResult, evidence: Ses
     result.trainable_tokens = sum(t.num_trainable for t in built.traces)
     result.capture_torn = built.stats.torn_tail
     result.build_stats = built.stats.model_dump(mode="json")
+    result.outcome_kind = next((t.meta.outcome_kind for t in reversed(built.traces)), None)  # the session's own row last
     return list(built.traces)

@@ -7,9 +7,12 @@ session's advantage, and the group statistics count each session once.
 - GRPO: A = (r - mean_g) / (std_g + eps)  (population std; `normalize_std=False` gives r - mean_g)
 - leave-one-out (RLOO): A = r - mean of the *other* sessions in the group, optionally / (std_g + eps)
 
-Sessions alone in their group (or in a group whose rewards are all equal) get advantage 0. A missing
-reward counts as 0 (fail-closed sessions already carry a reward <= 0). Seal a whole group in one batch
-(the runner does) so the statistics see every sample.
+Sessions alone in their group (or in a group whose rewards are all equal) get advantage 0: a group left with
+fewer than two valid samples trains nothing. A missing reward counts as 0 (fail-closed sessions already carry a
+reward <= 0). Which rows are valid samples is the caller's: `BatchReader` passes only its `training_table()`,
+without the rows the infrastructure failed or a diagnostic quarantined (tracefleet.contract.semantics), so their
+reward <= 0 moves no baseline. Seal a whole group in one batch (the runner does) so the statistics see every
+sample.
 """
 
 from __future__ import annotations

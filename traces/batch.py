@@ -13,6 +13,7 @@ Parquet columns (one row per trace):
 | `sample_index`, `num_tokens`, `num_trainable`, `policy_version_min`, `policy_version_max`, `schema_version` | int32 | |
 | `reward`, `evaluator_reward` | float64 | reward after the fail-closed rules / as the evaluator gave it |
 | `fail_closed_reasons`, `finish_reasons` | list<string> | |
+| `outcome_kind` | string | whose outcome the row is: `ok`, `policy` (fail-closed by the policy: counted) or `infrastructure` (left out of training by default, BatchReader; tracefleet.contract.semantics.OutcomeKind) |
 | `diagnostics` | list<struct<name, version, severity, message, action, file, line, call_id>> | the session's diagnostic findings (tracefleet.diagnostics) |
 | `quarantined` | bool | a diagnostic quarantined the session: reward <= 0, left out of training by default (BatchReader) |
 | `metadata_json` | string | the full `TraceMetadata` (timings, reconstruction stats, extra) |
@@ -27,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracefleet.contract.semantics import DROPPED_BY_DIAGNOSTICS
+from tracefleet.contract.semantics import DROPPED_BY_DIAGNOSTICS, OutcomeKind
 
 from tracefleet.contract.batch import DiagnosticStats, RewardStats
 
@@ -105,6 +106,7 @@ def traces_to_table(traces: list[Trace]) -> pa.Table:
             "outcome": pa.array(col("outcome"), pa.string()),
             "new_root_reason": pa.array(col("new_root_reason"), pa.string()),
             "fail_closed_reasons": pa.array(col("fail_closed_reasons"), pa.list_(pa.string())),
+            "outcome_kind": pa.array([m.outcome_kind.value for m in metas], pa.string()),
             "finish_reasons": pa.array(col("finish_reasons"), pa.list_(pa.string())),
             "num_tokens": pa.array([t.num_tokens for t in traces], pa.int32()),
             "num_trainable": pa.array([t.num_trainable for t in traces], pa.int32()),
@@ -176,9 +178,11 @@ def table_to_traces(table: pa.Table) -> list[Trace]:
 def summarize(traces: list[Trace]) -> dict[str, Any]:
     """Manifest fields that describe the traces (counts, tokens, reward stats)."""
     sessions: dict[str, tuple[float | None, str]] = {}
+    kinds: dict[str, OutcomeKind] = {}  # a session's rows share its reasons, so its kind
     builders: dict[str, int] = {}
     for t in traces:
         sessions.setdefault(t.meta.session_id, (t.meta.reward, t.meta.outcome))
+        kinds.setdefault(t.meta.session_id, t.meta.outcome_kind)
         builders[t.meta.builder] = builders.get(t.meta.builder, 0) + 1
     rewards = np.array([r for r, _ in sessions.values() if r is not None], dtype=np.float64)
     stats = RewardStats(
@@ -221,4 +225,5 @@ def summarize(traces: list[Trace]) -> dict[str, Any]:
         "quarantined_sessions": len(quarantined),
         "dropped_sessions": len(dropped_sessions),
         "diagnostics": diagnostics,
+        "outcome_kinds": {k: n for k in OutcomeKind if (n := sum(1 for v in kinds.values() if v == k))},
     }

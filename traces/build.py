@@ -7,6 +7,8 @@ Fail-closed: if the session did not complete (`SessionInfo.failure`), the captur
 did not see the session close cleanly), the evaluator errored / timed out / gave no reward, or any call
 carries unparsed tool calls, every trace of the session is marked `outcome="fail_closed"` with the
 reasons, and its reward is clamped to `min(reward, 0)` (0 when there was none): never a positive reward.
+Its `outcome_kind` says whose failure it is (tracefleet.contract.semantics.outcome_kind): the policy's, counted,
+or the infrastructure's, left out of training.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from tracefleet.contract.capture import CaptureLog, CaptureRecord, read_capture_log
+from tracefleet.contract.semantics import (CAPTURE_BAD_LINES, CAPTURE_INCOMPLETE, CAPTURE_TORN_TAIL, EVALUATOR_REASON,
+                                           REWARD_MISSING, TOOL_PARSE_ERRORS, outcome_kind)
 
 from tracefleet.traces.calls import Call, calls_from_records, engine_seconds, split_kept
 from tracefleet.traces.merge import build_tree, chains
@@ -33,17 +37,17 @@ def fail_closed_reasons(
     if session.failure:
         reasons.append(session.failure)
     if torn_tail:
-        reasons.append("capture_torn_tail")
+        reasons.append(CAPTURE_TORN_TAIL)
     if bad_lines:
-        reasons.append("capture_bad_lines")
+        reasons.append(CAPTURE_BAD_LINES)
     if not session.capture_complete:
-        reasons.append("capture_incomplete")
+        reasons.append(CAPTURE_INCOMPLETE)
     if session.evaluator_status != "ok":
-        reasons.append(f"evaluator_{session.evaluator_status}")
+        reasons.append(EVALUATOR_REASON.format(session.evaluator_status))
     elif session.reward is None:
-        reasons.append("reward_missing")
+        reasons.append(REWARD_MISSING)
     if any(c.tool_parse_errors for c in calls):
-        reasons.append("tool_parse_errors")
+        reasons.append(TOOL_PARSE_ERRORS)
     return reasons
 
 
@@ -90,7 +94,8 @@ def build_from_calls(
     if builder not in BUILDERS:
         raise ValueError(f"unknown builder {builder!r}; choose one of {', '.join(BUILDERS)}")
     session = session or SessionInfo()
-    stats = ReconstructionStats(builder=builder, calls=len(all_calls), torn_tail=torn_tail, bad_lines=bad_lines)
+    stats = ReconstructionStats(builder=builder, calls=len(all_calls), torn_tail=torn_tail, bad_lines=bad_lines,
+                                answered_calls=sum(1 for c in all_calls if c.status != "error"))
     stats.tool_parse_errors = sum(c.tool_parse_errors for c in all_calls)
     kept, dropped, dropped_ids = split_kept(all_calls)
     stats.dropped = dropped
@@ -108,6 +113,7 @@ def build_from_calls(
         stats.branches = sum(1 for _, branched in groups if branched >= 0)
 
     reasons = fail_closed_reasons(all_calls, session, torn_tail, bad_lines)
+    kind = outcome_kind(reasons, model_answered=stats.answered_calls > 0)
     reward = session.reward
     if reasons:
         reward = min(reward, 0.0) if reward is not None else 0.0
@@ -143,6 +149,7 @@ def build_from_calls(
             evaluator_reward=session.reward,
             outcome="fail_closed" if reasons else "ok",
             fail_closed_reasons=list(reasons),
+            outcome_kind=kind,
             finish_reasons=[c.finish_reason for c in members],
             branch_of=kept[branched].call_id if branched >= 0 else None,
             new_root_reason=root_reason[chain[0]] if branched < 0 else None,

@@ -15,7 +15,9 @@ default, taken before temperature and top-k/top-p, so not the behaviour policy's
 labelled, not trained on by default; `include_auxiliary=True` keeps them) and compute GRPO statistics
 over the rest (tracefleet.contract.semantics). Quarantined traces (a diagnostic judged how the session earned its
 reward invalid: `quarantined` column, reward already <= 0) are left out the same way unless
-`include_quarantined=True`.
+`include_quarantined=True`. Rows the infrastructure failed (`outcome_kind` `infrastructure`: an evaluator that
+could not run or report, a stage of ours that failed; tracefleet.contract.semantics) are left out the same way
+unless `include_infrastructure=True`: their reward <= 0 says nothing about the policy.
 
 Overlays (tracefleet.traces.overlay): verdicts `tracefleet diagnose --write-overlay` wrote for sessions
 already sealed. `read` (and `follow`) apply the job's overlays by default: a session an overlay
@@ -43,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracefleet.contract.semantics import AUXILIARY
+from tracefleet.contract.semantics import AUXILIARY, OutcomeKind
 from tracefleet.bucket import Bucket, BucketError, ObjectNotFound, open_bucket
 from tracefleet.contract.engine_limits import RAW_LOGPROBS
 from tracefleet.contract.layout import batch_object_key, cursor_key, job_root, manifest_key
@@ -116,15 +118,20 @@ class Batch:
                 out[sid] = found
         return out
 
-    def training_table(self, *, include_auxiliary: bool = False, include_quarantined: bool = False) -> pa.Table:
+    def training_table(self, *, include_auxiliary: bool = False, include_quarantined: bool = False,
+                       include_infrastructure: bool = False) -> pa.Table:
         """The rows a trainer trains on: all but auxiliary traces (a title or summary call beside the
-        agent's conversation) and quarantined ones (tracefleet.contract.semantics) unless asked for."""
-        return training_rows(self.table, include_auxiliary=include_auxiliary, include_quarantined=include_quarantined)
+        agent's conversation), quarantined ones and those the infrastructure failed (tracefleet.contract.semantics)
+        unless asked for."""
+        return training_rows(self.table, include_auxiliary=include_auxiliary, include_quarantined=include_quarantined,
+                             include_infrastructure=include_infrastructure)
 
     def advantages(self, *, leave_one_out: bool = False, normalize_std: bool = True,
-                   include_auxiliary: bool = False, include_quarantined: bool = False) -> np.ndarray:
+                   include_auxiliary: bool = False, include_quarantined: bool = False,
+                   include_infrastructure: bool = False) -> np.ndarray:
         """One advantage per row of `training_table()`."""
-        table = self.training_table(include_auxiliary=include_auxiliary, include_quarantined=include_quarantined)
+        table = self.training_table(include_auxiliary=include_auxiliary, include_quarantined=include_quarantined,
+                                    include_infrastructure=include_infrastructure)
         return group_advantages(
             table.column("reward").to_pylist(),
             table.column("group_id").to_pylist(),
@@ -133,21 +140,27 @@ class Batch:
             normalize_std=normalize_std,
         )
 
-    def tensors(self, *, include_auxiliary: bool = False, include_quarantined: bool = False, **kwargs: Any) -> dict[str, Any]:
+    def tensors(self, *, include_auxiliary: bool = False, include_quarantined: bool = False,
+                include_infrastructure: bool = False, **kwargs: Any) -> dict[str, Any]:
         """Padded tensors of `training_table()`'s rows (see padded_tensors)."""
         return padded_tensors(self.training_table(include_auxiliary=include_auxiliary,
-                                                  include_quarantined=include_quarantined), **kwargs)
+                                                  include_quarantined=include_quarantined,
+                                                  include_infrastructure=include_infrastructure), **kwargs)
 
 
-def training_rows(table: pa.Table, *, include_auxiliary: bool = False, include_quarantined: bool = False) -> pa.Table:
-    """`table` without its auxiliary rows (unless `include_auxiliary`) and quarantined rows (unless
-    `include_quarantined`); batches sealed before those columns existed have none."""
+def training_rows(table: pa.Table, *, include_auxiliary: bool = False, include_quarantined: bool = False,
+                  include_infrastructure: bool = False) -> pa.Table:
+    """`table` without its auxiliary rows (unless `include_auxiliary`), quarantined rows (unless
+    `include_quarantined`) and rows the infrastructure failed (unless `include_infrastructure`); batches sealed
+    before those columns existed have none."""
     n = table.num_rows
     keep = [True] * n
     if not include_auxiliary and "new_root_reason" in table.column_names:
         keep = [k and r != AUXILIARY for k, r in zip(keep, table.column("new_root_reason").to_pylist())]
     if not include_quarantined and "quarantined" in table.column_names:
         keep = [k and not q for k, q in zip(keep, table.column("quarantined").to_pylist())]
+    if not include_infrastructure and "outcome_kind" in table.column_names:
+        keep = [k and o != OutcomeKind.INFRASTRUCTURE for k, o in zip(keep, table.column("outcome_kind").to_pylist())]
     if all(keep):
         return table
     return table.take(pa.array([i for i, k in enumerate(keep) if k], pa.int64()))

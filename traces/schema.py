@@ -30,6 +30,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from tracefleet.contract.batch import TRACE_SCHEMA_VERSION
+from tracefleet.contract.semantics import OutcomeKind
 
 from tracefleet.traces.versions import token_versions
 
@@ -60,6 +61,7 @@ class ReconstructionStats(BaseModel):
 
     builder: str = "prefix-merge"
     calls: int = 0  # records in the capture log
+    answered_calls: int = 0  # of those, calls the engine answered (not failed): the policy acted in the session
     kept_calls: int = 0  # calls that are trained on (ok, non-empty, consistent)
     traces: int = 0
     merged_calls: int = 0  # calls appended to an earlier call's trace (prefix extension)
@@ -101,6 +103,9 @@ class TraceMetadata(BaseModel):
     evaluator_reward: float | None = None  # what the evaluator said
     outcome: Outcome = "ok"
     fail_closed_reasons: list[str] = Field(default_factory=list)
+    # whose outcome the row is (tracefleet.contract.semantics.outcome_kind over fail_closed_reasons): infrastructure
+    # rows are left out of training by default (BatchReader)
+    outcome_kind: OutcomeKind = OutcomeKind.OK
     finish_reasons: list[str | None] = Field(default_factory=list)
     branch_of: str | None = None  # call id this trace's first call branched from (retry / parallel branch)
     new_root_reason: str | None = None
@@ -155,7 +160,7 @@ class SessionInfo(BaseModel):
     model: str | None = None
     tokenizer: str | None = None
     reward: float | None = None
-    evaluator_status: Literal["ok", "error", "timeout", "missing"] = "ok"
+    evaluator_status: Literal["ok", "error", "timeout", "unavailable", "missing"] = "ok"
     capture_complete: bool = True  # the runner saw the proxy close the session cleanly
     failure: str | None = None  # the session did not complete: `session_<status>:<stage>` (fail-closed reason)
     extra: dict[str, Any] = Field(default_factory=dict)

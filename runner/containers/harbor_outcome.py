@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tracefleet.contract.harbor import (CONTAINER_VERIFIER_LOGS, REWARD_JSON, REWARD_TXT, TRAINING_REWARD_KEY,
                                          HarborVerdict)
-from tracefleet.contract.session import EvalOutcome
+from tracefleet.contract.session import EvalOutcome, EvalStatus
 from tracefleet.runner.containers.runtime import last_line
 
 OUTPUT_TAIL = 4000
@@ -75,13 +75,21 @@ def harbor_verdict(logs: Path, *, exit_code: int | None, output: str, timed_out:
 
 def outcome_of(verdict: HarborVerdict) -> EvalOutcome:
     """The runner's outcome (the local `harbor` evaluator's and the evaluator Job's): the training reward;
-    fail-closed statuses as `timeout` or `error`, reward 0, the verdict's reason as the message; every metric
+    fail-closed statuses as `timeout`, `error` or `unavailable` (outcome_status), reward 0, the verdict's reason as the message; every metric
     test.sh wrote, kept also when fail-closed."""
     details = {"verdict": verdict.status, "reward_file": verdict.reward_file, "exit_code": verdict.exit_code,
                "output_tail": verdict.output_tail[-2000:]}
     if verdict.status == "ok":
         return EvalOutcome(reward=verdict.reward, metrics=verdict.metrics, details=details,
                            duration_s=verdict.duration_s)
-    return EvalOutcome(status="timeout" if verdict.status == "timeout" else "error", reward=0.0,
-                       message=f"harbor verifier: {verdict.reason}", metrics=verdict.metrics, details=details,
-                       duration_s=verdict.duration_s)
+    return EvalOutcome(status=outcome_status(verdict), reward=0.0, message=f"harbor verifier: {verdict.reason}",
+                       metrics=verdict.metrics, details=details, duration_s=verdict.duration_s)
+
+
+def outcome_status(verdict: HarborVerdict) -> EvalStatus:
+    """A fail-closed verdict's status: test.sh that never ran (its container did not start, its inputs could not be
+    fetched) is `unavailable`, the infrastructure's; one that ran and wrote no reward ran in the agent's environment,
+    so it stays the policy's `error` (tracefleet.contract.semantics)."""
+    if verdict.status == "timeout":
+        return "timeout"
+    return "unavailable" if verdict.status == "error" and verdict.exit_code is None else "error"

@@ -114,7 +114,8 @@ def verify(runtime: ContainerRuntime, task: HarborTask, image: str, *, mounts: t
         verdict = harbor_verdict(logs, exit_code=proc.returncode, output=output, timed_out=False,
                                  timeout_s=verifier.timeout_sec, duration_s=time.monotonic() - start)
     if verdict.status == "no_reward" and not verdict.metrics and proc.returncode == PODMAN_FAILED:
-        return verdict.model_copy(update={"status": "error",
+        # test.sh never ran (no exit status of its own): the runtime's failure, not the agent's (harbor_outcome.outcome_status)
+        return verdict.model_copy(update={"status": "error", "exit_code": None,
                                           "reason": f"the verifier's container did not run: {last_line(proc.stderr)}"})
     return verdict
 

@@ -1,7 +1,11 @@
 """`command` evaluator: run a command; reward from a JSON line on stdout, else from the exit code.
 
 The last non-empty stdout line, if it is a JSON object with a numeric `reward`, gives the reward
-(other keys land in details). Otherwise exit code 0 is reward 1 and anything else reward 0.
+(other keys land in details). Otherwise exit code 0 is reward 1, exit 75 (EX_TEMPFAIL,
+tracefleet.contract.semantics.EVALUATOR_UNAVAILABLE_EXIT_CODE) says the command could not judge (status
+`unavailable`: the infrastructure's, left out of training and judged again) and anything else is reward 0.
+A command whose program does not start is `unavailable` too, unless the program lies in the judged copy (the
+agent may have removed it).
 
 The command runs hardened (tracefleet.runner.evaluators.common.JudgeFolder): its Python does not import from the
 workspace first (a `pytest.py` left there is not the pytest a `python -m pytest` runs), and every pytest it runs
@@ -21,6 +25,7 @@ from tracefleet.runner.evaluators.common import (
     process_failure,
     run_judged,
     timed,
+    unavailable_exit,
 )
 
 
@@ -53,7 +58,8 @@ class CommandEvaluator:
             result = run_judged(ctx, self.spec, argv_of(self.spec.command), cwd, "command", judge=judge)  # type: ignore[arg-type]
         finally:
             judge.remove()
-        failure = process_failure(result, "evaluator command")
+        argv = argv_of(self.spec.command)  # type: ignore[arg-type]
+        failure = process_failure(result, "evaluator command", argv, cwd)
         if failure:
             failure.details["stderr_tail"] = tail(result.stderr_path)
             return failure
@@ -63,4 +69,7 @@ class CommandEvaluator:
         if parsed is not None:
             details.update({k: v for k, v in parsed.items() if k != "reward"})
             return EvalOutcome(reward=finite_reward(parsed["reward"]), details=details)
+        if (unavailable := unavailable_exit(result, "evaluator command")) is not None:
+            unavailable.details = details
+            return unavailable
         return EvalOutcome(reward=1.0 if result.exit_code == 0 else 0.0, details=details)

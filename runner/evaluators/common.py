@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracefleet.contract.layout import PATCH
-from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, EvaluatorSpec
+from tracefleet.contract.semantics import EVALUATOR_UNAVAILABLE_EXIT_CODE
+from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, EvaluatorSpec, tail
 from tracefleet.contract.environment import HARDENED_PYTHON_ENV
 from tracefleet.runner.sandbox import ProcessResult, run_sandboxed
 from tracefleet.runner.workspace import WorkspaceError, apply_patch, fresh_copy, restore_paths
@@ -116,15 +117,41 @@ def run_judged(
     )
 
 
-def process_failure(result: ProcessResult, what: str) -> EvalOutcome | None:
-    """The fail-closed outcome for a process that did not run to its own end, else None."""
+def in_judged_copy(program: str, cwd: Path) -> bool:
+    """Whether a judged process's program lies in the folder it judges (`./run_tests.sh`): what the agent left
+    there, so a program that does not start may be the agent's doing. A bare name (found on PATH) or a path
+    outside is the judge's own."""
+    if "/" not in program:
+        return False
+    path = (cwd / program).resolve()
+    return path == cwd.resolve() or cwd.resolve() in path.parents
+
+
+def process_failure(result: ProcessResult, what: str, argv: list[str] | None = None,
+                    cwd: Path | None = None) -> EvalOutcome | None:
+    """The fail-closed outcome for a process that did not run to its own end, else None. The judge's own
+    program that did not start, and a judging the run's stop interrupted, are `unavailable` (the agent could
+    not cause them: tracefleet.contract.semantics); a program of the judged copy that did not start is an
+    `error`, and a timeout stays `timeout` (the agent's code runs under the judge): the policy's."""
     if result.start_error:
-        return EvalOutcome(status="error", message=f"{what} did not start: {result.start_error}")
+        ours = argv is not None and cwd is not None and not in_judged_copy(argv[0], cwd)
+        return EvalOutcome(status="unavailable" if ours else "error", message=f"{what} did not start: {result.start_error}")
     if result.timed_out:
         return EvalOutcome(status="timeout", message=f"{what} timed out after {result.duration_s:.1f}s")
     if result.stopped:
-        return EvalOutcome(status="error", message=f"{what} was interrupted")
+        return EvalOutcome(status="unavailable", message=f"{what} was interrupted")
     return None
+
+
+def unavailable_exit(result: ProcessResult, what: str) -> EvalOutcome | None:
+    """`unavailable` when the evaluator's program said it could not judge (exit EVALUATOR_UNAVAILABLE_EXIT_CODE),
+    else None. Only where the program's exit status is already the judge's word (`command`: exit 0 is reward 1;
+    a hook): never for a test run, whose exit status the agent's code can set."""
+    if result.exit_code != EVALUATOR_UNAVAILABLE_EXIT_CODE:
+        return None
+    said = tail(result.stderr_path, 1000).strip().splitlines()
+    return EvalOutcome(status="unavailable", message=f"{what} could not judge (exit {EVALUATOR_UNAVAILABLE_EXIT_CODE})"
+                                                      + (f": {said[-1].strip()}" if said else ""))
 
 
 def finite_reward(value: object) -> float:
@@ -153,4 +180,5 @@ def timed(fn):  # type: ignore[no-untyped-def]
     return wrapper
 
 
-__all__ = ["JudgeFolder", "patched_copy", "run_judged", "process_failure", "finite_reward", "timed", "argv_of", "shlex"]
+__all__ = ["JudgeFolder", "patched_copy", "run_judged", "process_failure", "unavailable_exit", "finite_reward", "timed",
+           "argv_of", "shlex"]

@@ -7,8 +7,10 @@ folder on the host, Python hardened (PYTHONSAFEPATH, PYTHONNOUSERSITE), under [v
 
     reward    reward.txt's number, or reward.json's "reward" metric: the training reward
     metrics   every metric reward.json holds (reward.txt: {"reward": n}), kept also when the verdict failed closed
-    status    ok; timeout (test.sh ran past its time); error (no reward, an unreadable one, a container that did not
-              run), each with the verdict's reason as the message: fail-closed, reward 0
+    status    ok; timeout (test.sh ran past its time); error (test.sh ran and left no reward or an unreadable one: it ran
+              in the agent's environment, so the policy's); unavailable (the snapshot or the verifier's container did
+              not run, the task folder did not read: the infrastructure's, tracefleet.contract.semantics), each with
+              the verdict's reason as the message: fail-closed, reward 0
 """
 
 from __future__ import annotations
@@ -38,15 +40,15 @@ class HarborEvaluator:
             return EvalOutcome(status="error", message="the harbor evaluator judges Harbor tasks (spec.tasks.harbor) only")
         record = container_of(ctx.session_dir)
         if record is None:
-            return EvalOutcome(status="error", message="harbor verifier: the session ran in no container to verify")
+            return EvalOutcome(status="unavailable", message="harbor verifier: the session ran in no container to verify")
         image = None
         try:
             task = load_task(Path(harbor.folder))
             runtime = require_runtime()
             image = snapshot(runtime, record["name"])
             verdict = verify(runtime, task, image, workdir=record.get("workdir"), log_dir=ctx.session_dir / VERIFIER_LOGS)
-        except (ContainerError, TaskFolderError) as err:
-            return EvalOutcome(status="error", message=f"harbor verifier: {err}")
+        except (ContainerError, TaskFolderError) as err:  # the runtime or the task folder, not the agent
+            return EvalOutcome(status="unavailable", message=f"harbor verifier: {err}")
         finally:
             if image is not None:
                 runtime.run("rmi", "-f", image, check=False, timeout=120)

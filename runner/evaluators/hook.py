@@ -1,7 +1,8 @@
 """`python` evaluator: a function of yours, `module:function` or the name of an entry point in the
 `tracefleet.evaluators` group. It runs in a child interpreter (so it can be timed out and cannot
 crash the runner) and gets a dict: task, patch, original, workdir, session_dir, harness_exit_code.
-It returns a number (the reward) or a dict with `reward` and anything else for details.
+It returns a number (the reward) or a dict with `reward` and anything else for details; a hook that cannot
+judge (its grading service is down) exits 75 (`sys.exit(75)`: status `unavailable`, tracefleet.contract.semantics).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from importlib.metadata import entry_points
 from typing import Any, Callable
 
 from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, EvaluatorSpec, tail
-from tracefleet.runner.evaluators.common import finite_reward, process_failure, run_judged, timed
+from tracefleet.runner.evaluators.common import finite_reward, process_failure, run_judged, timed, unavailable_exit
 from tracefleet.contract import environment
 
 ENTRY_POINT_GROUP = "tracefleet.evaluators"
@@ -45,11 +46,13 @@ class PythonHookEvaluator:
         ctx_file.write_text(ctx.to_json())
         argv = [sys.executable, "-m", "tracefleet.runner.evaluators.hook", self.spec.entrypoint, str(ctx_file)]
         result = run_judged(ctx, self.spec, argv, ctx.workspace.original.parent, "hook")
-        failure = process_failure(result, f"evaluator hook {self.spec.entrypoint}")
+        failure = process_failure(result, f"evaluator hook {self.spec.entrypoint}", argv, ctx.workspace.original.parent)
         if failure:
             return failure
         stdout = result.stdout_path.read_text(errors="replace") if result.stdout_path else ""
         marked = [line for line in stdout.splitlines() if line.startswith(RESULT_MARK)]
+        if (unavailable := unavailable_exit(result, f"evaluator hook {self.spec.entrypoint}")) is not None:
+            return unavailable
         if result.exit_code != 0 or not marked:
             return EvalOutcome(
                 status="error",

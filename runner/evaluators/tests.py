@@ -9,11 +9,14 @@ judge runs writes it, also one in a command of the task's), never from lines the
 in the workspace is not imported (PYTHONSAFEPATH), a conftest.py or pytest.ini there is not read, and
 text that code prints cannot forge the report. A command that writes no report is fail-closed when tests are
 named. With `per_test: true` the command runs once per test (`{test}`) and the exit code decides: that works
-for any test runner.
+for any test runner. The judging is `unavailable` (the infrastructure's: tracefleet.contract.semantics) only when the
+judge itself is missing (the test command's program, found outside the judged copy, did not start; the default
+command's interpreter has no pytest); a test run's exit status never says so (the agent's code can set it).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 import sys
 import xml.etree.ElementTree as ET
@@ -92,15 +95,16 @@ class TestsEvaluator:
         if self.per_test and wanted:
             passed: dict[str, bool] = {}
             for i, name in enumerate(wanted):
-                result = run_judged(ctx, self.spec, expand_command(template, [name], name), cwd, f"test-{i}",
-                                    judge=judge)
-                failure = process_failure(result, f"test {name}")
+                argv = expand_command(template, [name], name)
+                result = run_judged(ctx, self.spec, argv, cwd, f"test-{i}", judge=judge)
+                failure = process_failure(result, f"test {name}", argv, cwd)
                 if failure:
                     return failure
                 passed[name] = result.exit_code == 0
         else:
-            result = run_judged(ctx, self.spec, expand_command(template, wanted, None), cwd, "tests", judge=judge)
-            failure = process_failure(result, "test command")
+            argv = expand_command(template, wanted, None)
+            result = run_judged(ctx, self.spec, argv, cwd, "tests", judge=judge)
+            failure = process_failure(result, "test command", argv, cwd)
             if failure:
                 failure.details["output_tail"] = tail(result.stdout_path)
                 return failure
@@ -111,8 +115,13 @@ class TestsEvaluator:
                 )
             report = judge.report("tests")
             if not report.is_file():
+                if template is DEFAULT_TEST_COMMAND and importlib.util.find_spec("pytest") is None:
+                    # the judge's own interpreter ({python}) has no test runner: nothing the agent did
+                    return EvalOutcome(status="unavailable", message=f"no pytest in the judge's interpreter {sys.executable}",
+                                       details={"output_tail": tail(result.stdout_path)})
                 # pytest exits without a report only when it did not run (a program of the workspace exited for it,
-                # or the command is no pytest): nothing says which tests passed
+                # or the command is no pytest): nothing says which tests passed; the exit status is no judge's word
+                # here (the agent's code sets it), so this stays the policy's
                 return EvalOutcome(
                     status="error",
                     message=f"test command exited {result.exit_code} without a test report (JUnit XML)",

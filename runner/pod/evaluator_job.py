@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tracefleet.contract import layout, podenv
-from tracefleet.contract.semantics import evaluator_type, group_id
+from tracefleet.contract.semantics import EVALUATOR_UNAVAILABLE_EXIT_CODE, evaluator_type, group_id
 from tracefleet.bucket import Bucket
 from tracefleet.contract.session import (
     EvalOutcome,
@@ -44,12 +44,13 @@ def evaluate(bucket: Bucket, job: str, session: int, command: list[str], timeout
         _download(bucket, layout.artifacts_prefix(job, session), Path(tmp))
         try:
             proc = subprocess.run(command, cwd=tmp, capture_output=True, text=True, timeout=timeout_s)
-            reward = 1.0 if proc.returncode == 0 else 0.0
+            verdict = Verdict(reward=1.0 if proc.returncode == 0 else 0.0, details={"exit_code": proc.returncode})
             try:
-                reward = float(json.loads(proc.stdout.strip().splitlines()[-1])["reward"])
+                verdict.reward = float(json.loads(proc.stdout.strip().splitlines()[-1])["reward"])
             except (ValueError, KeyError, IndexError, TypeError):
-                pass
-            verdict = Verdict(reward=reward, details={"exit_code": proc.returncode})
+                if proc.returncode == EVALUATOR_UNAVAILABLE_EXIT_CODE:  # as the command evaluator reads it
+                    verdict = Verdict(status="unavailable", details=verdict.details, message="evaluator command could "
+                                      f"not judge (exit {EVALUATOR_UNAVAILABLE_EXIT_CODE})")
         except subprocess.TimeoutExpired:
             verdict = Verdict(status="timeout", message=f"evaluator command timed out after {timeout_s:.0f}s")
     bucket.put(layout.reward_key(job, session), verdict.model_dump_json().encode())
@@ -96,13 +97,15 @@ def _judge_workspace(plan: SessionPlan, result: SessionResult, artifacts: Path, 
     patch_file = artifacts / layout.PATCH
     if not patch_file.exists():
         # retrying cannot produce the missing upload
-        return EvalOutcome(status="error", message=f"no {layout.PATCH} in the session's artifacts: the harness "
-                                                   "pod uploaded no diff"), EVALUATOR_FATAL_EXIT_CODE
+        # storage, not the agent (an empty diff is uploaded too): the infrastructure's (tracefleet.contract.semantics)
+        return EvalOutcome(status="unavailable", message=f"no {layout.PATCH} in the session's artifacts: the harness "
+                                                         "pod uploaded no diff"), EVALUATOR_FATAL_EXIT_CODE
     session_dir = tmp / "session"
     try:
         workspace = prepare_workspace(plan.task, session_dir, setup_timeout_s=plan.evaluator.timeout_s)
     except WorkspaceError as exc:
-        return EvalOutcome(status="error", message=f"rebuilding the task's workspace failed: {exc}"), 1
+        # the task's own workspace, before the agent's patch: the Job's retries run it again
+        return EvalOutcome(status="unavailable", message=f"rebuilding the task's workspace failed: {exc}"), 1
     plan.evaluator.env[podenv.ARTIFACTS_DIR] = str(artifacts)
     return judge(plan, eval_context(plan, workspace, patch_file.read_text(), session_dir, result,
                                     artifacts / layout.HARNESS_STDOUT)), 0

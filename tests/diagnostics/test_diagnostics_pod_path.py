@@ -32,7 +32,7 @@ FIX = ("diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1
        "-    return a - b\n+    return a + b\n")
 
 
-def _upload(bucket: LocalBucket, job: str, session: int, patch: str, tmp: Path) -> None:
+def _upload(bucket: LocalBucket, job: str, session: int, patch: str, tmp: Path, **failed: str) -> None:
     capture = tmp / f"{job}-s{session}.jsonl"
     with SyntheticSession(capture, f"{job}-s{session}", seed=session) as sess:
         sess.call(sess.tokens(20), n_completion=6)
@@ -40,7 +40,7 @@ def _upload(bucket: LocalBucket, job: str, session: int, patch: str, tmp: Path) 
     prefix = layout.artifacts_prefix(job, session)
     bucket.put(prefix + layout.PATCH, patch.encode())
     result = SessionResult(session_id=f"{job}-s{session}", job=job, task_id="calc", sample_index=session,
-                           group_id=f"{job}/calc", harness="command", harness_exit_code=0)
+                           group_id=f"{job}/calc", harness="command", harness_exit_code=0, **failed)
     bucket.put(prefix + layout.RESULT, result.model_dump_json().encode())
     bucket.put(prefix + layout.HARNESS_STDERR, b"done\n")
 
@@ -59,9 +59,11 @@ def judged_sessions(tmp_path: Path, monkeypatch) -> tuple[LocalBucket, str, list
     bucket = LocalBucket(tmp_path / "bucket")
     job = "podjob"
     plan = session_plan(job, ["calc"], 3)
-    for session, patch in ((0, HACK), (1, FIX), (2, FIX)):
+    for session, patch in ((0, HACK), (1, FIX)):
         _upload(bucket, job, session, patch, tmp_path)
-    for session in (0, 1):  # session 2 is never judged (as if its harness pod had failed)
+    # session 2's harness pod failed after its model call: never judged, the policy's failure (trained on, reward 0)
+    _upload(bucket, job, 2, FIX, tmp_path, status="error", stage="harness", error="harness exited 1")
+    for session in (0, 1):
         env = EvaluatorEnv(bucket=str(tmp_path / "bucket"), job=job, session=session, task_index=0, sample_index=session,
                            task_json=task, evaluator="command", command=[sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
                            timeout_s=120, policy_version=4)

@@ -9,7 +9,10 @@ says; each evaluator Job and sealer Job with its own environment.
 
 The job: 3 tasks × 3 samples, a deterministic harness whose rewards differ within each group, one
 session that fails after its model call (not retried: its failure is data), one that fails before its
-first model call (retried), one whose evaluator errors (fail-closed). A sampling engine gives each
+first model call (retried), one whose evaluator errors (fail-closed, the policy's), one whose evaluator cannot
+run (it exits 75 at both judgings: the infrastructure's, left out of its group's statistics and the loss as a
+trainer reads it, counted in the manifest, the run's summary and status.counters.infrastructure; the other
+samples' advantages are those of the group without it). A sampling engine gives each
 sample of a task a different answer, and which sample index gets which answer depends on scheduling;
 here the harness draws its behaviour from a per-task counter for the same reason. So rows are compared
 per group as multisets, and every column a trainer reads must agree except timings:
@@ -65,7 +68,7 @@ TASKS, SAMPLES, PER_BATCH = 3, 3, 4  # 2 groups per batch: 2 batches
 
 # What the k-th start of each task's harness does: a reward for the evaluator, or a failure.
 DRAWS = {
-    "t0": ["1", "0", "0.5"],
+    "t0": ["1", "0.5", "judge-down"],
     "t1": ["1", "0", "fail-after-call"],
     "t2": ["fail-before-call", "1", "0", "evaluator-error"],
 }
@@ -107,10 +110,16 @@ HARNESS = textwrap.dedent(
     open("answer.txt", "w").write(draw)
     """
 )
+# "judge-down": the evaluator plays a grading service that is down for this session (exit 75: it could not
+# judge). The draw tells it which session only because rows are compared by draw; in a job nothing the agent
+# writes can make a sound judge say so.
 EVALUATOR = textwrap.dedent(
     """
-    import json
+    import json, sys
     draw = open("answer.txt").read().strip()
+    if draw == "judge-down":
+        print("grading service down", file=sys.stderr)
+        sys.exit(75)
     print(json.dumps({"reward": "nan" if draw == "evaluator-error" else float(draw),
                       "harness_env": json.load(open("seen-env.json"))}))
     """
@@ -158,7 +167,7 @@ def starts(tmp: Path) -> dict[str, int]:
 # ---------------------------------------------------------------- what a trainer reads
 
 COMPARED = ("task_id", "group_id", "job", "harness", "model", "builder", "reward", "evaluator_reward", "outcome",
-            "fail_closed_reasons", "finish_reasons", "num_tokens", "num_trainable", "tokens", "loss_mask", "logprobs")
+            "fail_closed_reasons", "outcome_kind", "finish_reasons", "num_tokens", "num_trainable", "tokens", "loss_mask", "logprobs")
 
 
 # what differs between any two runs of a session: when, how long, and the random call ids
@@ -177,15 +186,18 @@ def metadata(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_batches(reader: BatchReader) -> list[dict[str, Any]]:
+    """Every sealed row, with its advantage as a trainer reads it (None: left out of training)."""
     out = []
     for seq in reader.seqs():
         batch = reader.read(seq)
-        rows = batch.training_table().to_pylist()
-        for row, adv in zip(rows, batch.advantages(), strict=True):
-            row["advantage"] = round(float(adv), 5)
+        trained = dict(zip(batch.training_table().column("trace_id").to_pylist(), batch.advantages(), strict=True))
+        rows = batch.training_table(include_infrastructure=True).to_pylist()
+        for row in rows:
+            adv = trained.get(row["trace_id"])
+            row["advantage"] = None if adv is None else round(float(adv), 5)
             row["spans"] = [{k: v for k, v in s.items() if k != "call_id"} for s in row["spans"]]
             row["metadata"] = metadata(row)
-        out.append({"seq": seq, "rows": rows})
+        out.append({"seq": seq, "rows": rows, "outcome_kinds": dict(batch.manifest.outcome_kinds)})
     return out
 
 
@@ -255,19 +267,32 @@ def assert_expected_semantics(batches: list[dict[str, Any]], driver: str) -> Non
     assert_whole_groups(batches)
     rows = [r for b in batches for r in b["rows"]]
     assert len(rows) == TASKS * SAMPLES
-    summary = Counter((r["task_id"], r["reward"], r["outcome"], tuple(r["fail_closed_reasons"])) for r in rows)
+    summary = Counter((r["task_id"], r["reward"], r["outcome"], tuple(r["fail_closed_reasons"]), r["outcome_kind"])
+                      for r in rows)
     assert summary == Counter({
-        ("t0", 1.0, "ok", ()): 1, ("t0", 0.0, "ok", ()): 1, ("t0", 0.5, "ok", ()): 1,
-        ("t1", 1.0, "ok", ()): 1, ("t1", 0.0, "ok", ()): 1,
-        ("t1", 0.0, "fail_closed", ("session_error:harness", "evaluator_missing")): 1,  # failed after its call
-        ("t2", 1.0, "ok", ()): 1, ("t2", 0.0, "ok", ()): 1,
-        ("t2", 0.0, "fail_closed", ("evaluator_error",)): 1,
+        ("t0", 1.0, "ok", (), "ok"): 1, ("t0", 0.5, "ok", (), "ok"): 1,
+        ("t0", 0.0, "fail_closed", ("evaluator_unavailable",), "infrastructure"): 1,  # its evaluator could not run
+        ("t1", 1.0, "ok", (), "ok"): 1, ("t1", 0.0, "ok", (), "ok"): 1,
+        ("t1", 0.0, "fail_closed", ("session_error:harness", "evaluator_missing"), "policy"): 1,  # failed after its call
+        ("t2", 1.0, "ok", (), "ok"): 1, ("t2", 0.0, "ok", (), "ok"): 1,
+        ("t2", 0.0, "fail_closed", ("evaluator_error",), "policy"): 1,
     }), (driver, summary)
     assert all(r["num_trainable"] > 0 for r in rows)  # every sealed session made its model call
+    # the infrastructure's sample is left out of training, the policy's are trained on
+    assert [r["advantage"] is None for r in rows].count(True) == 1
+    assert all((r["advantage"] is None) == (r["outcome_kind"] == "infrastructure") for r in rows)
     for g in {r["group_id"] for r in rows}:
-        adv = [r["advantage"] for r in rows if r["group_id"] == g]
+        adv = [r["advantage"] for r in rows if r["group_id"] == g and r["advantage"] is not None]
         assert any(a > 0 for a in adv) and any(a < 0 for a in adv), (g, adv)
         assert abs(sum(adv)) < 1e-3
+    # t0's advantages are those of the group without the sample its evaluator could not judge
+    t0 = sorted((r["reward"], r["advantage"]) for r in rows if r["task_id"] == "t0" and r["advantage"] is not None)
+    assert t0 == [(0.5, -1.0), (1.0, 1.0)], (driver, t0)
+    # counted in the manifests
+    kinds: Counter[str] = Counter()
+    for b in batches:
+        kinds.update(b["outcome_kinds"])
+    assert kinds == {"ok": 6, "policy": 2, "infrastructure": 1}, (driver, kinds)
 
 
 def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: Any, scripted_engine: Any, operator: Any,
@@ -311,6 +336,9 @@ def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: A
     follower.join(60)
     assert status["phase"] == "Succeeded", status
     print(f"local run {local_s:.1f} s, cluster run {cluster_s:.1f} s")
+    # the sample whose evaluator could not run, counted by both drivers
+    assert status["counters"]["infrastructure"] == 1, status
+    assert "ok 6, the policy's failures 2, the infrastructure's 1" in local.stdout, local.stdout
 
     # maxRetries, the same in both drivers: the failure before the first model call ran again (t2: one more
     # start), the failure after it did not (t1: three starts)
@@ -331,7 +359,7 @@ def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: A
     # the environment the harness saw: the same from both drivers; the job's env over the preset's default, the
     # session's endpoint over the job's
     local_envs, cluster_envs = harness_envs(local_batches), harness_envs(cluster_batches)
-    assert len(local_envs) == 7 and sorted(map(json.dumps, local_envs)) == sorted(map(json.dumps, cluster_envs))
+    assert len(local_envs) == 6 and sorted(map(json.dumps, local_envs)) == sorted(map(json.dumps, cluster_envs))
     env = local_envs[0]
     assert env["NO_COLOR"] == "0" and env["CONFORM_DRAWS"] == json.dumps(DRAWS), env
     assert env["OPENAI_BASE_URL"] == "<session endpoint>/v1" and env["OPENAI_API_KEY"] == "<secret>", env

@@ -37,7 +37,7 @@ def test_the_status_reads_back_as_written(caplog: pytest.LogCaptureFixture) -> N
     assert status.phase == "Running" and status.counters.running == 1 and status.condition("Running") is not None
     assert status.model_dump(mode="json", by_alias=True, exclude_none=True) == {**STATUS, "counters": {
         **{k: 0 for k in ("total", "pending", "running", "succeeded", "failed", "traces", "tokens", "judged", "quarantined",
-                          "dropped")}, **STATUS["counters"]}}
+                          "dropped", "infrastructure")}, **STATUS["counters"]}}
     assert status_of({"metadata": {"name": "new"}}).phase is None  # a new job has none
     with caplog.at_level(logging.WARNING):
         assert status_of({"metadata": {"name": "odd"}, "status": {"phase": "Sleeping"}}).phase is None

@@ -41,10 +41,12 @@ def test_what_the_sealer_jobs_say() -> None:
 
 def test_a_recorded_batch_reads_back_and_an_older_record_still_reads() -> None:
     batch = SealedBatch(seq=7, batch_id="k8s-000003", uri="s3://b/j/batches/000007/", traces=4, tokens=900, mean_reward=0.5,
-                        sessions=4, diagnostics={"judged": 4}, job_seq=3, sealed_at="2026-01-01T00:00:00Z")
+                        sessions=4, diagnostics={"judged": 4}, outcomes={"ok": 3, "policy": 0, "infrastructure": 1},
+                        job_seq=3, sealed_at="2026-01-01T00:00:00Z")
     ann = record_annotation(batch)[ANNOTATION_BATCH]
     assert json.loads(ann) == {"seq": 7, "batchId": "k8s-000003", "uri": "s3://b/j/batches/000007/", "traces": 4,
-                               "tokens": 900, "meanReward": 0.5, "sessions": 4, "diagnostics": {"judged": 4}, "jobSeq": 3,
+                               "tokens": 900, "meanReward": 0.5, "sessions": 4, "diagnostics": {"judged": 4},
+                               "outcomes": {"ok": 3, "policy": 0, "infrastructure": 1}, "jobSeq": 3,
                                "sealedAt": "2026-01-01T00:00:00Z"}
     assert recorded_batch(sealer(3, "0-3", "Complete", batch)) == batch
     # the trainer webhook's body carries the same record

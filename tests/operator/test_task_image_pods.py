@@ -136,7 +136,8 @@ def test_task_image_pods_judge_what_the_agent_changed(container_runtime: Contain
 
 
 def test_the_report_step_fails_closed_with_one_line(tmp_path: Path) -> None:
-    """What the verify step left, read by the report step: each failure is reward 0 with its reason."""
+    """What the verify step left, read by the report step: each failure is reward 0 with its reason; test.sh that
+    ran and left no reward stays the policy's `error` (it ran in the agent's environment)."""
     from tracefleet.runner.containers.harbor_outcome import outcome_of
     from tracefleet.runner.pod.harbor_verifier import verdict_here
 
@@ -152,9 +153,10 @@ def test_the_report_step_fails_closed_with_one_line(tmp_path: Path) -> None:
         return outcome.status, outcome.reward, outcome.message
 
     assert case({ti.EXIT_CODE: "0\n", ti.DURATION: "2\n"}, "0.5\n")[:2] == ("ok", 0.5)
+    # test.sh never ran (its inputs or its container): the infrastructure's (tracefleet.contract.semantics)
     assert case({ti.FETCH_ERROR: "the harness pod uploaded no change set (x)\n"}) == (
-        "error", 0.0, "harbor verifier: the harness pod uploaded no change set (x)")
-    assert case({}) == ("error", 0.0, "harbor verifier: the task image's verify step left no exit status (did it run?)")
+        "unavailable", 0.0, "harbor verifier: the harness pod uploaded no change set (x)")
+    assert case({}) == ("unavailable", 0.0, "harbor verifier: the task image's verify step left no exit status (did it run?)")
     assert case({ti.EXIT_CODE: "124\n", ti.TIMED_OUT: ""}, "1\n") == (
         "timeout", 0.0, "harbor verifier: test.sh ran past [verifier].timeout_sec (30 s)")
     status, reward, message = case({ti.EXIT_CODE: "0\n"}, "passed\n")

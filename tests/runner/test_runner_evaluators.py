@@ -123,7 +123,60 @@ def test_evaluator_timeout_and_crash_fail_closed(tmp_path: Path) -> None:
     bad_json = get_evaluator(EvaluatorSpec(type="command", command="echo '{\"reward\": \"NaN\"}'")).evaluate(ctx)
     assert bad_json.status == "error" and bad_json.reward == 0.0
     missing = get_evaluator(EvaluatorSpec(type="command", command=["/nonexistent/judge"])).evaluate(ctx)
-    assert missing.status == "error" and missing.reward == 0.0
+    assert missing.status == "unavailable" and missing.reward == 0.0  # the judge's own program: not the agent's doing
+
+
+def test_an_evaluator_says_it_could_not_judge_only_where_the_agent_could_not_cause_it(tmp_path: Path) -> None:
+    """`unavailable` (the infrastructure's: left out of training) vs `error` (the policy's): tracefleet.contract.semantics."""
+    ctx = session_with(tmp_path, fix)
+    down = get_evaluator(EvaluatorSpec(type="command", command="echo grading service down >&2; exit 75")).evaluate(ctx)
+    assert (down.status, down.reward, down.message) == ("unavailable", 0.0, "evaluator command could not judge (exit 75): "
+                                                                            "grading service down")
+    # a JSON reward line is the judge's verdict whatever the exit status
+    judged = get_evaluator(EvaluatorSpec(type="command", command="echo '{\"reward\": 1}'; exit 75")).evaluate(ctx)
+    assert (judged.status, judged.reward) == ("ok", 1.0)
+
+    # a judge program in the judged copy that the agent removed: the agent's doing
+    def remove_judge(workdir: Path) -> None:
+        fix(workdir)
+        (workdir / "calc.py").rename(workdir / "calc_moved.py")
+
+    removed = session_with(tmp_path / "removed", remove_judge)
+    gone = get_evaluator(EvaluatorSpec(type="command", command=["./calc.py"])).evaluate(removed)
+    assert gone.status == "error" and gone.reward == 0.0
+
+    # the agent deleted the tests (not protected): the test run has no report; that stays the policy's
+    def delete_tests(workdir: Path) -> None:
+        (workdir / "test_calc.py").unlink()
+
+    task = calc_task().model_copy(update={"protected": []})
+    ws = prepare_workspace(task, tmp_path / "deleted" / "s")
+    delete_tests(ws.workdir)
+    deleted = EvalContext(task=task, workspace=ws, patch=workspace_patch(ws.workdir, ws.base_commit),
+                          session_dir=tmp_path / "deleted" / "s", harness_exit_code=0)
+    outcome = get_evaluator(EvaluatorSpec(type="tests")).evaluate(deleted)
+    assert outcome.status == "error" and outcome.reward == 0.0, outcome
+    # even when the agent's code exits with the "could not judge" status under the test run
+    exits = get_evaluator(EvaluatorSpec(type="tests", command="{python} -c 'import sys; sys.exit(75)'")).evaluate(
+        session_with(tmp_path / "exits", fix))
+    assert exits.status == "error" and exits.reward == 0.0, exits
+
+
+def test_a_judging_that_could_not_run_is_judged_again(tmp_path: Path) -> None:
+    """Where the session's patch is still there (here, and in the evaluator Job: runner.session.judge)."""
+    from tracefleet.runner.session import judge
+    from tracefleet.contract.session import HarnessConfig, SessionPlan
+
+    ctx = session_with(tmp_path, fix)
+    counter = tmp_path / "judgings"
+    flaky = f"echo x >> {counter}; [ $(wc -l < {counter}) -ge 2 ] || exit 75; {sys.executable} -m pytest -q"
+    plan = SessionPlan(session_id="j-s0", job="j", task=ctx.task, group_id="j/calc", harness=HarnessConfig(),
+                       evaluator=EvaluatorSpec(type="command", command=flaky), model="m")
+    outcome = judge(plan, ctx)
+    assert (outcome.status, outcome.reward, outcome.details["attempts"]) == ("ok", 1.0, 2)
+    always = plan.model_copy(update={"evaluator": EvaluatorSpec(type="command", command="exit 75")})
+    outcome = judge(always, ctx)
+    assert (outcome.status, outcome.details["attempts"]) == ("unavailable", 2)
 
 
 def test_unappliable_patch_is_patch_failed(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from tracefleet.contract.semantics import OutcomeKind
+
 BATCH_FORMAT_VERSION = 1
 TRACE_SCHEMA_VERSION = 1  # the Parquet rows' schema (tracefleet.traces.schema)
 
@@ -56,4 +58,7 @@ class BatchManifest(BaseModel):
     quarantined_sessions: int = 0  # a diagnostic quarantined or dropped them (left out of training)
     dropped_sessions: int = 0  # of those, sessions whose token rows were not sealed
     diagnostics: dict[str, DiagnosticStats] = Field(default_factory=dict)  # by diagnostic name
+    # sessions by whose outcome they are (tracefleet.contract.semantics.OutcomeKind); `infrastructure` ones are
+    # left out of training. Empty in batches sealed before outcome kinds.
+    outcome_kinds: dict[OutcomeKind, int] = Field(default_factory=dict)
     objects: list[ObjectEntry] = Field(default_factory=list)

@@ -673,6 +673,9 @@ class Counters(WireModel):
     quarantined: int = Field(default=0, ge=0, description="Of those, sessions a diagnostic quarantined or dropped "
                              "(left out of training).")
     dropped: int = Field(default=0, ge=0, description="Of the quarantined, sessions whose token rows were not sealed.")
+    infrastructure: int = Field(default=0, ge=0, description="Sessions in sealed batches the infrastructure failed (an "
+                                "evaluator or verifier that could not run or report, a stage of tracefleet's): left "
+                                "out of the group statistics and the loss, not trained on as the policy's failure.")
 
     @property
     def finished(self) -> int:

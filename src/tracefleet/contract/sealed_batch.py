@@ -22,6 +22,8 @@ class SealedBatch(BaseModel):
     sessions: int = 0
     # what the job's diagnostics made of its sessions (tracefleet.contract.semantics.DiagnosticsCounts.to_json)
     diagnostics: dict[str, Any] | None = None
+    # its sessions by outcome kind (tracefleet.contract.semantics.OutcomeCounts.to_json)
+    outcomes: dict[str, int] | None = None
     job_seq: int | None = None  # the sealer Job's seq (tracefleet.contract.layout.batch_id_for)
     sealed_at: str | None = None
 

@@ -22,7 +22,31 @@ Failed, timed-out and fail-closed sessions
     `outcome="fail_closed"`, the reason `session_<status>:<stage>` (for example
     `session_timeout:harness`) beside the capture and evaluator reasons, and a reward of at most 0.
     A session without a single trainable call (it failed before a model call, or its only call broke
-    off) is sealed as one row without tokens: it counts in its group's statistics and trains nothing.
+    off) is sealed as one row without tokens: it trains nothing, and counts in its group's statistics
+    unless it is the infrastructure's (outcome kinds, below: one in which the engine answered nothing is).
+
+Outcome kinds (`OutcomeKind`, the Parquet column `outcome_kind`; docs/training/outcomes.md has the table)
+    Every row says whose outcome it is. `ok`: not fail-closed. `policy`: fail-closed by what the policy did
+    (the harness timed out or exited with an error after the model answered, the agent broke its workspace,
+    the model's tool calls could not be parsed, the evaluator judged it failed, timed out on it or errored on
+    it): reward <= 0, counted in its group's statistics like any other sample. `infrastructure`: fail-closed
+    by something the policy could not cause (the evaluator or verifier could not run or report, a stage of
+    ours failed: the workspace, the proxy, the capture; the engine answered none of the session's calls, so
+    nothing in it is the policy's): left out of the group statistics and the loss exactly like a quarantined row
+    (`BatchReader` keeps it only with `include_infrastructure=True`), counted in the manifest
+    (`outcome_kinds`), the run's summary and the operator's `status.counters.infrastructure`. One rule
+    (`outcome_kind`) over the row's fail-closed reasons: a session in which the engine answered none of the
+    calls is the infrastructure's whatever failed; else a policy reason wins (the reward would be <= 0
+    whatever the infrastructure did), then an infrastructure reason; reasons that only follow from another
+    (`no_trainable_calls`, `dropped_by_diagnostics`) decide nothing. An evaluator says it could not judge with
+    the status `unavailable` (`EvalStatus`): a command or hook that exits `EVALUATOR_UNAVAILABLE_EXIT_CODE`
+    (75, sysexits' EX_TEMPFAIL), a program of the judge's own that did not start, a Harbor verifier whose
+    container did not run, an evaluator Job without the session's uploaded patch. Anything the agent could
+    have caused stays the policy's (no reward unearned, design §2.8): a timeout (the agent's code runs under
+    the judge), an error after the judge's program started, a test run without a report, a verifier that
+    ran and wrote no reward, a patch that does not apply. A judging that reports `unavailable` is run again
+    (`JUDGE_ATTEMPTS` in all) where the session ran or in the evaluator Job, over the same patch, before the
+    verdict is kept. A group left with fewer than two valid samples trains nothing (advantage 0).
 
 Batching (`output.tracesPerBatch`)
     A batch holds whole groups, so the GRPO statistics a trainer computes per batch see every sample
@@ -79,9 +103,11 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
-from tracefleet.contract.batch import BatchManifest
+if TYPE_CHECKING:  # batch.py imports OutcomeKind from here
+    from tracefleet.contract.batch import BatchManifest
 
 # ---------------------------------------------------------------- presets
 
@@ -257,6 +283,99 @@ def session_failure_reason(status: str, stage: str | None) -> str | None:
     if status == COMPLETED or stage == "evaluate":
         return None  # a judging that failed is the evaluator's reason (evaluator_<status>), not the session's
     return f"session_{status}:{stage or 'unknown'}"
+
+
+# ---------------------------------------------------------------- outcome kinds
+
+
+class OutcomeKind(StrEnum):
+    """Whose outcome a sealed row is (the `outcome_kind` column; see the module doc)."""
+
+    OK = "ok"  # not fail-closed
+    POLICY = "policy"  # fail-closed by what the policy did: reward <= 0, counted
+    INFRASTRUCTURE = "infrastructure"  # fail-closed by what the policy could not cause: left out of training
+
+
+# The fail-closed reasons (TraceMetadata.fail_closed_reasons), besides `session_<status>:<stage>`.
+CAPTURE_TORN_TAIL = "capture_torn_tail"  # the capture log's last line is cut off
+CAPTURE_BAD_LINES = "capture_bad_lines"  # capture log lines that do not read
+CAPTURE_INCOMPLETE = "capture_incomplete"  # the proxy session was not closed cleanly
+REWARD_MISSING = "reward_missing"  # the evaluator said ok and gave no reward
+TOOL_PARSE_ERRORS = "tool_parse_errors"  # a call's tool calls could not be parsed from the model's output
+NO_TRAINABLE_CALLS = "no_trainable_calls"  # the row without tokens of a session with no trainable call
+EVALUATOR_REASON = "evaluator_{}"  # the judging did not say ok: evaluator_<status>
+
+# How an evaluator program says "I could not judge" (not "the agent failed"): sysexits' EX_TEMPFAIL.
+EVALUATOR_UNAVAILABLE_EXIT_CODE = 75
+# Judgings that report `unavailable` are run this many times in all (over the same patch) before the verdict is kept.
+JUDGE_ATTEMPTS = 2
+# Stages of ours (tracefleet.contract.session.Stage): a session failing there did not fail by the policy.
+INFRASTRUCTURE_STAGES = frozenset({"prepare", "register", "capture", "build"})
+INFRASTRUCTURE_REASONS = frozenset({
+    CAPTURE_TORN_TAIL, CAPTURE_BAD_LINES, CAPTURE_INCOMPLETE, REWARD_MISSING,
+    EVALUATOR_REASON.format("unavailable"),  # the evaluator could not run or report (EvalStatus)
+    EVALUATOR_REASON.format("missing"),  # no verdict: the session was never judged (alone: its judging was lost)
+})
+POLICY_REASONS = frozenset({
+    TOOL_PARSE_ERRORS,
+    EVALUATOR_REASON.format("error"),  # the judge ran and failed on what the agent left (or patch_failed, skipped)
+    EVALUATOR_REASON.format("timeout"),  # the agent's code runs under the judge
+})
+# Reasons that follow from another one and decide nothing themselves.
+CONSEQUENT_REASONS = frozenset({NO_TRAINABLE_CALLS, DROPPED_BY_DIAGNOSTICS})
+
+
+def reason_kind(reason: str) -> OutcomeKind | None:
+    """Whose one fail-closed reason is (None: it decides nothing by itself)."""
+    if reason in CONSEQUENT_REASONS:
+        return None
+    if reason in INFRASTRUCTURE_REASONS:
+        return OutcomeKind.INFRASTRUCTURE
+    if reason.startswith("session_"):
+        ours = reason.partition(":")[2] in INFRASTRUCTURE_STAGES
+        return OutcomeKind.INFRASTRUCTURE if ours else OutcomeKind.POLICY
+    return OutcomeKind.POLICY  # the listed policy reasons, and any reason not classified yet: fail closed
+
+
+def outcome_kind(reasons: Iterable[str], *, model_answered: bool = True) -> OutcomeKind:
+    """A row's kind from its fail-closed reasons: ok without any. `model_answered`: whether the engine answered
+    any of the session's model calls; a session in which it answered none holds nothing the policy did (the
+    premise of `should_retry`): the infrastructure's, whatever failed. Else a policy reason wins (the reward is
+    <= 0 whatever else happened), then an infrastructure one; only consequent reasons: the policy's."""
+    kinds = {reason_kind(r) for r in reasons}
+    if not kinds:
+        return OutcomeKind.OK
+    if not model_answered:
+        return OutcomeKind.INFRASTRUCTURE
+    if OutcomeKind.POLICY in kinds or kinds == {None}:
+        return OutcomeKind.POLICY
+    return OutcomeKind.INFRASTRUCTURE
+
+
+@dataclass(frozen=True)
+class OutcomeCounts:
+    """Sessions of sealed batches by outcome kind, as the manifests count them (`outcome_kinds`)."""
+
+    ok: int = 0
+    policy: int = 0
+    infrastructure: int = 0
+
+    def __add__(self, other: OutcomeCounts) -> OutcomeCounts:
+        return OutcomeCounts(self.ok + other.ok, self.policy + other.policy, self.infrastructure + other.infrastructure)
+
+    def to_json(self) -> dict[str, int]:
+        """The wire form the operator keeps with a recorded batch (`from_json` reads it back)."""
+        return {k.value: getattr(self, k.value) for k in OutcomeKind}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> OutcomeCounts:
+        data = data or {}
+        return cls(**{k.value: int(data.get(k.value, 0)) for k in OutcomeKind})
+
+
+def outcome_counts(manifest: BatchManifest) -> OutcomeCounts:
+    """One sealed batch's sessions by kind, from its manifest (batches sealed before kinds: none)."""
+    return OutcomeCounts.from_json(manifest.outcome_kinds)
 
 
 # ---------------------------------------------------------------- batching

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tracefleet.contract.harbor import HarborTaskRun
 from tracefleet.contract.job import DiagnosticSpec, is_remote
 # A harness without a preset runs its `command`; HarnessConfig applies that (every session, both drivers)
-from tracefleet.contract.semantics import DEFAULT_PRESET, harness_preset
+from tracefleet.contract.semantics import DEFAULT_PRESET, OutcomeKind, harness_preset
 
 def session_id(job: str, index: int) -> str:
     """The session id of the job's session `index` (job-wide), in both drivers."""
@@ -99,8 +99,10 @@ class Task(BaseModel):
 
 # ---------------------------------------------------------------- judging
 
-# ok: the evaluator ran and judged (reward may still be 0); the rest are failures of the judging.
-EvalStatus = Literal["ok", "error", "timeout", "patch_failed", "skipped"]
+# ok: the evaluator ran and judged (reward may still be 0); the rest are failures of the judging. `unavailable`:
+# the evaluator could not run or report, for a reason the agent could not cause (tracefleet.contract.semantics:
+# the row is the infrastructure's, left out of training); `error`, `timeout` and `patch_failed` stay the policy's.
+EvalStatus = Literal["ok", "error", "timeout", "patch_failed", "skipped", "unavailable"]
 
 
 class EvaluatorSpec(BaseModel):
@@ -225,6 +227,8 @@ class SessionResult(BaseModel):
     tokens: int = 0
     trainable_tokens: int = 0
     build_stats: dict[str, Any] = Field(default_factory=dict)
+    # whose outcome its rows are (tracefleet.contract.semantics.OutcomeKind), once they are built where it ran
+    outcome_kind: OutcomeKind | None = None
     timings: dict[str, float] = Field(default_factory=dict)
     session_dir: str = ""
 
@@ -248,7 +252,7 @@ class SessionResult(BaseModel):
         out = self.model_copy(deep=True)
         out.evaluation = outcome.judging()
         out.reward = outcome.reward if outcome.status == "ok" else 0.0
-        if outcome.status in ("error", "patch_failed"):
+        if outcome.status in ("error", "patch_failed", "unavailable"):
             out.fail("evaluate", "error", outcome.message or outcome.status)
         elif outcome.status == "timeout":
             out.fail("evaluate", "timeout", outcome.message or "evaluator timed out")

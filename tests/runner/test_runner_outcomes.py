@@ -1,0 +1,99 @@
+"""An evaluator that cannot run for one sample of a group, through `tracefleet run` (local mode, the scripted
+engine, the command harness): the sample is sealed (nothing is lost), marked the infrastructure's, left out of its
+group's statistics and the loss as a trainer reads it through BatchReader, and counted in the manifest and the
+run's summary; the other samples' advantages are those of the group without it (tracefleet.contract.semantics,
+docs/training/outcomes.md). The operator's side of the same job: tests/operator/test_driver_conformance.py.
+
+The evaluator plays a grading service that is down: its first two judgings (one session's, judged twice) exit 75,
+its third (the next session's first) too, so that session is judged again and its verdict kept; sessions run one
+at a time so the order is fixed.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fixtures.command_harness import MODEL_CALL
+from fixtures.local_runs import calc_task, command_job, run_local
+from tracefleet.traces.advantages import group_advantages
+from tracefleet.traces.reader import BatchReader
+
+JOB = "judge-down"
+# the k-th session's "agent": the first two fix add (reward 1 when judged), the third does nothing (reward 0)
+HARNESS = MODEL_CALL + textwrap.dedent(
+    """
+    import fcntl, sys
+    with open(sys.argv[1], "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        k = len(f.read())
+        f.write("x")
+    if k < 2:
+        src = pathlib.Path("calc.py")
+        src.write_text(src.read_text().replace("return a - b", "return a + b"))
+    """
+)
+EVALUATOR = textwrap.dedent(
+    """
+    import subprocess, sys
+    with open(sys.argv[1], "a+") as f:
+        f.seek(0)
+        k = len(f.read())
+        f.write("x")
+    if k < 3:
+        print("grading service down", file=sys.stderr)
+        sys.exit(75)
+    sys.exit(subprocess.run([sys.executable, "-m", "pytest", "-q"]).returncode)
+    """
+)
+
+
+def test_an_evaluator_that_cannot_run_leaves_its_sample_out_of_training(scripted_engine: Any, tmp_path: Path) -> None:
+    (tmp_path / "harness.py").write_text(HARNESS)
+    (tmp_path / "evaluate.py").write_text(EVALUATOR)
+    job = command_job(JOB, [calc_task("calc", "fix add")], tmp_path / "out", samples=3, per_batch=3, parallelism=1,
+                      evaluator={"preset": "command", "timeoutSeconds": 120,
+                                 "command": ["python", str(tmp_path / "evaluate.py"), str(tmp_path / "judgings")]})
+    job["spec"]["harness"]["command"] += [str(tmp_path / "harness-starts")]
+    done, _ = run_local(job, tmp_path, engine_url=str(scripted_engine.url), timeout_s=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len((tmp_path / "judgings").read_text()) == 5  # 2 + 2 (judged again) + 1
+
+    reader = BatchReader(str(tmp_path / "out"), JOB)
+    (seq,) = reader.seqs()
+    batch = reader.read(seq)
+    rows = {r["session_id"]: r for r in batch.table.to_pylist()}
+    down, rejudged, failed = (rows[f"{JOB}-s{i}"] for i in range(3))
+    # sealed, marked, reward 0; the evaluator's word and its two judgings are in the row's metadata
+    assert (down["outcome_kind"], down["outcome"], down["fail_closed_reasons"], down["reward"]) == (
+        "infrastructure", "fail_closed", ["evaluator_unavailable"], 0.0)
+    evaluation = json.loads(down["metadata_json"])["extra"]["evaluation"]
+    assert (evaluation["status"], evaluation["details"]["attempts"]) == ("unavailable", 2)
+    assert evaluation["message"] == "evaluator command could not judge (exit 75): grading service down"
+    assert down["num_trainable"] > 0  # the policy's tokens are kept, not trained on
+    # judged again, its verdict kept: the policy's own outcome
+    assert (rejudged["outcome_kind"], rejudged["reward"]) == ("ok", 1.0)
+    assert json.loads(rejudged["metadata_json"])["extra"]["evaluation"]["details"]["attempts"] == 2
+    assert (failed["outcome_kind"], failed["reward"]) == ("ok", 0.0)
+
+    # counted: the manifest and the run's summary (status.counters.infrastructure on a cluster)
+    assert batch.manifest.outcome_kinds == {"ok": 2, "infrastructure": 1}
+    assert "outcomes" in done.stdout and "ok 2, the policy's failures 0, the infrastructure's 1" in done.stdout, done.stdout
+    # the summary's learning signal is what the trainer will find: rewards 1 and 0, not 0, 1, 0
+    assert "rewards 0..1 (std 0.50); 1 of 1 groups (100%) have non-zero advantages" in done.stdout, done.stdout
+
+    # what a trainer reads: the group without it
+    kept = batch.training_table()
+    assert kept.column("session_id").to_pylist() == [f"{JOB}-s1", f"{JOB}-s2"]
+    without = group_advantages([1.0, 0.0], ["g", "g"], ["s1", "s2"])
+    assert without.tolist() == pytest.approx([1.0, -1.0], abs=1e-4)
+    assert batch.advantages().tolist() == pytest.approx(without.tolist())
+    t = batch.tensors()
+    assert t["input_ids"].shape[0] == 2 and t["sequence_advantages"].tolist() == pytest.approx(without.tolist())
+    # trained on as a reward of 0, it would have pushed the others' advantages
+    assert batch.advantages(include_infrastructure=True).tolist() != pytest.approx([0.0, *without.tolist()], abs=1e-3)
