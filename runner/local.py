@@ -41,6 +41,7 @@ from tracefleet.contract.semantics import (
 from tracefleet.contract.session import EvaluatorSpec, session_id
 from tracefleet.runner.failures import run_verdict
 from tracefleet.runner.learning_signal import learning_signal_line
+from tracefleet.runner.preflight import PreflightError, preflight
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import netns_available
 from tracefleet.runner.session import HarnessConfig, HostPlace, Place, SessionPlan, SessionRun
@@ -84,6 +85,7 @@ class LocalOptions:
     # the proxy's engine time limits set on the command line (EngineLimits fields), over spec.inference.engineTimeouts
     engine_timeouts: dict[str, float] = field(default_factory=dict)
     logprobs_mode: str | None = None  # what the engine's logprobs are, stated on the command line
+    fresh: bool = False  # run every session again, whatever is sealed; new batches follow the sealed ones
 
 
 @dataclass
@@ -159,7 +161,7 @@ def job_tasks(job: Any, base_dir: Path, source_root: Path | None = None) -> list
     if spec.tasks.inline:
         api_tasks = list(spec.tasks.inline)
     elif spec.tasks.uri:
-        api_tasks = [TaskSpec.model_validate(json.loads(line)) for line in _read_uri(spec.tasks.uri, base_dir).splitlines() if line.strip()]
+        api_tasks = [TaskSpec.model_validate(json.loads(line), by_name=False) for line in _read_uri(spec.tasks.uri, base_dir).splitlines() if line.strip()]
     elif spec.tasks.harbor:
         from tracefleet.harbor.sources import open_source
 
@@ -374,6 +376,14 @@ class LocalRun:
         sink = BatchSink(self.output_uri, self.job.name,
                          groups_per_batch=groups_per_batch(spec.output.traces_per_batch, spec.tasks.samples_per_task))
         sealed = sink.sealed_keys()
+        if self.options.fresh:
+            self._say(f"--fresh: every session of job {self.job.name!r} runs again; its {sink.sealed_batches} sealed "
+                      f"batch(es) at {sink.job_uri} stay as they are (nothing is deleted: a trainer that read them "
+                      "keeps them), the new batches follow them")
+            sealed = set()
+        elif sink.failed_before_model:
+            self._say(f"{sink.failed_before_model} sealed session(s) of job {self.job.name!r} failed before their first "
+                      "model call (an infrastructure failure): running them again")
         run_id = secrets.token_hex(3)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         use_netns = {"on": True, "off": False}.get(self.options.netns, netns_available())
@@ -383,9 +393,14 @@ class LocalRun:
 
         keys = [(t.id, i) for t in tasks for i in range(spec.tasks.samples_per_task)]
         if all(k in sealed for k in keys):
-            self._say(f"all {len(keys)} sessions of job {self.job.name!r} are already in sealed batches at {sink.job_uri}")
+            self._say(f"all {len(keys)} sessions of job {self.job.name!r} are already in sealed batches at "
+                      f"{sink.job_uri}: nothing to run (`--fresh` runs them all again, adding new batches after these)")
             self._summary(RunProgress(total=len(keys), skipped=len(keys)), sink, False)
             return 0
+        problems = preflight(self.job, tasks, self.base_dir,
+                             local_engine=not (self.options.engine_url or spec.inference.external))
+        if problems:
+            raise PreflightError(problems)
         engine_url, engine, model_hint = self._engine()
         capture = spec.inference.capture
         proxy = bridge = None
