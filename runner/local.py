@@ -327,15 +327,11 @@ class LocalRun:
         return engine.url, engine, local
 
     def _logprobs_mode(self, engine: Any) -> str | None:
-        """What kind of logprobs the engine reports, where this run knows it: stated on the command line, by the
-        job for its external engine, or raw for the CPU engine it started (its logprobs are the model's
-        unscaled distribution's, whatever the temperature). None: the proxy asks the engine."""
-        from tracefleet.contract.engine_limits import RAW_LOGPROBS
-
+        """What kind of logprobs the engine reports, where this run knows it: stated on the command line, or by
+        the job for its external engine. None: the proxy asks the engine (the CPU engine this run starts says
+        processed_logprobs on /v1/models: tracefleet.engine.llama)."""
         if self.options.logprobs_mode:
             return self.options.logprobs_mode
-        if engine is not None:
-            return RAW_LOGPROBS
         external = self.job.spec.inference.external
         return external.logprobs_mode if external is not None and not self.options.engine_url else None
 
@@ -607,6 +603,7 @@ class LocalRun:
             ("traces sealed", f"{sink.sealed_traces} ({p.tokens} tokens, {p.trainable_tokens} trainable)"),
             # the job's sealed sessions, earlier runs' too: status.counters.{judged,quarantined,dropped} on a cluster
             ("diagnostics", f"judged {d.judged}, quarantined {d.quarantined}, dropped {d.dropped} (sessions in sealed batches)"),
+            ("findings", findings_line(self.results)),
             *([("quarantine", f"{QUARANTINE_RATE_EXCEEDED}={quarantine.exceeded} ({quarantine.reason}): {quarantine.message}")]
               if d.judged else []),
             ("batches", f"{len(p.batches)} new: " + (", ".join(p.batches) if p.batches else "none")),
@@ -624,6 +621,9 @@ class LocalRun:
         width = max(len(k) for k, _ in rows)
         print("\n" + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows), file=self.summary_out)
         print(f"\n  inspect: tracefleet traces ls {sink.uri} --job {self.job.name}", file=self.summary_out, flush=True)
+        if any(_findings(r) for r in self.results):
+            print(f"  findings: tracefleet diagnose {sink.uri} --job {self.job.name} --html findings.html",
+                  file=self.summary_out, flush=True)
         if p.batches:
             first = p.batches[0].rsplit("/", 1)[-1]
             print(f"  a trace: tracefleet traces show {sink.uri} --job {self.job.name} --batch {int(first)} --trace 0",
@@ -631,6 +631,22 @@ class LocalRun:
         if interrupted:
             print(f"  continue: tracefleet run {self.options.job_path}"
                   + (f" --output {self.options.output}" if self.options.output else ""), file=self.summary_out, flush=True)
+
+
+def _findings(run: SessionRun) -> set[tuple[str, str]]:
+    """(diagnostic, severity) of each finding the diagnostics made on a session (every trace of it carries them)."""
+    return {(f.get("name", "?"), f.get("severity", "?")) for t in run.traces for f in t.meta.diagnostics}
+
+
+def findings_line(runs: list[SessionRun]) -> str:
+    """How many of the sessions run now a diagnostic flagged, by diagnostic and severity (the summary's row)."""
+    judged = [r for r in runs if r.result.status != "stopped"]
+    by: Counter[tuple[str, str]] = Counter(k for r in judged for k in _findings(r))
+    flagged = sum(1 for r in judged if _findings(r))
+    if not flagged:
+        return f"none of the {len(judged)} sessions run now flagged"
+    return (f"{flagged} of the {len(judged)} sessions run now flagged: "
+            + ", ".join(f"{name} {n} ({severity})" for (name, severity), n in sorted(by.items())))
 
 
 def run_local(options: LocalOptions, out: TextIO = sys.stderr, summary: TextIO = sys.stdout) -> int:
