@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -19,23 +18,10 @@ from typing import Any
 import pyarrow.parquet as pq
 import yaml
 
+from fixtures.command_harness import MODEL_CALL  # one chat call, then exit 0: a harness that works (the fix)
+
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "tracefleet.cli"]
-
-# One chat call, then exit 0: a harness that works (the fix).
-CALLS_THE_MODEL = textwrap.dedent(
-    """
-    import json, os, urllib.request
-    req = urllib.request.Request(
-        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-        data=json.dumps({"model": os.environ["OPENAI_MODEL"], "max_tokens": 4,
-                         "messages": [{"role": "user", "content": os.environ["TRACEFLEET_PROMPT"]}]}).encode(),
-        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
-    )
-    json.load(urllib.request.urlopen(req, timeout=60))
-    """
-)
-
 
 def job(tmp_path: Path, name: str, harness: dict[str, Any], *, inference: dict[str, Any] | None = None,
         samples: int = 2) -> Path:
@@ -104,7 +90,7 @@ def test_rerun_after_a_fix_runs_what_failed_before_a_model_call_and_fresh_starts
     sealed = rows(tmp_path / "out", "rerun")
     assert len(sealed) == 2 and all(r["num_tokens"] == 0 and r["fail_closed_reasons"] for r in sealed), sealed
     # 2. fixed: the rerun runs those two sessions again, and they call the model
-    (tmp_path / "harness.py").write_text(CALLS_THE_MODEL)
+    (tmp_path / "harness.py").write_text(MODEL_CALL)
     path = job(tmp_path, "rerun", {"preset": "command", "command": ["python", "{job_dir}/harness.py"]})
     second = run(path, "--engine-url", url)
     assert second.returncode == 0, second.stdout + second.stderr
