@@ -36,14 +36,19 @@ def test_quickstart_door_skips_what_the_local_job_does_not_use() -> None:
         assert heavy not in out, (heavy, out)
 
 
-def test_quickstart_door_engine_part_installs_no_torch() -> None:
-    """The engine part, run (warm: seconds) as the quickstart door runs it, never touches torch: SmolLM2's
-    tokenizer converts without it (formats/gguf_tokenizer.py). Read from bash's trace of what it ran."""
-    env = {**os.environ, "TRACEFLEET_SETUP_DOOR": "quickstart"}
+def engine_part_trace(door: str) -> list[str]:
+    """The commands hack/setup.d/40-engine.sh runs (warm: seconds) for `door`, from bash's trace."""
+    env = {**os.environ, "TRACEFLEET_SETUP_DOOR": door}
     proc = subprocess.run(["bash", "-x", "hack/setup.d/40-engine.sh"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    ran = [line for line in proc.stderr.splitlines() if line.startswith("+")]
+    return [line for line in proc.stderr.splitlines() if line.startswith("+")]
+
+
+def test_quickstart_door_engine_part_installs_no_torch() -> None:
+    """The engine part, run (warm: seconds) as the quickstart door runs it, never touches torch: SmolLM2's
+    tokenizer converts without it (formats/gguf_tokenizer.py). Read from bash's trace of what it ran."""
+    ran = engine_part_trace("quickstart")
     assert any("tracefleet.formats.models --ensure smollm2" in line for line in ran), ran
     assert not [line for line in ran if "torch" in line or "gemma" in line], ran
 
@@ -60,11 +65,7 @@ def test_train_door_installs_what_the_loop_needs() -> None:
 def test_train_door_engine_part_takes_smollm2_without_llama_cpp() -> None:
     """`tracefleet train` serves with vLLM: the engine part (warm: seconds) only prepares SmolLM2, whose GGUF vLLM's
     conversion reads; no llama.cpp wheel, no Gemma. Read from bash's trace of what it ran."""
-    env = {**os.environ, "TRACEFLEET_SETUP_DOOR": "train"}
-    proc = subprocess.run(["bash", "-x", "hack/setup.d/40-engine.sh"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    ran = [line for line in proc.stderr.splitlines() if line.startswith("+")]
+    ran = engine_part_trace("train")
     assert any("tracefleet.formats.models --ensure smollm2" in line for line in ran), ran
     assert not [line for line in ran if "llama_cpp" in line or "gemma" in line or "torch" in line], ran
 
