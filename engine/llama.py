@@ -241,7 +241,8 @@ class LlamaBackend:
         room = self.max_model_len - len(request.prompt_ids)
         forced = self._next_forced() if p.max_tokens > 0 else []
         for i in range(min(p.max_tokens, room)):
-            dist = processed(logits, p.temperature, p.top_p)
+            # a forced token was not sampled: it keeps the model's own logprob (teacher forcing, tests and benches)
+            dist = logits if i < len(forced) else processed(logits, p.temperature, p.top_p)
             lse = logsumexp(dist)
             tid = forced[i] if i < len(forced) else draw(dist, p.temperature, rng)
             yield SampledToken(tid, logprob(dist, tid, lse), top_k(dist, lse, p.top_logprobs))
