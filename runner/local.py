@@ -28,6 +28,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
+from urllib.parse import urlsplit
 
 from tracefleet.contract.semantics import (
     QUARANTINE_RATE_EXCEEDED,
@@ -305,7 +306,9 @@ class LocalRun:
             try:
                 return external.rstrip("/"), None, model or served_model_name(external)
             except RuntimeError as exc:
-                raise SystemExit(str(exc)) from None
+                port = urlsplit(external).port or 8000
+                raise SystemExit(f"{exc} (the job needs an engine there: `tracefleet engine --model smollm2 --port "
+                                 f"{port}` serves one on this machine; or pass --engine-url URL)") from None
         model = inference.managed.model
         local = LOCAL_MODEL_ALIASES.get(model)
         if local is None:
