@@ -329,7 +329,7 @@ class LocalRun:
                                   max_model_len=context)
         return engine.url, engine, local
 
-    def _logprobs_mode(self, engine: Any) -> str | None:
+    def _logprobs_mode(self) -> str | None:
         """What kind of logprobs the engine reports, where this run knows it: stated on the command line, or by
         the job for its external engine. None: the proxy asks the engine (the CPU engine this run starts says
         processed_logprobs on /v1/models: tracefleet.engine.llama)."""
@@ -418,7 +418,7 @@ class LocalRun:
                 tool_parser=capture.tool_parser,
                 policy_version=spec.inference.policy_version,
                 engine_limits=spec.inference.engine_timeouts.limits().model_copy(update=self.options.engine_timeouts),
-                logprobs_mode=self._logprobs_mode(engine),
+                logprobs_mode=self._logprobs_mode(),
             ).start()
             decision = proxy.mode_decision
             self._say(f"capture mode {decision.mode} ({decision.reason})")

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# The setup parts a missing piece comes from (hack/setup.d/; `bash hack/setup.sh DOOR` runs them by door).
-HARNESSES_PART = "hack/setup.d/50-harnesses.sh"
-ENGINE_PART = "hack/setup.d/40-engine.sh"
+# The setup parts a missing piece comes from (hack/setup.d/), and the smallest door that runs each.
+HARNESSES_PART = ("hack/setup.d/50-harnesses.sh", "train")
+ENGINE_PART = ("hack/setup.d/40-engine.sh", "quickstart")
 # Programs that run a script named by their first argument: the script is the agent, and must be there too.
 INTERPRETERS = ("python", "python3", "node", "bash", "sh")
 
@@ -29,8 +29,9 @@ class PreflightError(RuntimeError):
         self.problems = problems
 
 
-def _setup(part: str) -> str:
-    return f"run `bash {part}` (or `bash hack/setup.sh test`)"
+def _setup(part: tuple[str, str]) -> str:
+    script, door = part
+    return f"run `bash {script}` (or `bash hack/setup.sh {door}`)"
 
 
 def _which(program: str) -> str | None:
@@ -102,8 +103,8 @@ def preflight(job: Any, tasks: list[Any], job_dir: Path, *, local_engine: bool) 
     host_tasks = [t for t in tasks if getattr(t, "harbor", None) is None]
     problems = engine_problems(local_engine)
     if host_tasks:
-        # a fetched repository or an archive is only known once a session unpacks it: those are not judged
-        known = [t for t in host_tasks if not t.archive and not (t.repo and is_remote(t.repo))]
+        # a fetched repository, an archive or setup commands are only known once a session ran them: not judged
+        known = [t for t in host_tasks if not t.archive and not t.setup and not (t.repo and is_remote(t.repo))]
         dirs = [Path(t.repo) if t.repo and Path(t.repo).is_dir() else None for t in known]
         problems += harness_problems(job.spec.harness.preset, job.spec.harness.command, dirs, job_dir)
     return problems

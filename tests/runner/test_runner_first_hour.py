@@ -116,3 +116,21 @@ def test_rerun_after_a_fix_runs_what_failed_before_a_model_call_and_fresh_starts
     command = suggested.replace("OUTPUT", str(tmp_path / "out")).replace("JOB", "rerun").split()
     listing = subprocess.run([*CLI, *command[1:]], capture_output=True, text=True, timeout=60)
     assert listing.returncode == 0 and len(re.findall(r"^\s+\d+\s+\d+\s+\d+", listing.stdout, re.M)) == 3, listing
+
+
+def test_preflight_judges_the_command_where_it_runs(tmp_path: Path) -> None:
+    from tracefleet.runner.preflight import harness_problems
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "agent.py").write_text("")
+    # in every task's workspace: fine; a task without one (None) lacks it
+    assert harness_problems("command", ["python", "agent.py"], [repo], tmp_path) == []
+    assert harness_problems("command", ["python", "agent.py"], [repo, None], tmp_path)
+    # {job_dir} and absolute paths are checked as they are; options and placeholders are not files
+    assert harness_problems("command", ["python", "{job_dir}/repo/agent.py"], [None], tmp_path) == []
+    assert harness_problems("command", ["python", "-m", "http.server"], [None], tmp_path) == []
+    assert harness_problems("command", ["python", "{workdir}/x.py"], [None], tmp_path) == []
+    assert harness_problems("command", ["/nowhere/agent"], [None], tmp_path) == ["spec.harness.command: /nowhere/agent: no such file"]
+    assert harness_problems("command", ["no-such-program-here"], [None], tmp_path) == [
+        "spec.harness.command: 'no-such-program-here' is not on PATH"]
