@@ -4,7 +4,9 @@ llama-cpp-python's high-level `create_completion(logprobs=...)` sorts the whole 
 for every token (~2 tok/s), and its server neither takes token-id prompts nor returns token ids. So
 this backend drives the context directly: it decodes batches itself, reads the logits of the last
 position, takes log-softmax with numpy, and samples there (greedy = argmax; no repeat penalty, as
-vLLM). The KV cache keeps the longest common prefix with the previous request, so an agent's
+vLLM). The logprobs it reports are those of the distribution it sampled from, after temperature and top-p
+(vLLM's `--logprobs-mode processed_logprobs`, as tracefleet runs vLLM; /v1/models says so): the behaviour
+policy's, which a trainer takes as `old_logprobs`. A prompt_logprobs re-score gives the model's own (T=1). The KV cache keeps the longest common prefix with the previous request, so an agent's
 growing conversation only evaluates its new tokens.
 
 Token fidelity: a token's logprob must not depend on how the engine happened to batch the sequence
