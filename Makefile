@@ -1,11 +1,12 @@
-# The two front-door commands (README): `make quickstart` runs the main job, `make test` runs the tests.
+# The front-door commands (README): `make quickstart` runs the main job, `make train` the loop, `make test` the tests.
 # Each installs only what it needs first (idempotent, cached under $(TRACEFLEET_CACHE)): the quickstart
-# door skips the control-plane build, the harness CLIs, the S3 server and torch (`hack/setup.sh --parts`).
+# door skips the control-plane build, the harness CLIs, the S3 server and torch; the train door takes torch, vLLM
+# and the harness CLIs but no control plane, S3 server, containers or browser (`hack/setup.sh --parts DOOR`).
 SHELL := /bin/bash
 export TRACEFLEET_CACHE ?= $(HOME)/.cache/tracefleet
 VENV := .venv
 
-.PHONY: setup setup-quickstart test quickstart crd
+.PHONY: setup setup-quickstart setup-train test quickstart train crd
 
 setup:
 	bash hack/setup.sh test  # runs: $(shell bash hack/setup.sh --parts test)
@@ -13,11 +14,18 @@ setup:
 setup-quickstart:
 	bash hack/setup.sh quickstart  # runs: $(shell bash hack/setup.sh --parts quickstart)
 
+setup-train:
+	bash hack/setup.sh train  # runs: $(shell bash hack/setup.sh --parts train)
+
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 quickstart: setup-quickstart
 	$(VENV)/bin/tracefleet run examples/quickstart/job.yaml
+
+# The loop on this machine (README, "The loop on a laptop"): vLLM's CPU build, the job's sessions, a GRPO trainer.
+train: setup-train
+	$(VENV)/bin/tracefleet train examples/loop/job.yaml
 
 crd:
 	$(VENV)/bin/tracefleet crd

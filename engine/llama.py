@@ -4,7 +4,9 @@ llama-cpp-python's high-level `create_completion(logprobs=...)` sorts the whole 
 for every token (~2 tok/s), and its server neither takes token-id prompts nor returns token ids. So
 this backend drives the context directly: it decodes batches itself, reads the logits of the last
 position, takes log-softmax with numpy, and samples there (greedy = argmax; no repeat penalty, as
-vLLM). The KV cache keeps the longest common prefix with the previous request, so an agent's
+vLLM). The logprobs it reports are those of the distribution it sampled from, after temperature and top-p
+(vLLM's `--logprobs-mode processed_logprobs`, as tracefleet runs vLLM; /v1/models says so): the behaviour
+policy's, which a trainer takes as `old_logprobs`. A prompt_logprobs re-score gives the model's own (T=1). The KV cache keeps the longest common prefix with the previous request, so an agent's
 growing conversation only evaluates its new tokens.
 
 Token fidelity: a token's logprob must not depend on how the engine happened to batch the sequence
@@ -29,6 +31,7 @@ from typing import Iterator
 
 import numpy as np
 
+from tracefleet.contract.engine_limits import PROCESSED_LOGPROBS
 from tracefleet.engine.backend import GenerationRequest, PromptLogprob, SampledToken
 from tracefleet.formats.tokenizer import HFTokenizer, Tokenizer
 
@@ -45,22 +48,47 @@ def top_k(logits: np.ndarray, lse: float, k: int) -> list[tuple[int, float]]:
         return []
     idx = np.argpartition(-logits, k - 1)[:k]
     idx = idx[np.argsort(-logits[idx], kind="stable")]
-    return [(int(i), float(logits[i]) - lse) for i in idx]
+    return [(int(i), logprob(logits, int(i), lse)) for i in idx]
+
+
+# vLLM clamps a logprob of -inf (a token the sampler masked out) to this in its JSON answers.
+MASKED_LOGPROB = -9999.0
+
+
+def processed(logits: np.ndarray, temperature: float, top_p: float) -> np.ndarray:
+    """The logits the engine samples from, as vLLM's sampler makes them for `--logprobs-mode processed_logprobs`:
+    divided by the temperature (greedy: unscaled, as vLLM leaves a greedy row), every token outside the top-p
+    nucleus at -inf. Their log-softmax is the behaviour policy's logprob of each token."""
+    if temperature <= 1e-5:
+        return logits
+    scaled = logits / np.float32(temperature)
+    if top_p < 1.0:
+        lse = logsumexp(scaled)
+        order = np.argsort(-scaled, kind="stable")
+        cum = np.cumsum(np.exp(scaled[order].astype(np.float64) - lse))
+        # the smallest set of most likely tokens whose probabilities reach top_p (at least one)
+        scaled = np.full_like(scaled, -np.inf)
+        keep = order[: int(np.searchsorted(cum, top_p)) + 1]
+        scaled[keep] = logits[keep] / np.float32(temperature)
+    return scaled
 
 
 def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator) -> int:
+    """A token sampled from raw logits with the request's temperature and top-p."""
+    return draw(processed(logits, temperature, top_p), temperature, rng)
+
+
+def draw(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
+    """A token from processed logits (`processed`): argmax when greedy."""
     if temperature <= 1e-5:
         return int(np.argmax(logits))
-    scaled = (logits - logits.max()) / temperature
-    probs = np.exp(scaled).astype(np.float64)
-    probs /= probs.sum()
-    if top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        cum = np.cumsum(probs[order])
-        keep = order[: int(np.searchsorted(cum, top_p)) + 1]
-        p = probs[keep] / probs[keep].sum()
-        return int(keep[rng.choice(len(keep), p=p)])
-    return int(rng.choice(len(probs), p=probs))
+    probs = np.exp(logits.astype(np.float64) - logits.max())
+    return int(rng.choice(len(probs), p=probs / probs.sum()))
+
+
+def logprob(logits: np.ndarray, token: int, lse: float) -> float:
+    value = float(logits[token]) - lse
+    return value if math.isfinite(value) else MASKED_LOGPROB
 
 
 _MODEL_PARAMS_LOCK = threading.Lock()
@@ -106,6 +134,10 @@ class LlamaStream:
 
 
 class LlamaBackend:
+    # what a sampled token's logprob is (vLLM's --logprobs-mode; /v1/models says it): the behaviour policy's, after
+    # temperature and top-p, as tracefleet runs vLLM (tracefleet.contract.engine_limits.LOGPROBS_MODE)
+    logprobs_mode = PROCESSED_LOGPROBS
+
     def __init__(self, gguf_path: Path, tokenizer: Tokenizer, chat_template: str, *, model_name: str,
                  max_model_len: int = 4096, n_threads: int = 1, n_batch: int = 256,
                  template_vars: dict | None = None, stop_token_ids: frozenset[int] | None = None) -> None:
@@ -211,9 +243,11 @@ class LlamaBackend:
         room = self.max_model_len - len(request.prompt_ids)
         forced = self._next_forced() if p.max_tokens > 0 else []
         for i in range(min(p.max_tokens, room)):
-            lse = logsumexp(logits)
-            tid = forced[i] if i < len(forced) else sample(logits, p.temperature, p.top_p, rng)
-            yield SampledToken(tid, float(logits[tid]) - lse, top_k(logits, lse, p.top_logprobs))
+            # a forced token was not sampled: it keeps the model's own logprob (teacher forcing, tests and benches)
+            dist = logits if i < len(forced) else processed(logits, p.temperature, p.top_p)
+            lse = logsumexp(dist)
+            tid = forced[i] if i < len(forced) else draw(dist, p.temperature, rng)
+            yield SampledToken(tid, logprob(dist, tid, lse), top_k(dist, lse, p.top_logprobs))
             if (tid in self.stop_token_ids and not p.ignore_eos) or i + 1 >= min(p.max_tokens, room):
                 return
             if request.cancelled is not None and request.cancelled.is_set():

@@ -2,6 +2,9 @@
 # Installs what one door needs, from the registries this project may reach, into .venv and $TRACEFLEET_CACHE.
 #   hack/setup.sh quickstart   only what `tracefleet run examples/quickstart/job.yaml` needs (Python package,
 #                              the CPU engine and its models): no control plane, harness CLIs, S3 server or torch
+#   hack/setup.sh train        only what `tracefleet train` needs (Python package with torch, SmolLM2, vLLM's CPU
+#                              build in its own venv, the harness CLIs where Node is): no control plane, S3 server,
+#                              containers, browser or llama.cpp
 #   hack/setup.sh [test]       everything the tests need (the default)
 #   hack/setup.sh --parts DOOR print the parts DOOR runs, one line, and exit
 # Each part lives in hack/setup.d/ and names the doors it serves in a `# doors: …` line; a part without
@@ -18,7 +21,7 @@ parts_of() {  # the parts a door runs, in order
 }
 
 check_door() {
-  case "$1" in quickstart|test) ;; *) echo "hack/setup.sh: unknown door '$1' (quickstart or test)" >&2; exit 2 ;; esac
+  case "$1" in quickstart|train|test) ;; *) echo "hack/setup.sh: unknown door '$1' (quickstart, train or test)" >&2; exit 2 ;; esac
 }
 
 if [ "${1:-}" = "--parts" ]; then

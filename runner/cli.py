@@ -19,8 +19,14 @@ examples:
       offline data generation: keep only sessions the evaluator accepted (SFT data)
 
 Rerunning the same job (same metadata.name, same output) continues: sessions whose traces are already
-in a sealed batch are not run again. Ctrl-C stops cleanly: running sessions are killed and what
-finished is sealed. Inspect the result with `tracefleet traces ls OUTPUT/JOB`.
+in a sealed batch are not run again, but those sealed after failing before their first model call (a
+harness that could not start: fix it, then rerun). `--fresh` runs every session again and adds new
+batches after the sealed ones (it deletes nothing). Ctrl-C stops cleanly: running sessions are killed
+and what finished is sealed. Inspect the result with `tracefleet traces ls OUTPUT --job JOB`.
+
+Before it starts an engine, the run checks that the job can start here (the harness CLI of its preset
+installed, the `command` preset's program and script found, the CPU engine installed, the local task
+paths there) and stops with one line per problem naming the setup part to run.
 
 Output: progress (start-up, sessions as they finish, a failed session's reason) on stderr; the summary, the
 commands to inspect the result and the FAILED: lines that say why a run failed on stdout. Exit status: 0 the
@@ -52,6 +58,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "reachable endpoint (auto: when `unshare -rn` works here)")
     parser.add_argument("--engine-threads", type=positive_int, default=1, metavar="N", help="CPU threads for the local engine")
     parser.add_argument("--keep-workspaces", action="store_true", help="keep every session's workspace copies")
+    parser.add_argument("--fresh", action="store_true",
+                        help="start the job over: run every session again, also those already in sealed batches; "
+                        "the sealed batches stay (nothing is deleted) and the new ones follow them in the output")
     from tracefleet.proxy.cli import add_engine_arguments
 
     add_engine_arguments(parser, defaults=False)
@@ -112,9 +121,17 @@ def main(args: argparse.Namespace) -> int:
             ("inter_token_s", args.engine_inter_token_timeout_s), ("total_s", args.engine_total_timeout_s))
             if value is not None},
         logprobs_mode=args.logprobs_mode,
+        fresh=args.fresh,
     )
+    from tracefleet.runner.preflight import PreflightError
+
     try:
         return run_local(options)
+    except PreflightError as exc:
+        # before any engine started: each line says what to install or change
+        for line in exc.problems:
+            print(f"tracefleet run: {line}", file=sys.stderr)
+        return 1
     except (RuntimeError, ValueError, OSError) as exc:
         # Start-up problems (engine, proxy, job file, bucket) are for the user to fix: say what, not where.
         if os.environ.get(DEBUG_ENV):

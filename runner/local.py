@@ -28,6 +28,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
+from urllib.parse import urlsplit
 
 from tracefleet.contract.semantics import (
     QUARANTINE_RATE_EXCEEDED,
@@ -41,6 +42,7 @@ from tracefleet.contract.semantics import (
 from tracefleet.contract.session import EvaluatorSpec, session_id
 from tracefleet.runner.failures import outcomes_line, run_verdict
 from tracefleet.runner.learning_signal import learning_signal_line
+from tracefleet.runner.preflight import PreflightError, preflight
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import netns_available
 from tracefleet.runner.session import HarnessConfig, HostPlace, Place, SessionPlan, SessionRun
@@ -84,6 +86,7 @@ class LocalOptions:
     # the proxy's engine time limits set on the command line (EngineLimits fields), over spec.inference.engineTimeouts
     engine_timeouts: dict[str, float] = field(default_factory=dict)
     logprobs_mode: str | None = None  # what the engine's logprobs are, stated on the command line
+    fresh: bool = False  # run every session again, whatever is sealed; new batches follow the sealed ones
 
 
 @dataclass
@@ -159,7 +162,7 @@ def job_tasks(job: Any, base_dir: Path, source_root: Path | None = None) -> list
     if spec.tasks.inline:
         api_tasks = list(spec.tasks.inline)
     elif spec.tasks.uri:
-        api_tasks = [TaskSpec.model_validate(json.loads(line)) for line in _read_uri(spec.tasks.uri, base_dir).splitlines() if line.strip()]
+        api_tasks = [TaskSpec.model_validate(json.loads(line), by_name=False) for line in _read_uri(spec.tasks.uri, base_dir).splitlines() if line.strip()]
     elif spec.tasks.harbor:
         from tracefleet.harbor.sources import open_source
 
@@ -303,7 +306,9 @@ class LocalRun:
             try:
                 return external.rstrip("/"), None, model or served_model_name(external)
             except RuntimeError as exc:
-                raise SystemExit(str(exc)) from None
+                port = urlsplit(external).port or 8000
+                raise SystemExit(f"{exc} (the job needs an engine there: `tracefleet engine --model smollm2 --port "
+                                 f"{port}` serves one on this machine; or pass --engine-url URL)") from None
         model = inference.managed.model
         local = LOCAL_MODEL_ALIASES.get(model)
         if local is None:
@@ -324,16 +329,12 @@ class LocalRun:
                                   max_model_len=context)
         return engine.url, engine, local
 
-    def _logprobs_mode(self, engine: Any) -> str | None:
-        """What kind of logprobs the engine reports, where this run knows it: stated on the command line, by the
-        job for its external engine, or raw for the CPU engine it started (its logprobs are the model's
-        unscaled distribution's, whatever the temperature). None: the proxy asks the engine."""
-        from tracefleet.contract.engine_limits import RAW_LOGPROBS
-
+    def _logprobs_mode(self) -> str | None:
+        """What kind of logprobs the engine reports, where this run knows it: stated on the command line, or by
+        the job for its external engine. None: the proxy asks the engine (the CPU engine this run starts says
+        processed_logprobs on /v1/models: tracefleet.engine.llama)."""
         if self.options.logprobs_mode:
             return self.options.logprobs_mode
-        if engine is not None:
-            return RAW_LOGPROBS
         external = self.job.spec.inference.external
         return external.logprobs_mode if external is not None and not self.options.engine_url else None
 
@@ -374,6 +375,14 @@ class LocalRun:
         sink = BatchSink(self.output_uri, self.job.name,
                          groups_per_batch=groups_per_batch(spec.output.traces_per_batch, spec.tasks.samples_per_task))
         sealed = sink.sealed_keys()
+        if self.options.fresh:
+            self._say(f"--fresh: every session of job {self.job.name!r} runs again; its {sink.sealed_batches} sealed "
+                      f"batch(es) at {sink.job_uri} stay as they are (nothing is deleted: a trainer that read them "
+                      "keeps them), the new batches follow them")
+            sealed = set()
+        elif sink.failed_before_model:
+            self._say(f"{sink.failed_before_model} sealed session(s) of job {self.job.name!r} failed before their first "
+                      "model call (an infrastructure failure): running them again")
         run_id = secrets.token_hex(3)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         use_netns = {"on": True, "off": False}.get(self.options.netns, netns_available())
@@ -383,9 +392,14 @@ class LocalRun:
 
         keys = [(t.id, i) for t in tasks for i in range(spec.tasks.samples_per_task)]
         if all(k in sealed for k in keys):
-            self._say(f"all {len(keys)} sessions of job {self.job.name!r} are already in sealed batches at {sink.job_uri}")
+            self._say(f"all {len(keys)} sessions of job {self.job.name!r} are already in sealed batches at "
+                      f"{sink.job_uri}: nothing to run (`--fresh` runs them all again, adding new batches after these)")
             self._summary(RunProgress(total=len(keys), skipped=len(keys)), sink, False)
             return 0
+        problems = preflight(self.job, tasks, self.base_dir,
+                             local_engine=not (self.options.engine_url or spec.inference.external))
+        if problems:
+            raise PreflightError(problems)
         engine_url, engine, model_hint = self._engine()
         capture = spec.inference.capture
         proxy = bridge = None
@@ -404,7 +418,7 @@ class LocalRun:
                 tool_parser=capture.tool_parser,
                 policy_version=spec.inference.policy_version,
                 engine_limits=spec.inference.engine_timeouts.limits().model_copy(update=self.options.engine_timeouts),
-                logprobs_mode=self._logprobs_mode(engine),
+                logprobs_mode=self._logprobs_mode(),
             ).start()
             decision = proxy.mode_decision
             self._say(f"capture mode {decision.mode} ({decision.reason})")
@@ -594,6 +608,7 @@ class LocalRun:
             ("diagnostics", f"judged {d.judged}, quarantined {d.quarantined}, dropped {d.dropped} (sessions in sealed batches)"),
             # status.counters.infrastructure on a cluster (tracefleet.contract.semantics.OutcomeKind)
             ("outcomes", outcomes_line(sink.outcomes)),
+            ("findings", findings_line(self.results)),
             *([("quarantine", f"{QUARANTINE_RATE_EXCEEDED}={quarantine.exceeded} ({quarantine.reason}): {quarantine.message}")]
               if d.judged else []),
             ("batches", f"{len(p.batches)} new: " + (", ".join(p.batches) if p.batches else "none")),
@@ -611,6 +626,9 @@ class LocalRun:
         width = max(len(k) for k, _ in rows)
         print("\n" + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows), file=self.summary_out)
         print(f"\n  inspect: tracefleet traces ls {sink.uri} --job {self.job.name}", file=self.summary_out, flush=True)
+        if any(_findings(r) for r in self.results):
+            print(f"  findings: tracefleet diagnose {sink.uri} --job {self.job.name} --html findings.html",
+                  file=self.summary_out, flush=True)
         if p.batches:
             first = p.batches[0].rsplit("/", 1)[-1]
             print(f"  a trace: tracefleet traces show {sink.uri} --job {self.job.name} --batch {int(first)} --trace 0",
@@ -618,6 +636,22 @@ class LocalRun:
         if interrupted:
             print(f"  continue: tracefleet run {self.options.job_path}"
                   + (f" --output {self.options.output}" if self.options.output else ""), file=self.summary_out, flush=True)
+
+
+def _findings(run: SessionRun) -> set[tuple[str, str]]:
+    """(diagnostic, severity) of each finding the diagnostics made on a session (every trace of it carries them)."""
+    return {(f.get("name", "?"), f.get("severity", "?")) for t in run.traces for f in t.meta.diagnostics}
+
+
+def findings_line(runs: list[SessionRun]) -> str:
+    """How many of the sessions run now a diagnostic flagged, by diagnostic and severity (the summary's row)."""
+    judged = [r for r in runs if r.result.status != "stopped"]
+    by: Counter[tuple[str, str]] = Counter(k for r in judged for k in _findings(r))
+    flagged = sum(1 for r in judged if _findings(r))
+    if not flagged:
+        return f"none of the {len(judged)} sessions run now flagged"
+    return (f"{flagged} of the {len(judged)} sessions run now flagged: "
+            + ", ".join(f"{name} {n} ({severity})" for (name, severity), n in sorted(by.items())))
 
 
 def run_local(options: LocalOptions, out: TextIO = sys.stderr, summary: TextIO = sys.stdout) -> int:

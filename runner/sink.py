@@ -10,11 +10,14 @@ local spool and the run goes on; the final flush retries, and the summary says w
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
 
-from tracefleet.contract.semantics import DiagnosticsCounts, OutcomeCounts, diagnostics_counts, next_batches, outcome_counts
+from tracefleet.contract.semantics import (
+    DiagnosticsCounts, OutcomeCounts, diagnostics_counts, next_batches, outcome_counts, runs_again,
+)
 from tracefleet.contract import layout
 from tracefleet.bucket import BucketError, open_bucket, spool_dir
 from tracefleet.traces.reader import BatchReader
@@ -39,6 +42,8 @@ class BatchSink:
         # (as the operator counts a job's recorded batches: tracefleet.contract.semantics)
         self.diagnostics = DiagnosticsCounts()
         self.outcomes = OutcomeCounts()  # the same sessions by outcome kind (status.counters.infrastructure)
+        self.sealed_batches = 0  # the job's batches already in the output when this run began
+        self.failed_before_model = 0  # sealed sessions that failed before a model call: this run runs them again
         self.errors: list[str] = []
         self.evidence_errors: list[str] = []
 
@@ -47,21 +52,29 @@ class BatchSink:
         self._waiting.update(group_sizes)
 
     def sealed_keys(self) -> set[tuple[str, int]]:
-        """(task_id, sample_index) of every session with traces in a sealed batch of this job. Batches
-        staged by an earlier run that could not reach the bucket are uploaded first."""
+        """(task_id, sample_index) of every session with traces in a sealed batch of this job, but those that
+        failed before their first model call (tracefleet.contract.semantics.runs_again: a rerun runs them again,
+        `self.failed_before_model` counts them). Batches staged by an earlier run that could not reach the
+        bucket are uploaded first."""
         try:
             self.sealer.flush()
         except SealError as exc:
             self.errors.append(str(exc))
         keys: set[tuple[str, int]] = set()
+        again: set[tuple[str, int]] = set()
         reader = BatchReader(self.bucket, self.job)
         for seq in reader.seqs():
             manifest = reader.manifest(seq)
+            self.sealed_batches += 1
             self._count_sessions(manifest)
-            table = reader.read_table(manifest).select(["task_id", "sample_index"])
-            for task, sample in zip(table.column("task_id").to_pylist(), table.column("sample_index").to_pylist()):
-                if task is not None and sample is not None:
-                    keys.add((task, int(sample)))
+            table = reader.read_table(manifest).select(["task_id", "sample_index", "fail_closed_reasons", "metadata_json"])
+            for task, sample, reasons, meta in zip(*(table.column(c).to_pylist() for c in table.column_names)):
+                if task is None or sample is None:
+                    continue
+                key = (task, int(sample))
+                calls = json.loads(meta).get("stats", {}).get("calls", 0) if meta else 0
+                (again if runs_again(reasons or [], calls) else keys).add(key)
+        self.failed_before_model = len(again - keys)
         return keys
 
     def _seal(self, traces: list[Any]) -> list[str]:

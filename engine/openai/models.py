@@ -21,7 +21,10 @@ def model_list(engine: EngineServing) -> dict[str, Any]:
     created, max_len = engine.created, engine.backend.max_model_len
     return {"object": "list", "data": [
         {"id": name, "object": "model", "created": created, "owned_by": "tracefleet", "root": engine.root or name,
-         "parent": None, "max_model_len": max_len, "permission": [
+         "parent": None, "max_model_len": max_len,
+         # what its logprobs are, where the backend says (vLLM's card does not: tracefleet.proxy.token_engine)
+         **({"logprobs_mode": mode} if (mode := getattr(engine.backend, "logprobs_mode", None)) else {}),
+         "permission": [
              {"id": f"modelperm-{name}", "object": "model_permission", "created": created,
               "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
               "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,

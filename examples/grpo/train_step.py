@@ -75,7 +75,8 @@ def grpo_loss(policy: nn.Module, batch: dict[str, torch.Tensor], clip: float = 0
 
 
 def train(bucket: str, job: str, consumer: str, *, lr: float, max_batches: int, seed: int,
-          temperature: float = 1.0, allow_raw_logprobs: bool = False) -> list[dict[str, float]]:
+          temperature: float = 1.0, allow_raw_logprobs: bool = False, vocab: int = 1 << 16,
+          max_len: int = 4096) -> list[dict[str, float]]:
     torch.manual_seed(seed)
     torch.set_num_threads(1)
     reader = BatchReader(bucket, job=job, consumer=consumer)
@@ -85,9 +86,13 @@ def train(bucket: str, job: str, consumer: str, *, lr: float, max_batches: int, 
     for batch in reader.follow(idle_exit=True):
         t = batch.tensors(pad_token_id=0, temperature=temperature,
                           allow_raw_logprobs=allow_raw_logprobs)  # RawLogprobs: not behaviour ones
-        if policy is None:  # vocab from the data: this toy model has no tokenizer of its own
-            vocab = int(t["input_ids"].max().item()) + 1
-            policy = TinyPolicy(vocab, max_len=t["input_ids"].shape[1] + 1)
+        # this toy model has no tokenizer of its own: its tables are sized for every batch it may read
+        top, length = int(t["input_ids"].max().item()), int(t["input_ids"].shape[1])
+        if top >= vocab or length > max_len:
+            raise SystemExit(f"batch {batch.seq}: token id {top} / length {length} beyond the toy policy's "
+                             f"--vocab {vocab} / --max-len {max_len}: pass larger ones")
+        if policy is None:
+            policy = TinyPolicy(vocab, max_len=max_len)
             opt = torch.optim.Adam(policy.parameters(), lr=lr)
         assert opt is not None
         t["temperature"] = t["temperatures"]
@@ -103,7 +108,7 @@ def train(bucket: str, job: str, consumer: str, *, lr: float, max_batches: int, 
             "seq": batch.seq,
             "traces": int(t["input_ids"].shape[0]),
             "trainable_tokens": int(t["loss_mask"].sum().item()),
-            "loss_before": float(loss),
+            "loss_before": float(loss.detach()),
             "loss_after": after,
             "grad_norm": grad_norm,
         }
@@ -153,6 +158,9 @@ def main() -> int:
     p.add_argument("--allow-raw-logprobs", action="store_true",
                    help="train on spans whose logprobs are raw (vLLM's default --logprobs-mode: taken before "
                         "temperature/top-k/top-p) as if they were the behaviour policy's; refused otherwise")
+    p.add_argument("--vocab", type=int, default=1 << 16,
+                   help="the toy policy's vocabulary (65536: SmolLM2's 49152 ids fit; Gemma 3 needs 262144)")
+    p.add_argument("--max-len", type=int, default=4096, help="the toy policy's longest sequence")
     p.add_argument("--demo", action="store_true", help="seal a synthetic job into --bucket (default: a temp dir) first")
     args = p.parse_args()
     bucket = args.bucket or tempfile.mkdtemp(prefix="tf-grpo-bucket-")
@@ -160,7 +168,8 @@ def main() -> int:
         seal_demo_job(bucket, args.job)
     try:
         rows = train(bucket, args.job, args.consumer, lr=args.lr, max_batches=args.max_batches, seed=args.seed,
-                     temperature=args.temperature, allow_raw_logprobs=args.allow_raw_logprobs)
+                     temperature=args.temperature, allow_raw_logprobs=args.allow_raw_logprobs,
+                     vocab=args.vocab, max_len=args.max_len)
     except RawLogprobs as exc:
         print(f"train_step: {exc} (here: --allow-raw-logprobs)", file=sys.stderr)
         return 2

@@ -25,6 +25,9 @@ from pathlib import Path
 MAX_TURNS = int(os.environ.get("AGENT_MAX_TURNS", "2"))
 MAX_TOKENS = int(os.environ.get("AGENT_MAX_TOKENS", "96"))
 TEMPERATURE = float(os.environ.get("AGENT_TEMPERATURE", "1.0"))
+# Stop strings (a JSON list), e.g. ["```\n\n"]: the answer ends where the code block does, instead of running on
+# in prose to the token cap (a rewarded answer cut at the cap is what the failure_rewarded diagnostic flags).
+STOP = json.loads(os.environ.get("AGENT_STOP", "null"))
 REQUEST_TIMEOUT_S = float(os.environ.get("AGENT_REQUEST_TIMEOUT_S", "300"))
 FENCE = re.compile(r"```[a-zA-Z]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
@@ -45,6 +48,7 @@ def chat(messages: list[dict[str, str]]) -> str:
         "messages": messages,
         "max_tokens": MAX_TOKENS,
         "temperature": TEMPERATURE,
+        **({"stop": STOP} if STOP else {}),
     }
     request = urllib.request.Request(
         base_url() + "/chat/completions",

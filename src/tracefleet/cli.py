@@ -64,6 +64,9 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
         description="Train LLM agents through their real harness: capture every model call at the token level, "
         "score sessions, and seal trainer-ready trace batches into a bucket.",
     )
+    from tracefleet import __version__
+
+    parser.add_argument("--version", action="version", version=f"tracefleet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for cmd in SUBCOMMANDS:
         p = sub.add_parser(cmd.name, help=cmd.summary, description=cmd.summary)

@@ -93,7 +93,8 @@ def test_gemma_logprobs_do_not_depend_on_batching_or_cache_reuse(gemma_engine):
     prompt = _post(gemma_engine, "/tokenize", {"prompt": facts})["tokens"]
     assert len(prompt) > 512
     branch = prompt[:200] + _post(gemma_engine, "/tokenize", {"prompt": " Fact 99: 99 squared"})["tokens"][1:]
-    body = {"max_tokens": 12, "logprobs": 0, "temperature": 0.8, "seed": 3, "ignore_eos": True,
+    # temperature 1 and no top-p: the processed logprobs it reports are the model's own, as a re-score gives them
+    body = {"max_tokens": 12, "logprobs": 0, "temperature": 1.0, "seed": 3, "ignore_eos": True,
             "return_token_ids": True}
     gens = [(p, _post(gemma_engine, "/v1/completions", {"prompt": p, **body})["choices"][0]) for p in (prompt, branch)]
     for p, choice in gens:  # the second generation reused the first 200 cached positions
@@ -102,6 +103,38 @@ def test_gemma_logprobs_do_not_depend_on_batching_or_cache_reuse(gemma_engine):
                     {"prompt": seq, "max_tokens": 1, "prompt_logprobs": 0, **GREEDY})["choices"][0]["prompt_logprobs"]
         rescored = [pls[i][str(seq[i])]["logprob"] for i in range(len(p), len(seq))]
         assert _close(rescored, choice["logprobs"]["token_logprobs"], tol=1e-4), (rescored, choice["logprobs"])
+
+
+def test_logprobs_are_the_sampled_distributions(cpu_engine):
+    """The engine reports processed logprobs (vLLM's --logprobs-mode processed_logprobs, and says so on /v1/models):
+    those of the distribution it sampled from, after temperature and top-p: at temperature T two tokens' logprobs
+    differ by 1/T of their raw difference (a re-score's), tokens outside the top-p nucleus are masked (vLLM's
+    -9999), and the kept ones sum to 1."""
+    card = _post_get(cpu_engine, "/v1/models")["data"][0]
+    assert card["logprobs_mode"] == "processed_logprobs"
+    prompt = _post(cpu_engine, "/tokenize", {"prompt": "The capital of France is"})["tokens"]
+    t = 0.8
+    gen = _post(cpu_engine, "/v1/completions", {"prompt": prompt, "max_tokens": 1, "logprobs": 5, "temperature": t,
+                                                "seed": 1, "return_token_ids": True})["choices"][0]
+    top = gen["logprobs"]["top_logprobs"][0]  # {token text: processed logprob}, best first
+    raw = _post(cpu_engine, "/v1/completions", {"prompt": prompt + gen["token_ids"], "max_tokens": 1,
+                                                "prompt_logprobs": 5, **GREEDY})["choices"][0]["prompt_logprobs"][len(prompt)]
+    raw_lps = sorted((v["logprob"] for v in raw.values()), reverse=True)[:5]
+    processed = list(top.values())
+    for i in range(1, 5):
+        assert abs((processed[0] - processed[i]) - (raw_lps[0] - raw_lps[i]) / t) < 1e-4, (processed, raw_lps)
+    nucleus = _post(cpu_engine, "/v1/completions", {"prompt": prompt, "max_tokens": 1, "logprobs": 5, "temperature": t,
+                                                    "top_p": 0.5, "seed": 1})["choices"][0]["logprobs"]["top_logprobs"][0]
+    kept = [lp for lp in nucleus.values() if lp > -9999.0]
+    assert kept and len(kept) < 5 and -9999.0 in nucleus.values()
+    assert sum(math.exp(lp) for lp in kept) <= 1.0 + 1e-6
+    assert all(kept[0] >= lp for lp in kept)
+
+
+def _post_get(engine, path: str) -> dict:
+    r = httpx.get(engine.url + path, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
 
 
 def test_tokenizer_matches_llama_cpp(cpu_engine):

@@ -24,6 +24,13 @@ def test_console_script_is_installed() -> None:
     assert SCRIPT.exists(), f"{SCRIPT} missing: install the project (pip install -e .)"
 
 
+def test_version_is_the_distributions() -> None:
+    from importlib.metadata import version
+
+    proc = run("--version")
+    assert proc.returncode == 0 and proc.stdout == f"tracefleet {version('tracefleet')}\n", proc
+
+
 def test_top_level_help_lists_every_subcommand() -> None:
     proc = run("--help")
     assert proc.returncode == 0, proc.stderr

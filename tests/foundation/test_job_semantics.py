@@ -25,6 +25,14 @@ def test_retry_only_failures_before_the_first_model_call() -> None:
     assert not sem.should_retry(model_calls=0, retries_done=0, max_retries=0)
 
 
+def test_a_rerun_runs_again_only_what_failed_before_its_first_model_call() -> None:
+    before_a_call = [sem.session_failure_reason("error", "harness")]
+    assert sem.runs_again(before_a_call, model_calls=0)
+    assert not sem.runs_again(before_a_call, model_calls=1)  # the policy's outcome stays sealed
+    assert not sem.runs_again([], model_calls=0)  # completed (e.g. answered without calling the model)
+    assert not sem.runs_again(["evaluator_error"], model_calls=0)  # the judging failed, not the session
+
+
 def test_failure_reason_names_status_and_stage() -> None:
     assert sem.session_failure_reason("completed", None) is None
     assert sem.session_failure_reason("timeout", "harness") == "session_timeout:harness"

@@ -1,6 +1,7 @@
-"""The two front doors install what they need and no more: `make quickstart` runs only the setup parts
-the local job uses (no control-plane build, no harness CLIs, no S3 server or torch, no browser), and
-`make test` (what CI runs) runs every part. Read from `make -n`, as a newcomer would check it."""
+"""The front doors install what they need and no more: `make quickstart` runs only the setup parts
+the local job uses (no control-plane build, no harness CLIs, no S3 server or torch, no browser), `make train`
+what `tracefleet train` needs (torch, vLLM, the harness CLIs; no control plane, S3 server, containers or browser),
+and `make test` (what CI runs) runs every part. Read from `make -n`, as a newcomer would check it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PARTS = sorted(p.name for p in (REPO / "hack" / "setup.d").glob("*.sh"))
-DOORS = {"quickstart", "test"}
+DOORS = {"quickstart", "train", "test"}
 
 
 def make_n(target: str) -> str:
@@ -35,16 +36,38 @@ def test_quickstart_door_skips_what_the_local_job_does_not_use() -> None:
         assert heavy not in out, (heavy, out)
 
 
-def test_quickstart_door_engine_part_installs_no_torch() -> None:
-    """The engine part, run (warm: seconds) as the quickstart door runs it, never touches torch: SmolLM2's
-    tokenizer converts without it (formats/gguf_tokenizer.py). Read from bash's trace of what it ran."""
-    env = {**os.environ, "TRACEFLEET_SETUP_DOOR": "quickstart"}
+def engine_part_trace(door: str) -> list[str]:
+    """The commands hack/setup.d/40-engine.sh runs (warm: seconds) for `door`, from bash's trace."""
+    env = {**os.environ, "TRACEFLEET_SETUP_DOOR": door}
     proc = subprocess.run(["bash", "-x", "hack/setup.d/40-engine.sh"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    ran = [line for line in proc.stderr.splitlines() if line.startswith("+")]
+    return [line for line in proc.stderr.splitlines() if line.startswith("+")]
+
+
+def test_quickstart_door_engine_part_installs_no_torch() -> None:
+    """The engine part, run (warm: seconds) as the quickstart door runs it, never touches torch: SmolLM2's
+    tokenizer converts without it (formats/gguf_tokenizer.py). Read from bash's trace of what it ran."""
+    ran = engine_part_trace("quickstart")
     assert any("tracefleet.formats.models --ensure smollm2" in line for line in ran), ran
     assert not [line for line in ran if "torch" in line or "gemma" in line], ran
+
+
+def test_train_door_installs_what_the_loop_needs() -> None:
+    out = make_n("train")
+    assert "bash hack/setup.sh train" in out and "tracefleet train examples/loop/job.yaml" in out
+    runs = out.split("# runs:", 1)[1].splitlines()[0].split()
+    assert runs == ["10-python.sh", "40-engine.sh", "45-vllm.sh", "50-harnesses.sh"], runs
+    python = (REPO / "hack" / "setup.d" / "10-python.sh").read_text()
+    assert 'train) extras="local,trainer"' in python  # torch comes with the package
+
+
+def test_train_door_engine_part_takes_smollm2_without_llama_cpp() -> None:
+    """`tracefleet train` serves with vLLM: the engine part (warm: seconds) only prepares SmolLM2, whose GGUF vLLM's
+    conversion reads; no llama.cpp wheel, no Gemma. Read from bash's trace of what it ran."""
+    ran = engine_part_trace("train")
+    assert any("tracefleet.formats.models --ensure smollm2" in line for line in ran), ran
+    assert not [line for line in ran if "llama_cpp" in line or "gemma" in line or "torch" in line], ran
 
 
 def test_test_door_runs_every_part() -> None:
@@ -55,4 +78,4 @@ def test_test_door_runs_every_part() -> None:
 
 def test_an_unknown_door_is_one_line() -> None:
     proc = subprocess.run(["bash", "hack/setup.sh", "quick"], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == ["hack/setup.sh: unknown door 'quick' (quickstart or test)"]
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == ["hack/setup.sh: unknown door 'quick' (quickstart, train or test)"]

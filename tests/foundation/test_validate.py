@@ -68,6 +68,21 @@ def _do(*steps: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], N
     return apply
 
 
+def _rename(path: str, to: str) -> Callable[[dict[str, Any]], None]:
+    def apply(job: dict[str, Any]) -> None:
+        node = job["spec"]
+        *parents, last = path.split(".")
+        for key in parents:
+            node = node[key]
+        node[to] = node.pop(last)
+
+    return apply
+
+
+def _name(value: str) -> Callable[[dict[str, Any]], None]:
+    return lambda job: job["metadata"].update(name=value)
+
+
 # (case id, kind of check, mutation of examples/local-command.yaml, field path both checkers must name)
 INVALID: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
     ("output-missing", "schema", _delete("output"), "spec.output"),
@@ -108,6 +123,15 @@ INVALID: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
      lambda job: _managed(job).update(tensorParallelSize=4, gpusPerReplica=2), "spec.inference.managed.gpusPerReplica"),
     ("evaluator-hook-without-entrypoint", "cel", _set("evaluator", {"preset": "hook"}), "spec.evaluator.entryPoint"),
     ("evaluator-tests-with-command", "cel", _set("evaluator.preset", "tests"), "spec.evaluator.command"),
+    # the model's Python names are not the CRD's: `tracefleet run` used to honour this one
+    ("snake-case-field", "schema", _rename("tasks.samplesPerTask", "samples_per_task"), "spec.tasks.samples_per_task"),
+    ("name-not-rfc1123", "schema", _name("Quick_Start"), "metadata.name"),
+    # a valid subdomain, but the tracefleet.io/job label every child carries holds at most 63 characters
+    ("name-too-long-for-labels", "schema", _name("a" * 64), "metadata.name"),
+    # the managed engine's Service, `<name>-inference`, is an RFC 1035 label
+    ("name-managed-starts-with-digit", "cel",
+     _do(_name("1job"), _delete("inference.external"), _set("inference.managed", {"model": "Qwen/Qwen3-4B"})),
+     "metadata.name"),
 ]
 IDS = [case[0] for case in INVALID]
 
@@ -211,3 +235,31 @@ def test_apiserver_rejects_with_the_same_field(cluster: Any, case_id: str) -> No
         # CEL rules: the apiserver says what `tracefleet validate` says, word for word (one rule table).
         (problem,) = [p for p in validate_manifest(_manifest(case_id)) if p.path == expected]
         assert f"{expected}: Invalid value: {problem.message}" in proc.stderr, proc.stderr
+
+
+def test_messages_name_the_crd_field_and_the_given_value() -> None:
+    (snake,) = validate_manifest(_manifest("snake-case-field"))
+    assert "samplesPerTask" in snake.message, snake
+    (typed,) = validate_manifest(_manifest("parallelism-string"))
+    assert typed.message.endswith("got '2'"), typed
+    (name,) = validate_manifest(_manifest("name-not-rfc1123"))
+    assert "RFC 1123" in name.message and "'Quick_Start'" in name.message, name
+
+
+def test_path_problems_come_with_the_schema_problems(tmp_path: Path) -> None:
+    job = _manifest("parallelism-zero")
+    job["spec"]["tasks"]["inline"][0]["workspace"] = {"repo": "no-such-repo"}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    proc = subprocess.run([*TRACEFLEET, "validate", "job.yaml"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1
+    paths = [line.split(": ")[1] for line in proc.stdout.splitlines()]
+    assert paths == ["spec.parallelism", "spec.tasks.inline[0].workspace.repo"], proc.stdout
+
+
+def test_run_refuses_what_validate_refuses(tmp_path: Path) -> None:
+    """`tracefleet run` reads the job through the same check: the snake_case field is refused before anything starts."""
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_manifest("snake-case-field")))
+    proc = subprocess.run([*TRACEFLEET, "run", "job.yaml"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == ("tracefleet run: job.yaml: spec.tasks.samples_per_task: unknown field: the RolloutJob "
+                                   "spells it samplesPerTask (camelCase, as the CRD does)"), proc.stderr

@@ -15,10 +15,14 @@ from tracefleet.api.validation import check_harbor_source, document_name, proble
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Check RolloutJob manifests without a cluster, with the same schema and cross-field rules the "
-        "kube-apiserver applies from the CRD. Every problem is printed as `FILE: field.path: message`; "
+        "kube-apiserver applies from the CRD: only the CRD's camelCase field names (samplesPerTask, not "
+        "samples_per_task), metadata.name as the cluster and the job's child objects need it (a lowercase RFC 1123 "
+        "name of at most 63 characters; with inference.managed it starts with a letter and has no dot), and a "
+        "type error says the value it got. Every problem is printed as `FILE: field.path: message`; "
         "exit status 1 if any file has a problem. Files may hold several YAML documents; `-` reads stdin. "
         "Task sources given as local paths (workspace.repo, workspace.archive, tasks.uri) must exist, "
-        "relative to the file's directory (stdin: the current directory), as `tracefleet run` reads them; "
+        "relative to the file's directory (stdin: the current directory), as `tracefleet run` reads them, and are "
+        "reported with the schema problems in one pass; "
         "Harbor task folders a job names (spec.tasks.harbor) are checked too. A FILE that is a directory or a "
         "tarball is read as Harbor task folders (one, or a folder of them): each problem is printed as "
         "`FOLDER/TASK/FILE: field.path: message`."

@@ -14,7 +14,10 @@ from typing import Any
 
 import yaml
 
-from tracefleet.contract.job import API_VERSION, CATEGORIES, CRD_NAME, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, RolloutJob
+from tracefleet.contract.job import (
+    API_VERSION, CATEGORIES, CRD_NAME, DNS1123_SUBDOMAIN_RE, GROUP, JOB_NAME_MAX, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION,
+    RolloutJob,
+)
 
 CRD_FILENAME = f"{CRD_NAME}.yaml"
 
@@ -119,10 +122,12 @@ def openapi_schema() -> dict[str, Any]:
     defs = raw.get("$defs", {})
     schema = structural(raw, defs)
     props = schema["properties"]
-    # The apiserver owns these three; a CRD may only describe metadata as a plain object.
+    # The apiserver owns these three; of metadata a CRD may only restrict the name (and generateName): to what the
+    # children's names and labels need (tracefleet.contract.job.JOB_NAME_MAX), over the apiserver's own rule.
     props["apiVersion"] = {"type": "string", "description": "tracefleet.io/v1alpha1"}
     props["kind"] = {"type": "string", "description": "RolloutJob"}
-    props["metadata"] = {"type": "object"}
+    props["metadata"] = {"type": "object", "properties": {"name": {
+        "type": "string", "maxLength": JOB_NAME_MAX, "pattern": DNS1123_SUBDOMAIN_RE}}}
     schema["required"] = ["spec"]
     schema["description"] = (
         "A RolloutJob runs agent sessions (tasks × samplesPerTask) through a real harness against an inference "

@@ -17,7 +17,7 @@ def job_from_yaml(text: str) -> RolloutJob:
     docs = [d for d in yaml.safe_load_all(text) if d is not None]
     if len(docs) != 1:
         raise ValueError(f"expected one YAML document with a RolloutJob, found {len(docs)}")
-    return RolloutJob.model_validate(docs[0])
+    return RolloutJob.from_manifest(docs[0])
 
 
 def load_job(path: str | Path) -> RolloutJob:

@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.alias_generators import to_camel
 
 from tracefleet.contract.job import API_VERSION, KIND, RolloutJob
 from tracefleet.harbor.folders import TaskProblem, check_tasks
@@ -87,6 +88,23 @@ def _did_you_mean(word: Any, choices: Iterable[str], *, value: bool = False) -> 
     return f" (did you mean {close[0]!r}?)" if close and value else f" (did you mean {close[0]}?)" if close else ""
 
 
+def _unknown_field(loc: list[str | int]) -> str:
+    """An unknown field's message: the CRD's spelling when the key is a field's Python (snake_case) name."""
+    fields = _fields_at(loc[:-1])
+    camel = to_camel(str(loc[-1]))
+    if camel != loc[-1] and camel in fields:
+        return f"unknown field: the RolloutJob spells it {camel} (camelCase, as the CRD does)"
+    return "unknown field" + _did_you_mean(loc[-1], fields)
+
+
+def _got(value: Any) -> str:
+    """`; got VALUE` for the value a type or range error refused (a mapping or list by its type: it can be long)."""
+    if isinstance(value, (dict, list)):
+        return f"; got {'a mapping' if isinstance(value, dict) else 'a list'}"
+    shown = repr(value)
+    return f"; got {shown[:80] + '...' if len(shown) > 80 else shown}"
+
+
 def problems_from_error(err: ValidationError) -> list[Problem]:
     problems: list[Problem] = []
     for e in err.errors(include_url=False):
@@ -99,14 +117,12 @@ def problems_from_error(err: ValidationError) -> list[Problem]:
         elif e["type"] == "missing":
             problems.append(Problem(base, "Required value"))
         elif e["type"] == "extra_forbidden":
-            problems.append(Problem(base, "unknown field" + _did_you_mean(loc[-1], _fields_at(loc[:-1]))))
+            problems.append(Problem(base, _unknown_field(loc)))
         elif e["type"] == "literal_error":
             allowed = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
             problems.append(Problem(base, f"{e['msg']}; got {e['input']!r}" + _did_you_mean(e["input"], allowed, value=True)))
-        elif e["type"] in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-            problems.append(Problem(base, f"{e['msg']}; got {e['input']!r}"))
         else:
-            problems.append(Problem(base, e["msg"]))
+            problems.append(Problem(base, f"{e['msg']}{_got(e['input'])}"))
     # A union reports one error per member; keep each (path, message) once.
     return list(dict.fromkeys(problems))
 
@@ -119,7 +135,7 @@ def validate_manifest(data: Any) -> list[Problem]:
         # Another resource (a Deployment, a ConfigMap): its fields' problems would only be noise.
         return [Problem("kind", f"{data['kind']!r} is not a RolloutJob (expected apiVersion: {API_VERSION}, kind: {KIND})")]
     try:
-        RolloutJob.model_validate(data)
+        RolloutJob.from_manifest(data)
     except ValidationError as err:
         return problems_from_error(err)
     return []
@@ -142,12 +158,17 @@ def validate_update(old: RolloutJob, new: RolloutJob) -> list[Problem]:
     return problems
 
 
-def local_problems(job: RolloutJob, base_dir: Path, task_folders: bool = True) -> list[Problem]:
+def local_problems(doc: Any, base_dir: Path, task_folders: bool = True) -> list[Problem]:
     """What only the machine that runs the job can check: task sources given as local paths (relative
     to the manifest's directory, as `tracefleet run` reads them) exist. Remote ones are left to the run.
-    `task_folders=False` (what `tracefleet run` checks): a Harbor source must open and hold task folders, but a
-    folder with problems is no problem of the job (the run refuses that task alone, fail-closed)."""
+    Read from the manifest as written (a mapping), so that a manifest with schema problems gets these too, in the
+    same pass. `task_folders=False` (what `tracefleet run` checks): a Harbor source must open and hold task
+    folders, but a folder with problems is no problem of the job (the run refuses that task alone, fail-closed)."""
     from tracefleet.contract.job import is_remote
+
+    def text(node: Any, key: str) -> str | None:
+        value = node.get(key) if isinstance(node, dict) else None
+        return value if isinstance(value, str) else None
 
     def missing(value: str | None) -> str | None:
         if not value or is_remote(value):
@@ -158,17 +179,25 @@ def local_problems(job: RolloutJob, base_dir: Path, task_folders: bool = True) -
             return None
         return f"{value}: no such file or directory" + ("" if path.is_absolute() else f" (relative to {base_dir})")
 
+    spec = doc.get("spec") if isinstance(doc, dict) else None
+    tasks = spec.get("tasks") if isinstance(spec, dict) else None
+    if not isinstance(tasks, dict):
+        return []
     problems: list[Problem] = []
-    tasks = job.spec.tasks
-    if tasks.uri and (message := missing(tasks.uri)):
+    if message := missing(text(tasks, "uri")):
         problems.append(Problem("spec.tasks.uri", message))
-    if tasks.harbor and not is_remote(tasks.harbor.uri):
-        count, found = check_harbor_source(tasks.harbor.uri, base_dir, tasks.harbor.include)
-        if task_folders or not count and not _some_folder(tasks.harbor.uri, base_dir, tasks.harbor.include):
+    harbor = tasks.get("harbor")
+    if (uri := text(harbor, "uri")) and not is_remote(uri):
+        include = harbor.get("include")
+        include = include if isinstance(include, list) and all(isinstance(i, str) for i in include) else None
+        count, found = check_harbor_source(uri, base_dir, include)
+        if task_folders or not count and not _some_folder(uri, base_dir, include):
             problems += [Problem("spec.tasks.harbor.uri", str(p)) for p in found]
-    for i, task in enumerate(tasks.inline or ()):
+    inline = tasks.get("inline")
+    for i, task in enumerate(inline if isinstance(inline, list) else ()):
+        workspace = task.get("workspace") if isinstance(task, dict) else None
         for key in ("repo", "archive"):
-            if task.workspace is not None and (message := missing(getattr(task.workspace, key))):
+            if message := missing(text(workspace, key)):
                 problems.append(Problem(f"spec.tasks.inline[{i}].workspace.{key}", message))
     return problems
 
@@ -211,8 +240,8 @@ def validate_text(text: str, base_dir: Path | None = None, task_folders: bool = 
     results = []
     for i, doc in enumerate(docs):
         problems = validate_manifest(doc)
-        if not problems and base_dir is not None:
-            problems = local_problems(RolloutJob.model_validate(doc), base_dir, task_folders)
+        if base_dir is not None and not (isinstance(doc, dict) and doc.get("kind", KIND) != KIND):
+            problems += local_problems(doc, base_dir, task_folders)
         results.append((i, problems))
     return results
 

@@ -12,7 +12,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StringConstraints, WithJsonSchema, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, StringConstraints, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
@@ -62,6 +62,36 @@ Quantity = Annotated[
     WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True, "pattern": QUANTITY_RE}),
 ]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=253)]
+
+# What the job's name must be, as the cluster requires it: the kube-apiserver takes any RFC 1123 subdomain
+# (253 characters), but the operator puts the name into the `tracefleet.io/job` label of every child (a label value:
+# at most 63 characters), and a managed engine's Service is `<name>-inference`, an RFC 1035 label (it starts with a
+# letter and has no dots). Child names longer than 63 characters keep a hash (operator/names.py), so no suffix
+# shortens the limit further. The CRD states the first two (openAPIV3Schema.metadata.name), the third is a rule.
+JOB_NAME_MAX = 63
+DNS1123_SUBDOMAIN_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS1035_LABEL_RE = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+JOB_NAME_MESSAGE = (
+    "must be a lowercase RFC 1123 name: lowercase letters, digits, '-' and '.', starting and ending with a letter or "
+    "digit (e.g. 'quick-start')"
+)
+MANAGED_JOB_NAME_MESSAGE = (
+    "with inference.managed the name must start with a letter and hold no '.': it names the engine's Service "
+    "(<name>-inference, an RFC 1035 label)"
+)
+
+
+def _job_name(value: str) -> str:
+    if not re.match(DNS1123_SUBDOMAIN_RE, value):
+        raise PydanticCustomError("job_name", JOB_NAME_MESSAGE)
+    if len(value) > JOB_NAME_MAX:
+        raise PydanticCustomError(
+            "job_name", "must be at most {limit} characters (it is the tracefleet.io/job label of every child object)",
+            {"limit": JOB_NAME_MAX})
+    return value
+
+
+JobName = Annotated[str, StringConstraints(min_length=1), AfterValidator(_job_name)]
 Command = Annotated[list[Annotated[str, StringConstraints(max_length=4096)]], Field(min_length=1, max_length=256)]
 
 
@@ -719,7 +749,7 @@ class ObjectMeta(BaseModel):
     """The parts of Kubernetes ObjectMeta tracefleet reads; the apiserver's own fields are kept as given."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow", strict=True)
-    name: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(description="Job name.")
+    name: JobName = Field(description="Job name.")
     namespace: str | None = None
     labels: dict[str, str] | None = None
     annotations: dict[str, str] | None = None
@@ -734,9 +764,20 @@ class RolloutJob(WireModel):
     spec: RolloutJobSpec = Field(description="What to run: engine, harness, tasks, evaluator, output.")
     status: RolloutJobStatus | None = Field(default=None, description="Progress, written by the operator.")
 
+    x_rules = (
+        Rule(
+            cel="!has(self.spec.inference.managed) || self.metadata.name.matches('" + DNS1035_LABEL_RE + "')",
+            message=MANAGED_JOB_NAME_MESSAGE,
+            check=lambda m: m.spec.inference.managed is None or re.match(DNS1035_LABEL_RE, m.metadata.name) is not None,
+            field_path=".metadata.name",
+        ),
+    )
+
     @classmethod
     def from_manifest(cls, data: Any) -> "RolloutJob":
-        return cls.model_validate(data)
+        """A RolloutJob from its wire form (a YAML file, the Kubernetes API): only the camelCase names count, as
+        the API server only knows those (Python's snake_case names are for code that builds a job)."""
+        return cls.model_validate(data, by_name=False)
 
     def to_manifest(self, *, exclude_defaults: bool = False) -> dict[str, Any]:
         """camelCase JSON-able dict without nulls, ready for the Kubernetes API or a YAML file."""

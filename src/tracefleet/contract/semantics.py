@@ -276,13 +276,22 @@ def should_retry(*, model_calls: int, retries_done: int, max_retries: int) -> bo
 # ---------------------------------------------------------------- failed sessions
 
 COMPLETED = "completed"
+SESSION_FAILURE_PREFIX = "session_"
 
 
 def session_failure_reason(status: str, stage: str | None) -> str | None:
     """The fail-closed reason a session that did not complete carries (None for a completed one)."""
     if status == COMPLETED or stage == "evaluate":
         return None  # a judging that failed is the evaluator's reason (evaluator_<status>), not the session's
-    return f"session_{status}:{stage or 'unknown'}"
+    return f"{SESSION_FAILURE_PREFIX}{status}:{stage or 'unknown'}"
+
+
+def runs_again(fail_closed_reasons: Sequence[str], model_calls: int) -> bool:
+    """Whether a session already in a sealed batch runs again when its job is run again: it failed before its
+    first model call (a harness that could not start, a CLI not installed: what `should_retry` retries, after the
+    retries ran out), which the user can fix; its sealed row holds no token. A session that made a model call
+    stays sealed: its failure is the policy's outcome."""
+    return model_calls == 0 and any(r.startswith(SESSION_FAILURE_PREFIX) for r in fail_closed_reasons)
 
 
 # ---------------------------------------------------------------- outcome kinds

@@ -1,0 +1,110 @@
+"""What `tracefleet run` checks before it starts an engine: the parts of this machine a job's sessions need.
+
+A session that cannot start its harness fails before its first model call, is retried, and is sealed
+fail-closed: minutes of engine start-up and three tries per session to learn that a CLI is not installed.
+Each check here names the setup part that installs what is missing (hack/setup.d/), in one line.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+# The setup parts a missing piece comes from (hack/setup.d/), and the smallest door that runs each.
+HARNESSES_PART = ("hack/setup.d/50-harnesses.sh", "train")
+ENGINE_PART = ("hack/setup.d/40-engine.sh", "quickstart")
+# Programs that run a script named by their first argument: the script is the agent, and must be there too.
+INTERPRETERS = ("python", "python3", "node", "bash", "sh")
+
+
+class PreflightError(RuntimeError):
+    """The job cannot start here; `problems` are the lines that say why (each names what to run)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def _setup(part: tuple[str, str]) -> str:
+    script, door = part
+    return f"run `bash {script}` (or `bash hack/setup.sh {door}`)"
+
+
+def _which(program: str) -> str | None:
+    """`program` as a session finds it: on PATH, with tracefleet's interpreter first (runner.sandbox.base_env)."""
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
+    return shutil.which(program, path=path)
+
+
+def harness_problems(preset: str | None, command: list[str] | None, task_dirs: list[Path | None],
+                     job_dir: Path) -> list[str]:
+    """Whether the harness a job names can start here: a real CLI installed (and Node to run it), the `command`
+    preset's program found, and the script it runs (`python agent.py`) where each session runs it: in its task's
+    workspace (`task_dirs`, None for a task without a local one), or given as an absolute path ({job_dir}/...)."""
+    from tracefleet.contract.semantics import harness_preset
+    from tracefleet.runner.presets.base import harness_pins, installed_binary
+
+    name = harness_preset(preset)
+    if name != "command":
+        pin = harness_pins()[name]
+        if installed_binary(name) is None and _which(pin.bin) is None:
+            return [f"spec.harness.preset: {name} needs its CLI ({pin.package}@{pin.version}, `{pin.bin}`), "
+                    f"which is not installed: {_setup(HARNESSES_PART)}"]
+        if _which("node") is None:
+            return [f"spec.harness.preset: {name} runs on Node.js, which is not on PATH: install Node >= 20.6 "
+                    f"and {_setup(HARNESSES_PART)}"]
+        return []
+    argv = [a.replace("{job_dir}", str(job_dir)) for a in command or ()]
+    if not argv or "{" in argv[0]:
+        return []  # a program named by a placeholder is only known per session
+    program = argv[0]
+    if "/" in program:
+        if not (Path(program).is_absolute() and Path(program).exists()):
+            if Path(program).is_absolute():
+                return [f"spec.harness.command: {program}: no such file"]
+            return _relative_problems("program", program, task_dirs, job_dir)
+    elif _which(program) is None:
+        return [f"spec.harness.command: {program!r} is not on PATH"]
+    script = argv[1] if len(argv) > 1 and Path(program).name in INTERPRETERS else None
+    if script is None or script.startswith("-") or "{" in script:
+        return []
+    if Path(script).is_absolute():
+        return [] if Path(script).exists() else [f"spec.harness.command: {script}: no such file"]
+    return _relative_problems("script", script, task_dirs, job_dir)
+
+
+def _relative_problems(what: str, rel: str, task_dirs: list[Path | None], job_dir: Path) -> list[str]:
+    """A relative path in the command is read in each session's working directory, its task's workspace."""
+    if all(d is not None and (d / rel).exists() for d in task_dirs):
+        return []  # (no task whose workspace is known here: nothing to say)
+    hint = (f"; the file next to the job file is `{{job_dir}}/{rel}`" if (job_dir / rel).exists()
+            else f" (nor next to the job file, {job_dir})")
+    return [f"spec.harness.command: the {what} {rel!r} is not in every session's working directory (a session "
+            f"runs in its task's workspace){hint}"]
+
+
+def engine_problems(local_engine: bool) -> list[str]:
+    """The CPU engine a job without an engine URL starts: llama-cpp-python installed."""
+    if local_engine and importlib.util.find_spec("llama_cpp") is None:
+        return [f"spec.inference.managed: the CPU engine needs llama-cpp-python, which is not installed: "
+                f"{_setup(ENGINE_PART)} (or pass --engine-url URL of an engine that runs)"]
+    return []
+
+
+def preflight(job: Any, tasks: list[Any], job_dir: Path, *, local_engine: bool) -> list[str]:
+    """Every problem found, one line each (empty: the run may start its engine). Tasks that run in their own
+    image (Harbor) bring their programs with them: the harness is checked for the host's tasks only."""
+    from tracefleet.contract.session import is_remote
+
+    host_tasks = [t for t in tasks if getattr(t, "harbor", None) is None]
+    problems = engine_problems(local_engine)
+    if host_tasks:
+        # a fetched repository, an archive or setup commands are only known once a session ran them: not judged
+        known = [t for t in host_tasks if not t.archive and not t.setup and not (t.repo and is_remote(t.repo))]
+        dirs = [Path(t.repo) if t.repo and Path(t.repo).is_dir() else None for t in known]
+        problems += harness_problems(job.spec.harness.preset, job.spec.harness.command, dirs, job_dir)
+    return problems
