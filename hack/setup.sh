@@ -3,6 +3,8 @@
 #   hack/setup.sh quickstart   only what `tracefleet run examples/quickstart/job.yaml` needs (Python package,
 #                              the CPU engine and its models): no control plane, harness CLIs, S3 server or torch
 #   hack/setup.sh [test]       everything the tests need (the default)
+#   hack/setup.sh images       what `tracefleet images build` needs (`make images`): the Python package with the
+#                              image's extras, the harness CLIs, podman and its base image
 #   hack/setup.sh --parts DOOR print the parts DOOR runs, one line, and exit
 # Each part lives in hack/setup.d/ and names the doors it serves in a `# doors: …` line; a part without
 # one serves `test` only. Idempotent: a warm cache makes it take seconds.
@@ -18,7 +20,7 @@ parts_of() {  # the parts a door runs, in order
 }
 
 check_door() {
-  case "$1" in quickstart|test) ;; *) echo "hack/setup.sh: unknown door '$1' (quickstart or test)" >&2; exit 2 ;; esac
+  case "$1" in quickstart|test|images) ;; *) echo "hack/setup.sh: unknown door '$1' (quickstart, test or images)" >&2; exit 2 ;; esac
 }
 
 if [ "${1:-}" = "--parts" ]; then

@@ -134,7 +134,7 @@ class Reconciler:
         meta = body["metadata"]
         old = status_of(body)
         try:
-            job = job_of(body)
+            job = self.cfg.with_default_images(job_of(body))
         except ValidationError as e:  # the CRD should have refused it; report instead of crash-looping
             res.status = self._fail_status(old, int(meta.get("generation") or 0), REASON_INVALID_SPEC, str(e)[:1000], now)
             return res

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# doors: quickstart test
+# doors: quickstart test images
 # The Python environment: the project (editable) with the extras the door needs: `local` (what
 # `tracefleet run` needs here) for the quickstart, every extra the tests exercise for the tests.
 set -euo pipefail
@@ -7,6 +7,7 @@ set -euo pipefail
 .venv/bin/python -m pip install -q --upgrade pip setuptools wheel
 case "${TRACEFLEET_SETUP_DOOR:-test}" in
   quickstart) extras="local" ;;
+  images) extras="local,operator" ;;  # tracefleet.images.build.IMAGE_EXTRAS, at the versions installed here
   *) extras="local,test,operator" ;;
 esac
 .venv/bin/python -m pip install -q -e ".[$extras]"
