@@ -26,8 +26,8 @@ crd:
 	$(VENV)/bin/tracefleet crd
 
 # Every image the chart and the operator name (docs/kubernetes/images.md), tagged REGISTRY/NAME:TAG:
-#   make images REGISTRY=registry.example.com/team TAG=0.1.0 PUSH=1 [BASE=python:3.12-slim] [ONLY=tracefleet]
+#   make images REGISTRY=registry.example.com/team TAG=0.1.0 PUSH=1 [BASE=python:3.12-slim] [ONLY=tracefleet] [NO_CACHE=1]
 REGISTRY ?= ghcr.io/tracefleet
 images: setup-images
 	$(VENV)/bin/tracefleet images build --registry $(REGISTRY) $(if $(TAG),--tag $(TAG)) $(if $(BASE),--base $(BASE)) \
-	  $(foreach name,$(ONLY),--only $(name)) $(if $(PUSH),--push)
+	  $(foreach name,$(ONLY),--only $(name)) $(if $(PUSH),--push) $(if $(NO_CACHE),--no-cache)
