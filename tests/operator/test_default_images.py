@@ -59,3 +59,17 @@ def test_images_command_lists_names_and_refuses_an_unknown_one() -> None:
     assert listed.returncode == 0 and listed.stdout.split()[:2] == ["r.example/x/tracefleet:t", "r.example/x/harness-codex:t"]
     bad = subprocess.run([*run, "build", "--only", "harness-vim"], capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "harness-vim" in bad.stderr
+
+
+def test_the_first_example_seals_batches_with_a_real_model(cpu_engine, tmp_path: Path) -> None:
+    """examples/k8s/first-job.yaml's agent and evaluator, run by `tracefleet run` (the session program a harness
+    pod runs) against SmolLM2 on CPU: only the engine URL and the output (a directory, not the bucket) differ."""
+    manifest = yaml.safe_load((REPO / "examples" / "k8s" / "first-job.yaml").read_text())
+    manifest["spec"]["inference"]["external"]["baseUrl"] = cpu_engine.url
+    manifest["spec"]["output"] = {"uri": str(tmp_path / "out"), "tracesPerBatch": 2}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(manifest))
+    r = subprocess.run([sys.executable, "-m", "tracefleet.cli", "run", str(tmp_path / "job.yaml")], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "completed 4" in r.stdout and "model calls    4" in r.stdout, r.stdout
+    assert sorted(p.name for p in (tmp_path / "out" / "first-job" / "batches").iterdir()) == ["000000", "000001"]
