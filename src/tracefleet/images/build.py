@@ -118,7 +118,7 @@ def build_all(runtime: ContainerRuntime, p: ImagePlan, *, push: bool = False, no
         raise ImageBuildError(f"the harness images are built over {p.tracefleet_ref()}, which is not here: "
                               f"build it too (--only {names.TRACEFLEET} ...)")
     for preset in p.harnesses:
-        context = _harness_context(work / names.harness_image_name(preset), preset)
+        context = _harness_context(work, preset)
         done.append(_one(runtime, p.harness_ref(preset), "harness", context,
                          {"TRACEFLEET_IMAGE": p.tracefleet_ref()}, push, log_dir, say, flags))
     return done
@@ -192,15 +192,23 @@ def installed_versions() -> list[str]:
     return sorted(pins.values())
 
 
-def _harness_context(folder: Path, preset: str) -> Path:
+def _harness_context(work: Path, preset: str) -> Path:
+    """The bundle of the pinned CLI and this machine's Node.js, made once per CLI and Node.js version: the runtime's
+    layer cache keys a COPY on the files' times too, so a bundle made afresh would rebuild an unchanged image."""
     pin = harness_pins()[preset]
     install = harness_cache_dir() / f"{preset}-{pin.version}"
     if not (install / "node_modules" / ".bin" / pin.bin).exists():
         raise ImageBuildError(f"{pin.package}@{pin.version} is not installed at {install}: "
                               "run `bash hack/setup.d/50-harnesses.sh` (or `make images`, which runs it)")
-    if shutil.which("node") is None:
+    node = shutil.which("node")
+    if node is None:
         raise ImageBuildError("no `node` on PATH: the harness bundles carry this machine's Node.js (>= 20.6)")
-    _fresh(folder)
-    # hard links, not copies: the context and the installs are both under $TRACEFLEET_CACHE
-    make_bundle(folder / "bundle", {preset: install}, link=True)
+    node_version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
+    folder = work / f"{names.harness_image_name(preset)}-{pin.version}-node-{node_version}"
+    made = folder / ".made"
+    if not made.exists():
+        _fresh(folder)
+        # hard links, not copies: the context and the installs are both under $TRACEFLEET_CACHE
+        make_bundle(folder / "bundle", {preset: install}, Path(node), link=True)
+        made.touch()
     return folder
