@@ -28,7 +28,7 @@ def cluster(kube):
                          ids=["defaults", "all-namespaces", "watch-namespaces"])
 def test_rendered_chart_is_accepted_by_the_api_server(cluster, values: tuple[str, ...]) -> None:
     r = cluster.helm("template", "dry", str(REPO / "charts" / "tracefleet"), "--namespace", NAMESPACE, "--include-crds",
-                     *values)
+                     "--kube-version", cluster.version, *values)
     assert r.returncode == 0, r.stderr
     applied = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=r.stdout)
     assert applied.returncode == 0, applied.stderr
@@ -41,3 +41,12 @@ def test_cluster_example_is_accepted_by_the_api_server(cluster, example: Path) -
     r = cluster.kubectl("apply", "--dry-run=server", "-n", NAMESPACE, "-f", str(example))
     assert r.returncode == 0, r.stderr
     assert "rolloutjob.tracefleet.io/" in r.stdout and "(server dry run)" in r.stdout, r.stdout
+
+
+def test_install_notes_point_at_an_example_that_exists(cluster) -> None:
+    r = cluster.helm("install", "notes", str(REPO / "charts" / "tracefleet"), "--namespace", NAMESPACE, "--dry-run=server")
+    assert r.returncode == 0, r.stderr
+    notes = r.stdout.split("NOTES:", 1)[1]
+    named = {word for word in notes.split() if word.startswith("examples/")}
+    assert named == {"examples/k8s/first-job.yaml"} and all((REPO / path).is_file() for path in named), notes
+    assert f"kubectl -n {NAMESPACE} apply -f examples/k8s/first-job.yaml" in notes, notes
