@@ -109,10 +109,16 @@ def main(args: argparse.Namespace) -> int:
         # a leader that cannot renew stops at once, before a standby may take the Lease (no graceful
         # shutdown: a pass still running must not go on creating children)
         elector.keep_leading(lambda: os._exit(EXIT_LEASE_LOST))
+    settings = kopf.OperatorSettings()
+    # Served namespaces only (the chart's Roles): no right to list namespaces or watch CRDs, so kopf serves the
+    # namespaces it is given and finds the RolloutJob resource once, at start, instead of retrying a forbidden
+    # cluster-wide list for a minute first.
+    settings.scanning.disabled = not args.all_namespaces
     try:
         asyncio.run(
             kopf.operator(
                 registry=build_registry(state),
+                settings=settings,
                 # no kopf peering: with --leader-elect the Lease decides which replica runs (tracefleet.operator.leader)
                 standalone=True,
                 clusterwide=args.all_namespaces,

@@ -50,10 +50,9 @@ def test_helm_lint_is_clean() -> None:
 def test_template_defaults_two_operators_on_a_lease_with_probes() -> None:
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
-    # namespaced by default: a Role for the release namespace it serves and one for the Lease; the one ClusterRole
-    # reads CRDs only
-    assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "Role",
-                            "RoleBinding", "Role", "RoleBinding", "PodDisruptionBudget"])
+    # namespaced by default: a Role for the release namespace it serves and one for the Lease, nothing cluster-wide
+    assert kinds == sorted(["ServiceAccount", "Deployment", "Service", "Role", "RoleBinding", "Role", "RoleBinding",
+                            "PodDisruptionBudget"])
     dep = next(d for d in docs if d["kind"] == "Deployment")
     assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
     pod = dep["spec"]["template"]["spec"]
@@ -106,13 +105,11 @@ def test_namespaced_rbac_servicemonitor_and_schema() -> None:
 
 
 def test_default_rbac_is_namespaced_and_secrets_are_read_by_name() -> None:
-    """Least privilege by default: every grant but reading CRDs is a Role in a namespace the operator serves;
+    """Least privilege by default: every grant is a Role in a namespace the operator serves (nothing cluster-wide);
     Secrets are `get` only (never listed or watched), narrowed to rbac.secretNames when given; all namespaces
     only when asked, as a ClusterRole."""
     docs = render()
-    cluster_rules = [r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
-    assert cluster_rules == [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-                              "verbs": ["get", "list", "watch"]}]
+    assert not [d for d in docs if d["kind"].startswith("Cluster")]
     (served,) = [d for d in docs if d["kind"] == "Role" and not d["metadata"]["name"].endswith("-leader-election")]
     assert served["metadata"]["namespace"] == "tf-system"
     (secrets,) = [r for r in served["rules"] if "secrets" in r["resources"]]

@@ -181,14 +181,31 @@ def image_requirements() -> list[str]:
     return [*project["dependencies"], *(req for extra in IMAGE_EXTRAS for req in extras[extra])]
 
 
-def installed_versions() -> list[str]:
-    """`name==version` of every distribution this interpreter sees, but tracefleet itself and local builds
-    (a `+local` version is no version the package index has)."""
-    pins = {}
-    for dist in metadata.distributions():
-        name, version = dist.metadata["Name"], dist.version
-        if name and name.lower() != "tracefleet" and "+" not in version:
-            pins[name.lower()] = f"{name}=={version}"
+def installed_versions(requirements: list[str] | None = None) -> list[str]:
+    """`name==version` of every distribution the requirements pull in, as installed here (the closure over each
+    distribution's own requirements, markers evaluated for this interpreter): what else is installed here does
+    not change the list, so the dependency layer stays cached. Local builds (`+local`) are left out: no index has
+    them."""
+    from packaging.requirements import Requirement  # transformers' and huggingface-hub's dependency
+
+    pins: dict[str, str] = {}
+    seen: set[tuple[str, str]] = set()  # (distribution, extra) already walked
+    todo = [(Requirement(r), "") for r in (image_requirements() if requirements is None else requirements)]
+    while todo:
+        req, extra = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": extra}):
+            continue
+        try:
+            dist = metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:
+            continue  # not installed here: pip resolves it in the image
+        name = dist.metadata["Name"]
+        if "+" not in dist.version:
+            pins[name.lower()] = f"{name}=={dist.version}"
+        for wanted in ("", *sorted(req.extras)):
+            if (name.lower(), wanted) not in seen:
+                seen.add((name.lower(), wanted))
+                todo += [(Requirement(r), wanted) for r in dist.requires or ()]
     return sorted(pins.values())
 
 
