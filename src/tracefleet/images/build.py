@@ -165,14 +165,32 @@ def _tracefleet_context(folder: Path) -> Path:
     _fresh(folder)
     if not (REPO / "pyproject.toml").is_file():
         raise ImageBuildError(f"no source checkout at {REPO}: `tracefleet images build` runs from a clone of the repository")
+    source = _source_copy(folder / ".source")
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                           "-w", str(folder), str(REPO)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "SOURCE_DATE_EPOCH": REPRODUCIBLE_EPOCH}, cwd=REPO)
+                           "-w", str(folder), str(source)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "SOURCE_DATE_EPOCH": REPRODUCIBLE_EPOCH}, cwd=source)
+    shutil.rmtree(source)
     if proc.returncode != 0:
         raise ImageBuildError(f"pip wheel of {REPO} failed: {last_line(proc.stderr or proc.stdout)}")
     (folder / "requirements.txt").write_text("\n".join(image_requirements()) + "\n")
     (folder / "constraints.txt").write_text("\n".join(installed_versions()) + "\n")
     return folder
+
+
+def _source_copy(dest: Path) -> Path:
+    """The checkout's files as git sees them (tracked, and new ones not ignored): setuptools packs whatever its
+    build/ folder holds, so a wheel built in the checkout could carry a module deleted since."""
+    proc = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                          capture_output=True, timeout=120)
+    if proc.returncode != 0:
+        raise ImageBuildError(f"git ls-files in {REPO} failed: {last_line(proc.stderr.decode())} (the images are "
+                              "built from a git checkout)")
+    for name in proc.stdout.decode().split("\0"):
+        path = REPO / name
+        if name and path.is_file():  # a deleted, not yet committed file is listed but gone
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, dest / name)
+    return dest
 
 
 def image_requirements() -> list[str]:
