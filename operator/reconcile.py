@@ -151,7 +151,8 @@ class Reconciler:
 
         problems: list[str] = []
         if not spec.harness.image:
-            problems.append("spec.harness.image is required on Kubernetes")
+            problems.append("spec.harness.image is required on Kubernetes (or the operator's --harness-image: the "
+                            "chart's operator.defaultHarnessImages)")
         if spec.evaluator is not None and not spec.evaluator_image():
             problems.append("spec.evaluator.image (or spec.harness.image) is required on Kubernetes")
         if (problem := exact_mode_problem(job)) is not None:
