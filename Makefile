@@ -6,7 +6,7 @@ SHELL := /bin/bash
 export TRACEFLEET_CACHE ?= $(HOME)/.cache/tracefleet
 VENV := .venv
 
-.PHONY: setup setup-quickstart setup-train test quickstart train crd
+.PHONY: setup setup-quickstart setup-train setup-images test quickstart train crd images
 
 setup:
 	bash hack/setup.sh test  # runs: $(shell bash hack/setup.sh --parts test)
@@ -16,6 +16,9 @@ setup-quickstart:
 
 setup-train:
 	bash hack/setup.sh train  # runs: $(shell bash hack/setup.sh --parts train)
+
+setup-images:
+	bash hack/setup.sh images  # runs: $(shell bash hack/setup.sh --parts images)
 
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
@@ -29,3 +32,10 @@ train: setup-train
 
 crd:
 	$(VENV)/bin/tracefleet crd
+
+# Every image the chart and the operator name (docs/kubernetes/images.md), tagged REGISTRY/NAME:TAG:
+#   make images REGISTRY=registry.example.com/team TAG=0.1.0 PUSH=1 [BASE=python:3.12-slim] [ONLY=tracefleet] [NO_CACHE=1]
+REGISTRY ?= ghcr.io/tracefleet
+images: setup-images
+	$(VENV)/bin/tracefleet images build --registry $(REGISTRY) $(if $(TAG),--tag $(TAG)) $(if $(BASE),--base $(BASE)) \
+	  $(foreach name,$(ONLY),--only $(name)) $(if $(PUSH),--push) $(if $(NO_CACHE),--no-cache)

@@ -6,6 +6,8 @@
 #                              build in its own venv, the harness CLIs where Node is): no control plane, S3 server,
 #                              containers, browser or llama.cpp
 #   hack/setup.sh [test]       everything the tests need (the default)
+#   hack/setup.sh images       what `tracefleet images build` needs (`make images`): the Python package with the
+#                              image's extras, the harness CLIs, podman and its base image
 #   hack/setup.sh --parts DOOR print the parts DOOR runs, one line, and exit
 # Each part lives in hack/setup.d/ and names the doors it serves in a `# doors: …` line; a part without
 # one serves `test` only. Idempotent: a warm cache makes it take seconds.
@@ -21,7 +23,7 @@ parts_of() {  # the parts a door runs, in order
 }
 
 check_door() {
-  case "$1" in quickstart|train|test) ;; *) echo "hack/setup.sh: unknown door '$1' (quickstart, train or test)" >&2; exit 2 ;; esac
+  case "$1" in quickstart|train|test|images) ;; *) echo "hack/setup.sh: unknown door '$1' (quickstart, train, test or images)" >&2; exit 2 ;; esac
 }
 
 if [ "${1:-}" = "--parts" ]; then

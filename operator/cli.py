@@ -12,7 +12,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
-from tracefleet.operator.config import DEFAULT_IMAGE, OperatorConfig
+from tracefleet.operator.config import DEFAULT_HARNESS_IMAGE, DEFAULT_IMAGE, OperatorConfig
 from tracefleet.operator.leader import LEASE_DURATION_S, LEASE_NAME, RENEW_DEADLINE_S, RETRY_S
 from tracefleet.contract import environment
 
@@ -37,6 +37,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retry-backoff", type=float, default=10.0, help="first retry delay of a failed session (doubles)")
     parser.add_argument("--proxy-image", default=os.environ.get(environment.PROXY_IMAGE, DEFAULT_IMAGE),
                         help="image of the proxy sidecar and sealer Jobs")
+    parser.add_argument("--harness-image", default="", metavar="TEMPLATE",
+                        help="spec.harness.image of a job that names none, {preset} replaced by its preset (a "
+                        f"`command` harness gets --proxy-image), e.g. {DEFAULT_HARNESS_IMAGE}; default: none, the "
+                        "job must name it")
     parser.add_argument("--evaluator-image", default=os.environ.get(environment.EVALUATOR_IMAGE, DEFAULT_IMAGE),
                         help="evaluator image when the RolloutJob names none")
     ha = parser.add_argument_group("high availability (tracefleet.operator.leader)")
@@ -84,6 +88,7 @@ def main(args: argparse.Namespace) -> int:
     op_cfg = OperatorConfig(
         proxy_image=args.proxy_image,
         evaluator_image=args.evaluator_image,
+        harness_image=args.harness_image,
         max_creates_per_reconcile=args.max_creates,
         retry_backoff_s=args.retry_backoff,
     )
@@ -104,10 +109,16 @@ def main(args: argparse.Namespace) -> int:
         # a leader that cannot renew stops at once, before a standby may take the Lease (no graceful
         # shutdown: a pass still running must not go on creating children)
         elector.keep_leading(lambda: os._exit(EXIT_LEASE_LOST))
+    settings = kopf.OperatorSettings()
+    # Served namespaces only (the chart's Roles): no right to list namespaces or watch CRDs, so kopf serves the
+    # namespaces it is given and finds the RolloutJob resource once, at start, instead of retrying a forbidden
+    # cluster-wide list for a minute first.
+    settings.scanning.disabled = not args.all_namespaces
     try:
         asyncio.run(
             kopf.operator(
                 registry=build_registry(state),
+                settings=settings,
                 # no kopf peering: with --leader-elect the Lease decides which replica runs (tracefleet.operator.leader)
                 standalone=True,
                 clusterwide=args.all_namespaces,

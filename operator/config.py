@@ -4,13 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_IMAGE = "ghcr.io/tracefleet/tracefleet:0.1.0"
+from tracefleet.contract import images
+from tracefleet.contract.job import RolloutJob
+
+DEFAULT_IMAGE = images.image_ref(images.DEFAULT_REGISTRY, images.TRACEFLEET, images.release_tag())
+# spec.harness.image of a job that names none: the harness image `tracefleet images build` makes for its preset
+# (the chart passes its registry and tag); a `command` harness runs in the tracefleet image itself.
+PRESET_PLACEHOLDER = "{preset}"
+DEFAULT_HARNESS_IMAGE = images.image_ref(images.DEFAULT_REGISTRY, images.harness_image_name(PRESET_PLACEHOLDER),
+                                         images.release_tag())
 
 
 @dataclass(frozen=True)
 class OperatorConfig:
     proxy_image: str = DEFAULT_IMAGE  # the proxy sidecar's and the sealer Job's
     evaluator_image: str = DEFAULT_IMAGE  # when neither spec.evaluator.image nor spec.harness.image is set
+    # spec.harness.image when the job names none ({preset} is replaced); "" keeps spec.harness.image required
+    harness_image: str = ""
     # Most child creations one reconcile may issue: bounds API calls per event at any scale.
     max_creates_per_reconcile: int = 100
     # Base of the exponential backoff before a failed session's next attempt.
@@ -19,3 +29,21 @@ class OperatorConfig:
     recent_batches: int = 5
     # S3 endpoint the pods reach the bucket at, when the credentials Secret names none (AWS_ENDPOINT_URL)
     bucket_endpoint: str | None = None
+
+    def harness_image_of(self, preset: str | None) -> str | None:
+        """The default harness image for a preset (None: no default configured)."""
+        if not self.harness_image:
+            return None
+        if preset in (None, images.COMMAND_PRESET):
+            return self.proxy_image
+        return self.harness_image.replace(PRESET_PLACEHOLDER, preset)
+
+    def with_default_images(self, job: RolloutJob) -> RolloutJob:
+        """The job with spec.harness.image filled in from `harness_image` when it names none (the job's evaluator
+        image defaults to it, as it does to a named one)."""
+        harness = job.spec.harness
+        image = harness.image or self.harness_image_of(harness.preset)
+        if image == harness.image:
+            return job
+        spec = job.spec.model_copy(update={"harness": harness.model_copy(update={"image": image})})
+        return job.model_copy(update={"spec": spec})

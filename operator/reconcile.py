@@ -134,7 +134,7 @@ class Reconciler:
         meta = body["metadata"]
         old = status_of(body)
         try:
-            job = job_of(body)
+            job = self.cfg.with_default_images(job_of(body))
         except ValidationError as e:  # the CRD should have refused it; report instead of crash-looping
             res.status = self._fail_status(old, int(meta.get("generation") or 0), REASON_INVALID_SPEC, str(e)[:1000], now)
             return res
@@ -151,7 +151,8 @@ class Reconciler:
 
         problems: list[str] = []
         if not spec.harness.image:
-            problems.append("spec.harness.image is required on Kubernetes")
+            problems.append("spec.harness.image is required on Kubernetes (or the operator's --harness-image: the "
+                            "chart's operator.defaultHarnessImages)")
         if spec.evaluator is not None and not spec.evaluator_image():
             problems.append("spec.evaluator.image (or spec.harness.image) is required on Kubernetes")
         if (problem := exact_mode_problem(job)) is not None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# doors: quickstart train test
+# doors: quickstart train test images
 # The Python environment: the project (editable) with the extras the door needs: `local` (what
 # `tracefleet run` needs here) for the quickstart, `local` and `trainer` (torch: the GRPO trainer of
 # `tracefleet train`) for the train door, every extra the tests exercise for the tests.
@@ -9,6 +9,7 @@ set -euo pipefail
 case "${TRACEFLEET_SETUP_DOOR:-test}" in
   quickstart) extras="local" ;;
   train) extras="local,trainer" ;;
+  images) extras="local,operator" ;;  # tracefleet.images.build.IMAGE_EXTRAS, at the versions installed here
   *) extras="local,test,operator" ;;
 esac
 .venv/bin/python -m pip install -q -e ".[$extras]"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# doors: train test
+# doors: train test images
 # The six real harness CLIs, pinned in runner/presets/pins.json, each installed from the npm registry into
 # $TRACEFLEET_CACHE/harnesses/<name>-<version>/ (bin: node_modules/.bin/<bin>). Idempotent: an install is
 # done into a temporary folder and renamed into place only when it succeeded, and a finished folder carries

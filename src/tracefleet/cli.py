@@ -54,6 +54,8 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("crd", "tracefleet.api.cli_crd", "write the RolloutJob CRD generated from the API model"),
     Subcommand("tasks", "tracefleet.runner.containers.cli",
                "build Harbor task folders' environment images (named by content, cached, optionally pushed)"),
+    Subcommand("images", "tracefleet.images.cli",
+               "build the images the Helm chart and the operator name (tracefleet and one per harness CLI)"),
     Subcommand("validate", "tracefleet.api.cli_validate", "check RolloutJob manifests and print every problem with its field path"),
 )
 

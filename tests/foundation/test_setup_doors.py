@@ -78,4 +78,4 @@ def test_test_door_runs_every_part() -> None:
 
 def test_an_unknown_door_is_one_line() -> None:
     proc = subprocess.run(["bash", "hack/setup.sh", "quick"], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == ["hack/setup.sh: unknown door 'quick' (quickstart, train or test)"]
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == ["hack/setup.sh: unknown door 'quick' (quickstart, train, test or images)"]

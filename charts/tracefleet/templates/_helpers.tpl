@@ -31,11 +31,21 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
-{{- define "tracefleet.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{/* REGISTRY/NAME:TAG, as `tracefleet images build --registry REGISTRY --tag TAG` names its images. */}}
+{{- define "tracefleet.imageRef" -}}
+{{- printf "%s/%s:%s" (trimSuffix "/" .root.Values.image.registry) .name (default .root.Chart.AppVersion .root.Values.image.tag) -}}
 {{- end -}}
 
-{{/* The namespaces the operator acts in when RBAC is namespaced. */}}
+{{- define "tracefleet.image" -}}
+{{- include "tracefleet.imageRef" (dict "root" . "name" .Values.image.repository) -}}
+{{- end -}}
+
+{{/* The operator's --harness-image template: the harness image of each preset ({preset} kept for the operator). */}}
+{{- define "tracefleet.harnessImage" -}}
+{{- include "tracefleet.imageRef" (dict "root" . "name" "harness-{preset}") -}}
+{{- end -}}
+
+{{/* The namespaces the operator serves when not cluster-wide: the listed ones, else the release namespace. */}}
 {{- define "tracefleet.roleNamespaces" -}}
 {{- if .Values.operator.watchNamespaces -}}
 {{- join "," .Values.operator.watchNamespaces -}}
@@ -44,7 +54,8 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
-{{/* Least privilege: exactly the verbs the reconcile uses. Harness pods get no RBAC at all. */}}
+{{/* Least privilege: exactly the verbs the reconcile uses, in the namespaces it serves (rbac.yaml). Secrets: `get`
+     only, read when a job names one (rbac.secretNames narrows it to those names). Harness pods get no RBAC at all. */}}
 {{- define "tracefleet.rules" -}}
 - apiGroups: ["tracefleet.io"]
   resources: ["rolloutjobs"]
@@ -64,6 +75,9 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
+  {{- with .Values.rbac.secretNames }}
+  resourceNames: {{ toJson . }}
+  {{- end }}
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
