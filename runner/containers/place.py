@@ -12,16 +12,21 @@ What the container gets, and why:
     needs no rewriting; the session's HOME (the preset's config files) read-write at the same path;
   - the working directory: task.toml's [environment].workdir, else the image's WORKDIR (HarborTaskRun.workdir), also
     what the preset is told (Codex's `-C`). The agent's writes land there, inside the container, not on the host;
-  - the network: `--network none` (a loopback and nothing else: no route to the host, the bridge network or
-    anything beyond), and the proxy made reachable on the container's own 127.0.0.1:<proxy port> by a small
-    forwarder run by the mounted node as PID 1 (`BRIDGE_JS`; it also makes the working directory when the image
-    names one it never created, as docker does and podman does not), which connects each accepted connection to a Unix
-    socket mounted in from the host, where the runner's `UnixToTcpBridge` forwards it to the proxy. So the
-    session's proxy URL is the same inside as outside, and the proxy is the only endpoint the harness can reach.
-    (With rootful podman here, slirp4netns or the bridge network would also reach the host's other ports, and the
-    unprivileged `unshare -rn` namespace the host sandbox uses cannot be joined by a rootful container.)
-  - its environment from the session program (tracefleet.runner.environment), by an env file in the session's
-    folder (never on the command line, where the session's secret would show in `ps`).
+  - the network: task.toml's (`container_limits`: no network unless the task says "public"), and in every case the
+    proxy made reachable on the container's own 127.0.0.1:<proxy port> by a small forwarder run by the mounted node
+    as PID 1 (`BRIDGE_JS`; it also makes the working directory when the image names one it never created, as docker
+    does and podman does not), which connects each accepted connection to a Unix socket mounted in from the host,
+    where the runner's `UnixToTcpBridge` forwards it to the proxy. So the session's proxy URL is the same inside as
+    outside, and without network the proxy is the only endpoint the harness can reach. (With rootful podman here,
+    the bridge network of a "public" task also reaches the host's ports bound on 0.0.0.0; the unprivileged
+    `unshare -rn` namespace the host sandbox uses cannot be joined by a rootful container.)
+  - its cpu and memory limits: task.toml's (`container_limits`), as the cgroup of the container;
+  - its environment: the session program's (tracefleet.runner.environment) over task.toml's [environment].env, as a
+    JSON file in the session's folder (0600, mounted read-only, removed once the harness ran) that the forwarder
+    hands to the harness as its whole environment. Never on the command line (the session's secret would show in
+    `ps`) and never in podman's own container config (`podman inspect` would show it); and JSON, not podman's
+    --env-file, whose one-line-per-variable format cannot hold a value with a newline (every Harbor instruction,
+    in TRACEFLEET_PROMPT, ends with one): every value reaches the harness byte for byte.
 """
 
 from __future__ import annotations
@@ -31,8 +36,11 @@ import shutil
 import threading
 import uuid
 from pathlib import Path
+from typing import Literal
 
+from tracefleet.contract.harbor import TaskConfig
 from tracefleet.contract.session import SessionPlan, SessionResult
+from tracefleet.harbor.folders import load_task
 from tracefleet.harbor.image_names import repository_name
 from tracefleet.runner.containers.runtime import ContainerRuntime
 from tracefleet.runner.proxy_admin import ProxyAdmin
@@ -43,21 +51,24 @@ from tracefleet.runner.workspace import tree_patch
 TOOLS_DIR = "/opt/tracefleet"  # inside the container: node, the forwarder, the proxy's socket
 NODE_IN_CONTAINER = f"{TOOLS_DIR}/bin/node"
 BRIDGE_IN_CONTAINER = f"{TOOLS_DIR}/bridge.js"
+ENV_IN_CONTAINER = f"{TOOLS_DIR}/env.json"
 SOCKET_IN_CONTAINER = f"{TOOLS_DIR}/proxy.sock"
 CONTAINER_PATH = f"{TOOLS_DIR}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CONTAINER_RECORD = "container.json"  # in the session's artifacts: which container the session ran in
+CONTAINER_ENV = "container-env.json"  # in the session's artifacts while the harness runs: its environment
 CONTAINER_PREFIX = "tracefleet-session-"
 STOP_TIMEOUT_S = 60
 
 BRIDGE_JS = r"""'use strict';
 // tracefleet: inside the session's container (loopback only), 127.0.0.1:PORT forwards to the Unix socket the
 // runner serves (its bridge to the proxy); then the harness runs in WORKDIR (made when the image has none yet, as
-// docker does), and this exits with the harness's status.
+// docker does) with exactly the environment ENVFILE holds (a JSON object), and this exits with the harness's status.
 const fs = require('fs');
 const net = require('net');
 const os = require('os');
 const { spawn } = require('child_process');
-const [port, socketPath, workdir, ...argv] = process.argv.slice(2);
+const [port, socketPath, envFile, workdir, ...argv] = process.argv.slice(2);
+const env = JSON.parse(fs.readFileSync(envFile, 'utf8'));
 fs.mkdirSync(workdir, { recursive: true });
 process.chdir(workdir);
 const server = net.createServer((client) => {
@@ -68,7 +79,7 @@ const server = net.createServer((client) => {
 });
 server.on('error', (err) => { console.error(`tracefleet bridge: ${err.message}`); process.exit(125); });
 server.listen(Number(port), '127.0.0.1', () => {
-  const child = spawn(argv[0], argv.slice(1), { stdio: 'inherit' });
+  const child = spawn(argv[0], argv.slice(1), { stdio: 'inherit', env });
   for (const sig of ['SIGTERM', 'SIGINT']) process.on(sig, () => child.kill(sig));
   child.on('error', (err) => { console.error(`tracefleet: cannot start ${argv[0]}: ${err.message}`); process.exit(127); });
   child.on('exit', (code, sig) => process.exit(code === null ? 128 + (os.constants.signals[sig] || 0) : code));
@@ -85,6 +96,21 @@ def container_of(session_dir: Path) -> dict[str, str] | None:
 def image_workdir(runtime: ContainerRuntime, image: str) -> str:
     """The image's WORKDIR ("/" when it sets none), where Harbor runs the agent and test.sh by default."""
     return runtime.run("image", "inspect", "--format", "{{.Config.WorkingDir}}", image, timeout=60).stdout.strip() or "/"
+
+
+def container_limits(config: TaskConfig, phase: Literal["agent", "verifier"]) -> list[str]:
+    """`podman run` flags for task.toml's [environment] cpus and memory_mb (hard limits, no swap beyond the memory,
+    as on a cluster where requests = limits) and the phase's network: "public" the runtime's bridge network, else
+    none (a loopback only; "allowlist" too: no egress filter by host name here, so it fails closed). storage_mb is
+    not a limit here (podman's overlay storage takes no size on this filesystem; Harbor's docker environment does
+    not apply it either): a cluster applies it as ephemeral-storage."""
+    env = config.environment
+    flags = ["--network", "bridge" if config.network(phase) == "public" else "none"]
+    if env.cpus is not None:
+        flags += ["--cpus", f"{env.cpus:g}"]
+    if env.memory_mb is not None:
+        flags += ["--memory", f"{env.memory_mb}m", "--memory-swap", f"{env.memory_mb}m"]
+    return flags
 
 
 class ContainerPlace(HostPlace):
@@ -106,11 +132,11 @@ class ContainerPlace(HostPlace):
         harbor = plan.task.harbor
         return Path(harbor.workdir) if harbor is not None and harbor.workdir else workspace
 
-    def _mounts(self, argv: list[str], home: Path) -> list[str]:
+    def _mounts(self, argv: list[str], home: Path, env_file: Path) -> list[str]:
         from tracefleet.runner.presets.base import harness_cache_dir
 
         mounts = [(self.node, NODE_IN_CONTAINER, "ro"), (self.bridge_js, BRIDGE_IN_CONTAINER, "ro"),
-                  (self.socket, SOCKET_IN_CONTAINER, "rw"), (home, home, "rw")]
+                  (env_file, ENV_IN_CONTAINER, "ro"), (self.socket, SOCKET_IN_CONTAINER, "rw"), (home, home, "rw")]
         cache = harness_cache_dir()
         if cache.is_dir():
             mounts.append((cache, cache, "ro"))
@@ -127,18 +153,23 @@ class ContainerPlace(HostPlace):
         name = f"{CONTAINER_PREFIX}{repository_name(plan.capture_name)}-{uuid.uuid4().hex[:6]}"
         workdir = str(self.harness_workdir(plan, cwd))
         (artifacts / CONTAINER_RECORD).write_text(json.dumps({"name": name, "image": harbor.image, "workdir": workdir}))
-        inside = {**base_env(home, home / ".tmp"), **env, "PATH": CONTAINER_PATH, "PWD": workdir}
-        env_file = artifacts / "container.env"
+        config = load_task(Path(harbor.folder)).config
+        task_env = config.environment.env
+        inside = {**base_env(home, home / ".tmp"), **task_env, **env, "PATH": CONTAINER_PATH, "PWD": workdir}
+        env_file = artifacts / CONTAINER_ENV
         env_file.touch(mode=0o600)
-        env_file.write_text("".join(f"{k}={v}\n" for k, v in inside.items() if "\n" not in v))
+        env_file.write_text(json.dumps(inside))
         (home / ".tmp").mkdir(parents=True, exist_ok=True)
         podman = self.runtime.command(
-            "run", "--name", name, "--network", "none", "--env-file", str(env_file), "--workdir", "/",
-            *self._mounts(argv, home), "--entrypoint", NODE_IN_CONTAINER, harbor.image,
-            BRIDGE_IN_CONTAINER, str(self.port), SOCKET_IN_CONTAINER, workdir, *argv)
-        proc = run_sandboxed(podman, cwd=artifacts, home=artifacts / "podman-home", timeout_s=timeout_s,
-                             stdout_path=stdout_path, stderr_path=stderr_path,
-                             options=SandboxOptions(extra_env=self.runtime.env), stop=self.stop)
+            "run", "--name", name, *container_limits(config, "agent"), "--workdir", "/",
+            *self._mounts(argv, home, env_file), "--entrypoint", NODE_IN_CONTAINER, harbor.image,
+            BRIDGE_IN_CONTAINER, str(self.port), SOCKET_IN_CONTAINER, ENV_IN_CONTAINER, workdir, *argv)
+        try:
+            proc = run_sandboxed(podman, cwd=artifacts, home=artifacts / "podman-home", timeout_s=timeout_s,
+                                 stdout_path=stdout_path, stderr_path=stderr_path,
+                                 options=SandboxOptions(extra_env=self.runtime.env), stop=self.stop)
+        finally:
+            env_file.unlink(missing_ok=True)  # it holds the session's secret
         if proc.timed_out or proc.stopped:
             # the podman client is gone; the container may still run under conmon: stop it (kept for the verifier)
             self.runtime.run("stop", "-t", "0", name, check=False, timeout=STOP_TIMEOUT_S)
