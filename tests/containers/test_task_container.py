@@ -13,25 +13,11 @@ from typing import Any
 
 import pytest
 
-from fixtures.harbor_tasks import write_task
+from fixtures.harbor_tasks import INSTRUCTION, MULTI, REPORT_JS, write_task
 from fixtures.local_runs import run_local
 from tracefleet.runner.containers.runtime import BASE_IMAGE, ContainerRuntime
 
 JOB = "harbor-inside"
-# Bytes a line-based env file cannot carry: newlines (a trailing one too), a tab, quotes, a `$`, an `=`, non-ASCII.
-MULTI = "line one\nline two = 'quoted' \"double\" $HOME\t\u00e9\n\n"
-INSTRUCTION = "Say what you see.\n\nA second paragraph, with `code` and $VARS.\n"
-REPORT_JS = r"""const fs = require('fs');
-const read = (p) => { try { return fs.readFileSync(p, 'utf8').trim(); } catch (e) { return null; } };
-const url = process.env.OPENAI_BASE_URL;
-const report = {prompt: process.env.TRACEFLEET_PROMPT, multi: process.env.MULTI, task_env: process.env.TASK_ENV,
-  cpu_quota: read('/sys/fs/cgroup/cpu/cpu.cfs_quota_us'), cpu_period: read('/sys/fs/cgroup/cpu/cpu.cfs_period_us'),
-  memory: read('/sys/fs/cgroup/memory/memory.limit_in_bytes'), cpu_max: read('/sys/fs/cgroup/cpu.max'),
-  memory_max: read('/sys/fs/cgroup/memory.max'), nets: fs.readdirSync('/sys/class/net').sort()};
-fetch(url + '/chat/completions', {method: 'POST', headers: {'content-type': 'application/json',
-  authorization: 'Bearer ' + process.env.OPENAI_API_KEY}, body: JSON.stringify({model: process.env.OPENAI_MODEL,
-  messages: [{role: 'user', content: process.env.TRACEFLEET_PROMPT}]})}).then((r) => { report.proxy = r.status; }, (e) => { report.proxy = String(e.cause || e); })
-  .finally(() => console.log(JSON.stringify(report)));"""
 TOML = """schema_version = "1.4"
 [verifier]
 timeout_sec = 30
