@@ -2,8 +2,8 @@
 
 Everything but the harness process is the host's (`HostPlace`: the in-process proxy, the session folders,
 result.json, judging); `run` starts the harness in `podman run` of the task's image (tracefleet.runner.containers.
-images), and the container is kept, stopped, until the session was judged (the Harbor verifier snapshots it), then
-removed (`finish`).
+images), and the container is kept, stopped, until the session was judged (the Harbor verifier reads its layer diff),
+then removed (`finish`).
 
 What the container gets, and why:
   - the harness CLI without being baked into the image: the host's `node` mounted read-only at
@@ -88,7 +88,7 @@ server.listen(Number(port), '127.0.0.1', () => {
 
 
 def container_of(session_dir: Path) -> dict[str, str] | None:
-    """The container a session ran in ({"name", "image", "workdir"}), as its place recorded it, or None."""
+    """The container a session ran in ({"name", "image", "workdir", "home"}), as its place recorded it, or None."""
     record = Path(session_dir) / CONTAINER_RECORD
     return json.loads(record.read_text()) if record.is_file() else None
 
@@ -152,7 +152,8 @@ class ContainerPlace(HostPlace):
         artifacts = stdout_path.parent
         name = f"{CONTAINER_PREFIX}{repository_name(plan.capture_name)}-{uuid.uuid4().hex[:6]}"
         workdir = str(self.harness_workdir(plan, cwd))
-        (artifacts / CONTAINER_RECORD).write_text(json.dumps({"name": name, "image": harbor.image, "workdir": workdir}))
+        (artifacts / CONTAINER_RECORD).write_text(json.dumps({"name": name, "image": harbor.image, "workdir": workdir,
+                                                              "home": str(home)}))
         config = load_task(Path(harbor.folder)).config
         task_env = config.environment.env
         inside = {**base_env(home, home / ".tmp"), **task_env, **env, "PATH": CONTAINER_PATH, "PWD": workdir}

@@ -96,6 +96,14 @@ class PhaseConfig(HarborModel):
 class VerifierConfig(PhaseConfig):
     timeout_sec: float = 600.0
     env: dict[str, str] = Field(default_factory=dict)
+    # Harbor's separate verifier environment (a container of its own, fed declared artifacts): read so that a task
+    # asking for it is refused in one line (tracefleet.harbor.folders), never judged the shared way by mistake.
+    environment_mode: Literal["shared", "separate"] | None = None
+    environment: dict[str, Any] | None = None
+
+    @property
+    def separate(self) -> bool:
+        return self.environment_mode == "separate" or (self.environment is not None and self.environment_mode is None)
 
     positive_timeout = field_validator("timeout_sec")(_positive)
 
