@@ -27,7 +27,8 @@ from fixtures.harbor_tasks import write_task  # noqa: E402
 from tracefleet.harbor.folders import load_task  # noqa: E402
 from tracefleet.runner.containers.images import build_task_image  # noqa: E402
 from tracefleet.runner.containers.runtime import BASE_IMAGE, require_runtime  # noqa: E402
-from tracefleet.runner.containers.verifier import change_set, verify  # noqa: E402
+from tracefleet.runner.containers.changes import change_set  # noqa: E402
+from tracefleet.runner.containers.verifier import verify  # noqa: E402
 
 TEST_SH = '#!/bin/bash\nif grep -q solved /app/state; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n'
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Literal
@@ -42,7 +43,8 @@ from tracefleet.contract.harbor import TaskConfig
 from tracefleet.contract.session import SessionPlan, SessionResult
 from tracefleet.harbor.folders import load_task
 from tracefleet.harbor.image_names import repository_name
-from tracefleet.runner.containers.runtime import ContainerRuntime
+from tracefleet.runner.containers.changes import image_mounted, layer_diff, mounted, within, write_change_set
+from tracefleet.runner.containers.runtime import STEPS_FILE, ContainerRuntime, record_step, timed_to
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, base_env, run_sandboxed
 from tracefleet.runner.session import HostPlace, SessionFolders
@@ -52,10 +54,13 @@ TOOLS_DIR = "/opt/tracefleet"  # inside the container: node, the forwarder, the 
 NODE_IN_CONTAINER = f"{TOOLS_DIR}/bin/node"
 BRIDGE_IN_CONTAINER = f"{TOOLS_DIR}/bridge.js"
 ENV_IN_CONTAINER = f"{TOOLS_DIR}/env.json"
+TIMING_IN_CONTAINER = f"{TOOLS_DIR}/timing.json"
 SOCKET_IN_CONTAINER = f"{TOOLS_DIR}/proxy.sock"
 CONTAINER_PATH = f"{TOOLS_DIR}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CONTAINER_RECORD = "container.json"  # in the session's artifacts: which container the session ran in
 CONTAINER_ENV = "container-env.json"  # in the session's artifacts while the harness runs: its environment
+CHANGE_SET = "change-set"  # in the session's artifacts until it was judged: what the agent changed (changes.py)
+CONTAINER_TIMING = "container-timing.json"  # in the session's artifacts: when the harness started and exited inside
 CONTAINER_PREFIX = "tracefleet-session-"
 STOP_TIMEOUT_S = 60
 
@@ -67,8 +72,10 @@ const fs = require('fs');
 const net = require('net');
 const os = require('os');
 const { spawn } = require('child_process');
-const [port, socketPath, envFile, workdir, ...argv] = process.argv.slice(2);
+const [port, socketPath, envFile, timingFile, workdir, ...argv] = process.argv.slice(2);
 const env = JSON.parse(fs.readFileSync(envFile, 'utf8'));
+const timing = {};  // when the harness started and exited (epoch ms): the session's time in podman is the rest
+const mark = (key) => { timing[key] = Date.now(); try { fs.writeFileSync(timingFile, JSON.stringify(timing)); } catch (e) {} };
 fs.mkdirSync(workdir, { recursive: true });
 process.chdir(workdir);
 const server = net.createServer((client) => {
@@ -79,12 +86,30 @@ const server = net.createServer((client) => {
 });
 server.on('error', (err) => { console.error(`tracefleet bridge: ${err.message}`); process.exit(125); });
 server.listen(Number(port), '127.0.0.1', () => {
+  mark('started');
   const child = spawn(argv[0], argv.slice(1), { stdio: 'inherit', env });
   for (const sig of ['SIGTERM', 'SIGINT']) process.on(sig, () => child.kill(sig));
   child.on('error', (err) => { console.error(`tracefleet: cannot start ${argv[0]}: ${err.message}`); process.exit(127); });
-  child.on('exit', (code, sig) => process.exit(code === null ? 128 + (os.constants.signals[sig] || 0) : code));
+  child.on('exit', (code, sig) => { mark('exited'); process.exit(code === null ? 128 + (os.constants.signals[sig] || 0) : code); });
 });
 """
+
+
+def _record_run(started: float, ended: float, timing: Path, rc: int | None) -> None:
+    """The session's `podman run` as a step, split where the harness started and exited inside the container: `start`
+    (the client, image lookup, create, mounts, network, the runtime, the forwarder up: lock waits included), `harness`,
+    `stop` (the harness's exit until the client returned: teardown, cleanup, lock waits)."""
+    try:
+        inside = json.loads(timing.read_text() or "{}")
+    except ValueError:
+        inside = {}
+    parts = {}
+    if "started" in inside:
+        parts["start"] = inside["started"] / 1000 - started
+        if "exited" in inside:
+            parts["harness"] = (inside["exited"] - inside["started"]) / 1000
+            parts["stop"] = ended - inside["exited"] / 1000
+    record_step("run", ended - started, rc, **{k: round(v, 4) for k, v in parts.items()})
 
 
 def container_of(session_dir: Path) -> dict[str, str] | None:
@@ -132,11 +157,12 @@ class ContainerPlace(HostPlace):
         harbor = plan.task.harbor
         return Path(harbor.workdir) if harbor is not None and harbor.workdir else workspace
 
-    def _mounts(self, argv: list[str], home: Path, env_file: Path) -> list[str]:
+    def _mounts(self, argv: list[str], home: Path, env_file: Path, timing: Path) -> list[str]:
         from tracefleet.runner.presets.base import harness_cache_dir
 
         mounts = [(self.node, NODE_IN_CONTAINER, "ro"), (self.bridge_js, BRIDGE_IN_CONTAINER, "ro"),
-                  (env_file, ENV_IN_CONTAINER, "ro"), (self.socket, SOCKET_IN_CONTAINER, "rw"), (home, home, "rw")]
+                  (env_file, ENV_IN_CONTAINER, "ro"), (timing, TIMING_IN_CONTAINER, "rw"),
+                  (self.socket, SOCKET_IN_CONTAINER, "rw"), (home, home, "rw")]
         cache = harness_cache_dir()
         if cache.is_dir():
             mounts.append((cache, cache, "ro"))
@@ -161,49 +187,59 @@ class ContainerPlace(HostPlace):
         env_file.touch(mode=0o600)
         env_file.write_text(json.dumps(inside))
         (home / ".tmp").mkdir(parents=True, exist_ok=True)
+        timing = artifacts / CONTAINER_TIMING
+        timing.write_text("{}")
         podman = self.runtime.command(
             "run", "--name", name, *container_limits(config, "agent"), "--workdir", "/",
-            *self._mounts(argv, home, env_file), "--entrypoint", NODE_IN_CONTAINER, harbor.image,
-            BRIDGE_IN_CONTAINER, str(self.port), SOCKET_IN_CONTAINER, ENV_IN_CONTAINER, workdir, *argv)
-        try:
-            proc = run_sandboxed(podman, cwd=artifacts, home=artifacts / "podman-home", timeout_s=timeout_s,
-                                 stdout_path=stdout_path, stderr_path=stderr_path,
-                                 options=SandboxOptions(extra_env=self.runtime.env), stop=self.stop)
-        finally:
-            env_file.unlink(missing_ok=True)  # it holds the session's secret
-        if proc.timed_out or proc.stopped:
-            # the podman client is gone; the container may still run under conmon: stop it (kept for the verifier)
-            self.runtime.run("stop", "-t", "0", name, check=False, timeout=STOP_TIMEOUT_S)
+            *self._mounts(argv, home, env_file, timing), "--entrypoint", NODE_IN_CONTAINER, harbor.image,
+            BRIDGE_IN_CONTAINER, str(self.port), SOCKET_IN_CONTAINER, ENV_IN_CONTAINER, TIMING_IN_CONTAINER, workdir,
+            *argv)
+        with timed_to(artifacts / STEPS_FILE):
+            started = time.time()
+            try:
+                proc = run_sandboxed(podman, cwd=artifacts, home=artifacts / "podman-home", timeout_s=timeout_s,
+                                     stdout_path=stdout_path, stderr_path=stderr_path,
+                                     options=SandboxOptions(extra_env=self.runtime.env), stop=self.stop)
+            finally:
+                env_file.unlink(missing_ok=True)  # it holds the session's secret
+            _record_run(started, time.time(), timing, proc.exit_code)
+            if proc.timed_out or proc.stopped:
+                # the podman client is gone; the container may still run under conmon: stop it (kept for the verifier)
+                self.runtime.run("stop", "-t", "0", name, check=False, timeout=STOP_TIMEOUT_S)
         return proc
 
     def workspace_diff(self, plan: SessionPlan, folders: SessionFolders) -> str:
-        """What the session changed in the container's working directory, against the image's (both copied out with
-        `podman cp`), as the binary git patch a host session collects (session.patch: the diagnostics read it)."""
+        """What the session changed in the container's working directory, against the image's (both read in place
+        through the runtime's mounts: tracefleet.runner.containers.changes), as the binary git patch a host session
+        collects (session.patch: the diagnostics read it); and, from the same mount, the change set the verifier
+        applies (CHANGE_SET)."""
+        with timed_to(folders.artifacts / STEPS_FILE):
+            return self._workspace_diff(folders)
+
+    def _workspace_diff(self, folders: SessionFolders) -> str:
         record = container_of(folders.artifacts)
         if record is None:
             return ""  # the container never started: nothing changed
         scratch = folders.work / "container-diff"
         shutil.rmtree(scratch, ignore_errors=True)
-        before, after = scratch / "before", scratch / "after"
         scratch.mkdir(parents=True)
-        pristine = f"{record['name']}-base"
+        empty = scratch / "empty"  # a working directory the image (or the container) does not have
+        empty.mkdir()
+        diff = layer_diff(self.runtime, record["name"])
         try:
-            # never started: its entrypoint only has to be named
-            self.runtime.run("create", "--name", pristine, "--entrypoint", "true", record["image"], timeout=STOP_TIMEOUT_S)
-            # an image without its working directory yet (podman makes none for WORKDIR alone): nothing before
-            if self.runtime.run("cp", f"{pristine}:{record['workdir']}/.", str(before), check=False,
-                                timeout=STOP_TIMEOUT_S).returncode != 0:
-                before.mkdir()
-        finally:
-            self.runtime.remove(pristine)
-        self.runtime.run("cp", f"{record['name']}:{record['workdir']}/.", str(after), timeout=STOP_TIMEOUT_S)
-        try:
-            return tree_patch(before, after, scratch / "git")
+            with mounted(self.runtime, record["name"]) as after, image_mounted(self.runtime, record["image"]) as before:
+                # the verifier's input, from the same mount (the harbor evaluator applies it)
+                write_change_set(after, diff, folders.artifacts / CHANGE_SET,
+                                 skip=(TOOLS_DIR, *((record["home"],) if record.get("home") else ())))
+                return tree_patch(within(before, record["workdir"]) or empty,
+                                  within(after, record["workdir"]) or empty, scratch / "git")
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def finish(self, result: SessionResult, folders: SessionFolders) -> None:
-        super().finish(result, folders)
+        shutil.rmtree(folders.artifacts / CHANGE_SET, ignore_errors=True)  # judged by now; it can be large
         record = container_of(folders.artifacts)
         if record is not None:
-            self.runtime.remove(record["name"])
+            with timed_to(folders.artifacts / STEPS_FILE):
+                self.runtime.remove(record["name"])
+        super().finish(result, folders)

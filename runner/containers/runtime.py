@@ -1,12 +1,22 @@
 """The container runtime: podman (`--runtime runc` and a containers.conf without default ulimits, as these machines
 need: ../shared/container-facts.md, hack/setup.d/55-containers.sh) or docker, whichever answers. Every failure is
-a `ContainerError` whose message is one line: the command and the runtime's last error line."""
+a `ContainerError` whose message is one line: the command and the runtime's last error line.
+
+Every call can be timed: inside `timed_to(FILE)` each call appends one JSON line to FILE ({"step": the runtime's
+subcommand, "s": seconds, "rc": exit status}), so a session says where its time in the runtime went
+(tracefleet.runner.containers.place writes its session's to the artifacts' podman-steps.jsonl; bench/containers.py
+reads them)."""
 
 from __future__ import annotations
 
+import contextvars
+import json
 import os
 import shutil
 import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -14,6 +24,33 @@ from tracefleet.contract import environment
 
 CONTAINERS_CONF_ENV = "CONTAINERS_CONF"
 BASE_IMAGE = "localhost/debian:bookworm"  # made by hack/setup.d/55-containers.sh (no registry is reachable)
+
+
+STEPS_FILE = "podman-steps.jsonl"  # in a session's artifacts: its runtime calls, one JSON line each
+_steps: contextvars.ContextVar[Path | None] = contextvars.ContextVar("tracefleet_runtime_steps", default=None)
+
+
+@contextmanager
+def timed_to(path: Path) -> Iterator[None]:
+    """Record every runtime call made in this block (this thread) as a line of `path`."""
+    token = _steps.set(path)
+    try:
+        yield
+    finally:
+        _steps.reset(token)
+
+
+def record_step(step: str, seconds: float, rc: int | None = None, **extra: float) -> None:
+    """One line in the current `timed_to` file (nothing outside one)."""
+    path = _steps.get()
+    if path is not None:
+        with path.open("a") as f:
+            f.write(json.dumps({"step": step, "s": round(seconds, 4), "rc": rc, **extra}) + "\n")
+
+
+def _step_name(args: tuple[str, ...]) -> str:
+    # `image inspect` and `image exists` are one step each; every other subcommand is its first word
+    return " ".join(args[:2]) if args and args[0] == "image" and len(args) > 1 else (args[0] if args else "")
 
 
 class ContainerError(RuntimeError):
@@ -38,10 +75,18 @@ class ContainerRuntime:
     def command(self, *args: str) -> list[str]:
         return [*self.argv, *args]
 
-    def call(self, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-        """Run `<runtime> args...` and return what it did; subprocess.TimeoutExpired past `timeout`."""
-        return subprocess.run(self.command(*args), capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **self.env}, stdin=subprocess.DEVNULL)
+    def call(self, *args: str, timeout: float | None = None, step: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run `<runtime> args...` and return what it did; subprocess.TimeoutExpired past `timeout`. `step` names
+        the call in the `timed_to` record (default: its subcommand)."""
+        start = time.monotonic()
+        rc = None
+        try:
+            proc = subprocess.run(self.command(*args), capture_output=True, text=True, timeout=timeout,
+                                  env={**os.environ, **self.env}, stdin=subprocess.DEVNULL)
+            rc = proc.returncode
+            return proc
+        finally:
+            record_step(step or _step_name(args), time.monotonic() - start, rc)
 
     def run(self, *args: str, timeout: float | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         """`call`, but past `timeout`, or (with `check`) on a non-zero exit, a one-line ContainerError."""
@@ -89,9 +134,17 @@ def find_runtime() -> ContainerRuntime | None:
     return _podman() or _docker()
 
 
+_found: list[ContainerRuntime] = []
+
+
 def require_runtime() -> ContainerRuntime:
+    """find_runtime's, or a one-line ContainerError. A runtime found is kept for the process (every session's
+    verifier would otherwise pay a `podman info`); none found is asked again next time."""
+    if _found:
+        return _found[0]
     runtime = find_runtime()
     if runtime is None:
         raise ContainerError("no container runtime: podman is not installed or does not work, and docker's daemon "
                              "does not answer (install podman: hack/setup.d/55-containers.sh)")
+    _found.append(runtime)
     return runtime

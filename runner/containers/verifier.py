@@ -51,11 +51,9 @@ timeout ("timeout"), a container that could not run ("error").
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import subprocess
-import tarfile
 import tempfile
 import time
 import uuid
@@ -70,53 +68,18 @@ from tracefleet.harbor.folders import HarborTask
 from tracefleet.harbor.in_image import VERIFIER
 
 from tracefleet.runner.containers.harbor_outcome import harbor_verdict, verdict_here
-from tracefleet.runner.containers.place import TOOLS_DIR, container_limits
+from tracefleet.runner.containers.place import container_limits
 from tracefleet.runner.containers.runtime import ContainerRuntime, last_line
 
 PODMAN_FAILED = 125  # `podman run`'s own failure (image missing, bad mount), not test.sh's
 # On top of [verifier].timeout_sec, for applying the change set and the container's start and removal; past it the
 # container is removed and the verdict is a timeout.
 APPLY_MARGIN_S = 120
-# Never part of a change set: the session's mounts (the harness's tools, the proxy's socket) and what the runtime
-# makes in every container.
-_NOT_CHANGES = (*ti.NEVER_CHANGED, TOOLS_DIR, "/proc", "/sys", "/dev", "/run/.containerenv")
-
-
-def _skipped(path: str) -> bool:
-    return path in ("", "/") or any(path == p or path.startswith(p + "/") for p in _NOT_CHANGES)
-
-
-def _numeric(member: tarfile.TarInfo) -> tarfile.TarInfo:
-    member.uname = member.gname = ""  # the container's owners by number: the host's names mean nothing there
-    return member
-
-
-def change_set(runtime: ContainerRuntime, container: str, dest: Path, *, home: str | None = None) -> None:
-    """What the agent changed in the (stopped) session container, as the verifier applies it: dest/changes.tar
-    (every path added or changed, read from the container's filesystem through `podman mount`, names without their
-    leading '/', owners by number) and dest/deleted.txt (one absolute path a line). `home`: the session's HOME,
-    a host folder mounted in, not the container's."""
-    diff = json.loads(runtime.run("diff", "--format", "json", container, timeout=120).stdout or "{}")
-    skip = (home,) if home else ()
-    changed = sorted({p for p in (*(diff.get("changed") or []), *(diff.get("added") or []))
-                      if not _skipped(p) and not any(p == h or p.startswith(h + "/") for h in skip)})
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / ti.DELETED).write_text("".join(f"{p}\n" for p in sorted(diff.get("deleted") or []) if not _skipped(p)))
-    root = Path(runtime.run("mount", container, timeout=120).stdout.strip())
-    try:
-        with tarfile.open(dest / ti.CHANGES, "w", format=tarfile.PAX_FORMAT) as tar:
-            for path in changed:
-                local = root / path.lstrip("/")
-                if local.exists() or local.is_symlink():
-                    tar.add(local, arcname=path.lstrip("/"), recursive=False, filter=_numeric)
-    finally:
-        runtime.run("unmount", container, check=False, timeout=120)
-
-
 def verify(runtime: ContainerRuntime, task: HarborTask, image: str, *, changes: Path | None = None,
            workdir: str | None = None, log_dir: Path | None = None) -> HarborVerdict:
     """Run the task's tests/test.sh in a fresh container of `image` (the task's image) with the agent's change set
-    (`changes`: a folder holding `change_set`'s two files; none: the image as built) applied, and return the
+    (`changes`: a folder holding tracefleet.runner.containers.changes.change_set's two files; none: the image as
+    built) applied, and return the
     verdict. Never raises for what the tests or the agent did: every failure is a fail-closed verdict with its
     reason. `workdir` overrides the working directory (default: task.toml's [environment].workdir, else the
     image's WORKDIR, as Harbor runs test.sh). `log_dir` keeps test.sh's output and the reward files."""
@@ -147,7 +110,7 @@ def verify(runtime: ContainerRuntime, task: HarborTask, image: str, *, changes: 
             args += ["-e", f"{key}={value}"]
         args += [image, "-c", VERIFIER]
         try:
-            proc = runtime.call(*args, timeout=timeout_s + ti.STOP_GRACE_S + APPLY_MARGIN_S)
+            proc = runtime.call(*args, timeout=timeout_s + ti.STOP_GRACE_S + APPLY_MARGIN_S, step="run verifier")
         except subprocess.TimeoutExpired as err:
             runtime.remove(name)
             output = _text(err.stdout) + _text(err.stderr)

@@ -31,9 +31,11 @@ class HarborEvaluator:
     @timed
     def evaluate(self, ctx: EvalContext) -> EvalOutcome:
         from tracefleet.harbor.folders import TaskFolderError, load_task
-        from tracefleet.runner.containers.place import container_of
-        from tracefleet.runner.containers.runtime import ContainerError, require_runtime
-        from tracefleet.runner.containers.verifier import change_set, verify
+        from tracefleet.contract.taskimage import CHANGES
+        from tracefleet.runner.containers.changes import change_set
+        from tracefleet.runner.containers.place import CHANGE_SET, TOOLS_DIR, container_of
+        from tracefleet.runner.containers.runtime import STEPS_FILE, ContainerError, require_runtime, timed_to
+        from tracefleet.runner.containers.verifier import verify
 
         harbor = ctx.task.harbor
         if harbor is None:
@@ -41,13 +43,16 @@ class HarborEvaluator:
         record = container_of(ctx.session_dir)
         if record is None:
             return EvalOutcome(status="error", message="harbor verifier: the session ran in no container to verify")
-        changes = ctx.session_dir / VERIFIER_LOGS / "change-set"
+        changes = ctx.session_dir / CHANGE_SET  # made by the place when it collected the session
         try:
             task = load_task(Path(harbor.folder))
             runtime = require_runtime()
-            change_set(runtime, record["name"], changes, home=record.get("home"))
-            verdict = verify(runtime, task, record["image"], changes=changes, workdir=record.get("workdir"),
-                             log_dir=ctx.session_dir / VERIFIER_LOGS)
+            with timed_to(ctx.session_dir / STEPS_FILE):
+                if not (changes / CHANGES).is_file():
+                    change_set(runtime, record["name"], changes,
+                               skip=(TOOLS_DIR, *((record["home"],) if record.get("home") else ())))
+                verdict = verify(runtime, task, record["image"], changes=changes, workdir=record.get("workdir"),
+                                 log_dir=ctx.session_dir / VERIFIER_LOGS)
         except (ContainerError, TaskFolderError) as err:
             return EvalOutcome(status="error", message=f"harbor verifier: {err}")
         finally:

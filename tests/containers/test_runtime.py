@@ -29,6 +29,7 @@ def test_no_runtime_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     real_which = shutil.which
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "podman" else real_which(name, *a, **k))
     assert rt.find_runtime() is None
+    monkeypatch.setattr(rt, "_found", [])  # a runtime found earlier in this process is kept
     with pytest.raises(ContainerError) as err:
         rt.require_runtime()
     assert "\n" not in str(err.value) and "no container runtime" in str(err.value)

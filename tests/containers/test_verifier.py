@@ -19,7 +19,8 @@ from fixtures.harbor_tasks import SOLVE_SH, write_task
 from tracefleet.harbor.folders import HarborTask, load_task
 from tracefleet.runner.containers.images import build_task_image
 from tracefleet.runner.containers.runtime import BASE_IMAGE, ContainerRuntime
-from tracefleet.runner.containers.verifier import change_set, verify
+from tracefleet.runner.containers.changes import change_set
+from tracefleet.runner.containers.verifier import verify
 
 BASH_ONLY = f"FROM {BASE_IMAGE}\nWORKDIR /app\n"
 
