@@ -42,7 +42,7 @@ sys.path[:0] = [str(BENCH), str(BENCH.parent / "tests")]
 
 from fixtures.harbor_tasks import write_task  # noqa: E402
 from runner import start_scripted_engine  # noqa: E402  (bench/runner.py)
-from tracefleet.runner.containers.runtime import BASE_IMAGE, STEPS_FILE, require_runtime  # noqa: E402
+from tracefleet.runner.containers.runtime import BASE_IMAGE, STEPS_ENV, STEPS_FILE, require_runtime  # noqa: E402
 
 PROMPT = "Write the word tracefleet to note.txt with the shell, then list the directory."
 NOTE_TEST_SH = "#!/bin/bash\nif [ -f /app/note.txt ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
@@ -69,7 +69,7 @@ def run_job(body: dict[str, Any], root: Path, engine_url: str) -> tuple[float, l
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "tracefleet.cli", "run", str(folder / "job.yaml"), "--work-dir",
                              str(folder / "work"), "--engine-url", engine_url], cwd=folder, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, STEPS_ENV: str(folder / STEPS_FILE)})
     loads: list[float] = []
     sampler = threading.Thread(target=lambda: _sample_load(proc, loads), daemon=True)
     sampler.start()
@@ -83,6 +83,10 @@ def run_job(body: dict[str, Any], root: Path, engine_url: str) -> tuple[float, l
         result = json.loads(path.read_text())
         steps = [json.loads(line) for f in path.parent.rglob(STEPS_FILE) for line in f.read_text().splitlines()]
         results.append({**result, "podman_steps": steps})
+    # calls made outside a session's record (code that times no session): the job's, counted on its first session
+    untimed = folder / STEPS_FILE
+    if untimed.is_file() and results:
+        results[0]["podman_steps"] += [json.loads(line) for line in untimed.read_text().splitlines()]
     return wall, results, done.stderr, loads
 
 
