@@ -190,7 +190,7 @@ class ContainerPlace(HostPlace):
         timing = artifacts / CONTAINER_TIMING
         timing.write_text("{}")
         podman = self.runtime.command(
-            "run", "--name", name, *container_limits(config, "agent"), "--workdir", "/",
+            "run", "--name", name, *self.runtime.run_flags, *container_limits(config, "agent"), "--workdir", "/",
             *self._mounts(argv, home, env_file, timing), "--entrypoint", NODE_IN_CONTAINER, harbor.image,
             BRIDGE_IN_CONTAINER, str(self.port), SOCKET_IN_CONTAINER, ENV_IN_CONTAINER, TIMING_IN_CONTAINER, workdir,
             *argv)

@@ -73,6 +73,8 @@ class ContainerRuntime:
     name: Literal["podman", "docker"]
     argv: tuple[str, ...]  # the runtime and its global flags
     env: dict[str, str] = field(default_factory=dict)  # added to os.environ for every call
+    # `podman run` flags of every container a session starts (`cgroup_parent_flags`)
+    run_flags: tuple[str, ...] = ()
 
     def command(self, *args: str) -> list[str]:
         return [*self.argv, *args]
@@ -110,6 +112,29 @@ class ContainerRuntime:
             self.run("rm", "-f", *(("-t", "0") if self.name == "podman" else ()), *names, check=False, timeout=60)
 
 
+def own_cgroup(proc_cgroup: str) -> str | None:
+    """This process's cgroup for the cpu controller (v1) or the unified one (v2), from /proc/self/cgroup's text."""
+    found = None
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+        if controllers == "":
+            found = path
+    return found
+
+
+def cgroup_parent_flags(manager: str, proc_cgroup: str) -> tuple[str, ...]:
+    """`--cgroup-parent` the runner's own cgroup, for podman's cgroupfs manager. Why: podman puts every container
+    under one group of its own (/libpod_parent), which the kernel schedules as ONE entity beside each of the
+    host's processes; on a busy machine all of a job's containers then share what one host process gets, and
+    parallel sessions in containers ran 2-4x slower than on the host while alone they ran as fast. Beside the
+    runner, each container is a group of its own among the host's processes, as a host session's harness is.
+    (The systemd manager takes slices, not paths: left as it is.)"""
+    path = own_cgroup(proc_cgroup) if manager == "cgroupfs" else None
+    return ("--cgroup-parent", path) if path else ()
+
+
 def _podman() -> ContainerRuntime | None:
     if shutil.which("podman") is None:
         return None
@@ -120,7 +145,15 @@ def _podman() -> ContainerRuntime | None:
     # runc handles the hybrid cgroup layout of these machines; crun (podman's default) does not.
     argv = ("podman", "--runtime", "runc") if shutil.which("runc") else ("podman",)
     runtime = ContainerRuntime("podman", argv, env)
-    return runtime if runtime.run("info", "--format", "{{.Host.OCIRuntime.Name}}", check=False, timeout=60).returncode == 0 else None
+    info = runtime.run("info", "--format", "{{.Host.OCIRuntime.Name}} {{.Host.CgroupManager}}", check=False, timeout=60)
+    if info.returncode != 0:
+        return None
+    manager = (info.stdout.split() + ["", ""])[1]
+    try:
+        proc_cgroup = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        proc_cgroup = ""
+    return ContainerRuntime("podman", argv, env, cgroup_parent_flags(manager, proc_cgroup))
 
 
 def _docker() -> ContainerRuntime | None:

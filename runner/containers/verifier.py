@@ -103,7 +103,8 @@ def verify(runtime: ContainerRuntime, task: HarborTask, image: str, *, changes: 
             env[podenv.TASK_WORKDIR] = workdir or config.environment.workdir
         if verifier.user is not None:
             env[ti.VERIFIER_USER_ENV] = str(verifier.user)
-        args = ["run", "--rm", "--name", name, "--user", "0", *container_limits(config, "verifier"),
+        args = ["run", "--rm", "--name", name, "--user", "0", *runtime.run_flags,
+                *container_limits(config, "verifier"),
                 "-v", f"{eval_dir}:{ti.EVAL_DIR}", "-v", f"{tests}:{CONTAINER_TESTS_DIR}",
                 "-v", f"{logs}:{CONTAINER_VERIFIER_LOGS}", "--entrypoint", "sh"]
         for key, value in env.items():
