@@ -21,6 +21,8 @@ What the container gets, and why:
     the bridge network of a "public" task also reaches the host's ports bound on 0.0.0.0; the unprivileged
     `unshare -rn` namespace the host sandbox uses cannot be joined by a rootful container.)
   - its cpu and memory limits: task.toml's (`container_limits`), as the cgroup of the container;
+  - its user: [agent].user (a name or a number, resolved in the image by the forwarder, which then owns the session's
+    HOME to it and starts the harness as it), root when the task names none, as Harbor runs agents;
   - its environment: the session program's (tracefleet.runner.environment) over task.toml's [environment].env, as a
     JSON file in the session's folder (0600, mounted read-only, removed once the harness ran) that the forwarder
     hands to the harness as its whole environment. Never on the command line (the session's secret would show in
@@ -72,12 +74,28 @@ const fs = require('fs');
 const net = require('net');
 const os = require('os');
 const { spawn } = require('child_process');
-const [port, socketPath, envFile, timingFile, workdir, ...argv] = process.argv.slice(2);
+const [port, socketPath, envFile, timingFile, user, workdir, ...argv] = process.argv.slice(2);
 const env = JSON.parse(fs.readFileSync(envFile, 'utf8'));
 const timing = {};  // when the harness started and exited (epoch ms): the session's time in podman is the rest
 const mark = (key) => { timing[key] = Date.now(); try { fs.writeFileSync(timingFile, JSON.stringify(timing)); } catch (e) {} };
 fs.mkdirSync(workdir, { recursive: true });
 process.chdir(workdir);
+// [agent].user (a name or a number, resolved in the image): the harness runs as it and owns its HOME
+let ids = {};
+if (user) {
+  const found = fs.readFileSync('/etc/passwd', 'utf8').split('\n').map((l) => l.split(':'))
+    .find((f) => f[0] === user || f[2] === user);
+  if (!found && !/^[0-9]+$/.test(user)) {
+    console.error(`tracefleet: [agent].user ${user}: no such user in the task image`); process.exit(125);
+  }
+  ids = found ? { uid: Number(found[2]), gid: Number(found[3]) } : { uid: Number(user), gid: Number(user) };
+  const own = (p) => {
+    fs.lchownSync(p, ids.uid, ids.gid);
+    const st = fs.lstatSync(p);
+    if (st.isDirectory()) for (const name of fs.readdirSync(p)) own(`${p}/${name}`);
+  };
+  if (env.HOME) own(env.HOME);
+}
 const server = net.createServer((client) => {
   const upstream = net.createConnection(socketPath);
   client.pipe(upstream).pipe(client);
@@ -87,7 +105,7 @@ const server = net.createServer((client) => {
 server.on('error', (err) => { console.error(`tracefleet bridge: ${err.message}`); process.exit(125); });
 server.listen(Number(port), '127.0.0.1', () => {
   mark('started');
-  const child = spawn(argv[0], argv.slice(1), { stdio: 'inherit', env });
+  const child = spawn(argv[0], argv.slice(1), { stdio: 'inherit', env, ...ids });
   for (const sig of ['SIGTERM', 'SIGINT']) process.on(sig, () => child.kill(sig));
   child.on('error', (err) => { console.error(`tracefleet: cannot start ${argv[0]}: ${err.message}`); process.exit(127); });
   child.on('exit', (code, sig) => { mark('exited'); process.exit(code === null ? 128 + (os.constants.signals[sig] || 0) : code); });
@@ -192,7 +210,8 @@ class ContainerPlace(HostPlace):
         podman = self.runtime.command(
             "run", "--name", name, *self.runtime.run_flags, *container_limits(config, "agent"), "--workdir", "/",
             *self._mounts(argv, home, env_file, timing), "--entrypoint", NODE_IN_CONTAINER, harbor.image,
-            BRIDGE_IN_CONTAINER, str(self.port), SOCKET_IN_CONTAINER, ENV_IN_CONTAINER, TIMING_IN_CONTAINER, workdir,
+            BRIDGE_IN_CONTAINER, str(self.port), SOCKET_IN_CONTAINER, ENV_IN_CONTAINER, TIMING_IN_CONTAINER,
+            "" if config.agent.user is None else str(config.agent.user), workdir,
             *argv)
         with timed_to(artifacts / STEPS_FILE):
             started = time.time()

@@ -1,7 +1,7 @@
 """What a Harbor task's container is, read from inside it: `tracefleet run` with the `command` preset running a
 small Node.js program in each task's container (the host's node, mounted), which prints what it sees there: its
 environment (a `harness.env` value and the instruction, both with newlines, byte for byte), its cgroup's cpu and
-memory limits (task.toml's [environment].cpus and memory_mb), and its network interfaces (task.toml's network_mode:
+memory limits (task.toml's [environment].cpus and memory_mb), its user ([agent].user), and its network interfaces (task.toml's network_mode:
 none by default, the proxy always reachable). One job runs once (module fixture) and the tests read each session's
 harness.stdout."""
 
@@ -21,16 +21,16 @@ JOB = "harbor-inside"
 TOML = """schema_version = "1.4"
 [verifier]
 timeout_sec = 30
+[environment.env]
+TASK_ENV = "from task.toml"
 [environment]
 docker_image = "{image}"
 workdir = "/app"
 {extra}
-[environment.env]
-TASK_ENV = "from task.toml"
 """
 TASKS = {  # task -> the lines it adds to [environment]
     "limited": "cpus = 1.5\nmemory_mb = 300",
-    "public": 'network_mode = "public"',
+    "public": 'network_mode = "public"\n[agent]\nuser = "nobody"',
 }
 TEST_SH = "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n"
 
@@ -85,3 +85,7 @@ def test_no_network_by_default_public_when_the_task_says_so_and_the_proxy_always
     assert inside["limited"]["nets"] == ["lo"], inside["limited"]  # task.toml names no network_mode
     assert "lo" in inside["public"]["nets"] and len(inside["public"]["nets"]) > 1, inside["public"]
     assert all(r["proxy"] == 200 for r in inside.values()), inside  # the model call, through the proxy
+
+
+def test_the_harness_runs_as_the_tasks_agent_user(inside: dict[str, dict[str, Any]]) -> None:
+    assert inside["public"]["uid"] == 65534 and inside["limited"]["uid"] == 0, inside  # [agent].user, else root
