@@ -1,30 +1,35 @@
 """A session in its task's container vs on the host, through `tracefleet run`: the same tasks, the same real harness
 (Pi) against the scripted engine (two shell rounds: `echo tracefleet > note.txt`, `ls`, then an answer).
 
-    .venv/bin/python bench/containers.py [--tasks 20] [--samples 2] [--parallelism 4]
+    .venv/bin/python bench/containers.py [--tasks 20] [--samples 2] [--parallelism 4 [2 1 ...]]
 
 Three jobs run one after the other:
   harbor cold   the tasks as Harbor folders (a Dockerfile FROM localhost/debian:bookworm with a RUN of its own, so each
                 image is a new build), each session in a container of its image, judged by the `harbor` preset
-                (snapshot + test.sh in a fresh container: reward 1 if /app/note.txt exists)
+                (the change set + test.sh in a fresh container: reward 1 if /app/note.txt exists)
   harbor warm   the same folders again under another job name: every image found by content (cache hits)
   host          the same prompts as inline tasks, each session on the host (process group, HOME, workspace), judged
                 by the `command` preset (`test -f note.txt`)
 Prints per session (median and mean over every session, from each result.json's stage timings): the harness stage
-(the container's start, the harness, its stop), the evaluate stage (snapshot + verify vs a host command) and the
+(the container's start, the harness, its stop), the evaluate stage (change set + verify vs a host command) and the
 session's total, each as container/host ratio; each job's wall time; the image build cold and the cache hit per
-task. Images the bench built are removed at the end. Not a test.
+task; every podman call of the warm job's sessions by step (each session's podman-steps.jsonl: `run` split into
+start / harness / stop as the container saw them); the machine's load average while each job ran. With several
+--parallelism values (the images built once), one block per value. Images the bench built are removed at the end.
+Not a test.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -37,7 +42,7 @@ sys.path[:0] = [str(BENCH), str(BENCH.parent / "tests")]
 
 from fixtures.harbor_tasks import write_task  # noqa: E402
 from runner import start_scripted_engine  # noqa: E402  (bench/runner.py)
-from tracefleet.runner.containers.runtime import BASE_IMAGE, require_runtime  # noqa: E402
+from tracefleet.runner.containers.runtime import BASE_IMAGE, STEPS_ENV, STEPS_FILE, require_runtime  # noqa: E402
 
 PROMPT = "Write the word tracefleet to note.txt with the shell, then list the directory."
 NOTE_TEST_SH = "#!/bin/bash\nif [ -f /app/note.txt ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
@@ -56,19 +61,57 @@ def job(name: str, tasks: dict[str, Any], evaluator: dict[str, Any] | None, samp
     return {"apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name}, "spec": spec}
 
 
-def run_job(body: dict[str, Any], root: Path, engine_url: str) -> tuple[float, list[dict[str, Any]], str]:
-    """(wall seconds, every session's result.json, stderr) of `tracefleet run` on body."""
+def run_job(body: dict[str, Any], root: Path, engine_url: str) -> tuple[float, list[dict[str, Any]], str, list[float]]:
+    """(wall seconds, every session's result.json, stderr, the 1-minute load average every 2 s) of `tracefleet run`."""
     folder = root / body["metadata"]["name"]
     folder.mkdir()
     (folder / "job.yaml").write_text(yaml.safe_dump(body))
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "tracefleet.cli", "run", str(folder / "job.yaml"), "--work-dir",
-                           str(folder / "work"), "--engine-url", engine_url], cwd=folder, capture_output=True, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "tracefleet.cli", "run", str(folder / "job.yaml"), "--work-dir",
+                             str(folder / "work"), "--engine-url", engine_url], cwd=folder, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, STEPS_ENV: str(folder / STEPS_FILE)})
+    loads: list[float] = []
+    sampler = threading.Thread(target=lambda: _sample_load(proc, loads), daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     wall = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"{body['metadata']['name']} exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    results = [json.loads(p.read_text()) for p in sorted((folder / "work" / "sessions").glob("*/*/result.json"))]
-    return wall, results, done.stderr
+    results = []
+    for path in sorted((folder / "work" / "sessions").glob("*/*/result.json")):
+        result = json.loads(path.read_text())
+        steps = [json.loads(line) for f in path.parent.rglob(STEPS_FILE) for line in f.read_text().splitlines()]
+        results.append({**result, "podman_steps": steps})
+    # calls made outside a session's record (code that times no session): the job's, counted on its first session
+    untimed = folder / STEPS_FILE
+    if untimed.is_file() and results:
+        results[0]["podman_steps"] += [json.loads(line) for line in untimed.read_text().splitlines()]
+    return wall, results, done.stderr, loads
+
+
+def _sample_load(proc: subprocess.Popen[str], loads: list[float]) -> None:
+    while proc.poll() is None:
+        loads.append(os.getloadavg()[0])
+        time.sleep(2)
+
+
+def steps_table(results: list[dict[str, Any]]) -> list[str]:
+    """Every podman call of these sessions by step: calls per session, median and total seconds; `run` split."""
+    by_step: dict[str, list[float]] = {}
+    parts: dict[str, list[float]] = {}
+    for r in results:
+        for step in r["podman_steps"]:
+            by_step.setdefault(step["step"], []).append(step["s"])
+            for part in ("start", "harness", "stop"):
+                if step["step"] == "run" and part in step:
+                    parts.setdefault(part, []).append(step[part])
+    n = len(results) or 1
+    lines = [f"    {name:<16} {len(v) / n:4.1f}/session  median {statistics.median(v):6.3f} s  mean "
+             f"{statistics.mean(v):6.3f} s  total {sum(v):7.1f} s" for name, v in sorted(by_step.items())]
+    lines += [f"    run: {part:<11} median {statistics.median(v):6.3f} s  mean {statistics.mean(v):6.3f} s"
+              for part, v in parts.items()]
+    return lines
 
 
 def stage(results: list[dict[str, Any]], name: str) -> list[float]:
@@ -85,12 +128,13 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=20)
     parser.add_argument("--samples", type=int, default=2)
-    parser.add_argument("--parallelism", type=int, default=4)
+    parser.add_argument("--parallelism", type=int, nargs="+", default=[4])
     args = parser.parse_args()
     runtime = require_runtime()
     nonce = uuid.uuid4().hex[:8]
     engine, url = start_scripted_engine()
     images: list[str] = []
+    blocks: list[tuple[int, dict[str, Any], dict[str, list[tuple[str, ...]]]]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="bench-containers-") as tmp:
             root = Path(tmp)
@@ -101,36 +145,45 @@ def main() -> int:
                            env_files={}, test_sh=NOTE_TEST_SH, test_files={}, solve_sh=None)
             harbor = {"harbor": {"uri": str(root / "tasks")}}
             inline = {"inline": [{"id": t, "prompt": PROMPT} for t in ids]}  # an empty workspace, as /app is
-            runs = {}
-            for name, tasks, evaluator in (
-                    ("harbor-cold", harbor, None), ("harbor-warm", harbor, None),
-                    ("host", inline, {"preset": "command", "command": ["sh", "-c", "test -f note.txt"]})):
-                runs[name] = run_job(job(f"bench-{name}", tasks, evaluator, args.samples, args.parallelism,
-                                         root / "out"), root, url)
-            builds = {name: [m.groups() for m in IMAGE_LINE.finditer(runs[name][2])] for name in ("harbor-cold", "harbor-warm")}
-            images = sorted({image for _, _, image, _ in builds["harbor-cold"]})
+            for i, parallelism in enumerate(args.parallelism):
+                runs = {}
+                jobs = [("harbor-cold", harbor, None)] if i == 0 else []
+                jobs += [("harbor-warm", harbor, None),
+                         ("host", inline, {"preset": "command", "command": ["sh", "-c", "test -f note.txt"]})]
+                for name, tasks, evaluator in jobs:
+                    runs[name] = run_job(job(f"bench-{name}-p{parallelism}", tasks, evaluator, args.samples,
+                                             parallelism, root / "out"), root, url)
+                builds = {name: [m.groups() for m in IMAGE_LINE.finditer(runs[name][2])] for name in runs
+                          if name.startswith("harbor")}
+                images = sorted({image for _, _, image, _ in builds.get("harbor-cold", [])}) or images
+                blocks.append((parallelism, runs, builds))
     finally:
         engine.terminate()
         engine.wait(timeout=30)
         if images:
             runtime.run("rmi", "-f", *images, check=False, timeout=300)
     n = args.tasks * args.samples
-    print(f"{args.tasks} tasks x {args.samples} samples = {n} sessions per job, parallelism {args.parallelism}, Pi, "
-          f"scripted engine")
-    for name, (wall, results, _) in runs.items():
-        statuses = sorted({(r["status"], r["reward"]) for r in results})
-        print(f"  job {name:<12} wall {wall:6.1f} s ({n / wall * 60:5.1f} sessions/min); (status, reward): {statuses}")
-    container = runs["harbor-warm"][1]
-    host = runs["host"][1]
-    print("per session, harbor warm (images cached) vs host:")
-    for label in ("harness", "evaluate", "total"):
-        print(line(label, stage(container, label), stage(host, label)))
-    for name, rows in builds.items():
-        seconds = [float(s) for *_, s in rows]
-        kinds = sorted({kind for _, kind, _, _ in rows})
-        if seconds:
-            print(f"  images {name:<12} {kinds}: {len(seconds)} tasks, median {statistics.median(seconds):.2f} s, "
-                  f"total {sum(seconds):.1f} s")
+    for parallelism, runs, builds in blocks:
+        print(f"{args.tasks} tasks x {args.samples} samples = {n} sessions per job, parallelism {parallelism}, Pi, "
+              f"scripted engine, {os.cpu_count()} cores")
+        for name, (wall, results, _, loads) in runs.items():
+            statuses = sorted({(r["status"], r["reward"]) for r in results})
+            load = f"load {statistics.mean(loads):4.1f} (max {max(loads):4.1f})" if loads else "load -"
+            print(f"  job {name:<12} wall {wall:6.1f} s ({n / wall * 60:5.1f} sessions/min), {load}; "
+                  f"(status, reward): {statuses}")
+        container = runs["harbor-warm"][1]
+        host = runs["host"][1]
+        print("  per session, harbor warm (images cached) vs host:")
+        for label in ("harness", "evaluate", "total"):
+            print("  " + line(label, stage(container, label), stage(host, label)))
+        print("  podman calls of the warm job's sessions, by step:")
+        print("\n".join(steps_table(container)))
+        for name, rows in builds.items():
+            seconds = [float(s) for *_, s in rows]
+            kinds = sorted({kind for _, kind, _, _ in rows})
+            if seconds:
+                print(f"  images {name:<12} {kinds}: {len(seconds)} tasks, median {statistics.median(seconds):.2f} s, "
+                      f"total {sum(seconds):.1f} s")
     return 0
 
 

@@ -5,8 +5,8 @@
 Each task: a Dockerfile FROM localhost/debian:bookworm with COPY and RUN, a bash test.sh writing reward.txt.
 Prints: the image build of every task cold (an empty store for these names), again warm (cache hits: found by
 content, not rebuilt), and per session the cost of what the verifier adds to a session run in a container:
-a run of the agent's command in the task's image (a stand-in for the session), the snapshot of that container
-(`podman commit`) and the verification in a fresh container of it. The container-path vs host-path session
+a run of the agent's command in the task's image (a stand-in for the session), its change set (`podman diff` and
+`podman mount`: the container's layer diff) and the verification in a fresh container of the image with it applied. The container-path vs host-path session
 overhead ratio needs the session program's container place (next step) and is not measured here. Not a test.
 """
 
@@ -27,7 +27,8 @@ from fixtures.harbor_tasks import write_task  # noqa: E402
 from tracefleet.harbor.folders import load_task  # noqa: E402
 from tracefleet.runner.containers.images import build_task_image  # noqa: E402
 from tracefleet.runner.containers.runtime import BASE_IMAGE, require_runtime  # noqa: E402
-from tracefleet.runner.containers.verifier import snapshot, verify  # noqa: E402
+from tracefleet.runner.containers.changes import change_set  # noqa: E402
+from tracefleet.runner.containers.verifier import verify  # noqa: E402
 
 TEST_SH = '#!/bin/bash\nif grep -q solved /app/state; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n'
 
@@ -54,7 +55,6 @@ def main() -> int:
         print(f"image build, cold ({len(tasks)} tasks): {stats([r.seconds for r in cold])}")
         print(f"image build, warm (cache hit):  {stats([r.seconds for r in warm])}")
         session_s, snapshot_s, verify_s, rewards = [], [], [], []
-        snapshots = []
         for task, built in zip(tasks, cold):
             for sample in range(args.samples):
                 name = f"tracefleet-bench-{run_id}-{task.name}-{sample}"
@@ -63,17 +63,17 @@ def main() -> int:
                 runtime.run("run", "--name", name, "--entrypoint", "bash", built.image, "-c", script, timeout=120)
                 session_s.append(time.monotonic() - start)
                 start = time.monotonic()
-                snapshots.append(snapshot(runtime, name))
+                change_set(runtime, name, Path(tmp) / "changes" / name)
                 snapshot_s.append(time.monotonic() - start)
                 runtime.remove(name)
-                verdict = verify(runtime, task, snapshots[-1])
+                verdict = verify(runtime, task, built.image, changes=Path(tmp) / "changes" / name)
                 verify_s.append(verdict.duration_s)
                 rewards.append(verdict.reward)
         print(f"session stand-in (podman run): {stats(session_s)}")
-        print(f"snapshot (podman commit):      {stats(snapshot_s)}")
+        print(f"change set (diff + mount):     {stats(snapshot_s)}")
         print(f"verify (fresh container):      {stats(verify_s)}")
         print(f"rewards: {sum(rewards):g} of {len(rewards)} sessions solved (every other sample solves)")
-        runtime.run("rmi", "-f", *snapshots, *(r.image for r in cold), check=False, timeout=600)
+        runtime.run("rmi", "-f", *(r.image for r in cold), check=False, timeout=600)
     return 0
 
 

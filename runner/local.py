@@ -617,8 +617,8 @@ class LocalRun:
                 f"{sink.errors[-1]} -- rerun this command to upload it")] if sink.errors else []),
             *([("evidence", f"not kept in the bucket for {len(sink.evidence_errors)} session(s) ({sink.evidence_errors[-1]}); "
                 "each session's evidence.json is in the work dir")] if sink.evidence_errors else []),
-            ("sandbox", self.netns_mode + (f"; {self._containers} task(s) in their own image's container (network "
-                                             "none, the proxy through a socket)" if self._containers else "")),
+            ("sandbox", self.netns_mode + (f"; {self._containers} task(s) in their own image's container (task.toml's "
+                                             "network, none by default; the proxy through a socket)" if self._containers else "")),
             ("work dir", str(self.work_dir)),
         ]
         if self.acceptance is not None:

@@ -11,9 +11,9 @@ image is pulled and cached by the node like any image, and the copy of a harness
 CLI, ~100-200 MB) costs a second or two of a session that runs minutes. The bundle must be self-contained (its own
 runtime: the task image has none) and the bundle image needs `sh` and `cp`.
 
-Who runs as whom: the task container runs as task.toml's [agent].user (for the verifier: [verifier].user), root
-when it names none, as Harbor runs tasks (a Harbor task's files belong to root and its instruction may need a
-package installed): with no privilege escalation, capabilities cut to what a root shell installing packages needs,
+Who runs as whom: the task container runs as task.toml's [agent].user, root when it names none (the verifier's
+applies the agent's change set as root and runs test.sh as [verifier].user, by name or number), as Harbor runs
+tasks (a Harbor task's files belong to root and its instruction may need a package installed): with no privilege escalation, capabilities cut to what a root shell installing packages needs,
 the pod's seccomp profile, and no service-account token. Run these pods under a sandboxing runtime
 (spec.harness.runtimeClassName, e.g. gVisor) where agents are not trusted. The session program, the proxy and the
 evaluator's fetch and report steps stay non-root, as in every harness pod.
@@ -32,7 +32,7 @@ from tracefleet.operator.children.inputs import env_vars
 from tracefleet.operator.children.security import container_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.operator.harbor_tasks import HarborTaskPlan
-from tracefleet.operator.children.in_image import LAUNCHER, VERIFIER
+from tracefleet.harbor.in_image import LAUNCHER, VERIFIER
 from tracefleet.contract.environment import HARDENED_PYTHON_ENV
 
 SHARED_MOUNT = {"name": ti.SHARED_VOLUME, "mountPath": ti.SHARED_DIR}
@@ -79,7 +79,7 @@ def bundle_init_container(job: RolloutJob) -> dict[str, Any]:
 
 
 def task_harness_container(task: HarborTaskPlan, fallback_resources: dict[str, Any], home: tuple[str, str]) -> dict[str, Any]:
-    """The task image, running the launcher (tracefleet.operator.children.in_image.LAUNCHER)."""
+    """The task image, running the launcher (tracefleet.harbor.in_image.LAUNCHER)."""
     env = {**task.config.environment.env, **_workdir_env(task)}
     return {
         "name": "harness",
@@ -127,14 +127,16 @@ def verifier_steps(cfg: OperatorConfig, task: HarborTaskPlan, eval_env: dict[str
     }
     verifier = task.config.verifier
     env = {**task.config.environment.env, **verifier.env, **HARDENED_PYTHON_ENV, **_workdir_env(task),
-           podenv.VERIFIER_TIMEOUT_S: str(task.verifier_timeout_s)}
+           podenv.VERIFIER_TIMEOUT_S: str(task.verifier_timeout_s),
+           **({ti.VERIFIER_USER_ENV: str(verifier.user)} if verifier.user is not None else {})}
     verify = {
         "name": "verify",
         "image": task.image,
         "command": ["sh", "-c", VERIFIER],
         "env": env_vars(env),
         "resources": task_resources(task, fallback_resources),
-        "securityContext": task_security_context(verifier.user),
+        # root applies the change set (the agent may have written anywhere); test.sh runs as [verifier].user
+        "securityContext": task_security_context(None),
         "volumeMounts": [SHARED_MOUNT, {"name": TESTS_VOLUME, "mountPath": CONTAINER_TESTS_DIR},
                          {"name": VERIFIER_LOGS_VOLUME, "mountPath": CONTAINER_VERIFIER_LOGS}],
     }

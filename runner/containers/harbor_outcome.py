@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tracefleet.contract.harbor import (CONTAINER_VERIFIER_LOGS, REWARD_JSON, REWARD_TXT, TRAINING_REWARD_KEY,
                                          HarborVerdict)
+from tracefleet.contract import taskimage as ti
 from tracefleet.contract.session import EvalOutcome, EvalStatus
 from tracefleet.runner.containers.runtime import last_line
 
@@ -71,6 +72,24 @@ def harbor_verdict(logs: Path, *, exit_code: int | None, output: str, timed_out:
         reason = f"{reason} (exit status {exit_code}: {last_line(output)})"
     return HarborVerdict(status=status, reward=reward, metrics=metrics, reward_file=reward_file, reason=reason,
                          exit_code=exit_code, duration_s=duration_s, output_tail=tail)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
+def verdict_here(eval_dir: Path, logs: Path, timeout_s: float) -> HarborVerdict:
+    """The outcome of tracefleet.harbor.in_image.VERIFIER, read from its eval folder and the verifier logs' folder
+    (the evaluator Job's volumes on a cluster, the local verifier's temporary folders)."""
+    code_text = _read(eval_dir / ti.EXIT_CODE).strip()
+    duration = _read(eval_dir / ti.DURATION).strip()
+    fetch_error = _read(eval_dir / ti.FETCH_ERROR).strip()
+    output = _read(eval_dir / ti.TEST_OUTPUT)
+    return harbor_verdict(logs, exit_code=int(code_text) if code_text.lstrip("-").isdigit() else None,
+                          output=output, timed_out=(eval_dir / ti.TIMED_OUT).exists(),
+                          timeout_s=timeout_s, duration_s=float(duration) if duration.isdigit() else 0.0,
+                          error=fetch_error or (None if output.strip() else
+                                                "the task image's verify step left no exit status (did it run?)"))
 
 
 def outcome_of(verdict: HarborVerdict) -> EvalOutcome:

@@ -2,8 +2,8 @@
 
 Everything but the harness process is the host's (`HostPlace`: the in-process proxy, the session folders,
 result.json, judging); `run` starts the harness in `podman run` of the task's image (tracefleet.runner.containers.
-images), and the container is kept, stopped, until the session was judged (the Harbor verifier snapshots it), then
-removed (`finish`).
+images), and the container is kept, stopped, until the session was judged (the Harbor verifier reads its layer diff),
+then removed (`finish`).
 
 What the container gets, and why:
   - the harness CLI without being baked into the image: the host's `node` mounted read-only at
@@ -12,16 +12,23 @@ What the container gets, and why:
     needs no rewriting; the session's HOME (the preset's config files) read-write at the same path;
   - the working directory: task.toml's [environment].workdir, else the image's WORKDIR (HarborTaskRun.workdir), also
     what the preset is told (Codex's `-C`). The agent's writes land there, inside the container, not on the host;
-  - the network: `--network none` (a loopback and nothing else: no route to the host, the bridge network or
-    anything beyond), and the proxy made reachable on the container's own 127.0.0.1:<proxy port> by a small
-    forwarder run by the mounted node as PID 1 (`BRIDGE_JS`; it also makes the working directory when the image
-    names one it never created, as docker does and podman does not), which connects each accepted connection to a Unix
-    socket mounted in from the host, where the runner's `UnixToTcpBridge` forwards it to the proxy. So the
-    session's proxy URL is the same inside as outside, and the proxy is the only endpoint the harness can reach.
-    (With rootful podman here, slirp4netns or the bridge network would also reach the host's other ports, and the
-    unprivileged `unshare -rn` namespace the host sandbox uses cannot be joined by a rootful container.)
-  - its environment from the session program (tracefleet.runner.environment), by an env file in the session's
-    folder (never on the command line, where the session's secret would show in `ps`).
+  - the network: task.toml's (`container_limits`: no network unless the task says "public"), and in every case the
+    proxy made reachable on the container's own 127.0.0.1:<proxy port> by a small forwarder run by the mounted node
+    as PID 1 (`BRIDGE_JS`; it also makes the working directory when the image names one it never created, as docker
+    does and podman does not), which connects each accepted connection to a Unix socket mounted in from the host,
+    where the runner's `UnixToTcpBridge` forwards it to the proxy. So the session's proxy URL is the same inside as
+    outside, and without network the proxy is the only endpoint the harness can reach. (With rootful podman here,
+    the bridge network of a "public" task also reaches the host's ports bound on 0.0.0.0; the unprivileged
+    `unshare -rn` namespace the host sandbox uses cannot be joined by a rootful container.)
+  - its cpu and memory limits: task.toml's (`container_limits`), as the cgroup of the container;
+  - its user: [agent].user (a name or a number, resolved in the image by the forwarder, which then owns the session's
+    HOME to it and starts the harness as it), root when the task names none, as Harbor runs agents;
+  - its environment: the session program's (tracefleet.runner.environment) over task.toml's [environment].env, as a
+    JSON file in the session's folder (0600, mounted read-only, removed once the harness ran) that the forwarder
+    hands to the harness as its whole environment. Never on the command line (the session's secret would show in
+    `ps`) and never in podman's own container config (`podman inspect` would show it); and JSON, not podman's
+    --env-file, whose one-line-per-variable format cannot hold a value with a newline (every Harbor instruction,
+    in TRACEFLEET_PROMPT, ends with one): every value reaches the harness byte for byte.
 """
 
 from __future__ import annotations
@@ -29,12 +36,17 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 import uuid
 from pathlib import Path
+from typing import Literal
 
+from tracefleet.contract.harbor import TaskConfig
 from tracefleet.contract.session import SessionPlan, SessionResult
+from tracefleet.harbor.folders import load_task
 from tracefleet.harbor.image_names import repository_name
-from tracefleet.runner.containers.runtime import ContainerRuntime
+from tracefleet.runner.containers.changes import image_mounted, layer_diff, mounted, within, write_change_set
+from tracefleet.runner.containers.runtime import STEPS_FILE, ContainerRuntime, record_step, timed_to
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, base_env, run_sandboxed
 from tracefleet.runner.session import HostPlace, SessionFolders
@@ -43,23 +55,47 @@ from tracefleet.runner.workspace import tree_patch
 TOOLS_DIR = "/opt/tracefleet"  # inside the container: node, the forwarder, the proxy's socket
 NODE_IN_CONTAINER = f"{TOOLS_DIR}/bin/node"
 BRIDGE_IN_CONTAINER = f"{TOOLS_DIR}/bridge.js"
+ENV_IN_CONTAINER = f"{TOOLS_DIR}/env.json"
+TIMING_IN_CONTAINER = f"{TOOLS_DIR}/timing.json"
 SOCKET_IN_CONTAINER = f"{TOOLS_DIR}/proxy.sock"
 CONTAINER_PATH = f"{TOOLS_DIR}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CONTAINER_RECORD = "container.json"  # in the session's artifacts: which container the session ran in
+CONTAINER_ENV = "container-env.json"  # in the session's artifacts while the harness runs: its environment
+CHANGE_SET = "change-set"  # in the session's artifacts until it was judged: what the agent changed (changes.py)
+CONTAINER_TIMING = "container-timing.json"  # in the session's artifacts: when the harness started and exited inside
 CONTAINER_PREFIX = "tracefleet-session-"
 STOP_TIMEOUT_S = 60
 
 BRIDGE_JS = r"""'use strict';
 // tracefleet: inside the session's container (loopback only), 127.0.0.1:PORT forwards to the Unix socket the
 // runner serves (its bridge to the proxy); then the harness runs in WORKDIR (made when the image has none yet, as
-// docker does), and this exits with the harness's status.
+// docker does) with exactly the environment ENVFILE holds (a JSON object), and this exits with the harness's status.
 const fs = require('fs');
 const net = require('net');
 const os = require('os');
 const { spawn } = require('child_process');
-const [port, socketPath, workdir, ...argv] = process.argv.slice(2);
+const [port, socketPath, envFile, timingFile, user, workdir, ...argv] = process.argv.slice(2);
+const env = JSON.parse(fs.readFileSync(envFile, 'utf8'));
+const timing = {};  // when the harness started and exited (epoch ms): the session's time in podman is the rest
+const mark = (key) => { timing[key] = Date.now(); try { fs.writeFileSync(timingFile, JSON.stringify(timing)); } catch (e) {} };
 fs.mkdirSync(workdir, { recursive: true });
 process.chdir(workdir);
+// [agent].user (a name or a number, resolved in the image): the harness runs as it and owns its HOME
+let ids = {};
+if (user) {
+  const found = fs.readFileSync('/etc/passwd', 'utf8').split('\n').map((l) => l.split(':'))
+    .find((f) => f[0] === user || f[2] === user);
+  if (!found && !/^[0-9]+$/.test(user)) {
+    console.error(`tracefleet: [agent].user ${user}: no such user in the task image`); process.exit(125);
+  }
+  ids = found ? { uid: Number(found[2]), gid: Number(found[3]) } : { uid: Number(user), gid: Number(user) };
+  const own = (p) => {
+    fs.lchownSync(p, ids.uid, ids.gid);
+    const st = fs.lstatSync(p);
+    if (st.isDirectory()) for (const name of fs.readdirSync(p)) own(`${p}/${name}`);
+  };
+  if (env.HOME) own(env.HOME);
+}
 const server = net.createServer((client) => {
   const upstream = net.createConnection(socketPath);
   client.pipe(upstream).pipe(client);
@@ -68,16 +104,34 @@ const server = net.createServer((client) => {
 });
 server.on('error', (err) => { console.error(`tracefleet bridge: ${err.message}`); process.exit(125); });
 server.listen(Number(port), '127.0.0.1', () => {
-  const child = spawn(argv[0], argv.slice(1), { stdio: 'inherit' });
+  mark('started');
+  const child = spawn(argv[0], argv.slice(1), { stdio: 'inherit', env, ...ids });
   for (const sig of ['SIGTERM', 'SIGINT']) process.on(sig, () => child.kill(sig));
   child.on('error', (err) => { console.error(`tracefleet: cannot start ${argv[0]}: ${err.message}`); process.exit(127); });
-  child.on('exit', (code, sig) => process.exit(code === null ? 128 + (os.constants.signals[sig] || 0) : code));
+  child.on('exit', (code, sig) => { mark('exited'); process.exit(code === null ? 128 + (os.constants.signals[sig] || 0) : code); });
 });
 """
 
 
+def _record_run(started: float, ended: float, timing: Path, rc: int | None) -> None:
+    """The session's `podman run` as a step, split where the harness started and exited inside the container: `start`
+    (the client, image lookup, create, mounts, network, the runtime, the forwarder up: lock waits included), `harness`,
+    `stop` (the harness's exit until the client returned: teardown, cleanup, lock waits)."""
+    try:
+        inside = json.loads(timing.read_text() or "{}")
+    except ValueError:
+        inside = {}
+    parts = {}
+    if "started" in inside:
+        parts["start"] = inside["started"] / 1000 - started
+        if "exited" in inside:
+            parts["harness"] = (inside["exited"] - inside["started"]) / 1000
+            parts["stop"] = ended - inside["exited"] / 1000
+    record_step("run", ended - started, rc, **{k: round(v, 4) for k, v in parts.items()})
+
+
 def container_of(session_dir: Path) -> dict[str, str] | None:
-    """The container a session ran in ({"name", "image", "workdir"}), as its place recorded it, or None."""
+    """The container a session ran in ({"name", "image", "workdir", "home"}), as its place recorded it, or None."""
     record = Path(session_dir) / CONTAINER_RECORD
     return json.loads(record.read_text()) if record.is_file() else None
 
@@ -85,6 +139,21 @@ def container_of(session_dir: Path) -> dict[str, str] | None:
 def image_workdir(runtime: ContainerRuntime, image: str) -> str:
     """The image's WORKDIR ("/" when it sets none), where Harbor runs the agent and test.sh by default."""
     return runtime.run("image", "inspect", "--format", "{{.Config.WorkingDir}}", image, timeout=60).stdout.strip() or "/"
+
+
+def container_limits(config: TaskConfig, phase: Literal["agent", "verifier"]) -> list[str]:
+    """`podman run` flags for task.toml's [environment] cpus and memory_mb (hard limits, no swap beyond the memory,
+    as on a cluster where requests = limits) and the phase's network: "public" the runtime's bridge network, else
+    none (a loopback only; "allowlist" too: no egress filter by host name here, so it fails closed). storage_mb is
+    not a limit here (podman's overlay storage takes no size on this filesystem; Harbor's docker environment does
+    not apply it either): a cluster applies it as ephemeral-storage."""
+    env = config.environment
+    flags = ["--network", "bridge" if config.network(phase) == "public" else "none"]
+    if env.cpus is not None:
+        flags += ["--cpus", f"{env.cpus:g}"]
+    if env.memory_mb is not None:
+        flags += ["--memory", f"{env.memory_mb}m", "--memory-swap", f"{env.memory_mb}m"]
+    return flags
 
 
 class ContainerPlace(HostPlace):
@@ -106,10 +175,11 @@ class ContainerPlace(HostPlace):
         harbor = plan.task.harbor
         return Path(harbor.workdir) if harbor is not None and harbor.workdir else workspace
 
-    def _mounts(self, argv: list[str], home: Path) -> list[str]:
+    def _mounts(self, argv: list[str], home: Path, env_file: Path, timing: Path) -> list[str]:
         from tracefleet.runner.presets.base import harness_cache_dir
 
         mounts = [(self.node, NODE_IN_CONTAINER, "ro"), (self.bridge_js, BRIDGE_IN_CONTAINER, "ro"),
+                  (env_file, ENV_IN_CONTAINER, "ro"), (timing, TIMING_IN_CONTAINER, "rw"),
                   (self.socket, SOCKET_IN_CONTAINER, "rw"), (home, home, "rw")]
         cache = harness_cache_dir()
         if cache.is_dir():
@@ -126,52 +196,69 @@ class ContainerPlace(HostPlace):
         artifacts = stdout_path.parent
         name = f"{CONTAINER_PREFIX}{repository_name(plan.capture_name)}-{uuid.uuid4().hex[:6]}"
         workdir = str(self.harness_workdir(plan, cwd))
-        (artifacts / CONTAINER_RECORD).write_text(json.dumps({"name": name, "image": harbor.image, "workdir": workdir}))
-        inside = {**base_env(home, home / ".tmp"), **env, "PATH": CONTAINER_PATH, "PWD": workdir}
-        env_file = artifacts / "container.env"
+        (artifacts / CONTAINER_RECORD).write_text(json.dumps({"name": name, "image": harbor.image, "workdir": workdir,
+                                                              "home": str(home)}))
+        config = load_task(Path(harbor.folder)).config
+        task_env = config.environment.env
+        inside = {**base_env(home, home / ".tmp"), **task_env, **env, "PATH": CONTAINER_PATH, "PWD": workdir}
+        env_file = artifacts / CONTAINER_ENV
         env_file.touch(mode=0o600)
-        env_file.write_text("".join(f"{k}={v}\n" for k, v in inside.items() if "\n" not in v))
+        env_file.write_text(json.dumps(inside))
         (home / ".tmp").mkdir(parents=True, exist_ok=True)
+        timing = artifacts / CONTAINER_TIMING
+        timing.write_text("{}")
         podman = self.runtime.command(
-            "run", "--name", name, "--network", "none", "--env-file", str(env_file), "--workdir", "/",
-            *self._mounts(argv, home), "--entrypoint", NODE_IN_CONTAINER, harbor.image,
-            BRIDGE_IN_CONTAINER, str(self.port), SOCKET_IN_CONTAINER, workdir, *argv)
-        proc = run_sandboxed(podman, cwd=artifacts, home=artifacts / "podman-home", timeout_s=timeout_s,
-                             stdout_path=stdout_path, stderr_path=stderr_path,
-                             options=SandboxOptions(extra_env=self.runtime.env), stop=self.stop)
-        if proc.timed_out or proc.stopped:
-            # the podman client is gone; the container may still run under conmon: stop it (kept for the verifier)
-            self.runtime.run("stop", "-t", "0", name, check=False, timeout=STOP_TIMEOUT_S)
+            "run", "--name", name, *self.runtime.run_flags, *container_limits(config, "agent"), "--workdir", "/",
+            *self._mounts(argv, home, env_file, timing), "--entrypoint", NODE_IN_CONTAINER, harbor.image,
+            BRIDGE_IN_CONTAINER, str(self.port), SOCKET_IN_CONTAINER, ENV_IN_CONTAINER, TIMING_IN_CONTAINER,
+            "" if config.agent.user is None else str(config.agent.user), workdir,
+            *argv)
+        with timed_to(artifacts / STEPS_FILE):
+            started = time.time()
+            try:
+                proc = run_sandboxed(podman, cwd=artifacts, home=artifacts / "podman-home", timeout_s=timeout_s,
+                                     stdout_path=stdout_path, stderr_path=stderr_path,
+                                     options=SandboxOptions(extra_env=self.runtime.env), stop=self.stop)
+            finally:
+                env_file.unlink(missing_ok=True)  # it holds the session's secret
+            _record_run(started, time.time(), timing, proc.exit_code)
+            if proc.timed_out or proc.stopped:
+                # the podman client is gone; the container may still run under conmon: stop it (kept for the verifier)
+                self.runtime.run("stop", "-t", "0", name, check=False, timeout=STOP_TIMEOUT_S)
         return proc
 
     def workspace_diff(self, plan: SessionPlan, folders: SessionFolders) -> str:
-        """What the session changed in the container's working directory, against the image's (both copied out with
-        `podman cp`), as the binary git patch a host session collects (session.patch: the diagnostics read it)."""
+        """What the session changed in the container's working directory, against the image's (both read in place
+        through the runtime's mounts: tracefleet.runner.containers.changes), as the binary git patch a host session
+        collects (session.patch: the diagnostics read it); and, from the same mount, the change set the verifier
+        applies (CHANGE_SET)."""
+        with timed_to(folders.artifacts / STEPS_FILE):
+            return self._workspace_diff(folders)
+
+    def _workspace_diff(self, folders: SessionFolders) -> str:
         record = container_of(folders.artifacts)
         if record is None:
             return ""  # the container never started: nothing changed
         scratch = folders.work / "container-diff"
         shutil.rmtree(scratch, ignore_errors=True)
-        before, after = scratch / "before", scratch / "after"
         scratch.mkdir(parents=True)
-        pristine = f"{record['name']}-base"
+        empty = scratch / "empty"  # a working directory the image (or the container) does not have
+        empty.mkdir()
+        diff = layer_diff(self.runtime, record["name"])
         try:
-            # never started: its entrypoint only has to be named
-            self.runtime.run("create", "--name", pristine, "--entrypoint", "true", record["image"], timeout=STOP_TIMEOUT_S)
-            # an image without its working directory yet (podman makes none for WORKDIR alone): nothing before
-            if self.runtime.run("cp", f"{pristine}:{record['workdir']}/.", str(before), check=False,
-                                timeout=STOP_TIMEOUT_S).returncode != 0:
-                before.mkdir()
-        finally:
-            self.runtime.remove(pristine)
-        self.runtime.run("cp", f"{record['name']}:{record['workdir']}/.", str(after), timeout=STOP_TIMEOUT_S)
-        try:
-            return tree_patch(before, after, scratch / "git")
+            with mounted(self.runtime, record["name"]) as after, image_mounted(self.runtime, record["image"]) as before:
+                # the verifier's input, from the same mount (the harbor evaluator applies it)
+                write_change_set(after, diff, folders.artifacts / CHANGE_SET,
+                                 skip=(TOOLS_DIR, *((record["home"],) if record.get("home") else ())))
+                return tree_patch(within(before, record["workdir"]) or empty,
+                                  within(after, record["workdir"]) or empty, scratch / "git")
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def finish(self, result: SessionResult, folders: SessionFolders) -> None:
-        super().finish(result, folders)
+        shutil.rmtree(folders.artifacts / CHANGE_SET, ignore_errors=True)  # judged by now; it can be large
         record = container_of(folders.artifacts)
         if record is not None:
-            self.runtime.remove(record["name"])
+            with timed_to(folders.artifacts / STEPS_FILE):
+                self.runtime.remove(record["name"])
+        super().finish(result, folders)

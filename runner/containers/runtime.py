@@ -1,12 +1,22 @@
 """The container runtime: podman (`--runtime runc` and a containers.conf without default ulimits, as these machines
 need: ../shared/container-facts.md, hack/setup.d/55-containers.sh) or docker, whichever answers. Every failure is
-a `ContainerError` whose message is one line: the command and the runtime's last error line."""
+a `ContainerError` whose message is one line: the command and the runtime's last error line.
+
+Every call can be timed: inside `timed_to(FILE)` each call appends one JSON line to FILE ({"step": the runtime's
+subcommand, "s": seconds, "rc": exit status}), so a session says where its time in the runtime went
+(tracefleet.runner.containers.place writes its session's to the artifacts' podman-steps.jsonl; bench/containers.py
+reads them)."""
 
 from __future__ import annotations
 
+import contextvars
+import json
 import os
 import shutil
 import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -14,6 +24,35 @@ from tracefleet.contract import environment
 
 CONTAINERS_CONF_ENV = "CONTAINERS_CONF"
 BASE_IMAGE = "localhost/debian:bookworm"  # made by hack/setup.d/55-containers.sh (no registry is reachable)
+
+
+STEPS_FILE = "podman-steps.jsonl"  # in a session's artifacts: its runtime calls, one JSON line each
+STEPS_ENV = "TRACEFLEET_CONTAINER_STEPS"
+_steps: contextvars.ContextVar[Path | None] = contextvars.ContextVar("tracefleet_runtime_steps", default=None)
+
+
+@contextmanager
+def timed_to(path: Path) -> Iterator[None]:
+    """Record every runtime call made in this block (this thread) as a line of `path`."""
+    token = _steps.set(path)
+    try:
+        yield
+    finally:
+        _steps.reset(token)
+
+
+def record_step(step: str, seconds: float, rc: int | None = None, **extra: float) -> None:
+    """One line in the current `timed_to` file; outside one, in STEPS_ENV's file when the process has it set (every
+    call of the process, sessions mixed: what a bench reads of code that times no session), else nowhere."""
+    path = _steps.get() or (Path(os.environ[STEPS_ENV]) if os.environ.get(STEPS_ENV) else None)
+    if path is not None:
+        with path.open("a") as f:
+            f.write(json.dumps({"step": step, "s": round(seconds, 4), "rc": rc, **extra}) + "\n")
+
+
+def _step_name(args: tuple[str, ...]) -> str:
+    # `image inspect` and `image exists` are one step each; every other subcommand is its first word
+    return " ".join(args[:2]) if args and args[0] == "image" and len(args) > 1 else (args[0] if args else "")
 
 
 class ContainerError(RuntimeError):
@@ -34,14 +73,24 @@ class ContainerRuntime:
     name: Literal["podman", "docker"]
     argv: tuple[str, ...]  # the runtime and its global flags
     env: dict[str, str] = field(default_factory=dict)  # added to os.environ for every call
+    # `podman run` flags of every container a session starts (`cgroup_parent_flags`)
+    run_flags: tuple[str, ...] = ()
 
     def command(self, *args: str) -> list[str]:
         return [*self.argv, *args]
 
-    def call(self, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-        """Run `<runtime> args...` and return what it did; subprocess.TimeoutExpired past `timeout`."""
-        return subprocess.run(self.command(*args), capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **self.env}, stdin=subprocess.DEVNULL)
+    def call(self, *args: str, timeout: float | None = None, step: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run `<runtime> args...` and return what it did; subprocess.TimeoutExpired past `timeout`. `step` names
+        the call in the `timed_to` record (default: its subcommand)."""
+        start = time.monotonic()
+        rc = None
+        try:
+            proc = subprocess.run(self.command(*args), capture_output=True, text=True, timeout=timeout,
+                                  env={**os.environ, **self.env}, stdin=subprocess.DEVNULL)
+            rc = proc.returncode
+            return proc
+        finally:
+            record_step(step or _step_name(args), time.monotonic() - start, rc)
 
     def run(self, *args: str, timeout: float | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         """`call`, but past `timeout`, or (with `check`) on a non-zero exit, a one-line ContainerError."""
@@ -63,6 +112,29 @@ class ContainerRuntime:
             self.run("rm", "-f", *(("-t", "0") if self.name == "podman" else ()), *names, check=False, timeout=60)
 
 
+def own_cgroup(proc_cgroup: str) -> str | None:
+    """This process's cgroup for the cpu controller (v1) or the unified one (v2), from /proc/self/cgroup's text."""
+    found = None
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+        if controllers == "":
+            found = path
+    return found
+
+
+def cgroup_parent_flags(manager: str, proc_cgroup: str) -> tuple[str, ...]:
+    """`--cgroup-parent` the runner's own cgroup, for podman's cgroupfs manager. Why: podman puts every container
+    under one group of its own (/libpod_parent), which the kernel schedules as ONE entity beside each of the
+    host's processes; on a busy machine all of a job's containers then share what one host process gets, and
+    parallel sessions in containers ran 2-4x slower than on the host while alone they ran as fast. Beside the
+    runner, each container is a group of its own among the host's processes, as a host session's harness is.
+    (The systemd manager takes slices, not paths: left as it is.)"""
+    path = own_cgroup(proc_cgroup) if manager == "cgroupfs" else None
+    return ("--cgroup-parent", path) if path else ()
+
+
 def _podman() -> ContainerRuntime | None:
     if shutil.which("podman") is None:
         return None
@@ -73,7 +145,15 @@ def _podman() -> ContainerRuntime | None:
     # runc handles the hybrid cgroup layout of these machines; crun (podman's default) does not.
     argv = ("podman", "--runtime", "runc") if shutil.which("runc") else ("podman",)
     runtime = ContainerRuntime("podman", argv, env)
-    return runtime if runtime.run("info", "--format", "{{.Host.OCIRuntime.Name}}", check=False, timeout=60).returncode == 0 else None
+    info = runtime.run("info", "--format", "{{.Host.OCIRuntime.Name}} {{.Host.CgroupManager}}", check=False, timeout=60)
+    if info.returncode != 0:
+        return None
+    manager = (info.stdout.split() + ["", ""])[1]
+    try:
+        proc_cgroup = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        proc_cgroup = ""
+    return ContainerRuntime("podman", argv, env, cgroup_parent_flags(manager, proc_cgroup))
 
 
 def _docker() -> ContainerRuntime | None:
@@ -89,9 +169,17 @@ def find_runtime() -> ContainerRuntime | None:
     return _podman() or _docker()
 
 
+_found: list[ContainerRuntime] = []
+
+
 def require_runtime() -> ContainerRuntime:
+    """find_runtime's, or a one-line ContainerError. A runtime found is kept for the process (every session's
+    verifier would otherwise pay a `podman info`); none found is asked again next time."""
+    if _found:
+        return _found[0]
     runtime = find_runtime()
     if runtime is None:
         raise ContainerError("no container runtime: podman is not installed or does not work, and docker's daemon "
                              "does not answer (install podman: hack/setup.d/55-containers.sh)")
+    _found.append(runtime)
     return runtime

@@ -1,5 +1,5 @@
 """The evaluator Job of a Harbor task: Harbor's verifier contract in a fresh container of the task's own image,
-with the agent's change set applied (tracefleet.operator.children.in_image has why and how it compares with the
+with the agent's change set applied (tracefleet.harbor.in_image has why and how it compares with the
 local snapshot). Three steps, in order, in one pod (tracefleet.operator.children.jobs builds it):
 
     fetch   (init, tracefleet image)  `python -m tracefleet.runner.pod harbor-fetch EVAL_DIR`: the session's change set from
@@ -30,7 +30,7 @@ from tracefleet.contract.podenv import EvaluatorEnv, PodEnvError
 from tracefleet.contract.session import EvalOutcome, EvaluatorSpec, SessionPlan, SessionResult, Verdict
 from tracefleet.harbor.folders import task_folders
 from tracefleet.harbor.sources import TaskSourceError, is_tarball, open_source
-from tracefleet.runner.containers.harbor_outcome import harbor_verdict, outcome_of
+from tracefleet.runner.containers.harbor_outcome import outcome_of, verdict_here
 from tracefleet.runner.pod.evaluator_job import store_verdict
 
 
@@ -77,21 +77,6 @@ def fetch(bucket: Bucket, env: EvaluatorEnv, into: Path = Path(ti.EVAL_DIR)) -> 
     if problem is not None:
         (into / ti.FETCH_ERROR).write_text(problem + "\n")
     return problem
-
-
-def _read(path: Path) -> str:
-    return path.read_text(errors="replace") if path.is_file() else ""
-
-
-def verdict_here(eval_dir: Path, logs: Path, timeout_s: float):  # noqa: ANN201 - HarborVerdict
-    """The verify step's outcome, read from the shared volume and the verifier logs' volume."""
-    code_text = _read(eval_dir / ti.EXIT_CODE).strip()
-    duration = _read(eval_dir / ti.DURATION).strip()
-    fetch_error = _read(eval_dir / ti.FETCH_ERROR).strip()
-    return harbor_verdict(logs, exit_code=int(code_text) if code_text.lstrip("-").isdigit() else None,
-                          output=_read(eval_dir / ti.TEST_OUTPUT), timed_out=(eval_dir / ti.TIMED_OUT).exists(),
-                          timeout_s=timeout_s, duration_s=float(duration) if duration.isdigit() else 0.0,
-                          error=fetch_error or "the task image's verify step left no exit status (did it run?)")
 
 
 def report(bucket: Bucket, env: EvaluatorEnv, eval_dir: Path = Path(ti.EVAL_DIR),

@@ -209,3 +209,11 @@ def test_task_folders_from_an_s3_prefix_and_an_s3_tarball(tmp_path: Path, s3, mo
     open_bucket(f"s3://{bucket_name}").put("tb.tgz", (tmp_path / "tb.tgz").read_bytes())
     root = open_source(f"s3://{bucket_name}/tb.tgz", tmp_path / "dl2")
     assert [t.name for t in check_tasks(root, "tb")[0]] == ["t1"]
+
+
+def test_a_separate_verifier_environment_is_refused_in_one_line(tmp_path: Path) -> None:
+    folder = write_task(tmp_path, "separate", toml='schema_version = "1.4"\n[verifier.environment]\n'
+                        'docker_image = "ghcr.io/example/verifier:1"\n')
+    assert [str(p) for p in check_task(folder)[1]] == [
+        "separate/task.toml: verifier.environment: a separate verifier environment is not supported (tracefleet "
+        "verifies in a fresh container of the task's image with the agent's changes applied)"]

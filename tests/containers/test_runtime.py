@@ -29,6 +29,15 @@ def test_no_runtime_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     real_which = shutil.which
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "podman" else real_which(name, *a, **k))
     assert rt.find_runtime() is None
+    monkeypatch.setattr(rt, "_found", [])  # a runtime found earlier in this process is kept
     with pytest.raises(ContainerError) as err:
         rt.require_runtime()
     assert "\n" not in str(err.value) and "no container runtime" in str(err.value)
+
+
+def test_containers_are_started_beside_the_runner_in_its_cgroup() -> None:
+    """Not all under podman's one /libpod_parent group, which the kernel schedules as one entity (rt.cgroup_parent_flags)."""
+    v1 = "9:name=systemd:/\n3:cpuset:/\n1:cpu,cpuacct:/jobs/runner\n0::/\n"
+    assert rt.cgroup_parent_flags("cgroupfs", v1) == ("--cgroup-parent", "/jobs/runner")
+    assert rt.cgroup_parent_flags("cgroupfs", "0::/user.slice/runner\n") == ("--cgroup-parent", "/user.slice/runner")
+    assert rt.cgroup_parent_flags("systemd", v1) == ()

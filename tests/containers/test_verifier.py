@@ -1,8 +1,9 @@
-"""The Harbor verifier through real podman: a session simulated as the agent would leave it (commands run in a
-container of the task's image, then `snapshot`), judged by the task's tests/test.sh. The reference solution
-passes and the untouched environment fails; reward.json with two metrics; every fail-closed case with its reason;
-and an agent that plants a reward, edits the tests or leaves a shadowing pytest.py / conftest.py / pytest.ini in
-the working directory gains nothing."""
+"""The Harbor verifier through real podman: a session simulated as the agent would leave it (commands run as root in a
+container of the task's image, then its `change_set`), judged by the task's tests/test.sh in a fresh container of
+the image with the change set applied. The reference solution passes and the untouched environment fails;
+reward.json with two metrics; every fail-closed case with its reason; and an agent that plants a reward, edits the
+tests, leaves a shadowing pytest.py / conftest.py / pytest.ini in the working directory, or replaces the image's
+python3 or bash gains nothing."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from fixtures.harbor_tasks import SOLVE_SH, write_task
 from tracefleet.harbor.folders import HarborTask, load_task
 from tracefleet.runner.containers.images import build_task_image
 from tracefleet.runner.containers.runtime import BASE_IMAGE, ContainerRuntime
-from tracefleet.runner.containers.verifier import snapshot, verify
+from tracefleet.runner.containers.changes import change_set
+from tracefleet.runner.containers.verifier import verify
 
 BASH_ONLY = f"FROM {BASE_IMAGE}\nWORKDIR /app\n"
 
@@ -35,22 +37,20 @@ def greet_task(tmp_path_factory: pytest.TempPathFactory, container_runtime: Cont
 
 
 @pytest.fixture
-def sessions(container_runtime: ContainerRuntime) -> Iterator[list[str]]:
-    images: list[str] = []
-    yield images
-    if images:
-        container_runtime.run("rmi", "-f", *images, check=False, timeout=120)
+def sessions(tmp_path: Path) -> Iterator[Path]:
+    """A folder for the sessions' change sets."""
+    yield tmp_path / "sessions"
 
 
-def agent_session(runtime: ContainerRuntime, image: str, script: str, images: list[str]) -> str:
-    """What an agent leaves: `script` run by bash in a container of the task's image, the container snapshotted."""
+def agent_session(runtime: ContainerRuntime, image: str, script: str, sessions: Path) -> Path:
+    """What an agent leaves: `script` run by bash (as root) in a container of the task's image; its change set."""
     name = f"tracefleet-test-session-{uuid.uuid4().hex[:8]}"
     try:
         runtime.run("run", "--name", name, "--entrypoint", "bash", image, "-c", script, timeout=120)
-        images.append(snapshot(runtime, name))
+        change_set(runtime, name, sessions / name)
     finally:
         runtime.remove(name)
-    return images[-1]
+    return sessions / name
 
 
 def test_the_reference_solution_passes_and_the_untouched_environment_fails(
@@ -62,12 +62,12 @@ def test_the_reference_solution_passes_and_the_untouched_environment_fails(
     assert "1 failed" in untouched.output_tail
     solved = agent_session(container_runtime, image, SOLVE_SH, sessions)
     start = time.monotonic()
-    verdict = verify(container_runtime, task, solved, log_dir=tmp_path / "verifier")
+    verdict = verify(container_runtime, task, image, changes=solved, log_dir=tmp_path / "verifier")
     took = time.monotonic() - start
     assert (verdict.status, verdict.reward, verdict.metrics) == ("ok", 1.0, {"reward": 1.0}), verdict
     assert verdict.exit_code == 0 and "1 passed" in verdict.output_tail
     assert (tmp_path / "verifier" / "reward.txt").read_text() == "1\n"
-    print(f"verify (pytest task, fresh container of a snapshot): {took:.2f} s")
+    print(f"verify (pytest task, fresh container of the image with the change set): {took:.2f} s")
 
 
 ATTACKS = {
@@ -90,6 +90,16 @@ ATTACKS = {
     "all-of-them": "true",
 }
 ATTACKS["all-of-them"] = " && ".join([*list(ATTACKS.values())[:-1], "printf 'import sys\\n' > /app/sitecustomize.py"])
+# The image's own programs, replaced by an agent running as root: python3 (a link to python3.11 in Debian) and
+# bash made to report a pass, a python3 earlier on PATH, a Python startup hook that ends every run with status 0.
+FAKE_PASS = "#!/bin/sh\\necho 1 passed\\nmkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\\nexit 0\\n"
+ATTACKS.update({
+    "replaced-python3": f"for p in /usr/bin/python3 /usr/bin/python3.11; do rm -f $p && printf '{FAKE_PASS}' > $p"
+                        " && chmod 755 $p; done",
+    "replaced-bash": f"rm -f /usr/bin/bash && printf '{FAKE_PASS}' > /usr/bin/bash && chmod 755 /usr/bin/bash",
+    "python3-on-path-first": f"printf '{FAKE_PASS}' > /usr/local/bin/python3 && chmod 755 /usr/local/bin/python3",
+    "startup-hook": "printf 'import os; os._exit(0)\\n' > /usr/lib/python3/dist-packages/zz.pth",
+})
 
 
 @pytest.mark.parametrize("attack", list(ATTACKS))
@@ -97,22 +107,29 @@ def test_a_tampering_agent_gains_nothing(attack: str, greet_task: tuple[HarborTa
                                          container_runtime: ContainerRuntime, sessions: list[str]) -> None:
     task, image = greet_task
     tampered = agent_session(container_runtime, image, ATTACKS[attack], sessions)
-    verdict = verify(container_runtime, task, tampered)
+    verdict = verify(container_runtime, task, image, changes=tampered)
     assert (verdict.status, verdict.reward) == ("ok", 0.0), verdict
     assert "1 failed" in verdict.output_tail, verdict.output_tail
 
 
-def test_the_shadowing_attack_is_real_without_the_hardening(
-        greet_task: tuple[HarborTask, str], container_runtime: ContainerRuntime, sessions: list[str],
-        tmp_path: Path) -> None:
-    """The control: the same test.sh in the same snapshot, run the plain way (no PYTHONSAFEPATH), pays the
-    shadowing pytest.py a reward of 1. So the test above fails if the hardening goes."""
+@pytest.mark.parametrize("attack", ["shadowing-pytest.py", "replaced-python3"])
+def test_the_attacks_are_real_in_the_agents_own_container(
+        attack: str, greet_task: tuple[HarborTask, str], container_runtime: ContainerRuntime, tmp_path: Path) -> None:
+    """The control: the same test.sh in the agent's own filesystem (a commit of its container), run the plain way
+    (no PYTHONSAFEPATH), pays the attack a reward of 1. So the test above fails if a measure goes."""
     task, image = greet_task
-    tampered = agent_session(container_runtime, image, ATTACKS["shadowing-pytest.py"], sessions)
+    name, snapshot = f"tracefleet-test-session-{uuid.uuid4().hex[:8]}", f"localhost/tracefleet-test-{attack.lower()}"
     shutil.copytree(task.tests_dir, tmp_path / "tests")
     (tmp_path / "logs").mkdir()
-    container_runtime.run("run", "--rm", "-v", f"{tmp_path / 'tests'}:/tests", "-v", f"{tmp_path / 'logs'}:/logs/verifier",
-                          "--entrypoint", "bash", tampered, "/tests/test.sh", timeout=120)
+    try:
+        container_runtime.run("run", "--name", name, "--entrypoint", "bash", image, "-c", ATTACKS[attack], timeout=120)
+        container_runtime.run("commit", name, snapshot, timeout=120)
+        container_runtime.run("run", "--rm", "-v", f"{tmp_path / 'tests'}:/tests", "-v",
+                              f"{tmp_path / 'logs'}:/logs/verifier", "--entrypoint", "bash", snapshot, "/tests/test.sh",
+                              timeout=120)
+    finally:
+        container_runtime.remove(name)
+        container_runtime.run("rmi", "-f", snapshot, check=False, timeout=120)
     assert (tmp_path / "logs" / "reward.txt").read_text() == "1\n"
 
 
@@ -191,3 +208,11 @@ def test_the_tasks_network_mode_and_verifier_env(tmp_path: Path, bash_image: str
     verdict = verify(container_runtime, task, bash_image)
     assert (verdict.status, verdict.reward) == ("ok", 1.0), verdict
     assert "nets: lo \n" in verdict.output_tail and "env: hi 1\n" in verdict.output_tail, verdict.output_tail
+
+
+def test_test_sh_runs_as_the_verifier_user(tmp_path: Path, bash_image: str, container_runtime: ContainerRuntime) -> None:
+    task = _bash_task(tmp_path, "as-nobody", 'echo "uid: $(id -u)"\necho 1 > /logs/verifier/reward.txt\n',
+                      toml_extra='user = "nobody"\n')
+    verdict = verify(container_runtime, task, bash_image)
+    assert (verdict.status, verdict.reward) == ("ok", 1.0), verdict
+    assert "uid: 65534\n" in verdict.output_tail, verdict.output_tail

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fixtures.harbor_tasks import ANSWER_AGENT_JS, ANSWER_TEST_SH, answer_task_toml
+from fixtures.harbor_tasks import ANSWER_AGENT_JS, ANSWER_TEST_SH, INSTRUCTION, MULTI, REPORT_JS, answer_task_toml
 from fixtures.pods import Kubelet, run_job_container, run_task_image_job, run_task_image_pod
 from tracefleet.bucket import open_bucket
 from tracefleet.contract import taskimage as ti
@@ -25,6 +25,21 @@ from tracefleet.runner.containers.runtime import BASE_IMAGE
 from tracefleet.traces.reader import BatchReader
 
 
+def harbor_job(name: str, bucket_name: str, engine, harness: dict) -> RolloutJob:  # noqa: ANN001 - the fixture's
+    """A RolloutJob on the task folders under s3://BUCKET/tasks, the `command` preset with `harness`'s fields."""
+    return RolloutJob.model_validate({
+        "apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob",
+        "metadata": {"name": name, "namespace": "default", "uid": f"0c1d2e3f-{name}"},
+        "spec": {
+            "inference": {"external": {"baseUrl": engine.url, "model": engine.model}, "capture": {"mode": "server"}},
+            "harness": {"preset": "command", "image": "reg.local/bundle:1", "sessionTimeoutSeconds": 120, **harness},
+            "tasks": {"harbor": {"uri": f"s3://{bucket_name}/tasks"}},
+            "output": {"uri": f"s3://{bucket_name}/runs", "credentialsSecretRef": {"name": "bucket-credentials"},
+                       "tracesPerBatch": 1},
+        },
+    })
+
+
 def test_harbor_session_runs_in_its_task_image_and_is_judged_by_its_tests(scripted_engine, s3, container_runtime,
                                                                           tmp_path: Path) -> None:
     scripted_engine.configure(no_tools_text="42")
@@ -33,19 +48,8 @@ def test_harbor_session_runs_in_its_task_image_and_is_judged_by_its_tests(script
     for rel, text in {"task.toml": answer_task_toml(), "instruction.md": "Write the answer to answer.txt.\n",
                       "tests/test.sh": ANSWER_TEST_SH}.items():
         source.put(rel, text.encode())
-    job = RolloutJob.model_validate({
-        "apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob",
-        "metadata": {"name": "hbpath", "namespace": "default", "uid": "0c1d2e3f-hbpath"},
-        "spec": {
-            "inference": {"external": {"baseUrl": scripted_engine.url, "model": scripted_engine.model},
-                          "capture": {"mode": "server"}},
-            "harness": {"preset": "command", "image": "reg.local/bundle:1", "sessionTimeoutSeconds": 120,
-                        "command": ["node", "-e", ANSWER_AGENT_JS, "{base_url_v1}", "{api_key}", "{model}", "{prompt}"]},
-            "tasks": {"harbor": {"uri": f"s3://{bucket_name}/tasks"}},
-            "output": {"uri": f"s3://{bucket_name}/runs", "credentialsSecretRef": {"name": "bucket-credentials"},
-                       "tracesPerBatch": 1},
-        },
-    })
+    job = harbor_job("hbpath", bucket_name, scripted_engine, {
+        "command": ["node", "-e", ANSWER_AGENT_JS, "{base_url_v1}", "{api_key}", "{model}", "{prompt}"]})
     cfg = OperatorConfig(bucket_endpoint=s3.endpoint)
     secret = {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}
     creds = {"bucket-credentials": secret}
@@ -84,3 +88,27 @@ def test_harbor_session_runs_in_its_task_image_and_is_judged_by_its_tests(script
     (trace,) = reader.read(reader.seqs()[-1]).traces()
     assert (trace.meta.reward, trace.meta.task_id, trace.meta.outcome) == (1.0, "answer", "ok")
     assert int(trace.loss_mask.sum()) > 0
+
+
+def test_harness_env_and_the_instruction_reach_the_operator_built_task_container_byte_for_byte(
+        scripted_engine, s3, container_runtime, tmp_path: Path) -> None:
+    """spec.harness.env and a Harbor instruction with newlines (the session container's env, the launch request it
+    writes, the task container's launcher) and task.toml's [environment].env (the task container's own env)."""
+    bucket_name = s3.create_bucket()
+    source = open_bucket(f"s3://{bucket_name}/tasks/env", **s3.bucket_options())
+    toml = answer_task_toml() + '[environment.env]\nTASK_ENV = "from task.toml"\n'
+    for rel, text in {"task.toml": toml, "instruction.md": INSTRUCTION, "tests/test.sh": ANSWER_TEST_SH}.items():
+        source.put(rel, text.encode())
+    job = harbor_job("hbenv", bucket_name, scripted_engine, {"command": ["node", "-e", REPORT_JS], "env": {"MULTI": MULTI}})
+    cfg = OperatorConfig(bucket_endpoint=s3.endpoint)
+    secret = {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}
+    (task,) = read_source(job.spec.tasks.harbor, secret, s3.endpoint).tasks
+    pod = harness_pod(job, cfg, session=0, attempt=0, harbor=task)
+    session, _, proxy_out = run_task_image_pod(
+        pod, Kubelet(tmp_path / "pod", {"bucket-credentials": secret}, pod["spec"]["volumes"]), container_runtime,
+        timeout_s=180)
+    assert session.returncode == 0, session.stdout + session.stderr + proxy_out
+    bucket = open_bucket(f"s3://{bucket_name}/runs", **s3.bucket_options())
+    report = json.loads(bucket.get("hbenv/sessions/0/artifacts/harness.stdout").decode().strip().splitlines()[-1])
+    assert (report["multi"], report["prompt"], report["task_env"], report["proxy"]) == (
+        MULTI, INSTRUCTION, "from task.toml", 200), report

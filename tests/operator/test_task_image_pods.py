@@ -23,7 +23,7 @@ from tracefleet.contract import taskimage as ti
 from tracefleet.contract.podenv import EvaluatorEnv
 from tracefleet.contract.session import EvaluatorSpec, HarnessConfig, SessionPlan, SessionResult, Task
 from tracefleet.runner.containers.bundle import make_bundle
-from tracefleet.operator.children.in_image import LAUNCHER, VERIFIER
+from tracefleet.harbor.in_image import LAUNCHER, VERIFIER
 from tracefleet.runner.containers.runtime import BASE_IMAGE, ContainerRuntime
 from tracefleet.contract.environment import HARDENED_PYTHON_ENV
 from tracefleet.runner.pod.harbor_verifier import fetch, report

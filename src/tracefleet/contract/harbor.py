@@ -58,6 +58,9 @@ HARBOR_NOT_YET = ("spec.tasks.harbor: Harbor task folders do not run in a job ye
                   "come next); `tracefleet validate` checks them and `tracefleet tasks build` builds their images")
 
 NetworkMode = Literal["no-network", "public", "allowlist"]
+# What a phase gets when task.toml names no network_mode anywhere: Harbor's default is "public"; tracefleet's is no
+# network (an agent under training reaches the proxy and nothing else unless its task says otherwise).
+DEFAULT_NETWORK: NetworkMode = "no-network"
 ALLOWED_HOSTS_MESSAGE = "allowed_hosts is only valid when network_mode='allowlist'"
 
 
@@ -93,6 +96,14 @@ class PhaseConfig(HarborModel):
 class VerifierConfig(PhaseConfig):
     timeout_sec: float = 600.0
     env: dict[str, str] = Field(default_factory=dict)
+    # Harbor's separate verifier environment (a container of its own, fed declared artifacts): read so that a task
+    # asking for it is refused in one line (tracefleet.harbor.folders), never judged the shared way by mistake.
+    environment_mode: Literal["shared", "separate"] | None = None
+    environment: dict[str, Any] | None = None
+
+    @property
+    def separate(self) -> bool:
+        return self.environment_mode == "separate" or (self.environment is not None and self.environment_mode is None)
 
     positive_timeout = field_validator("timeout_sec")(_positive)
 
@@ -154,6 +165,11 @@ class EnvironmentConfig(HarborModel):
         _check_network(self.network_mode, self.allowed_hosts)
         return self
 
+    def baseline_network(self) -> NetworkMode:
+        """network_mode as task.toml states it (legacy allow_internet included), else DEFAULT_NETWORK: the models
+        read a folder as Harbor does ("public" when unstated); what a session gets is decided here."""
+        return self.network_mode if "network_mode" in self.model_fields_set else DEFAULT_NETWORK
+
     def resource_quantities(self) -> dict[str, int | str]:
         """The task's resources as Kubernetes quantities (requests = limits: a task states what it needs)."""
         out: dict[str, int | str] = {}
@@ -178,6 +194,10 @@ class TaskConfig(HarborModel):
     environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
     source: str | None = None
     steps: list[dict[str, Any]] | None = None
+
+    def network(self, phase: Literal["agent", "verifier"]) -> NetworkMode:
+        """The network a phase runs with: its own network_mode, else the environment's baseline (Harbor's order)."""
+        return getattr(self, phase).network_mode or self.environment.baseline_network()
 
     @model_validator(mode="before")
     @classmethod

@@ -126,6 +126,10 @@ def check_task(folder: Path, label: str | None = None) -> tuple[HarborTask | Non
         problems.append(TaskProblem(f"{label}/{TESTS_DIR}/{TEST_SCRIPT}", "",
                                     "missing: the verifier runs it to score the session"))
     if config is not None:
+        if config.verifier.separate:
+            problems.append(TaskProblem(f"{label}/{TASK_CONFIG}", "verifier.environment",
+                                        "a separate verifier environment is not supported (tracefleet verifies in a "
+                                        "fresh container of the task's image with the agent's changes applied)"))
         if config.environment.os != "linux":
             problems.append(TaskProblem(f"{label}/{TASK_CONFIG}", "environment.os",
                                         f"{config.environment.os!r} tasks are not supported (linux only)"))
