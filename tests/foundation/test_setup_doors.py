@@ -12,7 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PARTS = sorted(p.name for p in (REPO / "hack" / "setup.d").glob("*.sh"))
-DOORS = {"quickstart", "train", "test"}
+DOORS = {"quickstart", "train", "test", "images"}
 
 
 def make_n(target: str) -> str:
