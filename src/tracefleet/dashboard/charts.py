@@ -1,0 +1,43 @@
+"""Curves as inline SVG, rendered on the server by pygal: no script, nothing fetched by the browser.
+
+Each point is a `.dot` in the SVG (up to DOTS_UP_TO points a series; a longer series is a line alone), so
+what the page draws can be counted in the browser.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import pygal
+from pygal.style import Style
+
+DOTS_UP_TO = 500
+_STYLE = Style(background="white", plot_background="white", font_family="system-ui, sans-serif",
+               colors=("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"))
+
+Series = Sequence[float | None]
+
+
+def line_chart(chart_id: str, title: str, x: Sequence[int], series: dict[str, Series], *, x_title: str = "",
+               y_range: tuple[float, float] | None = None) -> str:
+    """A <figure id=chart_id> holding one line per series over the x values (None: no point there)."""
+    longest = max((sum(v is not None for v in s) for s in series.values()), default=0)
+    chart = pygal.Line(
+        js=[],  # pygal's tooltips load a script from the network: the page works offline without it
+        disable_xml_declaration=True, explicit_size=True, width=640, height=260, style=_STYLE,
+        title=title, x_title=x_title, show_dots=longest <= DOTS_UP_TO, dots_size=2.5,
+        show_minor_x_labels=False, x_labels_major_count=min(len(x), 10) or None, truncate_legend=40,
+        legend_at_bottom=True, range=y_range, allow_interruptions=True, print_values=False,
+        no_data_text="no data yet",
+    )
+    chart.x_labels = [str(v) for v in x]
+    for name, values in series.items():
+        chart.add(name, list(values))
+    svg = chart.render(is_unicode=True)
+    points = " ".join(f'data-points-{_attr(name)}="{sum(v is not None for v in values)}"' for name, values in series.items())
+    return f'<figure class="chart" id="{html.escape(chart_id)}" {points}>{svg}</figure>'
+
+
+def _attr(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name.lower())
