@@ -32,18 +32,21 @@ class Refresher:
     def __init__(self, source: Source) -> None:
         self.source = source
         self._lock = threading.Lock()
-        self._at = 0.0
 
     def __call__(self) -> None:
         with self._lock:
-            if time.monotonic() - self._at >= REFRESH_EVERY_S:
+            if time.monotonic() - self.source.refreshed_at >= REFRESH_EVERY_S:
                 self.source.refresh()
-                self._at = time.monotonic()
 
 
 def create_app(source: Source) -> FastAPI:
     app = FastAPI(title="tracefleet dashboard", docs_url=None, redoc_url=None, openapi_url=None)
     refresh = Refresher(source)
+
+    @app.middleware("http")
+    async def pages_first(request: Request, call_next: Any) -> Any:
+        with source.serving():
+            return await call_next(request)
 
     def fragment(request: Request) -> bool:
         return request.headers.get("x-fragment") == "1"

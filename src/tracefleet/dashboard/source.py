@@ -17,7 +17,9 @@ import io
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,12 +98,16 @@ class JobSource:
     rows: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # by seq: one dict per trace
 
     def refresh(self) -> list[BatchManifest]:
-        """Every sealed batch's manifest, in seq order: one listing, and only the new manifests read."""
-        from tracefleet.traces.seal import sealed_seqs
-
-        for seq in sealed_seqs(self.view, self.name)[0]:
+        """Every sealed batch's manifest, in seq order: one listing of the seq folders (not of every object), and
+        only the new manifests read. A seq folder without its manifest is a batch being sealed: not there yet."""
+        seqs = [int(d) for d in self.view.list_dirs(layout.batches_prefix(self.name)) if _SEQ.match(d)]
+        for seq in sorted(seqs):
             if seq not in self.manifests:
-                self.manifests[seq] = BatchManifest.model_validate_json(self.view.get(layout.manifest_key(self.name, seq)))
+                try:
+                    data = self.view.get(layout.manifest_key(self.name, seq))
+                except ObjectNotFound:
+                    continue
+                self.manifests[seq] = BatchManifest.model_validate_json(data)
         return [self.manifests[s] for s in sorted(self.manifests)]
 
     def load_rows(self, seq: int) -> list[dict[str, Any]]:
@@ -161,6 +167,18 @@ class Source:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._loader: threading.Thread | None = None
+        self.refreshed_at = -float("inf")  # time.monotonic() of the last refresh
+        self._serving = 0  # pages being made: the background reader waits for them (the GIL is one)
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        with self._lock:
+            self._serving += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._serving -= 1
 
     # discovery ------------------------------------------------------------------------------------
     def discover(self) -> None:
@@ -213,6 +231,7 @@ class Source:
         self.discover()
         for job in list(self.jobs.values()):
             job.refresh()
+        self.refreshed_at = time.monotonic()
         self._wake.set()
 
     # rows, in the background ---------------------------------------------------------------------
@@ -233,6 +252,8 @@ class Source:
                 for seq in sorted(job.manifests):
                     if self._stop.is_set():
                         return
+                    while self._serving and not self._stop.is_set():
+                        time.sleep(0.02)
                     if seq not in job.rows:
                         try:
                             job.load_rows(seq)

@@ -1,0 +1,79 @@
+"""The dashboard's pages without a browser (FastAPI's test client): what discovery finds under a URI (jobs, a
+`tracefleet train` run folder with its loop.jsonl and held-out jobs, a job's own folder), the loop's per-step
+curves and the comparison of two loops, charts before any data, and the read-only view refusing writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from fixtures.sealed_jobs import synthetic_traces, write_batches
+from tracefleet.bucket import open_bucket
+from tracefleet.dashboard.app import create_app
+from tracefleet.dashboard.charts import line_chart
+from tracefleet.dashboard.figures import LOOP_FIGURES
+from tracefleet.dashboard.source import LOOP_LOG, ReadOnly, Source
+
+
+def loop_folder(run: Path, steps: int, reward0: float = 0.0) -> None:
+    """A `tracefleet train` run folder as the loop leaves it: loop.jsonl, its job's batches, held-out scores."""
+    write_batches(open_bucket(run / "batches"), "quickstart", synthetic_traces(0, 8, job="quickstart"), 4)
+    write_batches(open_bucket(run / "held-out-before"), "held", synthetic_traces(100, 4, job="held"), 4)
+    (run / "checkpoints" / "policy-1").mkdir(parents=True)
+    records = [{"step": i + 1, "version": i + 1, "reward_mean": reward0 + 0.1 * i, "groups": 4, "groups_with_signal": i % 3,
+                "loss": 0.5 - 0.01 * i, "clipped_share": 0.0, "mean_abs_dlogprob": 0.01, "sync_s": 2.5, "paused_s": 1.2,
+                "stale_tokens_masked": 0} for i in range(steps)]
+    (run / LOOP_LOG).write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": ')  # a line being written
+
+
+def test_jobs_and_loops_under_one_prefix(tmp_path: Path) -> None:
+    write_batches(open_bucket(tmp_path / "out"), "alpha", synthetic_traces(0, 12, job="alpha"), 4)
+    loop_folder(tmp_path / "out" / "runs" / "a", 5)
+    loop_folder(tmp_path / "out" / "runs" / "b", 3, reward0=0.3)
+    source = Source(str(tmp_path / "out"))
+    source.refresh()
+    assert sorted(source.jobs) == ["alpha", "runs/a/batches/quickstart", "runs/a/held-out-before/held",
+                                   "runs/b/batches/quickstart", "runs/b/held-out-before/held"]
+    assert sorted(source.loops) == ["runs/a", "runs/b"] and source.loops["runs/a"].jobs == ["runs/a/batches/quickstart"]
+    client = TestClient(create_app(source))
+    loop = client.get("/loop", params={"path": "runs/a"}).text
+    for key, _ in LOOP_FIGURES:
+        assert loop.count(f'id="chart-{key}"') == 1
+    assert 'data-points-reward-mean="5"' in loop and "Held-out reward" in loop
+    both = client.get("/compare", params={"a": "runs/a", "b": "runs/b"}).text
+    assert 'data-points-runs-a="5"' in both and 'data-points-runs-b="3"' in both
+    index = client.get("/").text
+    assert index.count('href="/job?') == 5 and index.count('href="/loop?') == 2 and "/compare?" in index
+    assert client.get("/api/job", params={"path": "alpha"}).json()["sessions"] == 12
+    assert client.get("/job", params={"path": "nope"}).status_code == 404
+
+
+def test_a_jobs_own_folder_and_a_folder_not_there_yet(tmp_path: Path) -> None:
+    write_batches(open_bucket(tmp_path / "out"), "alpha", synthetic_traces(0, 8, job="alpha"), 4)
+    own = Source(str(tmp_path / "out" / "alpha"))
+    own.refresh()
+    assert list(own.jobs) == ["alpha"] and len(own.jobs["alpha"].manifests) == 2
+    later = Source(str(tmp_path / "later"))
+    later.refresh()
+    assert not later.jobs and "nothing sealed" in TestClient(create_app(later)).get("/").text
+    assert not (tmp_path / "later").exists()  # looking did not create it
+
+
+def test_charts_before_any_point() -> None:
+    svg = line_chart("chart-x", "t", [0, 1], {"a": [None, None]})
+    assert "no data yet" in svg and 'data-points-a="0"' in svg
+    assert "<script" not in line_chart("chart-y", "t", [0, 1], {"a": [0.5, None]})  # nothing to fetch or run
+
+
+def test_the_view_refuses_every_write(tmp_path: Path) -> None:
+    write_batches(open_bucket(tmp_path / "out"), "alpha", synthetic_traces(0, 4, job="alpha"), 4)
+    source = Source(str(tmp_path / "out"))
+    source.refresh()
+    view = source.jobs["alpha"].view
+    for write in (lambda: view.put("x", b""), lambda: view.create_exclusive("x", b""), lambda: view.delete("x"),
+                  lambda: view.put_file("x", tmp_path)):
+        with pytest.raises(ReadOnly):
+            write()
