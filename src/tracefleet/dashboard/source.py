@@ -32,7 +32,7 @@ from tracefleet.contract.batch import BatchManifest
 LOOP_LOG = "loop.jsonl"  # a `tracefleet train` run's per-step records (tracefleet.trainer.loop)
 LOOP_BATCHES = "batches"  # a loop's own bucket folder inside its run folder
 # folders that never hold a job or a loop: a job's own parts, a loop's checkpoints and work folders
-_NOT_A_JOB = {layout.SESSIONS, layout.EVIDENCE_DIR, layout.OVERLAYS_DIR, layout.CONSUMERS, "checkpoints", "work"}
+_NOT_A_JOB = {layout.SESSIONS, layout.EVIDENCE_DIR, layout.OVERLAYS_DIR, layout.CONSUMERS, "checkpoints", "work", "tensorboard"}
 _SEQ = re.compile(r"^\d{6,}$")
 MAX_DEPTH = 5
 # a batch's columns the dashboard reads: scalars and short lists, not the token streams
