@@ -77,3 +77,25 @@ def test_the_view_refuses_every_write(tmp_path: Path) -> None:
                   lambda: view.put_file("x", tmp_path)):
         with pytest.raises(ReadOnly):
             write()
+
+
+def test_failed_and_quarantined_sessions_by_kind(tmp_path: Path) -> None:
+    traces = synthetic_traces(0, 8, job="alpha")
+    traces[0].meta.outcome, traces[0].meta.reward = "fail_closed", 0.0
+    traces[0].meta.fail_closed_reasons = ["session_timeout:harness"]
+    traces[5].meta.quarantined, traces[5].meta.reward = True, 0.0
+    traces[5].meta.diagnostics = [{"name": "protected_files", "severity": "error", "message": "edited the tests",
+                                   "action": "quarantine", "file": "test_calc.py"}]
+    write_batches(open_bucket(tmp_path / "out"), "alpha", traces, 4)
+    source = Source(str(tmp_path / "out"))
+    source.refresh()
+    for seq in source.jobs["alpha"].manifests:
+        source.jobs["alpha"].load_rows(seq)
+    client = TestClient(create_app(source))
+    page = client.get("/job", params={"path": "alpha"}).text
+    assert "<td>session_timeout:harness</td><td>1</td>" in page  # fail-closed reasons: sessions by reason
+    assert "<td>protected_files</td><td>1</td><td>1</td>" in page  # diagnostics: findings, quarantined
+    failed = page.split("class='failed'")[1].split("</table>")[0]
+    assert failed.count("/session?") == 2 and "sess-000000" in failed and "sess-000005" in failed
+    session = client.get("/session", params={"path": "alpha", "session": "sess-000005"}).text
+    assert "edited the tests" in session and "test_calc.py" in session

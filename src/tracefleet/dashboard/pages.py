@@ -154,18 +154,25 @@ def job_page(source: Source, job: JobSource, *, fragment: bool = False) -> str:
     body += "<h2>Diagnostics</h2>" + table(
         ["diagnostic", "findings", "sessions quarantined"],
         [[esc(k), str(f.findings[k]), str(f.quarantines[k])] for k in sorted(f.findings)])
-    sessions = []
+    newest: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
     for seq in sorted(rows_by_seq, reverse=True):
-        sessions += list(fig.sessions_of(rows_by_seq[seq]).values())
-        if len(sessions) >= SESSIONS_SHOWN:
-            break
-    srows = [[str(s["seq"]), link("/session", s["session_id"], path=job.path, session=s["session_id"]),
-              esc(s.get("task_id")), esc(num(s.get("reward"))), esc(s.get("outcome")),
-              esc(", ".join(s.get("fail_closed_reasons") or ())), str(len(s.get("diagnostics") or ())),
-              str(len(s["traces"]))] for s in sessions[:SESSIONS_SHOWN]]
-    body += (f"<h2>Sessions (newest {SESSIONS_SHOWN})</h2>"
-             + table(["batch", "session", "task", "reward", "outcome", "fail-closed", "findings", "traces"], srows, "sessions"))
+        for s in fig.sessions_of(rows_by_seq[seq]).values():
+            if len(newest) < SESSIONS_SHOWN:
+                newest.append(s)
+            if len(failed) < SESSIONS_SHOWN and (s.get("outcome") != "ok" or s.get("quarantined")):
+                failed.append(s)
+    head = ["batch", "session", "task", "reward", "outcome", "fail-closed", "findings", "traces"]
+    body += f"<h2>Failed or quarantined sessions (newest {SESSIONS_SHOWN})</h2>" + table(head, _session_rows(job, failed), "failed")
+    body += f"<h2>Sessions (newest {SESSIONS_SHOWN})</h2>" + table(head, _session_rows(job, newest), "sessions")
     return page(f"job {job.path}", source, body, fragment=fragment)
+
+
+def _session_rows(job: JobSource, sessions: list[dict[str, Any]]) -> list[list[str]]:
+    return [[str(s["seq"]), link("/session", s["session_id"], path=job.path, session=s["session_id"]),
+             esc(s.get("task_id")), esc(num(s.get("reward"))), esc(s.get("outcome")),
+             esc(", ".join(s.get("fail_closed_reasons") or ())), str(len(s.get("diagnostics") or ())),
+             str(len(s["traces"]))] for s in sessions]
 
 
 def session_page(source: Source, job: JobSource, session_id: str, *, fragment: bool = False) -> str:

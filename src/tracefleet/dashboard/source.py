@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -259,6 +260,9 @@ class Source:
                             job.load_rows(seq)
                         except BucketError:
                             break  # the bucket hiccuped: the next wake tries again
+                        except Exception as exc:  # noqa: BLE001 - one unreadable batch must not stop the others
+                            job.rows[seq] = []
+                            print(f"dashboard: batch {seq} of {job.path}: rows unreadable: {exc}", file=sys.stderr)
 
     def fingerprint(self) -> str:
         """Changes whenever what the pages show may have: new batches, new rows, a loop's new steps."""
