@@ -4,8 +4,8 @@
   open before anything is sealed and shows the job and its batches as they land, without a reload; when the
   run is done its counts are what `BatchReader` reads, the reward curve has one point per batch, and a
   session's trace opens on the trace page with its trainable tokens marked;
-- on a SeaweedFS bucket: the same counts over s3://, a batch sealed while the page is open appears without a
-  reload, and browsing every page leaves every object in the bucket as it was, a trainer's cursor included.
+- on the same run sealing into a SeaweedFS bucket, beside another job under the prefix: the same, over s3://;
+  then, with a trainer's cursor in the bucket, browsing every page leaves every object as it was.
 
 Screenshots are saved under each test's tmp dir (their paths are printed).
 """
@@ -60,10 +60,11 @@ class Dashboard:
         stop_process_group(self.proc)
 
 
-def quickstart_job(tmp: Path, output: Path) -> dict[str, Any]:
-    """The quickstart, sized down: its 3 tasks x 2 samples, 2 traces a batch (3 batches)."""
+def quickstart_job(tmp: Path, output: Path | str, tasks: int = 3) -> dict[str, Any]:
+    """The quickstart, sized down: its first `tasks` tasks x 2 samples, 2 traces a batch (a batch a task)."""
     shutil.copytree(QUICKSTART, tmp, dirs_exist_ok=True)
     job = yaml.safe_load((QUICKSTART / "job.yaml").read_text())
+    job["spec"]["tasks"]["inline"] = job["spec"]["tasks"]["inline"][:tasks]
     job["spec"]["tasks"]["samplesPerTask"] = 2
     job["spec"]["output"] = {"uri": str(output), "tracesPerBatch": 2}
     return job
@@ -128,52 +129,52 @@ def test_a_local_run_shows_live_and_matches_the_reader(cpu_engine: Any, tmp_path
         dash.close()
 
 
-def test_a_bucket_run_updates_live_and_is_never_written(s3: Any, tmp_path: Path) -> None:
+def test_a_bucket_run_updates_live_and_is_never_written(cpu_engine: Any, s3: Any, tmp_path: Path) -> None:
     name = s3.create_bucket()
     uri = f"s3://{name}/team"
     creds = {"endpoint_url": s3.endpoint, "access_key": s3.access_key, "secret_key": s3.secret_key}
     bucket = open_bucket(uri, **creds)
-    write_batches(bucket, "grpo", synthetic_traces(0, 16, job="grpo"), 4)
     write_batches(open_bucket(f"{uri}/other", **creds), "second", synthetic_traces(0, 4, job="second"), 4)
-    trainer = BatchReader(bucket, "grpo", consumer="trainer-0")
-    trainer.commit(trainer.read(1))  # a trainer that has consumed two batches
+    job = quickstart_job(tmp_path / "job", uri, tasks=2)
     client = s3.client()
-    early = snapshot_bucket(client, name)
-
     shots = tmp_path / "screenshots"
     shots.mkdir()
     dash = Dashboard(uri, tmp_path / "dashboard.log", env=s3.env())
     try:
-        with BrowserPage(tmp_path) as page:
+        with BrowserPage(tmp_path) as page, ThreadPoolExecutor(1) as pool:
             page.goto(dash.page("/"))
-            assert page.eval("document.querySelectorAll('a[href^=\"/job?\"]').length") == 2  # both jobs under the prefix
-            page.goto(dash.page("/job", path="grpo"))
-            page.wait_for(f"{count('rows-read')} === 4")
+            assert page.eval("document.querySelectorAll('a[href^=\"/job?\"]').length") == 1  # the other job
+            run = pool.submit(run_local, job, tmp_path / "job", engine_url=str(cpu_engine.url), env=s3.env(), timeout_s=300)
             page.eval("window.opened = true")
-            assert page.eval(count("batches")) == 4 and page.eval(count("sessions")) == 16
-            assert page.eval(DOTS.format("chart-reward")) == 4
-            # a batch sealed while the page is open
-            write_batches(bucket, "grpo", synthetic_traces(16, 4, job="grpo"), 4)
-            page.wait_for(f"{count('batches')} === 5 && {count('rows-read')} === 5", timeout_s=30)
-            assert page.eval("Number(document.body.dataset.updates) >= 1 && window.opened === true")
-            manifests = BatchReader(bucket, "grpo").batches()
-            assert page.eval(count("sessions")) == sum(m.sessions for m in manifests) == 20
+            page.wait_for("document.querySelectorAll('a[href^=\"/job?\"]').length === 2", timeout_s=240)
+            assert page.eval("window.opened === true")  # the run's first batch came without a reload
+            page.goto(dash.page("/job", path="quickstart"))
+            page.eval("window.opened = true")
+            seen_first = page.eval(count("batches"))
+            done, _ = run.result(timeout=300)
+            assert done.returncode == 0, done.stdout + done.stderr
+            manifests = BatchReader(bucket, "quickstart").batches()
+            n = len(manifests)
+            page.wait_for(f"{count('batches')} === {n} && {count('rows-read')} === {n}", timeout_s=60)
+            if seen_first < n:  # the page was opened before the last batch: it came without a reload
+                assert page.eval("Number(document.body.dataset.updates) >= 1 && window.opened === true")
+            assert page.eval(count("sessions")) == sum(m.sessions for m in manifests) == 4
             assert page.eval(count("tokens")) == sum(m.tokens for m in manifests)
-            assert page.eval(DOTS.format("chart-reward")) == 5
+            assert page.eval(DOTS.format("chart-reward")) == n
             page.screenshot(shots / "job-s3.png")
-            # every page, every link on them
+            trainer = BatchReader(bucket, "quickstart", consumer="trainer-0")
+            trainer.commit(trainer.read(1))  # a trainer that has consumed two batches
+            before = snapshot_bucket(client, name)
+            # every page, every link on them, and a few polls
             page.eval("document.querySelector('table.sessions a').click()")
             page.wait_for("location.pathname === '/session' && document.readyState === 'complete'")
             page.eval("document.querySelector('table.traces a').click()")
             page.wait_for("location.pathname === '/trace' && document.querySelectorAll('.smp').length > 0")
             page.goto(dash.page("/job", path="other/second"))
             page.goto(dash.page("/"))
-            time.sleep(2.5)  # a poll or two of the fingerprint
-        late = snapshot_bucket(client, name)  # what the test wrote (one batch), nothing else
-        assert {k: v for k, v in late.items() if k in early} == early
-        new = [f"team/grpo/batches/000004/{o.name}" for o in manifests[-1].objects] + ["team/grpo/batches/000004/manifest.json"]
-        assert sorted(set(late) - set(early)) == sorted(new)
-        assert json.loads(client.get_object(Bucket=name, Key="team/grpo/consumers/trainer-0.json")["Body"].read())["next_seq"] == 2
+            time.sleep(2.5)
+        assert snapshot_bucket(client, name) == before
+        assert json.loads(client.get_object(Bucket=name, Key="team/quickstart/consumers/trainer-0.json")["Body"].read())["next_seq"] == 2
         assert trainer.cursor() == 2
     finally:
         dash.close()

@@ -24,6 +24,8 @@ from tracefleet.dashboard import pages
 from tracefleet.dashboard.source import JobSource, LoopSource, Source
 
 REFRESH_EVERY_S = 1.0  # a listing at most this often, however many tabs poll
+# how long a page waits for new manifests: on a big bucket the rest arrive after it (the page then updates)
+MANIFEST_BUDGET_S = 1.0
 
 
 class Refresher:
@@ -36,7 +38,7 @@ class Refresher:
     def __call__(self) -> None:
         with self._lock:
             if time.monotonic() - self.source.refreshed_at >= REFRESH_EVERY_S:
-                self.source.refresh()
+                self.source.refresh(MANIFEST_BUDGET_S)
 
 
 def create_app(source: Source) -> FastAPI:

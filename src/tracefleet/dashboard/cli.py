@@ -23,13 +23,13 @@ def main(args: argparse.Namespace) -> int:
     import uvicorn
 
     from tracefleet.bucket import BucketError
-    from tracefleet.dashboard.app import create_app
+    from tracefleet.dashboard.app import MANIFEST_BUDGET_S, create_app
     from tracefleet.dashboard.source import Source
 
     options = {k: v for k, v in {"endpoint_url": args.endpoint_url, "profile": args.profile, "region": args.region}.items() if v}
     source = Source(str(args.uri), **(options if str(args.uri).startswith("s3://") else {}))
     try:
-        source.refresh()
+        source.refresh(MANIFEST_BUDGET_S)
     except BucketError as exc:
         raise SystemExit(str(exc)) from None
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)

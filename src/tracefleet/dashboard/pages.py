@@ -139,6 +139,8 @@ def job_page(source: Source, job: JobSource, *, fragment: bool = False) -> str:
                   ("failed", "sessions failed (fail-closed)", f.fail_closed), ("traces", "traces", f.traces),
                   ("tokens", "tokens", f.tokens), ("trainable", "trainable tokens", f.trainable_tokens),
                   ("quarantined", "sessions quarantined", f.quarantined), ("rows-read", "batches' rows read", len(rows_by_seq))])
+    if job.listed > f.batches:
+        body += f"<p class='muted' data-reading='1'>reading manifests: {f.batches:,} of {job.listed:,} batches so far</p>"
     signal = [fig.signal_share(rows_by_seq[s]) if s in rows_by_seq else None for s in f.seqs]
     body += "<h2>Curves</h2><div class='charts'>"
     body += line_chart("chart-reward", "mean reward per batch", f.seqs, {"reward": f.reward_mean}, x_title="batch")

@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.parquet as pq
 
-from tracefleet.bucket import BucketError, ObjectInfo, ObjectNotFound, open_bucket
+from tracefleet.bucket import BucketError, BucketNotFound, ObjectInfo, ObjectNotFound, open_bucket
 from tracefleet.contract import layout
 from tracefleet.contract.batch import BatchManifest
 
@@ -36,6 +38,7 @@ LOOP_BATCHES = "batches"  # a loop's own bucket folder inside its run folder
 _NOT_A_JOB = {layout.SESSIONS, layout.EVIDENCE_DIR, layout.OVERLAYS_DIR, layout.CONSUMERS, "checkpoints", "work", "tensorboard"}
 _SEQ = re.compile(r"^\d{6,}$")
 MAX_DEPTH = 5
+MANIFEST_READERS = 16
 # a batch's columns the dashboard reads: scalars and short lists, not the token streams
 ROW_COLUMNS = ["trace_id", "session_id", "task_id", "group_id", "sample_index", "reward", "evaluator_reward", "outcome",
                "fail_closed_reasons", "quarantined", "diagnostics", "new_root_reason", "num_tokens", "num_trainable"]
@@ -97,19 +100,33 @@ class JobSource:
     path: str
     manifests: dict[int, BatchManifest] = field(default_factory=dict)
     rows: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # by seq: one dict per trace
+    listed: int = 0  # seq folders at the last listing (a manifest or two may still be on its way)
+    _reading: set[int] = field(default_factory=set)  # seqs whose manifest is being read
 
-    def refresh(self) -> list[BatchManifest]:
-        """Every sealed batch's manifest, in seq order: one listing of the seq folders (not of every object), and
-        only the new manifests read. A seq folder without its manifest is a batch being sealed: not there yet."""
-        seqs = [int(d) for d in self.view.list_dirs(layout.batches_prefix(self.name)) if _SEQ.match(d)]
-        for seq in sorted(seqs):
-            if seq not in self.manifests:
-                try:
-                    data = self.view.get(layout.manifest_key(self.name, seq))
-                except ObjectNotFound:
-                    continue
-                self.manifests[seq] = BatchManifest.model_validate_json(data)
-        return [self.manifests[s] for s in sorted(self.manifests)]
+    def refresh(self, pool: ThreadPoolExecutor, budget_s: float | None = None) -> None:
+        """Read the manifests of the batches sealed since the last refresh: one listing of the seq folders (not of
+        every object), then the new manifests, MANIFEST_READERS at a time (on S3 each is a round trip), waiting at
+        most `budget_s` for them: the rest land while the page is already shown. A seq folder without its
+        manifest is a batch being sealed: not there yet."""
+        seqs = sorted(int(d) for d in self.view.list_dirs(layout.batches_prefix(self.name)) if _SEQ.match(d))
+        self.listed = len(seqs)
+        futures = []
+        for seq in seqs:
+            if seq not in self.manifests and seq not in self._reading:
+                self._reading.add(seq)
+                futures.append(pool.submit(self._read_manifest, seq))
+        if futures:
+            wait(futures, timeout=budget_s)
+
+    def _read_manifest(self, seq: int) -> None:
+        try:
+            self.manifests[seq] = BatchManifest.model_validate_json(self.view.get(layout.manifest_key(self.name, seq)))
+        except ObjectNotFound:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the next refresh tries again; the page shows what it has
+            print(f"dashboard: batch {seq} of {self.path}: manifest unreadable: {exc}", file=sys.stderr)
+        finally:
+            self._reading.discard(seq)
 
     def load_rows(self, seq: int) -> list[dict[str, Any]]:
         if seq not in self.rows:
@@ -158,7 +175,7 @@ class Source:
     """Everything under a URI, refreshed on demand; batch rows loaded in the background."""
 
     def __init__(self, uri: str, **bucket_options: Any) -> None:
-        self.uri = uri
+        self.uri = uri if uri.startswith("s3://") else os.path.abspath(uri.removeprefix("file://"))
         self._options = bucket_options
         self.view = open_view(uri, **bucket_options)
         self._root = ""  # the folder discovery starts in
@@ -168,6 +185,7 @@ class Source:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._loader: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(MANIFEST_READERS, thread_name_prefix="dashboard-manifests")
         self.refreshed_at = -float("inf")  # time.monotonic() of the last refresh
         self._serving = 0  # pages being made: the background reader waits for them (the GIL is one)
 
@@ -185,12 +203,8 @@ class Source:
     def discover(self) -> None:
         try:
             self.view.check()
-        except ObjectNotFound:
-            return
-        except BucketError as exc:
-            if "does not exist" in str(exc):
-                return  # not there yet: a run that has not sealed anything
-            raise
+        except BucketNotFound:
+            return  # not there yet: a run that has not sealed anything
         if self._root == "" and self._is_job(""):
             # the URI names one job's own folder: read it from the folder above, where the sealer's bucket is
             self.uri, self._root = self.uri.rstrip("/").rsplit("/", 1)
@@ -228,10 +242,11 @@ class Source:
             if d not in _NOT_A_JOB and not d.startswith("."):
                 self._walk(_join(prefix, d), depth + 1, jobs, loops)
 
-    def refresh(self) -> None:
+    def refresh(self, budget_s: float | None = None) -> None:
+        """Discover, and read new manifests, waiting at most `budget_s` for them (None: all)."""
         self.discover()
         for job in list(self.jobs.values()):
-            job.refresh()
+            job.refresh(self._pool, budget_s)
         self.refreshed_at = time.monotonic()
         self._wake.set()
 
@@ -244,6 +259,7 @@ class Source:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _load_rows(self) -> None:
         while not self._stop.is_set():
