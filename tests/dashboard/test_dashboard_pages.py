@@ -1,10 +1,14 @@
 """The dashboard's pages without a browser (FastAPI's test client): what discovery finds under a URI (jobs, a
 `tracefleet train` run folder with its loop.jsonl and held-out jobs, a job's own folder), the loop's per-step
-curves and the comparison of two loops, charts before any data, and the read-only view refusing writes."""
+curves and the comparison of two loops, failed and quarantined sessions by kind, charts before any data, the
+read-only view refusing writes, and a store it cannot reach said in one line."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,3 +103,11 @@ def test_failed_and_quarantined_sessions_by_kind(tmp_path: Path) -> None:
     assert failed.count("/session?") == 2 and "sess-000000" in failed and "sess-000005" in failed
     session = client.get("/session", params={"path": "alpha", "session": "sess-000005"}).text
     assert "edited the tests" in session and "test_calc.py" in session
+
+
+def test_a_store_it_cannot_reach_is_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    r = subprocess.run([sys.executable, "-m", "tracefleet.cli", "dashboard", "s3://rollouts/team", "--endpoint-url",
+                        "http://127.0.0.1:1", "--port", "0"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == "", r
+    assert r.stderr.startswith("tracefleet dashboard: cannot reach s3://rollouts/team") and r.stderr.count("\n") == 1, r.stderr
