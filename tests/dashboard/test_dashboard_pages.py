@@ -16,6 +16,8 @@ from fastapi.testclient import TestClient
 
 from fixtures.sealed_jobs import synthetic_traces, write_batches
 from tracefleet.bucket import open_bucket
+from tracefleet.contract.layout import evidence_key
+from tracefleet.diagnostics.evidence import SessionEvidence
 from tracefleet.dashboard.app import create_app
 from tracefleet.dashboard.charts import line_chart
 from tracefleet.dashboard.figures import LOOP_FIGURES
@@ -111,3 +113,16 @@ def test_a_store_it_cannot_reach_is_one_line(tmp_path: Path) -> None:
                         "http://127.0.0.1:1", "--port", "0"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == "", r
     assert r.stderr.startswith("tracefleet dashboard: cannot reach s3://rollouts/team") and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_finished_sessions_not_yet_sealed(tmp_path: Path) -> None:
+    bucket = open_bucket(tmp_path / "out")
+    write_batches(bucket, "alpha", synthetic_traces(0, 4, job="alpha"), 4)
+    for i in range(6):  # every finished session leaves its evidence; two of them are not in a batch yet
+        sid = f"sess-{i:06d}"
+        bucket.put(evidence_key("alpha", sid), SessionEvidence(job="alpha", session_id=sid, task_id="add").model_dump_json().encode())
+    source = Source(str(tmp_path / "out"))
+    source.refresh()
+    source.jobs["alpha"].count_finished()
+    page = TestClient(create_app(source)).get("/job", params={"path": "alpha"}).text
+    assert "data-count='sessions'>4<" in page and "data-count='waiting'>2<" in page

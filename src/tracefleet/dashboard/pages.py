@@ -135,7 +135,9 @@ def job_page(source: Source, job: JobSource, *, fragment: bool = False) -> str:
     manifests = [job.manifests[s] for s in sorted(job.manifests)]
     f = fig.job_figures(manifests)
     rows_by_seq = dict(job.rows)
-    body = cards([("batches", "batches", f.batches), ("sessions", "sessions done", f.sessions),
+    waiting = max(0, job.finished - f.sessions) if job.finished is not None else None
+    body = cards([("batches", "batches", f.batches), ("sessions", "sessions sealed", f.sessions),
+                  ("waiting", "finished, not yet sealed", waiting),
                   ("failed", "sessions failed (fail-closed)", f.fail_closed), ("traces", "traces", f.traces),
                   ("tokens", "tokens", f.tokens), ("trainable", "trainable tokens", f.trainable_tokens),
                   ("quarantined", "sessions quarantined", f.quarantined), ("rows-read", "batches' rows read", len(rows_by_seq))])

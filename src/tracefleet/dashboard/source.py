@@ -39,6 +39,7 @@ _NOT_A_JOB = {layout.SESSIONS, layout.EVIDENCE_DIR, layout.OVERLAYS_DIR, layout.
 _SEQ = re.compile(r"^\d{6,}$")
 MAX_DEPTH = 5
 MANIFEST_READERS = 16
+COUNT_FINISHED_EVERY_S = 5.0  # a listing of every session's evidence: not at every poll
 # a batch's columns the dashboard reads: scalars and short lists, not the token streams
 ROW_COLUMNS = ["trace_id", "session_id", "task_id", "group_id", "sample_index", "reward", "evaluator_reward", "outcome",
                "fail_closed_reasons", "quarantined", "diagnostics", "new_root_reason", "num_tokens", "num_trainable"]
@@ -101,6 +102,8 @@ class JobSource:
     manifests: dict[int, BatchManifest] = field(default_factory=dict)
     rows: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # by seq: one dict per trace
     listed: int = 0  # seq folders at the last listing (a manifest or two may still be on its way)
+    finished: int | None = None  # sessions with evidence in the bucket (written when a session finishes)
+    counted_at: float = -float("inf")
     _reading: set[int] = field(default_factory=set)  # seqs whose manifest is being read
 
     def refresh(self, pool: ThreadPoolExecutor, budget_s: float | None = None) -> None:
@@ -141,6 +144,11 @@ class JobSource:
                 r["seq"] = seq
             self.rows[seq] = rows
         return self.rows[seq]
+
+    def count_finished(self) -> None:
+        """Sessions that finished, sealed or not: their evidence objects (one listing of the evidence folder)."""
+        self.finished = sum(1 for _ in self.view.list(f"{layout.job_root(self.name)}/{layout.EVIDENCE_DIR}/"))
+        self.counted_at = time.monotonic()
 
     def evidence(self, session_id: str) -> dict[str, Any] | None:
         try:
@@ -266,6 +274,11 @@ class Source:
             self._wake.wait(timeout=5)
             self._wake.clear()
             for job in list(self.jobs.values()):
+                if time.monotonic() - job.counted_at >= COUNT_FINISHED_EVERY_S:
+                    try:
+                        job.count_finished()
+                    except BucketError:
+                        pass  # the next wake tries again
                 for seq in sorted(job.manifests):
                     if self._stop.is_set():
                         return
@@ -282,7 +295,7 @@ class Source:
 
     def fingerprint(self) -> str:
         """Changes whenever what the pages show may have: new batches, new rows, a loop's new steps."""
-        parts = [f"{p}:{len(j.manifests)}:{len(j.rows)}" for p, j in sorted(self.jobs.items())]
+        parts = [f"{p}:{len(j.manifests)}:{len(j.rows)}:{j.finished}" for p, j in sorted(self.jobs.items())]
         parts += [f"{path}:{len(loop.steps())}" for path, loop in sorted(self.loops.items())]
         return "|".join(parts)
 
