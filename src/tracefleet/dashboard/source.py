@@ -233,8 +233,9 @@ class Source:
         return layout.BATCHES in dirs and any(_SEQ.match(d) for d in self.view.list_dirs(_join(prefix, layout.BATCHES)))
 
     def _walk(self, prefix: str, depth: int, jobs: dict[str, tuple[str, str]], loops: dict[str, list[str]]) -> None:
-        dirs = self.view.list_dirs(prefix)
-        if prefix and self._is_job(prefix, dirs):
+        known = prefix in self.jobs  # its batches are listed by its own refresh: not again here
+        dirs = [] if known else self.view.list_dirs(prefix)
+        if known or prefix and self._is_job(prefix, dirs):
             parent, _, name = prefix.rpartition("/")
             jobs[prefix] = (parent, name)
             return
