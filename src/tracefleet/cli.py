@@ -51,6 +51,8 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                "put a trainer's new weights into a running job's engine(s): pause, load, version, resume"),
     Subcommand("train", "tracefleet.trainer.loop_cli",
                "the whole loop here: vLLM (CPU), the job's sessions, a GRPO trainer syncing its weights into the engine"),
+    Subcommand("dashboard", "tracefleet.dashboard.cli",
+               "a live read-only web page of the jobs and training loops in a folder or bucket", server=True),
     Subcommand("crd", "tracefleet.api.cli_crd", "write the RolloutJob CRD generated from the API model"),
     Subcommand("tasks", "tracefleet.runner.containers.cli",
                "build Harbor task folders' environment images (named by content, cached, optionally pushed)"),

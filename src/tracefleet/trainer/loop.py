@@ -309,6 +309,7 @@ class Loop:
     def _train(self, job: Any, engine_url: str, model_dir: Path, run_dir: Path, result: LoopResult) -> None:
         import torch
 
+        from tracefleet.dashboard.tensorboard import StepLogger
         from tracefleet.traces import BatchReader
         from tracefleet.trainer.control import update_policy
         from tracefleet.trainer.grpo import grpo_step, load_policy, save_weights, trainable
@@ -335,6 +336,7 @@ class Loop:
         hold = GenerationHold(engine_url, reader, o.max_lag)
         version = 0
         log = open(run_dir / "loop.jsonl", "a")  # noqa: SIM115
+        board = StepLogger(run_dir, self.err)  # the same figures as TensorBoard event files (RUN/tensorboard/)
         try:
             for batch in reader.follow(poll_s=POLL_S, timeout_s=None):
                 t_step = time.monotonic()
@@ -366,6 +368,7 @@ class Loop:
                 result.steps.append(step)
                 print(step_line(step), file=self.out, flush=True)
                 log.write(json.dumps(step) + "\n")
+                board.log(step)
                 log.flush()
                 if len(result.steps) >= o.iterations or time.monotonic() >= deadline:
                     break
@@ -373,6 +376,7 @@ class Loop:
                     break  # the rollouts ended (every round ran, or it failed: see below)
         finally:
             log.close()
+            board.close()
             hold.release()  # never leave the engine paused: the held-out scoring, or its owner, samples next
             self.say("stopping the rollouts (running sessions are killed, finished ones sealed) ...")
             rollouts.join()

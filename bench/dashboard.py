@@ -1,0 +1,130 @@
+"""The dashboard's first view on a big job: 10,000 sessions sealed in 2,500 batches (4 a batch), in a local folder
+(and with --s3, in a SeaweedFS bucket: slower to set up).
+
+    .venv/bin/python bench/dashboard.py [--sessions 10000] [--per-batch 4] [--s3]
+
+The first view is what `tracefleet dashboard URI` does before a person sees the job: discover the jobs, read the
+manifests, serve the overview and the job's page (counts and the reward curve from manifests). The batch rows
+(for the signal share, per task success and the sessions list) are read by the background reader, which runs
+during the measurement as it does in the command; the bench counts the objects read to show the first view
+reads manifests, not batches, and then says how long the rows of every batch took to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from fixtures.sealed_jobs import synthetic_traces, write_batches  # noqa: E402
+from tracefleet.bucket import open_bucket  # noqa: E402
+from tracefleet.dashboard.app import MANIFEST_BUDGET_S, create_app  # noqa: E402
+from tracefleet.dashboard.source import Source  # noqa: E402
+
+JOB = "big"
+
+
+class Counting:
+    """Counts the objects a bucket is asked for, by kind."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.manifests = self.data = self.other = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def get(self, key: str) -> bytes:
+        if key.endswith("manifest.json"):
+            self.manifests += 1
+        elif key.endswith(".parquet"):
+            self.data += 1
+        else:
+            self.other += 1
+        return self.inner.get(key)  # type: ignore[attr-defined]
+
+
+def first_view(uri: str, options: dict[str, object]) -> None:
+    """As `tracefleet dashboard` does it: discover and read manifests (waiting at most MANIFEST_BUDGET_S for them),
+    start the background reader, then a person opens the overview and the job's page."""
+    source = Source(uri, **options)
+    counting = Counting(source.view.inner)
+    source.view.inner = counting
+    started = time.perf_counter()
+    source.refresh(MANIFEST_BUDGET_S)
+    discovered = time.perf_counter()
+    source.start()
+    client = TestClient(create_app(source))
+    index = client.get("/")
+    page = client.get("/job", params={"path": JOB})
+    done = time.perf_counter()
+    assert index.status_code == 200 and page.status_code == 200, page.text[:500]
+    f = source.jobs[JOB]
+    shown = int(re.search(r"data-count='batches'>([\d,]+)<", page.text).group(1).replace(",", ""))  # type: ignore[union-attr]
+    print(f"first view: {done - started:.2f} s (discovery + manifests {discovered - started:.2f} s, overview + job page "
+          f"{done - discovered:.2f} s); the job page shows {shown} of {f.listed} batches; objects read: "
+          f"{counting.manifests} manifests, {counting.data} batch data objects (by the background reader meanwhile)")
+    while len(f.manifests) < f.listed:
+        time.sleep(0.05)
+        source.refresh(MANIFEST_BUDGET_S)
+    print(f"every manifest read {time.perf_counter() - started:.2f} s from the start")
+    t = time.perf_counter()
+    while len(f.rows) < len(f.manifests):
+        time.sleep(0.1)
+    print(f"background reader: every batch's rows in {time.perf_counter() - started:.1f} s from the start "
+          f"({time.perf_counter() - t:.1f} s after the last manifest)")
+    t = time.perf_counter()
+    full = client.get("/job", params={"path": JOB})
+    print(f"job page with every batch's rows (signal, per task, sessions): {time.perf_counter() - t:.2f} s")
+    assert full.status_code == 200
+    source.stop()
+
+
+def write(bucket: object, sessions: int, per_batch: int, chunk: int = 1000) -> None:
+    """The job's batches, made a chunk of sessions at a time: the bench's process then holds no 10,000 traces
+    (their objects would slow every garbage collection the measured pages trigger)."""
+    for first in range(0, sessions, chunk):
+        write_batches(bucket, JOB, synthetic_traces(first, min(chunk, sessions - first), job=JOB), per_batch)
+    gc.collect()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=10_000)
+    parser.add_argument("--per-batch", type=int, default=4)
+    parser.add_argument("--s3", action="store_true", help="also in a SeaweedFS bucket")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-dashboard-") as tmp:
+        root = Path(tmp) / "out"
+        t = time.perf_counter()
+        write(open_bucket(root), args.sessions, args.per_batch)
+        print(f"{args.sessions} sessions in {-(-args.sessions // args.per_batch)} batches written in {time.perf_counter() - t:.0f} s")
+        print("== local folder")
+        first_view(str(root), {})
+        if args.s3:
+            from fixtures.s3 import start_seaweedfs
+
+            server = start_seaweedfs(Path(tmp) / "seaweed")
+            try:
+                name = server.create_bucket()
+                creds = {"endpoint_url": server.endpoint, "access_key": server.access_key, "secret_key": server.secret_key}
+                t = time.perf_counter()
+                write(open_bucket(f"s3://{name}/bench", **creds), args.sessions, args.per_batch)
+                print(f"written to SeaweedFS in {time.perf_counter() - t:.0f} s")
+                print("== SeaweedFS")
+                first_view(f"s3://{name}/bench", creds)
+            finally:
+                server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

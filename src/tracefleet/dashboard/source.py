@@ -1,0 +1,305 @@
+"""What the dashboard reads: the jobs and training loops under one URI, through a read-only view of the bucket.
+
+Discovery walks folders (`list_dirs`), never every object: a job is a folder whose `batches/` holds sealed
+seq folders (tracefleet.contract.layout), a loop is a `tracefleet train` run folder (it holds `loop.jsonl`,
+its job's batches under `batches/<job>/`). Manifests are read first and kept (a sealed batch never changes),
+so a view costs one listing per job plus the manifests sealed since the last one. A batch's rows (the
+scalar columns only, never the token lists) are read by a background thread, oldest first, for what
+manifests do not hold: groups with signal, per task success, fail-closed reasons, the sessions.
+
+Nothing here writes: the view refuses every write, and no cursor is read or moved (the dashboard reads
+batches by seq, not as a consumer).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from tracefleet.bucket import BucketError, BucketNotFound, ObjectInfo, ObjectNotFound, open_bucket
+from tracefleet.contract import layout
+from tracefleet.contract.batch import BatchManifest
+
+LOOP_LOG = "loop.jsonl"  # a `tracefleet train` run's per-step records (tracefleet.trainer.loop)
+LOOP_BATCHES = "batches"  # a loop's own bucket folder inside its run folder
+# folders that never hold a job or a loop: a job's own parts, a loop's checkpoints and work folders
+_NOT_A_JOB = {layout.SESSIONS, layout.EVIDENCE_DIR, layout.OVERLAYS_DIR, layout.CONSUMERS, "checkpoints", "work", "tensorboard"}
+_SEQ = re.compile(r"^\d{6,}$")
+MAX_DEPTH = 5
+MANIFEST_READERS = 16
+COUNT_FINISHED_EVERY_S = 5.0  # a listing of every session's evidence: not at every poll
+# a batch's columns the dashboard reads: scalars and short lists, not the token streams
+ROW_COLUMNS = ["trace_id", "session_id", "task_id", "group_id", "sample_index", "reward", "evaluator_reward", "outcome",
+               "fail_closed_reasons", "quarantined", "diagnostics", "new_root_reason", "num_tokens", "num_trainable"]
+
+
+class ReadOnly(BucketError):
+    """The dashboard tried to write: it never may."""
+
+
+class ReadOnlyView:
+    """A bucket seen under `prefix`, for reading only: every write raises ReadOnly."""
+
+    def __init__(self, inner: Any, prefix: str = "") -> None:
+        self.inner = inner
+        self.prefix = prefix.strip("/")
+        self.uri = inner.uri.rstrip("/") + (f"/{self.prefix}" if self.prefix else "")
+
+    def _k(self, key: str) -> str:
+        return "/".join(p for p in (self.prefix, key.strip("/")) if p)
+
+    def scoped(self, prefix: str) -> ReadOnlyView:
+        return ReadOnlyView(self.inner, self._k(prefix))
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(self._k(key))
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(self._k(key))
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        cut = len(self.prefix) + 1 if self.prefix else 0
+        for obj in self.inner.list(self._k(prefix)):
+            yield ObjectInfo(key=obj.key[cut:], size=obj.size)
+
+    def list_dirs(self, prefix: str = "") -> list[str]:
+        return self.inner.list_dirs(self._k(prefix))
+
+    def check(self) -> None:
+        self.inner.check()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise ReadOnly(f"the dashboard reads {self.uri} and never writes to it")
+
+    put = put_file = create_exclusive = delete = _refuse
+
+
+def open_view(uri: str, **options: Any) -> ReadOnlyView:
+    if not str(uri).startswith("s3://"):
+        options = {"create": False}
+    return ReadOnlyView(open_bucket(uri, **options))
+
+
+@dataclass
+class JobSource:
+    """One job: `path` is its folder under the URI (the key the pages name it by)."""
+
+    view: ReadOnlyView  # the job's bucket (the folder holding the job's folder)
+    name: str
+    path: str
+    manifests: dict[int, BatchManifest] = field(default_factory=dict)
+    rows: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # by seq: one dict per trace
+    listed: int = 0  # seq folders at the last listing (a manifest or two may still be on its way)
+    finished: int | None = None  # sessions with evidence in the bucket (written when a session finishes)
+    counted_at: float = -float("inf")
+    _reading: set[int] = field(default_factory=set)  # seqs whose manifest is being read
+
+    def refresh(self, pool: ThreadPoolExecutor, budget_s: float | None = None) -> None:
+        """Read the manifests of the batches sealed since the last refresh: one listing of the seq folders (not of
+        every object), then the new manifests, MANIFEST_READERS at a time (on S3 each is a round trip), waiting at
+        most `budget_s` for them: the rest land while the page is already shown. A seq folder without its
+        manifest is a batch being sealed: not there yet."""
+        seqs = sorted(int(d) for d in self.view.list_dirs(layout.batches_prefix(self.name)) if _SEQ.match(d))
+        self.listed = len(seqs)
+        futures = []
+        for seq in seqs:
+            if seq not in self.manifests and seq not in self._reading:
+                self._reading.add(seq)
+                futures.append(pool.submit(self._read_manifest, seq))
+        if futures:
+            wait(futures, timeout=budget_s)
+
+    def _read_manifest(self, seq: int) -> None:
+        try:
+            self.manifests[seq] = BatchManifest.model_validate_json(self.view.get(layout.manifest_key(self.name, seq)))
+        except ObjectNotFound:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the next refresh tries again; the page shows what it has
+            print(f"dashboard: batch {seq} of {self.path}: manifest unreadable: {exc}", file=sys.stderr)
+        finally:
+            self._reading.discard(seq)
+
+    def load_rows(self, seq: int) -> list[dict[str, Any]]:
+        if seq not in self.rows:
+            manifest = self.manifests[seq]
+            rows: list[dict[str, Any]] = []
+            for obj in manifest.objects:
+                data = self.view.get(layout.batch_object_key(self.name, seq, obj.name))
+                schema = pq.read_schema(io.BytesIO(data))
+                columns = [c for c in ROW_COLUMNS if c in schema.names]
+                rows += pq.read_table(io.BytesIO(data), columns=columns).to_pylist()
+            for r in rows:
+                r["seq"] = seq
+            self.rows[seq] = rows
+        return self.rows[seq]
+
+    def count_finished(self) -> None:
+        """Sessions that finished, sealed or not: their evidence objects (one listing of the evidence folder)."""
+        self.finished = sum(1 for _ in self.view.list(f"{layout.job_root(self.name)}/{layout.EVIDENCE_DIR}/"))
+        self.counted_at = time.monotonic()
+
+    def evidence(self, session_id: str) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.view.get(layout.evidence_key(self.name, session_id)))
+        except ObjectNotFound:
+            return None
+
+
+@dataclass
+class LoopSource:
+    """One `tracefleet train` run folder: its steps (loop.jsonl) and its job(s) under `batches/`."""
+
+    view: ReadOnlyView  # the run folder
+    path: str
+    jobs: list[str] = field(default_factory=list)  # paths of its jobs
+
+    def steps(self) -> list[dict[str, Any]]:
+        try:
+            text = self.view.get(LOOP_LOG).decode("utf-8", "replace")
+        except ObjectNotFound:
+            return []
+        out = []
+        for line in text.splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a line being written
+        return out
+
+
+class Source:
+    """Everything under a URI, refreshed on demand; batch rows loaded in the background."""
+
+    def __init__(self, uri: str, **bucket_options: Any) -> None:
+        self.uri = uri if uri.startswith("s3://") else os.path.abspath(uri.removeprefix("file://"))
+        self._options = bucket_options
+        self.view = open_view(uri, **bucket_options)
+        self._root = ""  # the folder discovery starts in
+        self.jobs: dict[str, JobSource] = {}
+        self.loops: dict[str, LoopSource] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._loader: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(MANIFEST_READERS, thread_name_prefix="dashboard-manifests")
+        self.refreshed_at = -float("inf")  # time.monotonic() of the last refresh
+        self._serving = 0  # pages being made: the background reader waits for them (the GIL is one)
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        with self._lock:
+            self._serving += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._serving -= 1
+
+    # discovery ------------------------------------------------------------------------------------
+    def discover(self) -> None:
+        try:
+            self.view.check()
+        except BucketNotFound:
+            return  # not there yet: a run that has not sealed anything
+        if self._root == "" and self._is_job(""):
+            # the URI names one job's own folder: read it from the folder above, where the sealer's bucket is
+            self.uri, self._root = self.uri.rstrip("/").rsplit("/", 1)
+            self.view = open_view(self.uri, **self._options)
+        found_jobs: dict[str, tuple[str, str]] = {}
+        found_loops: dict[str, list[str]] = {}
+        self._walk(self._root, 0, found_jobs, found_loops)
+        with self._lock:
+            for path, (parent, name) in found_jobs.items():
+                if path not in self.jobs:
+                    self.jobs[path] = JobSource(self.view.scoped(parent), name, path)
+            for path, jobs in found_loops.items():
+                loop = self.loops.setdefault(path, LoopSource(self.view.scoped(path), path))
+                loop.jobs = jobs
+
+    def _is_job(self, prefix: str, dirs: list[str] | None = None) -> bool:
+        dirs = self.view.list_dirs(prefix) if dirs is None else dirs
+        return layout.BATCHES in dirs and any(_SEQ.match(d) for d in self.view.list_dirs(_join(prefix, layout.BATCHES)))
+
+    def _walk(self, prefix: str, depth: int, jobs: dict[str, tuple[str, str]], loops: dict[str, list[str]]) -> None:
+        known = prefix in self.jobs  # its batches are listed by its own refresh: not again here
+        dirs = [] if known else self.view.list_dirs(prefix)
+        if known or prefix and self._is_job(prefix, dirs):
+            parent, _, name = prefix.rpartition("/")
+            jobs[prefix] = (parent, name)
+            return
+        if self.view.exists(_join(prefix, LOOP_LOG)):
+            loop_jobs: dict[str, tuple[str, str]] = {}
+            self._walk(_join(prefix, LOOP_BATCHES), depth + 1, loop_jobs, loops)
+            jobs.update(loop_jobs)
+            loops[prefix] = sorted(loop_jobs)
+            dirs = [d for d in dirs if d != LOOP_BATCHES]
+        if depth >= MAX_DEPTH:
+            return
+        for d in dirs:
+            if d not in _NOT_A_JOB and not d.startswith("."):
+                self._walk(_join(prefix, d), depth + 1, jobs, loops)
+
+    def refresh(self, budget_s: float | None = None) -> None:
+        """Discover, and read new manifests, waiting at most `budget_s` for them (None: all)."""
+        self.discover()
+        for job in list(self.jobs.values()):
+            job.refresh(self._pool, budget_s)
+        self.refreshed_at = time.monotonic()
+        self._wake.set()
+
+    # rows, in the background ---------------------------------------------------------------------
+    def start(self) -> Source:
+        self._loader = threading.Thread(target=self._load_rows, name="dashboard-rows", daemon=True)
+        self._loader.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _load_rows(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(timeout=5)
+            self._wake.clear()
+            for job in list(self.jobs.values()):
+                if time.monotonic() - job.counted_at >= COUNT_FINISHED_EVERY_S:
+                    try:
+                        job.count_finished()
+                    except BucketError:
+                        pass  # the next wake tries again
+                for seq in sorted(job.manifests):
+                    if self._stop.is_set():
+                        return
+                    while self._serving and not self._stop.is_set():
+                        time.sleep(0.02)
+                    if seq not in job.rows:
+                        try:
+                            job.load_rows(seq)
+                        except BucketError:
+                            break  # the bucket hiccuped: the next wake tries again
+                        except Exception as exc:  # noqa: BLE001 - one unreadable batch must not stop the others
+                            job.rows[seq] = []
+                            print(f"dashboard: batch {seq} of {job.path}: rows unreadable: {exc}", file=sys.stderr)
+
+    def fingerprint(self) -> str:
+        """Changes whenever what the pages show may have: new batches, new rows, a loop's new steps."""
+        parts = [f"{p}:{len(j.manifests)}:{len(j.rows)}:{j.finished}" for p, j in sorted(self.jobs.items())]
+        parts += [f"{path}:{len(loop.steps())}" for path, loop in sorted(self.loops.items())]
+        return "|".join(parts)
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))

@@ -1,0 +1,44 @@
+"""The chart's dashboard (charts/tracefleet/templates/dashboard.yaml): off by default; when enabled, a Deployment
+running `tracefleet dashboard` on the values' URI with the bucket's credentials and a Service in front, on labels
+of its own (the operator's Services never select it); enabled without a URI, one line says what is missing."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from fixtures.controlplane import controlplane_bin_dir
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "tracefleet"
+
+
+def helm_template(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(controlplane_bin_dir() / "helm"), "template", "rel", str(CHART), "--namespace", "tf-system",
+                           "--kube-version", "v1.35.4", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_chart_runs_the_dashboard_when_enabled() -> None:
+    off = helm_template()
+    assert off.returncode == 0 and "dashboard" not in off.stdout
+    on = helm_template("--set", "dashboard.enabled=true", "--set", "dashboard.uri=s3://rollouts/team",
+                       "--set", "dashboard.credentialsSecret=bucket-readonly", "--set", "dashboard.endpointUrl=http://weed:8333")
+    assert on.returncode == 0, on.stderr
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(on.stdout) if d}
+    dep, svc = docs[("Deployment", "rel-tracefleet-dashboard")], docs[("Service", "rel-tracefleet-dashboard")]
+    pod = dep["spec"]["template"]["spec"]
+    (ctr,) = pod["containers"]
+    assert ctr["command"] == ["tracefleet", "dashboard"]
+    assert ctr["args"] == ["s3://rollouts/team", "--host=0.0.0.0", "--port=8090", "--endpoint-url=http://weed:8333"]
+    assert ctr["envFrom"] == [{"secretRef": {"name": "bucket-readonly"}}] and pod["automountServiceAccountToken"] is False
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items() and svc["spec"]["ports"][0]["port"] == 8090
+    operator_selectors = [d["spec"]["selector"] for (kind, name), d in docs.items() if kind == "Service" and "dashboard" not in name]
+    assert operator_selectors and not any(s.items() <= labels.items() for s in operator_selectors)
+
+
+def test_enabled_without_a_uri_says_so() -> None:
+    r = helm_template("--set", "dashboard.enabled=true")
+    assert r.returncode != 0 and "dashboard.enabled needs dashboard.uri" in r.stderr
