@@ -126,25 +126,40 @@ def step_line(s: dict[str, Any]) -> str:
 def repeated_job(job: Any, base_dir: Path, rounds: int, traces_per_step: int | None) -> Any:
     """`job` with its tasks repeated `rounds` times (ids <task>-r<k>: each round is a new group per task, the
     rounds in order), sealed `traces_per_step` traces per batch."""
-    from tracefleet.contract.job import TaskSpec, Tasks
-
     spec = job.spec
-    if spec.tasks.inline:
-        tasks = list(spec.tasks.inline)
-    elif spec.tasks.uri and "://" not in spec.tasks.uri:
-        path = Path(spec.tasks.uri)
-        text = (path if path.is_absolute() else base_dir / path).read_text()
-        tasks = [TaskSpec.model_validate(json.loads(line)) for line in text.splitlines() if line.strip()]
-    else:
-        raise UsageError("tracefleet train repeats the job's tasks: give them as spec.tasks.inline or a local "
-                         "spec.tasks.uri file")
+    tasks = job_tasks(job, base_dir)
     per_round = len(tasks)
     rounds = max(1, min(rounds, 1000 // per_round))  # Tasks.inline holds at most 1000
     repeated = [t.model_copy(update={"id": f"{t.id}{ROUND_SEP}{k}"}) for k in range(rounds) for t in tasks]
-    output = spec.output.model_copy(update={"traces_per_batch": traces_per_step or spec.output.traces_per_batch})
-    new_spec = spec.model_copy(update={"tasks": Tasks(inline=repeated, samples_per_task=spec.tasks.samples_per_task),
-                                       "output": output})
-    return job.model_copy(update={"spec": new_spec})
+    return with_tasks(job, repeated, spec.tasks.samples_per_task, traces_per_step or spec.output.traces_per_batch)
+
+
+def job_tasks(job: Any, base_dir: Path) -> list[Any]:
+    """The job's tasks (TaskSpec), inline or from a local spec.tasks.uri file (relative to `base_dir`)."""
+    from tracefleet.contract.job import TaskSpec
+
+    spec = job.spec
+    if spec.tasks.inline:
+        return list(spec.tasks.inline)
+    if spec.tasks.uri and "://" not in spec.tasks.uri:
+        path = Path(spec.tasks.uri)
+        text = (path if path.is_absolute() else base_dir / path).read_text()
+        return [TaskSpec.model_validate(json.loads(line)) for line in text.splitlines() if line.strip()]
+    raise UsageError("tracefleet train reads the job's tasks: give them as spec.tasks.inline or a local "
+                     "spec.tasks.uri file")
+
+
+def with_tasks(job: Any, tasks: list[Any], samples_per_task: int, traces_per_batch: int, name: str | None = None) -> Any:
+    """`job` running `tasks` inline, `samples_per_task` each, sealed `traces_per_batch` per batch (renamed `name`)."""
+    from tracefleet.contract.job import Tasks
+
+    spec = job.spec
+    output = spec.output.model_copy(update={"traces_per_batch": traces_per_batch})
+    new_spec = spec.model_copy(update={"tasks": Tasks(inline=tasks, samples_per_task=samples_per_task), "output": output})
+    update: dict[str, Any] = {"spec": new_spec}
+    if name is not None:
+        update["metadata"] = job.metadata.model_copy(update={"name": name})
+    return job.model_copy(update=update)
 
 
 def check_job(path: Path, what: str) -> None:
