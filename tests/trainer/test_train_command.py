@@ -13,6 +13,7 @@ from tracefleet.trainer.loop import repeated_job
 
 REPO = Path(__file__).resolve().parents[2]
 LOOP_JOB = REPO / "examples" / "loop" / "job.yaml"
+HARNESS_JOB = REPO / "examples" / "harness-train" / "job.yaml"
 
 
 def test_the_loop_job_repeats_the_tasks_in_rounds_each_its_own_group() -> None:
@@ -37,9 +38,16 @@ def test_train_says_what_is_wrong_in_one_line(tmp_path: Path, capsys: Any) -> No
         (["train", str(LOOP_JOB), "--minutes", "0"], "--minutes must be more than 0"),
         (["train", str(other)], "trains a shipped model on this machine (smollm2); the job serves 'Qwen/Qwen3-8B'"),
         (["train", str(LOOP_JOB), "--held-out", str(tmp_path)], "is a directory"),
+        (["train", str(LOOP_JOB), "--warm-start", str(tmp_path / "nothing")], "nothing: no such folder"),
+        (["train", str(LOOP_JOB), "--warm-start", str(tmp_path)], "expected the sealed batches of one job"),
+        (["train", str(LOOP_JOB), "--demos", "4"], "demonstrations are scripted for generated tasks"),
+        (["train", str(HARNESS_JOB), "--demos", "4", "--warm-start", str(tmp_path)], "not allowed with argument"),
     ]
     for argv, message in cases:
         capsys.readouterr()
-        assert cli_main(argv) == 2, argv
+        try:
+            assert cli_main(argv) == 2, argv
+        except SystemExit as exc:  # argparse's own usage errors
+            assert exc.code == 2, argv
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)

@@ -49,6 +49,9 @@ POLL_S = 1.0
 DEFAULT_TRAIN_LAYERS = 4
 ENGINE_ABORTED_KIND = "engine_aborted"  # a capture record's error kind when the engine aborted the call (proxy.errors)
 PRODUCER_STOP_S = 120.0
+# The supervised warm start on demonstrations (tracefleet.trainer.demos): passes over them and AdamW's rate.
+DEFAULT_WARM_EPOCHS = 3
+DEFAULT_WARM_LR = 3e-4
 # What bench/loop.py measured learning on the quickstart's tasks within 20 minutes on 2 cores (README, "The loop
 # on a laptop"): AdamW at 1e-4 on the top 4 layers, two passes over each batch.
 DEFAULT_LR = 1e-4
@@ -76,6 +79,12 @@ class LoopOptions:
     torch_threads: int | None = None
     train_layers: int | None = DEFAULT_TRAIN_LAYERS  # None: every layer
     epochs: int = DEFAULT_EPOCHS  # optimizer updates per batch (grpo_step)
+    demos: int | None = None  # record this many demonstrations through the job's harness, then warm-start on them
+    warm_start: Path | None = None  # or warm-start on demonstrations recorded before (tracefleet.trainer.demos)
+    warm_epochs: int = DEFAULT_WARM_EPOCHS
+    warm_lr: float = DEFAULT_WARM_LR
+    score_limit: int | None = None  # score at most this many tasks of each scored set (held-out, train)
+    score_train: int = 0  # also score this many of the job's own tasks (the last ones, one sample each)
 
 
 @dataclass
@@ -85,6 +94,12 @@ class LoopResult:
     held_out_before: float | None = None
     held_out_after: float | None = None
     held_out_sessions: int = 0
+    held_out_warm: float | None = None  # after the warm start, before the first GRPO step
+    train_before: float | None = None  # the job's own tasks (score_train of them), scored like the held-out ones
+    train_warm: float | None = None
+    train_after: float | None = None
+    train_sessions: int = 0
+    warm: dict[str, Any] = field(default_factory=dict)  # the warm start: demonstrations, NLL per epoch, seconds
     wall_s: float = 0.0
     startup_s: float = 0.0
     tokens_aborted: int = 0
@@ -222,15 +237,27 @@ class Rollouts:
         return sum(rewards) / len(rewards) if rewards else None
 
 
-def score_held_out(path: Path, engine_url: str, run_dir: Path, tag: str, parallelism: int | None) -> tuple[float | None, int]:
+def score_held_out(path: Path, engine_url: str, run_dir: Path, tag: str, parallelism: int | None,
+                   limit: int | None = None, last: int | None = None) -> tuple[float | None, int]:
     """The mean reward of the held-out job's sessions on the engine's current weights (their batches go to a
-    folder of their own: nothing trains on them)."""
+    folder of their own: nothing trains on them). `limit`: its first N tasks only; `last`: its last N tasks, one
+    sample each (the training job's own tasks, scored like held-out ones)."""
+    from tracefleet.api.manifest import load_job
     from tracefleet.runner.local import LocalOptions, LocalRun
 
+    job = load_job(path)
+    tasks = job_tasks(job, path.resolve().parent)
+    samples = job.spec.tasks.samples_per_task
+    if last is not None:
+        tasks, samples = tasks[-last:], 1
+    if limit is not None:
+        tasks = tasks[:limit]
+    scored = with_tasks(job, tasks, samples, max(1, min(job.spec.output.traces_per_batch, len(tasks) * samples)))
     with open(run_dir / f"held-out-{tag}.log", "w") as log:
         run = LocalRun(LocalOptions(job_path=path, output=str(run_dir / f"held-out-{tag}"), engine_url=engine_url,
                                     work_dir=run_dir / "work" / f"held-out-{tag}", parallelism=parallelism,
                                     progress_interval_s=30.0), out=log, summary=log)
+        run.job = scored
         run.run()
     rewards = [r.result.reward for r in run.results]
     return (sum(rewards) / len(rewards) if rewards else None), len(rewards)
@@ -278,6 +305,11 @@ class Loop:
 
         job = load_job(o.job_path)
         model = trained_model(job)
+        if o.demos or o.warm_start:
+            from tracefleet.trainer import demos
+
+            # before the engine's minutes of start-up: tasks no script can solve, or no demonstrations there
+            demos.demo_tasks(job, o.job_path.resolve().parent, o.demos) if o.demos else demos.find(o.warm_start)  # type: ignore[arg-type]
         try:
             import torch  # noqa: F401
             import transformers  # noqa: F401
@@ -289,7 +321,8 @@ class Loop:
         run_dir.mkdir(parents=True, exist_ok=True)
         result = LoopResult(run_dir=run_dir)
         t0 = time.monotonic()
-        engine, engine_url, model_dir = self._engine(model, run_dir)
+        managed = job.spec.inference.managed
+        engine, engine_url, model_dir = self._engine(model, run_dir, list(managed.extra_args or []) if managed else [])
         try:
             result.startup_s = time.monotonic() - t0
             self._train(job, engine_url, model_dir, run_dir, result)
@@ -300,7 +333,7 @@ class Loop:
         self._summary(result)
         return result
 
-    def _engine(self, model: str, run_dir: Path) -> tuple[Any, str, Path]:
+    def _engine(self, model: str, run_dir: Path, extra_args: list[str]) -> tuple[Any, str, Path]:
         """(the vLLM this loop started or None, its URL, the model directory the trainer loads)."""
         from tracefleet.engine.vllm_local import VllmFailed, VllmMissing, converted_model, launch
         from tracefleet.trainer.control import PolicyUpdateFailed, update_policy
@@ -316,7 +349,7 @@ class Loop:
             return None, url, model_dir
         self.say(f"starting vLLM (CPU build) with {model}: about two minutes on 2 cores ...")
         try:
-            engine = launch(log=run_dir / "vllm.log", model=model)
+            engine = launch(log=run_dir / "vllm.log", model=model, extra_args=extra_args)
         except (VllmMissing, VllmFailed) as exc:
             raise UsageError(str(exc).splitlines()[0]) from None
         return engine, engine.url, converted_model(model)
@@ -331,11 +364,12 @@ class Loop:
         o = self.o
         torch.manual_seed(o.seed)
         torch.set_num_threads(o.torch_threads or TRAINER_THREADS)
-        if o.held_out is not None:
-            self.say(f"scoring the held-out tasks ({o.held_out}) at policy 0 ...")
-            result.held_out_before, result.held_out_sessions = score_held_out(o.held_out, engine_url, run_dir, "before", o.parallelism)
-            self.say(f"held-out reward at policy 0: {fmt(result.held_out_before)} ({result.held_out_sessions} sessions)")
+        self._score(engine_url, run_dir, result, "before", 0)
         policy = load_policy(model_dir, o.train_layers)
+        version = 0
+        if o.demos or o.warm_start:
+            version = self._warm_start(policy, engine_url, run_dir, result)
+            self._score(engine_url, run_dir, result, "warm", version)
         optimizer = torch.optim.AdamW(trainable(policy), lr=o.lr)
         loop_job = repeated_job(job, o.job_path.resolve().parent, o.iterations + o.max_lag + 2, o.traces_per_step)
         bucket = run_dir / "batches"
@@ -348,7 +382,6 @@ class Loop:
         deadline = started + o.minutes * 60 if o.minutes else math.inf
         reader = BatchReader(str(bucket), job.name, consumer=CONSUMER)
         hold = GenerationHold(engine_url, reader, o.max_lag)
-        version = 0
         log = open(run_dir / "loop.jsonl", "a")  # noqa: SIM115
         try:
             for batch in reader.follow(poll_s=POLL_S, timeout_s=None):
@@ -395,9 +428,53 @@ class Loop:
             raise RuntimeError(f"the rollouts failed: {rollouts.error} (see {run_dir / 'rollouts.log'})")
         result.sessions = len(rollouts.run.results)
         result.calls_aborted, result.tokens_aborted = aborted_tokens(run_dir / "work" / "capture")
-        if o.held_out is not None:
-            self.say(f"scoring the held-out tasks at policy {version} ...")
-            result.held_out_after, _ = score_held_out(o.held_out, engine_url, run_dir, "after", o.parallelism)
+        self._score(engine_url, run_dir, result, "after", version)
+
+    def _score(self, engine_url: str, run_dir: Path, result: LoopResult, tag: str, version: int) -> None:
+        """The held-out tasks (and score_train of the job's own) on the engine's current weights."""
+        o = self.o
+        sets = [("held-out", "held_out", o.held_out, None)] if o.held_out is not None else []
+        if o.score_train:
+            sets.append(("train", "train", o.job_path, o.score_train))
+        for what, attr, path, last in sets:
+            self.say(f"scoring the {what} tasks ({path}) at policy {version} ...")
+            mean, n = score_held_out(path, engine_url, run_dir, f"{tag}" if attr == "held_out" else f"train-{tag}",
+                                     o.parallelism, o.score_limit, last)
+            setattr(result, f"{attr}_{tag}", mean)
+            setattr(result, f"{attr}_sessions", n)
+            self.say(f"{what} reward at policy {version}: {fmt(mean)} ({n} sessions)")
+
+    def _warm_start(self, policy: Any, engine_url: str, run_dir: Path, result: LoopResult) -> int:
+        """Demonstrations (recorded now through the job's harness, or found), the supervised warm start on their
+        sampled tokens, its weights into the engine as policy 1."""
+        import torch
+
+        from tracefleet.trainer import demos
+        from tracefleet.trainer.control import update_policy
+        from tracefleet.trainer.grpo import save_weights, sft, trainable
+
+        o = self.o
+        t0 = time.monotonic()
+        if o.demos:
+            self.say(f"recording {o.demos} demonstrations through the job's harness (the scripted engine) ...")
+            found = demos.record(o.job_path, run_dir / "demos", o.demos, parallelism=o.parallelism, err=self.err)
+            result.warm.update(demo_sessions=found.sessions, record_s=round(found.seconds, 1))
+        else:
+            found = demos.find(o.warm_start)  # type: ignore[arg-type]
+        t = demos.tensors(found)
+        self.say(f"warm start on {int(t['input_ids'].shape[0])} demonstrations "
+                 f"({int(t['loss_mask'].sum())} sampled tokens), {o.warm_epochs} epochs, lr {o.warm_lr:g} ...")
+        t_sft = time.monotonic()
+        stats = sft(policy, torch.optim.AdamW(trainable(policy), lr=o.warm_lr), t, epochs=o.warm_epochs,
+                    seed=o.seed, log=self.say)
+        sft_s = time.monotonic() - t_sft
+        report = update_policy([engine_url], save_weights(policy, run_dir / "checkpoints" / "policy-1"), 1)
+        result.warm.update(demos=stats["rows"], tokens=stats["tokens"], epochs=stats["epochs"], nll=stats["nll"],
+                           sft_s=round(sft_s, 1), sync_s=round(report.seconds, 3),
+                           seconds=round(time.monotonic() - t0, 1))
+        with open(run_dir / "warm-start.json", "w") as f:
+            json.dump(result.warm, f)
+        return 1
 
     def _summary(self, r: LoopResult) -> None:
         first, last = r.reward_rise()
@@ -408,9 +485,16 @@ class Loop:
             f"batch reward: first two steps {fmt(first)}, last two {fmt(last)}"
             + (f" ({last - first:+.2f})" if first is not None and last is not None else ""),
         ]
-        if r.held_out_before is not None or r.held_out_after is not None:
-            lines.append(f"held-out reward: {fmt(r.held_out_before)} at policy 0, {fmt(r.held_out_after)} after "
-                         f"({r.held_out_sessions} sessions each)")
+        if r.warm:
+            lines.append(f"warm start: {r.warm['demos']} demonstrations, {r.warm['tokens']} tokens, NLL per token "
+                         f"{' -> '.join(f'{x:.3f}' for x in r.warm['nll'])} over {r.warm['epochs']} epochs "
+                         f"({r.warm['seconds']:.0f} s in all)")
+        for what, attr, n in (("held-out", "held_out", r.held_out_sessions), ("train", "train", r.train_sessions)):
+            scores = [getattr(r, f"{attr}_{tag}") for tag in ("before", "warm", "after")]
+            if any(x is not None for x in scores):
+                warm = f", {fmt(scores[1])} after the warm start" if r.warm else ""
+                lines.append(f"{what} reward: {fmt(scores[0])} at policy 0{warm}, {fmt(scores[2])} after "
+                             f"({n} sessions each)")
         if syncs:
             lines.append(f"weight sync: mean {sum(syncs) / len(syncs):.2f} s, max {max(syncs):.2f} s per step; "
                          f"train/inference mean |dlogprob| {sci(sum(mism) / len(mism) if mism else None)}")
