@@ -213,7 +213,7 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
 
 
 def sft(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor], *, epochs: int = 3,
-        rows_per_update: int = 4, seed: int = 0, log: Any = None) -> dict[str, Any]:
+        rows_per_update: int = 2, seed: int = 0, log: Any = None) -> dict[str, Any]:
     """Supervised warm start on demonstrations (the reader's tensors of their traces): the negative log-likelihood
     of the tokens the loss mask marks (the completions the engine sampled; the harness's text and the tool results
     are context only), at temperature 1, averaged per token over `rows_per_update` rows per optimizer update.

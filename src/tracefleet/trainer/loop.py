@@ -50,8 +50,8 @@ DEFAULT_TRAIN_LAYERS = 4
 ENGINE_ABORTED_KIND = "engine_aborted"  # a capture record's error kind when the engine aborted the call (proxy.errors)
 PRODUCER_STOP_S = 120.0
 # The supervised warm start on demonstrations (tracefleet.trainer.demos): passes over them and AdamW's rate.
-DEFAULT_WARM_EPOCHS = 3
-DEFAULT_WARM_LR = 3e-4
+DEFAULT_WARM_EPOCHS = 4
+DEFAULT_WARM_LR = 5e-4
 # What bench/loop.py measured learning on the quickstart's tasks within 20 minutes on 2 cores (README, "The loop
 # on a laptop"): AdamW at 1e-4 on the top 4 layers, two passes over each batch.
 DEFAULT_LR = 1e-4
