@@ -94,5 +94,6 @@ def test_demonstrations_through_pi_are_rewarded_only_for_the_work_and_train_on_s
         assert calls == filetasks.pi_steps(by_id[row["task_id"]])  # exact mode parsed Pi's own tool calls
         assert all(completion_text_is_canonical(tokenizer, r.completion_ids) for r in records.values())
 
+    assert demos.task_ids(found) == {t.id for t in tasks[:4]}  # what the loop puts last in each round
     t = demos.tensors(found)
     assert int(t["loss_mask"].sum()) == sum(row["num_trainable"] for row in rows)

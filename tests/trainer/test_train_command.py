@@ -28,6 +28,16 @@ def test_the_loop_job_repeats_the_tasks_in_rounds_each_its_own_group() -> None:
     assert [t.prompt for t in looped.spec.tasks.inline[3:6]] == [t.prompt for t in job.spec.tasks.inline]
 
 
+def test_the_demonstrated_tasks_come_last_in_each_round() -> None:
+    job = load_job(HARNESS_JOB)
+    looped = repeated_job(job, HARNESS_JOB.parent, rounds=2, traces_per_step=None,
+                          last=frozenset({"train-000", "train-001"}))
+    ids = [t.id for t in looped.spec.tasks.inline]
+    assert len(ids) == 400 and ids[:2] == ["train-002-r0", "train-003-r0"]
+    assert ids[198:202] == ["train-000-r0", "train-001-r0", "train-002-r1", "train-003-r1"]
+    assert looped.spec.output.traces_per_batch == 8 and looped.spec.tasks.samples_per_task == 4
+
+
 def test_train_says_what_is_wrong_in_one_line(tmp_path: Path, capsys: Any) -> None:
     other = tmp_path / "job.yaml"
     other.write_text(LOOP_JOB.read_text().replace("model: smollm2", "model: Qwen/Qwen3-8B")

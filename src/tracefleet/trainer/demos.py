@@ -100,6 +100,16 @@ def find(folder: Path) -> DemoSet:
     return DemoSet(folder=batches, job=jobs[0])
 
 
+def task_ids(demos: DemoSet) -> frozenset[str]:
+    """The ids of the tasks the sealed demonstrations solved."""
+    from tracefleet.traces import BatchReader
+
+    reader = BatchReader(str(demos.folder), demos.job, consumer="warm-start")
+    tables = [reader.read(m).table for m in reader.batches()]
+    return frozenset(i for t in tables for i, r in zip(t.column("task_id").to_pylist(), t.column("reward").to_pylist())
+                     if r is not None and r >= 1)
+
+
 def tensors(demos: DemoSet) -> dict[str, Any]:
     """Every sealed demonstration's trainable rows as one padded batch (the reader's tensors)."""
     import pyarrow as pa

@@ -138,11 +138,15 @@ def step_line(s: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- the job the loop runs
 
 
-def repeated_job(job: Any, base_dir: Path, rounds: int, traces_per_step: int | None) -> Any:
+def repeated_job(job: Any, base_dir: Path, rounds: int, traces_per_step: int | None,
+                 last: frozenset[str] = frozenset()) -> Any:
     """`job` with its tasks repeated `rounds` times (ids <task>-r<k>: each round is a new group per task, the
-    rounds in order), sealed `traces_per_step` traces per batch."""
+    rounds in order), sealed `traces_per_step` traces per batch. The tasks whose ids are in `last` (those the
+    warm start's demonstrations solved) come last in each round: the policy repeats them, so their groups carry
+    no signal until it has tried the others."""
     spec = job.spec
     tasks = job_tasks(job, base_dir)
+    tasks = [t for t in tasks if t.id not in last] + [t for t in tasks if t.id in last]
     per_round = len(tasks)
     rounds = max(1, min(rounds, 1000 // per_round))  # Tasks.inline holds at most 1000
     repeated = [t.model_copy(update={"id": f"{t.id}{ROUND_SEP}{k}"}) for k in range(rounds) for t in tasks]
@@ -366,12 +370,13 @@ class Loop:
         torch.set_num_threads(o.torch_threads or TRAINER_THREADS)
         self._score(engine_url, run_dir, result, "before", 0)
         policy = load_policy(model_dir, o.train_layers)
-        version = 0
+        version, demonstrated = 0, frozenset()
         if o.demos or o.warm_start:
-            version = self._warm_start(policy, engine_url, run_dir, result)
+            version, demonstrated = self._warm_start(policy, engine_url, run_dir, result)
             self._score(engine_url, run_dir, result, "warm", version)
         optimizer = torch.optim.AdamW(trainable(policy), lr=o.lr)
-        loop_job = repeated_job(job, o.job_path.resolve().parent, o.iterations + o.max_lag + 2, o.traces_per_step)
+        loop_job = repeated_job(job, o.job_path.resolve().parent, o.iterations + o.max_lag + 2, o.traces_per_step,
+                                demonstrated)
         bucket = run_dir / "batches"
         rollouts = Rollouts(o.job_path, loop_job, engine_url, bucket, run_dir / "work", o.parallelism,
                             run_dir / "rollouts.log").start()
@@ -444,9 +449,9 @@ class Loop:
             setattr(result, f"{attr}_sessions", n)
             self.say(f"{what} reward at policy {version}: {fmt(mean)} ({n} sessions)")
 
-    def _warm_start(self, policy: Any, engine_url: str, run_dir: Path, result: LoopResult) -> int:
+    def _warm_start(self, policy: Any, engine_url: str, run_dir: Path, result: LoopResult) -> tuple[int, frozenset[str]]:
         """Demonstrations (recorded now through the job's harness, or found), the supervised warm start on their
-        sampled tokens, its weights into the engine as policy 1."""
+        sampled tokens, its weights into the engine as policy 1; (that version, the demonstrated task ids)."""
         import torch
 
         from tracefleet.trainer import demos
@@ -461,7 +466,7 @@ class Loop:
             result.warm.update(demo_sessions=found.sessions, record_s=round(found.seconds, 1))
         else:
             found = demos.find(o.warm_start)  # type: ignore[arg-type]
-        t = demos.tensors(found)
+        t, demonstrated = demos.tensors(found), demos.task_ids(found)
         self.say(f"warm start on {int(t['input_ids'].shape[0])} demonstrations "
                  f"({int(t['loss_mask'].sum())} sampled tokens), {o.warm_epochs} epochs, lr {o.warm_lr:g} ...")
         t_sft = time.monotonic()
@@ -474,7 +479,7 @@ class Loop:
                            seconds=round(time.monotonic() - t0, 1))
         with open(run_dir / "warm-start.json", "w") as f:
             json.dump(result.warm, f)
-        return 1
+        return 1, demonstrated
 
     def _summary(self, r: LoopResult) -> None:
         first, last = r.reward_rise()
