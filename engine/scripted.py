@@ -42,11 +42,13 @@ class ScriptStep(BaseModel):
 
 class ScriptRoute(BaseModel):
     """Another plan for conversations whose messages contain `marker` (e.g. a tag in a task's prompt), so
-    one engine can drive different sessions of a job differently: one shell round per command, then
-    `final_text`. No commands: the reply is the final text at once (a claim with no work done)."""
+    one engine can drive different sessions of a job differently: one round per step (a named tool with its
+    arguments: a harness's own tools), else one shell round per command, then `final_text`. Neither: the
+    reply is the final text at once (a claim with no work done)."""
 
     marker: str
     commands: list[str] = Field(default_factory=list)
+    steps: list[ScriptStep] = Field(default_factory=list)
     final_text: str | None = None
 
 
@@ -66,7 +68,8 @@ class Script(BaseModel):
         """The script for a conversation: a matching route's commands and final text, else this one."""
         for route in self.routes:
             if route.marker in conversation:
-                return self.model_copy(update={"commands": route.commands, "tool_rounds": len(route.commands),
+                rounds = len(route.steps) if route.steps else len(route.commands)
+                return self.model_copy(update={"commands": route.commands, "steps": route.steps, "tool_rounds": rounds,
                                                "final_text": route.final_text or self.final_text, "routes": []})
         return self
 

@@ -76,16 +76,18 @@ def served_model_name(engine_url: str, *, timeout_s: float = 30.0) -> str:
 
 
 def start_cpu_engine(model: str, log: Path, *, threads: int = 1, timeout_s: float = 300,
-                     max_model_len: int | None = None) -> EngineProcess:
-    """`tracefleet engine --backend llama --model MODEL --port 0` as a child in its own process group
-    (a Ctrl-C at the terminal reaches only us, and we stop it in order). Its JSON `listening` line
-    on stdout says where it listens. `max_model_len` None: the engine's own default context."""
+                     max_model_len: int | None = None, backend: str = "llama",
+                     extra_args: list[str] | None = None) -> EngineProcess:
+    """`tracefleet engine --backend llama --model MODEL --port 0` (or `backend` scripted, with `extra_args`
+    such as `--script FILE`) as a child in its own process group (a Ctrl-C at the terminal reaches only us, and
+    we stop it in order). Its JSON `listening` line on stdout says where it listens. `max_model_len` None: the
+    engine's own default context."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": str(threads)}
     argv = [
-        sys.executable, "-m", "tracefleet.cli", "engine", "--backend", "llama", "--model", model,
+        sys.executable, "-m", "tracefleet.cli", "engine", "--backend", backend, "--model", model,
         "--host", "127.0.0.1", "--port", "0", "--threads", str(threads),
-        *(["--max-model-len", str(max_model_len)] if max_model_len else []),
+        *(["--max-model-len", str(max_model_len)] if max_model_len else []), *(extra_args or []),
     ]
     offset = log.stat().st_size if log.exists() else 0
     with open(log, "ab") as out:
@@ -96,7 +98,7 @@ def start_cpu_engine(model: str, log: Path, *, threads: int = 1, timeout_s: floa
         while not engine.url:
             if proc.poll() is not None or time.monotonic() > deadline:
                 tail = log.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"the CPU engine ({model}) did not start (exit {proc.poll()}); see {log}:\n{tail}")
+                raise RuntimeError(f"the {backend} engine ({model}) did not start (exit {proc.poll()}); see {log}:\n{tail}")
             with open(log, "rb") as f:
                 f.seek(offset)
                 for line in f.read().decode(errors="replace").splitlines():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tracefleet.trainer.grpo import (frozen_prefix, grpo_step, load_policy, sampled_logprobs, save_weights,
+from tracefleet.trainer.grpo import (frozen_prefix, grpo_step, load_policy, sampled_logprobs, save_weights, sft,
                                      token_logprobs, trainable, trained_from)
 
 LAYERS = 6
@@ -75,3 +75,17 @@ def test_epochs_move_only_the_trained_tensors_and_the_clip_bounds_them(model_dir
     assert set(load_file(str(saved / "model.safetensors"))) == {n for n, p in policy.named_parameters() if p.requires_grad}
     with pytest.raises(ValueError, match="epochs must be at least 1"):
         grpo_step(policy, torch.optim.AdamW(trainable(policy)), t, epochs=0)
+
+
+def test_the_warm_start_learns_the_masked_tokens_only(model_dir: Path) -> None:
+    policy = load_policy(model_dir, TRAINED)
+    t = batch()
+    stats = sft(policy, torch.optim.AdamW(trainable(policy), lr=0.05), t, epochs=20, rows_per_update=2)
+    assert stats["rows"] == 4 and stats["tokens"] == int(t["loss_mask"].sum()) and len(stats["nll"]) == 20
+    assert stats["nll"][-1] < stats["nll"][0] - 0.5, stats["nll"]
+    with torch.no_grad():  # what the last pass measured is the policy's own NLL of the masked tokens, padding aside
+        lp = token_logprobs(policy, t["input_ids"], t["attention_mask"], 1.0, t["loss_mask"])
+    assert float(-(lp * t["loss_mask"]).sum() / t["loss_mask"].sum()) < stats["nll"][0]
+    t["loss_mask"] = torch.zeros_like(t["loss_mask"])
+    with pytest.raises(ValueError, match="no demonstration has a trainable token"):
+        sft(policy, torch.optim.AdamW(trainable(policy)), t)

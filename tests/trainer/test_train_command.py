@@ -13,6 +13,7 @@ from tracefleet.trainer.loop import repeated_job
 
 REPO = Path(__file__).resolve().parents[2]
 LOOP_JOB = REPO / "examples" / "loop" / "job.yaml"
+HARNESS_JOB = REPO / "examples" / "harness-train" / "job.yaml"
 
 
 def test_the_loop_job_repeats_the_tasks_in_rounds_each_its_own_group() -> None:
@@ -27,6 +28,16 @@ def test_the_loop_job_repeats_the_tasks_in_rounds_each_its_own_group() -> None:
     assert [t.prompt for t in looped.spec.tasks.inline[3:6]] == [t.prompt for t in job.spec.tasks.inline]
 
 
+def test_the_demonstrated_tasks_come_last_in_each_round() -> None:
+    job = load_job(HARNESS_JOB)
+    looped = repeated_job(job, HARNESS_JOB.parent, rounds=2, traces_per_step=None,
+                          last=frozenset({"train-000", "train-001"}))
+    ids = [t.id for t in looped.spec.tasks.inline]
+    assert len(ids) == 400 and ids[:2] == ["train-002-r0", "train-003-r0"]
+    assert ids[198:202] == ["train-000-r0", "train-001-r0", "train-002-r1", "train-003-r1"]
+    assert looped.spec.output.traces_per_batch == 8 and looped.spec.tasks.samples_per_task == 4
+
+
 def test_train_says_what_is_wrong_in_one_line(tmp_path: Path, capsys: Any) -> None:
     other = tmp_path / "job.yaml"
     other.write_text(LOOP_JOB.read_text().replace("model: smollm2", "model: Qwen/Qwen3-8B")
@@ -37,9 +48,16 @@ def test_train_says_what_is_wrong_in_one_line(tmp_path: Path, capsys: Any) -> No
         (["train", str(LOOP_JOB), "--minutes", "0"], "--minutes must be more than 0"),
         (["train", str(other)], "trains a shipped model on this machine (smollm2); the job serves 'Qwen/Qwen3-8B'"),
         (["train", str(LOOP_JOB), "--held-out", str(tmp_path)], "is a directory"),
+        (["train", str(LOOP_JOB), "--warm-start", str(tmp_path / "nothing")], "nothing: no such folder"),
+        (["train", str(LOOP_JOB), "--warm-start", str(tmp_path)], "expected the sealed batches of one job"),
+        (["train", str(LOOP_JOB), "--demos", "4"], "demonstrations are scripted for generated tasks"),
+        (["train", str(HARNESS_JOB), "--demos", "4", "--warm-start", str(tmp_path)], "not allowed with argument"),
     ]
     for argv, message in cases:
         capsys.readouterr()
-        assert cli_main(argv) == 2, argv
+        try:
+            assert cli_main(argv) == 2, argv
+        except SystemExit as exc:  # argparse's own usage errors
+            assert exc.code == 2, argv
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)

@@ -212,6 +212,45 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
     return stats
 
 
+def sft(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor], *, epochs: int = 3,
+        rows_per_update: int = 2, seed: int = 0, log: Any = None) -> dict[str, Any]:
+    """Supervised warm start on demonstrations (the reader's tensors of their traces): the negative log-likelihood
+    of the tokens the loss mask marks (the completions the engine sampled; the harness's text and the tool results
+    are context only), at temperature 1, averaged per token over `rows_per_update` rows per optimizer update.
+    Each row is run at its own length, its frozen layers once for every epoch (frozen_prefix). Returns the mean
+    NLL per token of each epoch (`nll`, measured while training) and what was trained on."""
+    if epochs < 1:
+        raise ValueError("epochs must be at least 1")
+    rows = []
+    for i in range(int(t["input_ids"].shape[0])):
+        n = int(t["attention_mask"][i].sum())
+        ids, att, mask = t["input_ids"][i:i + 1, :n], t["attention_mask"][i:i + 1, :n], t["loss_mask"][i:i + 1, :n]
+        if float(mask.sum()):
+            rows.append((ids, att, mask, frozen_prefix(model, ids, att)))
+    if not rows:
+        raise ValueError("no demonstration has a trainable token")
+    order = torch.Generator().manual_seed(seed)
+    nll: list[float] = []
+    for epoch in range(epochs):
+        total = count = 0.0
+        perm = torch.randperm(len(rows), generator=order).tolist()
+        for start in range(0, len(perm), rows_per_update):
+            chunk = [rows[j] for j in perm[start:start + rows_per_update]]
+            n = sum(float(m.sum()) for _, _, m, _ in chunk)
+            optimizer.zero_grad()
+            for ids, att, mask, prefix in chunk:
+                lp = sampled_logprobs(model, ids, att, mask, 1.0, prefix)
+                loss = -(lp * mask).sum() / n
+                loss.backward()
+                total += float(-(lp.detach() * mask).sum())
+            optimizer.step()
+            count += n
+        nll.append(total / count)
+        if log is not None:
+            log(f"warm start epoch {epoch + 1}/{epochs}: NLL per token {nll[-1]:.4f} over {int(count)} tokens")
+    return {"rows": len(rows), "tokens": int(sum(float(m.sum()) for _, _, m, _ in rows)), "epochs": epochs, "nll": nll}
+
+
 def save_weights(model: Any, out: Path) -> Path:
     """The trained tensors as a checkpoint directory vLLM's `reload_weights` reads (safetensors, the Hugging
     Face names): only those the trainer changes, the in-place reload keeping the rest (SmolLM2: 55 MB for the

@@ -49,6 +49,9 @@ POLL_S = 1.0
 DEFAULT_TRAIN_LAYERS = 4
 ENGINE_ABORTED_KIND = "engine_aborted"  # a capture record's error kind when the engine aborted the call (proxy.errors)
 PRODUCER_STOP_S = 120.0
+# The supervised warm start on demonstrations (tracefleet.trainer.demos): passes over them and AdamW's rate.
+DEFAULT_WARM_EPOCHS = 4
+DEFAULT_WARM_LR = 5e-4
 # What bench/loop.py measured learning on the quickstart's tasks within 20 minutes on 2 cores (docs/performance.md,
 # "The loop"): AdamW at 1e-4 on the top 4 layers, two passes over each batch.
 DEFAULT_LR = 1e-4
@@ -76,6 +79,12 @@ class LoopOptions:
     torch_threads: int | None = None
     train_layers: int | None = DEFAULT_TRAIN_LAYERS  # None: every layer
     epochs: int = DEFAULT_EPOCHS  # optimizer updates per batch (grpo_step)
+    demos: int | None = None  # record this many demonstrations through the job's harness, then warm-start on them
+    warm_start: Path | None = None  # or warm-start on demonstrations recorded before (tracefleet.trainer.demos)
+    warm_epochs: int = DEFAULT_WARM_EPOCHS
+    warm_lr: float = DEFAULT_WARM_LR
+    score_limit: int | None = None  # score at most this many tasks of each scored set (held-out, train)
+    score_train: int = 0  # also score this many of the job's own tasks (the last ones, one sample each)
 
 
 @dataclass
@@ -85,6 +94,12 @@ class LoopResult:
     held_out_before: float | None = None
     held_out_after: float | None = None
     held_out_sessions: int = 0
+    held_out_warm: float | None = None  # after the warm start, before the first GRPO step
+    train_before: float | None = None  # the job's own tasks (score_train of them), scored like the held-out ones
+    train_warm: float | None = None
+    train_after: float | None = None
+    train_sessions: int = 0
+    warm: dict[str, Any] = field(default_factory=dict)  # the warm start: demonstrations, NLL per epoch, seconds
     wall_s: float = 0.0
     startup_s: float = 0.0
     tokens_aborted: int = 0
@@ -123,28 +138,47 @@ def step_line(s: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- the job the loop runs
 
 
-def repeated_job(job: Any, base_dir: Path, rounds: int, traces_per_step: int | None) -> Any:
+def repeated_job(job: Any, base_dir: Path, rounds: int, traces_per_step: int | None,
+                 last: frozenset[str] = frozenset()) -> Any:
     """`job` with its tasks repeated `rounds` times (ids <task>-r<k>: each round is a new group per task, the
-    rounds in order), sealed `traces_per_step` traces per batch."""
-    from tracefleet.contract.job import TaskSpec, Tasks
-
+    rounds in order), sealed `traces_per_step` traces per batch. The tasks whose ids are in `last` (those the
+    warm start's demonstrations solved) come last in each round: the policy repeats them, so their groups carry
+    no signal until it has tried the others."""
     spec = job.spec
-    if spec.tasks.inline:
-        tasks = list(spec.tasks.inline)
-    elif spec.tasks.uri and "://" not in spec.tasks.uri:
-        path = Path(spec.tasks.uri)
-        text = (path if path.is_absolute() else base_dir / path).read_text()
-        tasks = [TaskSpec.model_validate(json.loads(line)) for line in text.splitlines() if line.strip()]
-    else:
-        raise UsageError("tracefleet train repeats the job's tasks: give them as spec.tasks.inline or a local "
-                         "spec.tasks.uri file")
+    tasks = job_tasks(job, base_dir)
+    tasks = [t for t in tasks if t.id not in last] + [t for t in tasks if t.id in last]
     per_round = len(tasks)
     rounds = max(1, min(rounds, 1000 // per_round))  # Tasks.inline holds at most 1000
     repeated = [t.model_copy(update={"id": f"{t.id}{ROUND_SEP}{k}"}) for k in range(rounds) for t in tasks]
-    output = spec.output.model_copy(update={"traces_per_batch": traces_per_step or spec.output.traces_per_batch})
-    new_spec = spec.model_copy(update={"tasks": Tasks(inline=repeated, samples_per_task=spec.tasks.samples_per_task),
-                                       "output": output})
-    return job.model_copy(update={"spec": new_spec})
+    return with_tasks(job, repeated, spec.tasks.samples_per_task, traces_per_step or spec.output.traces_per_batch)
+
+
+def job_tasks(job: Any, base_dir: Path) -> list[Any]:
+    """The job's tasks (TaskSpec), inline or from a local spec.tasks.uri file (relative to `base_dir`)."""
+    from tracefleet.contract.job import TaskSpec
+
+    spec = job.spec
+    if spec.tasks.inline:
+        return list(spec.tasks.inline)
+    if spec.tasks.uri and "://" not in spec.tasks.uri:
+        path = Path(spec.tasks.uri)
+        text = (path if path.is_absolute() else base_dir / path).read_text()
+        return [TaskSpec.model_validate(json.loads(line)) for line in text.splitlines() if line.strip()]
+    raise UsageError("tracefleet train reads the job's tasks: give them as spec.tasks.inline or a local "
+                     "spec.tasks.uri file")
+
+
+def with_tasks(job: Any, tasks: list[Any], samples_per_task: int, traces_per_batch: int, name: str | None = None) -> Any:
+    """`job` running `tasks` inline, `samples_per_task` each, sealed `traces_per_batch` per batch (renamed `name`)."""
+    from tracefleet.contract.job import Tasks
+
+    spec = job.spec
+    output = spec.output.model_copy(update={"traces_per_batch": traces_per_batch})
+    new_spec = spec.model_copy(update={"tasks": Tasks(inline=tasks, samples_per_task=samples_per_task), "output": output})
+    update: dict[str, Any] = {"spec": new_spec}
+    if name is not None:
+        update["metadata"] = job.metadata.model_copy(update={"name": name})
+    return job.model_copy(update=update)
 
 
 def check_job(path: Path, what: str) -> None:
@@ -207,15 +241,27 @@ class Rollouts:
         return sum(rewards) / len(rewards) if rewards else None
 
 
-def score_held_out(path: Path, engine_url: str, run_dir: Path, tag: str, parallelism: int | None) -> tuple[float | None, int]:
+def score_held_out(path: Path, engine_url: str, run_dir: Path, tag: str, parallelism: int | None,
+                   limit: int | None = None, last: int | None = None) -> tuple[float | None, int]:
     """The mean reward of the held-out job's sessions on the engine's current weights (their batches go to a
-    folder of their own: nothing trains on them)."""
+    folder of their own: nothing trains on them). `limit`: its first N tasks only; `last`: its last N tasks, one
+    sample each (the training job's own tasks, scored like held-out ones)."""
+    from tracefleet.api.manifest import load_job
     from tracefleet.runner.local import LocalOptions, LocalRun
 
+    job = load_job(path)
+    tasks = job_tasks(job, path.resolve().parent)
+    samples = job.spec.tasks.samples_per_task
+    if last is not None:
+        tasks, samples = tasks[-last:], 1
+    if limit is not None:
+        tasks = tasks[:limit]
+    scored = with_tasks(job, tasks, samples, max(1, min(job.spec.output.traces_per_batch, len(tasks) * samples)))
     with open(run_dir / f"held-out-{tag}.log", "w") as log:
         run = LocalRun(LocalOptions(job_path=path, output=str(run_dir / f"held-out-{tag}"), engine_url=engine_url,
                                     work_dir=run_dir / "work" / f"held-out-{tag}", parallelism=parallelism,
                                     progress_interval_s=30.0), out=log, summary=log)
+        run.job = scored
         run.run()
     rewards = [r.result.reward for r in run.results]
     return (sum(rewards) / len(rewards) if rewards else None), len(rewards)
@@ -263,6 +309,11 @@ class Loop:
 
         job = load_job(o.job_path)
         model = trained_model(job)
+        if o.demos or o.warm_start:
+            from tracefleet.trainer import demos
+
+            # before the engine's minutes of start-up: tasks no script can solve, or no demonstrations there
+            demos.demo_tasks(job, o.job_path.resolve().parent, o.demos) if o.demos else demos.find(o.warm_start)  # type: ignore[arg-type]
         try:
             import torch  # noqa: F401
             import transformers  # noqa: F401
@@ -274,7 +325,8 @@ class Loop:
         run_dir.mkdir(parents=True, exist_ok=True)
         result = LoopResult(run_dir=run_dir)
         t0 = time.monotonic()
-        engine, engine_url, model_dir = self._engine(model, run_dir)
+        managed = job.spec.inference.managed
+        engine, engine_url, model_dir = self._engine(model, run_dir, list(managed.extra_args or []) if managed else [])
         try:
             result.startup_s = time.monotonic() - t0
             self._train(job, engine_url, model_dir, run_dir, result)
@@ -285,7 +337,7 @@ class Loop:
         self._summary(result)
         return result
 
-    def _engine(self, model: str, run_dir: Path) -> tuple[Any, str, Path]:
+    def _engine(self, model: str, run_dir: Path, extra_args: list[str]) -> tuple[Any, str, Path]:
         """(the vLLM this loop started or None, its URL, the model directory the trainer loads)."""
         from tracefleet.engine.vllm_local import VllmFailed, VllmMissing, converted_model, launch
         from tracefleet.trainer.control import PolicyUpdateFailed, update_policy
@@ -301,7 +353,7 @@ class Loop:
             return None, url, model_dir
         self.say(f"starting vLLM (CPU build) with {model}: about two minutes on 2 cores ...")
         try:
-            engine = launch(log=run_dir / "vllm.log", model=model)
+            engine = launch(log=run_dir / "vllm.log", model=model, extra_args=extra_args)
         except (VllmMissing, VllmFailed) as exc:
             raise UsageError(str(exc).splitlines()[0]) from None
         return engine, engine.url, converted_model(model)
@@ -317,13 +369,15 @@ class Loop:
         o = self.o
         torch.manual_seed(o.seed)
         torch.set_num_threads(o.torch_threads or TRAINER_THREADS)
-        if o.held_out is not None:
-            self.say(f"scoring the held-out tasks ({o.held_out}) at policy 0 ...")
-            result.held_out_before, result.held_out_sessions = score_held_out(o.held_out, engine_url, run_dir, "before", o.parallelism)
-            self.say(f"held-out reward at policy 0: {fmt(result.held_out_before)} ({result.held_out_sessions} sessions)")
+        self._score(engine_url, run_dir, result, "before", 0)
         policy = load_policy(model_dir, o.train_layers)
+        version, demonstrated = 0, frozenset()
+        if o.demos or o.warm_start:
+            version, demonstrated = self._warm_start(policy, engine_url, run_dir, result)
+            self._score(engine_url, run_dir, result, "warm", version)
         optimizer = torch.optim.AdamW(trainable(policy), lr=o.lr)
-        loop_job = repeated_job(job, o.job_path.resolve().parent, o.iterations + o.max_lag + 2, o.traces_per_step)
+        loop_job = repeated_job(job, o.job_path.resolve().parent, o.iterations + o.max_lag + 2, o.traces_per_step,
+                                demonstrated)
         bucket = run_dir / "batches"
         rollouts = Rollouts(o.job_path, loop_job, engine_url, bucket, run_dir / "work", o.parallelism,
                             run_dir / "rollouts.log").start()
@@ -334,7 +388,6 @@ class Loop:
         deadline = started + o.minutes * 60 if o.minutes else math.inf
         reader = BatchReader(str(bucket), job.name, consumer=CONSUMER)
         hold = GenerationHold(engine_url, reader, o.max_lag)
-        version = 0
         log = open(run_dir / "loop.jsonl", "a")  # noqa: SIM115
         board = StepLogger(run_dir, self.err)  # the same figures as TensorBoard event files (RUN/tensorboard/)
         try:
@@ -384,9 +437,53 @@ class Loop:
             raise RuntimeError(f"the rollouts failed: {rollouts.error} (see {run_dir / 'rollouts.log'})")
         result.sessions = len(rollouts.run.results)
         result.calls_aborted, result.tokens_aborted = aborted_tokens(run_dir / "work" / "capture")
-        if o.held_out is not None:
-            self.say(f"scoring the held-out tasks at policy {version} ...")
-            result.held_out_after, _ = score_held_out(o.held_out, engine_url, run_dir, "after", o.parallelism)
+        self._score(engine_url, run_dir, result, "after", version)
+
+    def _score(self, engine_url: str, run_dir: Path, result: LoopResult, tag: str, version: int) -> None:
+        """The held-out tasks (and score_train of the job's own) on the engine's current weights."""
+        o = self.o
+        sets = [("held-out", "held_out", o.held_out, None)] if o.held_out is not None else []
+        if o.score_train:
+            sets.append(("train", "train", o.job_path, o.score_train))
+        for what, attr, path, last in sets:
+            self.say(f"scoring the {what} tasks ({path}) at policy {version} ...")
+            mean, n = score_held_out(path, engine_url, run_dir, f"{tag}" if attr == "held_out" else f"train-{tag}",
+                                     o.parallelism, o.score_limit, last)
+            setattr(result, f"{attr}_{tag}", mean)
+            setattr(result, f"{attr}_sessions", n)
+            self.say(f"{what} reward at policy {version}: {fmt(mean)} ({n} sessions)")
+
+    def _warm_start(self, policy: Any, engine_url: str, run_dir: Path, result: LoopResult) -> tuple[int, frozenset[str]]:
+        """Demonstrations (recorded now through the job's harness, or found), the supervised warm start on their
+        sampled tokens, its weights into the engine as policy 1; (that version, the demonstrated task ids)."""
+        import torch
+
+        from tracefleet.trainer import demos
+        from tracefleet.trainer.control import update_policy
+        from tracefleet.trainer.grpo import save_weights, sft, trainable
+
+        o = self.o
+        t0 = time.monotonic()
+        if o.demos:
+            self.say(f"recording {o.demos} demonstrations through the job's harness (the scripted engine) ...")
+            found = demos.record(o.job_path, run_dir / "demos", o.demos, parallelism=o.parallelism, err=self.err)
+            result.warm.update(demo_sessions=found.sessions, record_s=round(found.seconds, 1))
+        else:
+            found = demos.find(o.warm_start)  # type: ignore[arg-type]
+        t, demonstrated = demos.tensors(found), demos.task_ids(found)
+        self.say(f"warm start on {int(t['input_ids'].shape[0])} demonstrations "
+                 f"({int(t['loss_mask'].sum())} sampled tokens), {o.warm_epochs} epochs, lr {o.warm_lr:g} ...")
+        t_sft = time.monotonic()
+        stats = sft(policy, torch.optim.AdamW(trainable(policy), lr=o.warm_lr), t, epochs=o.warm_epochs,
+                    seed=o.seed, log=self.say)
+        sft_s = time.monotonic() - t_sft
+        report = update_policy([engine_url], save_weights(policy, run_dir / "checkpoints" / "policy-1"), 1)
+        result.warm.update(demos=stats["rows"], tokens=stats["tokens"], epochs=stats["epochs"], nll=stats["nll"],
+                           sft_s=round(sft_s, 1), sync_s=round(report.seconds, 3),
+                           seconds=round(time.monotonic() - t0, 1))
+        with open(run_dir / "warm-start.json", "w") as f:
+            json.dump(result.warm, f)
+        return 1, demonstrated
 
     def _summary(self, r: LoopResult) -> None:
         first, last = r.reward_rise()
@@ -397,9 +494,16 @@ class Loop:
             f"batch reward: first two steps {fmt(first)}, last two {fmt(last)}"
             + (f" ({last - first:+.2f})" if first is not None and last is not None else ""),
         ]
-        if r.held_out_before is not None or r.held_out_after is not None:
-            lines.append(f"held-out reward: {fmt(r.held_out_before)} at policy 0, {fmt(r.held_out_after)} after "
-                         f"({r.held_out_sessions} sessions each)")
+        if r.warm:
+            lines.append(f"warm start: {r.warm['demos']} demonstrations, {r.warm['tokens']} tokens, NLL per token "
+                         f"{' -> '.join(f'{x:.3f}' for x in r.warm['nll'])} over {r.warm['epochs']} epochs "
+                         f"({r.warm['seconds']:.0f} s in all)")
+        for what, attr, n in (("held-out", "held_out", r.held_out_sessions), ("train", "train", r.train_sessions)):
+            scores = [getattr(r, f"{attr}_{tag}") for tag in ("before", "warm", "after")]
+            if any(x is not None for x in scores):
+                warm = f", {fmt(scores[1])} after the warm start" if r.warm else ""
+                lines.append(f"{what} reward: {fmt(scores[0])} at policy 0{warm}, {fmt(scores[2])} after "
+                             f"({n} sessions each)")
         if syncs:
             lines.append(f"weight sync: mean {sum(syncs) / len(syncs):.2f} s, max {max(syncs):.2f} s per step; "
                          f"train/inference mean |dlogprob| {sci(sum(mism) / len(mism) if mism else None)}")

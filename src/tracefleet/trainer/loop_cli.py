@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tracefleet.trainer.loop import DEFAULT_EPOCHS, DEFAULT_LR, DEFAULT_TRAIN_LAYERS, TRAINER_THREADS
+from tracefleet.trainer.loop import (
+    DEFAULT_EPOCHS,
+    DEFAULT_LR,
+    DEFAULT_TRAIN_LAYERS,
+    DEFAULT_WARM_EPOCHS,
+    DEFAULT_WARM_LR,
+    TRAINER_THREADS,
+)
 from tracefleet.usage import UsageError, positive_int
 
 EPILOG = """\
@@ -15,6 +22,10 @@ examples:
       into the engine after every step; one line per step
   tracefleet train examples/loop/job.yaml --minutes 30 --held-out examples/loop/held-out.yaml
       a time budget, and the held-out tasks scored before the first update and after the last
+  tracefleet train examples/harness-train/job.yaml --demos 32 --held-out examples/harness-train/held-out.yaml
+      through a real harness (Pi): 32 demonstrations recorded through Pi first (the scripted engine playing a
+      correct agent in Pi's tool protocol), a supervised warm start on their tokens, then GRPO on Pi sessions;
+      the held-out tasks scored at policy 0, after the warm start and after the last step
   tracefleet train job.yaml --engine-url http://127.0.0.1:8000
       use a vLLM already started by `tracefleet engine --backend vllm` (reset to its base weights first)
 
@@ -47,6 +58,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"train the top N decoder layers (default {DEFAULT_TRAIN_LAYERS}; 0: every layer)")
     parser.add_argument("--epochs", type=positive_int, default=DEFAULT_EPOCHS, metavar="N",
                         help=f"optimizer updates per batch, the PPO clip bounding them (default {DEFAULT_EPOCHS})")
+    warm = parser.add_mutually_exclusive_group()
+    warm.add_argument("--demos", type=positive_int, metavar="N",
+                      help="record N demonstrations of the job's first tasks through its harness (generated tasks: "
+                           "python -m tracefleet.trainer.filetasks), then warm-start on them before GRPO")
+    warm.add_argument("--warm-start", type=Path, metavar="DIR",
+                      help="warm-start on demonstrations recorded before (python -m tracefleet.trainer.demos)")
+    parser.add_argument("--warm-epochs", type=positive_int, default=DEFAULT_WARM_EPOCHS, metavar="N",
+                        help=f"passes over the demonstrations (default {DEFAULT_WARM_EPOCHS})")
+    parser.add_argument("--warm-lr", type=float, default=DEFAULT_WARM_LR,
+                        help=f"the warm start's AdamW learning rate (default {DEFAULT_WARM_LR:g})")
+    parser.add_argument("--score-limit", type=positive_int, metavar="N",
+                        help="score at most N tasks of the held-out job (and of --score-train)")
+    parser.add_argument("--score-train", type=int, default=0, metavar="N",
+                        help="also score the job's last N tasks (one sample each) before, after the warm start and after")
     parser.add_argument("--torch-threads", type=positive_int, metavar="N",
                         help=f"CPU threads for the trainer (default {TRAINER_THREADS}: vLLM's CPU build holds the other cores)")
 
@@ -58,12 +83,16 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError("--train-layers must be 0 (every layer) or more")
     if args.max_lag < 0:
         raise UsageError("--max-lag must be 0 or more")
+    if args.warm_start is not None and not args.warm_start.is_dir():
+        raise UsageError(f"--warm-start {args.warm_start}: no such folder")
     if args.minutes is not None and args.minutes <= 0:
         raise UsageError("--minutes must be more than 0")
     options = LoopOptions(job_path=args.job, iterations=args.iterations, minutes=args.minutes, lr=args.lr,
                           max_lag=args.max_lag, seed=args.seed, traces_per_step=args.traces_per_step,
                           output=args.output, engine_url=args.engine_url, held_out=args.held_out,
                           parallelism=args.parallelism, torch_threads=args.torch_threads,
-                          train_layers=args.train_layers or None, epochs=args.epochs)
+                          train_layers=args.train_layers or None, epochs=args.epochs, demos=args.demos,
+                          warm_start=args.warm_start, warm_epochs=args.warm_epochs, warm_lr=args.warm_lr,
+                          score_limit=args.score_limit, score_train=max(0, args.score_train))
     result = run_loop(options)
     return 0 if result.steps else 1

@@ -1,0 +1,167 @@
+"""Bench: training through a real harness (Pi) with `tracefleet train`, the whole recipe over seeds.
+
+    .venv/bin/python bench/harness_loop.py [--seeds 0 1 2] [--minutes 40] [--demos 32] [--warm-epochs 3]
+        [--score-limit 50] [--score-train 24] [--base-sample 8] [--base-models gemma3-270m]
+        [--job examples/harness-train/job.yaml] [--held-out examples/harness-train/held-out.yaml]
+        [--vllm-url URL] [--out DIR]
+
+First, before anything is trained, the base rate of shipped models through the job's harness on the held-out
+tasks at the loop's sampling settings (the engine's defaults: temperature 1): `--base-sample` held-out tasks, one
+session each, for each of `--base-models` on the CPU engine (`tracefleet run`'s own; SmolLM2's is the first seed's
+policy-0 score on vLLM).
+
+Then per seed, on one real vLLM (CPU build, SmolLM2-135M-Instruct, started with the job's extraArgs, or
+`--vllm-url`), `tracefleet train JOB --demos N --held-out HELD --score-train M` from the base weights: N
+demonstrations recorded through the real CLI (the scripted engine playing a correct agent in the harness's own tool
+protocol, exact mode), the supervised warm start on their sampled tokens, GRPO on the policy's own sessions for
+`--minutes`; the held-out tasks and M of the job's own tasks scored at policy 0, after the warm start and after RL.
+Printed per seed: base / warm start / RL on train and held-out, steps, wall time (first demonstration to last
+held-out score), syncs and their seconds, the train/inference mismatch. Everything measured; each seed's steps are
+in OUT/seed-N/loop.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tracefleet.engine.vllm_local import launch
+from tracefleet.trainer.loop import (
+    DEFAULT_EPOCHS,
+    DEFAULT_LR,
+    DEFAULT_TRAIN_LAYERS,
+    DEFAULT_WARM_EPOCHS,
+    DEFAULT_WARM_LR,
+    LoopOptions,
+    LoopResult,
+    fmt,
+    run_loop,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "harness-train"
+
+
+def base_rate(held_out: Path, model: str, sample: int, out: Path) -> tuple[float | None, int]:
+    """The held-out job's first `sample` tasks, one session each, on `model` served by `tracefleet run`'s own
+    CPU engine (llama.cpp, its default temperature 1)."""
+    from tracefleet.api.manifest import load_job
+    from tracefleet.runner.local import LocalOptions, LocalRun
+    from tracefleet.trainer.loop import job_tasks, with_tasks
+
+    job = load_job(held_out)
+    managed = job.spec.inference.managed.model_copy(update={"model": model})
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={"inference": job.spec.inference.model_copy(
+        update={"managed": managed})})})
+    job = with_tasks(job, job_tasks(job, held_out.resolve().parent)[:sample], 1, sample, name=f"base-{model}")
+    with open(out / f"base-{model}.log", "w") as log:
+        run = LocalRun(LocalOptions(job_path=held_out, output=str(out / f"base-{model}"), work_dir=out / "work" / model,
+                                    progress_interval_s=30.0), out=log, summary=log)
+        run.job = job
+        run.run()
+    rewards = [r.result.reward for r in run.results]
+    return (statistics.fmean(rewards) if rewards else None), len(rewards)
+
+
+def seed_row(seed: int, r: LoopResult) -> dict[str, object]:
+    syncs = [s["sync_s"] for s in r.steps]
+    mism = [s["mean_abs_dlogprob"] for s in r.steps if s.get("mean_abs_dlogprob") is not None]
+    same = [s["same_version_max_abs_dlogprob"] for s in r.steps if s.get("same_version_max_abs_dlogprob") is not None]
+    return {"seed": seed, "steps": len(r.steps), "wall_min": round(r.wall_s / 60, 1), "sessions": r.sessions,
+            "held_out": [r.held_out_before, r.held_out_warm, r.held_out_after], "held_out_sessions": r.held_out_sessions,
+            "train": [r.train_before, r.train_warm, r.train_after], "train_sessions": r.train_sessions,
+            "warm": r.warm, "rewards": [s["reward_mean"] for s in r.steps],
+            "syncs": len(syncs) + (1 if r.warm else 0), "sync_mean_s": statistics.fmean(syncs) if syncs else None,
+            "sync_max_s": max(syncs) if syncs else None,
+            "mismatch_mean": statistics.fmean(mism) if mism else None,
+            "mismatch_max": max((s.get("max_abs_dlogprob") or 0.0) for s in r.steps) if r.steps else None,
+            "same_version_max": max(same) if same else None,
+            "train_mean_s": statistics.fmean(s["train_s"] for s in r.steps) if r.steps else None,
+            "calls_aborted": r.calls_aborted, "tokens_aborted": r.tokens_aborted,
+            "stale_tokens_masked": sum(s["stale_tokens_masked"] for s in r.steps)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--minutes", type=float, default=40.0, help="GRPO minutes per seed")
+    p.add_argument("--iterations", type=int, default=1000)
+    p.add_argument("--demos", type=int, default=32)
+    p.add_argument("--warm-epochs", type=int, default=DEFAULT_WARM_EPOCHS)
+    p.add_argument("--warm-lr", type=float, default=DEFAULT_WARM_LR)
+    p.add_argument("--lr", type=float, default=DEFAULT_LR)
+    p.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
+    p.add_argument("--train-layers", type=int, default=DEFAULT_TRAIN_LAYERS)
+    p.add_argument("--max-lag", type=int, default=1)
+    p.add_argument("--traces-per-step", type=int)
+    p.add_argument("--score-limit", type=int, help="held-out (and train) tasks scored (default: all 50)")
+    p.add_argument("--score-train", type=int, default=24)
+    p.add_argument("--base-sample", type=int, default=8, help="held-out tasks per --base-models model")
+    p.add_argument("--base-models", nargs="*", default=["gemma3-270m"])
+    p.add_argument("--job", type=Path, default=EXAMPLE / "job.yaml")
+    p.add_argument("--held-out", type=Path, default=EXAMPLE / "held-out.yaml")
+    p.add_argument("--vllm-url")
+    p.add_argument("--out", type=Path)
+    a = p.parse_args()
+    out = a.out or Path(tempfile.mkdtemp(prefix="tf-bench-harness-"))
+    out.mkdir(parents=True, exist_ok=True)
+    base = {}
+    for model in a.base_models:
+        t0 = time.monotonic()
+        base[model] = base_rate(a.held_out, model, a.base_sample, out)
+        print(f"base rate through the harness, {model} (CPU engine): {fmt(base[model][0])} over {base[model][1]} "
+              f"held-out sessions ({time.monotonic() - t0:.0f} s)", flush=True)
+    engine = None
+    url = a.vllm_url
+    if url is None:
+        from tracefleet.api.manifest import load_job
+
+        t0 = time.monotonic()
+        managed = load_job(a.job).spec.inference.managed
+        engine = launch(log=out / "vllm.log", extra_args=list(managed.extra_args or []) if managed else [])
+        url = engine.url
+        print(f"vLLM up in {time.monotonic() - t0:.0f} s at {url}", flush=True)
+    rows = []
+    try:
+        for seed in a.seeds:
+            print(f"--- seed {seed}: {a.demos} demonstrations, warm start {a.warm_epochs} epochs at {a.warm_lr:g}, "
+                  f"GRPO {a.minutes:g} min at {a.lr:g}", flush=True)
+            r = run_loop(LoopOptions(job_path=a.job, iterations=a.iterations, minutes=a.minutes, lr=a.lr,
+                                     max_lag=a.max_lag, seed=seed, traces_per_step=a.traces_per_step,
+                                     output=out / f"seed-{seed}", engine_url=url, held_out=a.held_out,
+                                     train_layers=a.train_layers or None, epochs=a.epochs, demos=a.demos,
+                                     warm_epochs=a.warm_epochs, warm_lr=a.warm_lr, score_limit=a.score_limit,
+                                     score_train=a.score_train))
+            rows.append(seed_row(seed, r))
+            print(json.dumps(rows[-1]), flush=True)
+            (out / "bench.json").write_text(json.dumps({"base": base, "seeds": rows}, indent=1))
+    finally:
+        if engine is not None:
+            engine.stop()
+    print("\nbase rate on the held-out tasks (temperature 1, before anything is trained):")
+    for model, (mean, n) in base.items():
+        print(f"  {model}: {fmt(mean)} over {n} sessions")
+    print("\nseed  steps  wall min  held-out base/warm/RL    train base/warm/RL    syncs (mean/max s)  "
+          "|dlp| mean / max / same-version max   aborted")
+    for r in rows:
+        ho, tr = r["held_out"], r["train"]
+        print(f"{r['seed']:>4}  {r['steps']:>5}  {r['wall_min']:>8}  {fmt(ho[0])} / {fmt(ho[1])} / {fmt(ho[2]):<8}  "
+              f"{fmt(tr[0])} / {fmt(tr[1])} / {fmt(tr[2]):<8}  {r['syncs']} ({fmt(r['sync_mean_s'])}/{fmt(r['sync_max_s'])})"
+              f"  {fmt(r['mismatch_mean'], 4)} / {fmt(r['mismatch_max'], 3)} / {fmt(r['same_version_max'], 5)}  "
+              f"{r['calls_aborted']}/{r['tokens_aborted']}")
+    final = [r["held_out"][2] for r in rows if r["held_out"][2] is not None]
+    gain = [r["held_out"][2] - r["held_out"][1] for r in rows if None not in r["held_out"][1:]]
+    if final:
+        print(f"mean held-out after RL over {len(final)} seeds: {statistics.fmean(final):.2f} (goal >= 0.5); "
+              f"GRPO over the warm start: {statistics.fmean(gain) if gain else float('nan'):+.2f} (goal >= +0.15); "
+              f"results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

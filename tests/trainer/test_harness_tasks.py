@@ -1,0 +1,99 @@
+"""The generated task family for training through a real harness (tracefleet.trainer.filetasks) and the
+demonstrations recorded through the real Pi CLI (tracefleet.trainer.demos): disjoint splits, a judge that reads
+the workspace and never the transcript, and demonstration traces whose trainable tokens are exactly the tokens the
+engine sampled, in Pi's own tool protocol as exact mode parsed it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tracefleet.engine.scripted import scripted_backend_for
+from tracefleet.traces import BatchReader
+from tracefleet.trainer import demos, filetasks
+from tracefleet.trainer.filetasks import FileTask, generate, shell_commands, verdict
+
+from fixtures.harness_traces import session_records, trace_problems
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "harness-train"
+
+
+def test_the_family_has_disjoint_train_and_held_out_instances_and_the_example_is_generated() -> None:
+    train, held = generate(seed=0)
+    assert len(train) >= 200 and len(held) >= 50
+    assert {t.kind for t in train} == {t.kind for t in held} == set(filetasks.KINDS)
+
+    def names(tasks: list[FileTask]) -> set[str]:
+        return {n for t in tasks for n in (t.file, t.new_file) if n}
+
+    assert not names(train) & names(held) and not {t.prompt for t in train} & {t.prompt for t in held}
+    assert len({t.prompt for t in train + held}) == len(train) + len(held)
+    assert [t.prompt for t in generate(seed=0)[0]] == [t.prompt for t in train]  # seeded
+    assert [t.prompt for t in generate(seed=1)[0]] != [t.prompt for t in train]
+    # the checked-in example is what the generator writes (python -m tracefleet.trainer.filetasks examples/harness-train)
+    for name, tasks in ((filetasks.TRAIN_FILE, train), (filetasks.HELD_OUT_FILE, held)):
+        assert (EXAMPLE / name).read_text() == "".join(json.dumps(t.spec()) + "\n" for t in tasks), name
+        assert [t.prompt for t in filetasks.load_tasks(EXAMPLE / name)] == [t.prompt for t in tasks]
+
+
+def sh(command: str, cwd: Path) -> None:
+    subprocess.run(["sh", "-c", command], cwd=cwd, check=True)
+
+
+def test_the_judge_reads_the_workspace_it_is_given(tmp_path: Path) -> None:
+    train, _ = generate(seed=0)
+    for task in train[:8]:  # two of each kind
+        ws = tmp_path / task.id
+        ws.mkdir()
+        for command in task.spec().get("workspace", {}).get("setup", []):
+            sh(command, ws)
+        before = verdict(task.expect, ws)
+        assert before["reward"] == 0.0 and before["problems"], (task.kind, before)
+        for command in shell_commands(task):
+            sh(command, ws)
+        assert verdict(task.expect, ws) == {"reward": 1.0, "problems": []}, (task.kind, task.prompt)
+        ctx = {"task": {"id": task.id, "metadata": task.spec()["metadata"]}, "workdir": str(ws)}
+        assert filetasks.judge(ctx)["reward"] == 1.0
+    with pytest.raises(ValueError, match="not a workspace-files task"):
+        filetasks.judge({"task": {"id": "x", "metadata": {}}, "workdir": str(tmp_path)})
+
+
+def completion_text_is_canonical(tokenizer: Any, ids: list[int]) -> bool:
+    """The completion (without its end-of-turn token) is what the tokenizer makes of its own text."""
+    body = ids[:-1]
+    return tokenizer.encode(tokenizer.decode(body, skip_special_tokens=False), add_special_tokens=False) == body
+
+
+@pytest.mark.slow
+def test_demonstrations_through_pi_are_rewarded_only_for_the_work_and_train_on_sampled_tokens(
+        harness_binaries: Any, tmp_path: Path) -> None:
+    job = EXAMPLE / "job.yaml"
+    tasks = filetasks.load_tasks(EXAMPLE / filetasks.TRAIN_FILE)[:5]
+    script = filetasks.demo_script(tasks[:4])
+    # the fifth session only claims the work: its final answer says it is done, no tool is called
+    script["routes"].append({"marker": tasks[4].prompt, "commands": [], "steps": [],
+                             "final_text": f"Created {tasks[4].file} with the text you asked for."})
+    found = demos.record(job, tmp_path / "demos", 5, script=script)
+    assert (found.sessions, found.accepted) == (5, 4), (tmp_path / "demos" / "record.log").read_text()[-3000:]
+
+    tokenizer = scripted_backend_for("smollm2").tokenizer
+    reader = BatchReader(str(found.folder), found.job)
+    rows = [row for m in reader.batches() for row in reader.read(m).table.to_pylist()]
+    assert sorted(r["task_id"] for r in rows) == sorted(t.id for t in tasks[:4])  # accepted ones only
+    by_id = {t.id: t for t in tasks}
+    for row in rows:
+        records = session_records(tmp_path / "demos" / "work" / "capture", row["session_id"])
+        assert trace_problems(row, records) == [], row["task_id"]
+        assert len(records) == len(row["spans"]) == len(filetasks.pi_steps(by_id[row["task_id"]])) + 1  # one chain
+        calls = [(c["name"], json.loads(c["arguments"])) for r in records.values() for c in (r.tool_calls or [])]
+        assert calls == filetasks.pi_steps(by_id[row["task_id"]])  # exact mode parsed Pi's own tool calls
+        assert all(completion_text_is_canonical(tokenizer, r.completion_ids) for r in records.values())
+
+    assert demos.task_ids(found) == {t.id for t in tasks[:4]}  # what the loop puts last in each round
+    t = demos.tensors(found)
+    assert int(t["loss_mask"].sum()) == sum(row["num_trainable"] for row in rows)
