@@ -5,7 +5,7 @@
     Sealer(open_bucket("s3://bucket/prefix"), "j").seal(result.traces)
     for batch in BatchReader("s3://bucket/prefix", job="j", consumer="trainer").follow(): ...
 
-See README.md in this folder for the schema and the bucket layout.
+The schema and the bucket layout: docs/reference/bucket.md.
 """
 
 from tracefleet.traces.advantages import group_advantages

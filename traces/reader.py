@@ -80,9 +80,9 @@ def check_behaviour_logprobs(table: pa.Table) -> None:
     raw = modes.count(RAW_LOGPROBS)
     if raw:
         raise RawLogprobs(
-            f"{raw} of {len(modes)} spans hold raw logprobs (vLLM --logprobs-mode raw_logprobs: taken before "
-            "temperature/top-k/top-p), not the behaviour policy's: run vLLM with --logprobs-mode processed_logprobs, "
-            "or pass allow_raw_logprobs=True if the trainer corrects for it")
+            f"{raw} of {len(modes)} spans hold raw logprobs (taken before temperature/top-k/top-p), not the behaviour "
+            "policy's: serve processed logprobs (vLLM: --logprobs-mode processed_logprobs; the CPU engine reports "
+            "them), or pass allow_raw_logprobs=True if the trainer corrects for it")
 
 
 @dataclass
