@@ -84,7 +84,9 @@ def main() -> int:
             on = np.asarray(r.loss_mask[1:]) > 0
             diffs.append(np.abs(np.asarray(lp)[on] - np.asarray(r.logprobs[1:])[on]))
         d = np.concatenate(diffs)
-        print(f"sampled tokens {d.size}: |server - vLLM| logprob max {d.max():.4f} mean {d.mean():.4f}; "
+        context = np.concatenate([np.asarray(lp)[np.asarray(r.loss_mask[1:]) == 0] for r, lp in zip(rows, step["logprobs"])])
+        print(f"sampled tokens {d.size}: |server - vLLM| logprob max {d.max():.3e} mean {d.mean():.3e}; the server's "
+              f"mean logprob on {context.size} context targets {context.mean():.3f} (its own forward, not an echo); "
               f"metrics {step['metrics']}", flush=True)
         weights = bridge.export_weights(service, training, "policy-1", model_dir, a.work / "ckpt" / "policy-1")
         from tracefleet.trainer.control import update_policy

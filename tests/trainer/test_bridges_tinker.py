@@ -73,3 +73,10 @@ def test_a_lora_adapter_is_merged_into_the_base_weights(tmp_path: Path) -> None:
 def _safetensors_bytes(tensors: dict[str, torch.Tensor], tmp: Path) -> bytes:
     save_file(tensors, str(tmp / "adapter.safetensors"))
     return (tmp / "adapter.safetensors").read_bytes()
+
+
+def test_checkpoint_paths_of_both_servers() -> None:
+    assert bridge.checkpoint_ids("tinker://run-1/sampler_weights/policy-3") == ("run-1", "policy-3")
+    assert bridge.checkpoint_ids("tinker://model_8c72be51/policy-1") == ("model_8c72be51", "policy-1")  # SkyRL
+    with pytest.raises(ValueError, match="not a tinker checkpoint path"):
+        bridge.checkpoint_ids("s3://bucket/policy-1")

@@ -111,13 +111,22 @@ def checkpoint_from_archive(archive: bytes, base_dir: Path, out: Path) -> Path:
     return out
 
 
+def checkpoint_ids(tinker_path: str) -> tuple[str, str]:
+    """(training run id, checkpoint id) of a sampler-weights path: `tinker://RUN/sampler_weights/ID` as Thinking
+    Machines writes it, `tinker://RUN/ID` as SkyRL does (the client's own parser takes only the first)."""
+    parts = tinker_path.removeprefix("tinker://").split("/")
+    if not tinker_path.startswith("tinker://") or len(parts) < 2 or not all(parts):
+        raise ValueError(f"not a tinker checkpoint path: {tinker_path}")
+    return parts[0], parts[-1]
+
+
 def export_weights(service_client: Any, training_client: Any, name: str, base_dir: Path, out: Path) -> Path:
     """The training client's current weights as a checkpoint directory the engine reads (checkpoint_from_archive)."""
     import httpx
 
     saved = training_client.save_weights_for_sampler(name).result()
-    rest = service_client.create_rest_client()
-    url = rest.get_checkpoint_archive_url_from_tinker_path(saved.path).result().url
+    run, checkpoint = checkpoint_ids(saved.path)
+    url = service_client.create_rest_client().get_checkpoint_archive_url(run, checkpoint).result().url
     response = httpx.get(url, timeout=600, follow_redirects=True).raise_for_status()
     return checkpoint_from_archive(response.content, base_dir, out)
 
