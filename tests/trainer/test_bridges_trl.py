@@ -26,16 +26,12 @@ from tracefleet.traces import BatchReader
 from tracefleet.trainer import EngineControl
 from tracefleet.trainer.bridges.trl import ADVANTAGE_KEY, REWARD_KEY, TrlRollouts
 
-from fixtures.bridge_batches import close, expected_advantages, expected_response, harness_of, sealed_batch
+from fixtures.bridge_batches import close, expected_advantages, expected_response, harness_of, real_run, sealed_batch
 from fixtures.checkpoints import restore_served_weights
-from fixtures.local_runs import QUICKSTART, run_local
 from fixtures.proxy_on_vllm import served_model_dir
 
 JOB = "trl-bridge"
 SAMPLES = 4
-# the code the agent left in the task's files, in characters / 1000: a reward that differs between samples
-LENGTH_REWARD = ("import json, pathlib; n = sum(len(p.read_text()) for p in pathlib.Path('.').glob('*.py') "
-                 "if not p.name.startswith('test_')); print(json.dumps({'reward': n / 1000}))")
 
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -94,25 +90,9 @@ def test_one_grpo_trainer_step_on_a_real_runs_batch_updates_vllm(vllm_server: An
     with without_tests_on_path():
         from trl import GRPOConfig, GRPOTrainer
 
-    job = {
-        "apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": JOB},
-        "spec": {
-            "inference": {"external": {"baseUrl": vllm_server.url}, "capture": {"mode": "server"}},
-            "harness": {"preset": "command", "command": ["python", str(QUICKSTART / "agent.py"), "{prompt}"],
-                        "env": {"AGENT_MAX_TURNS": "2", "AGENT_MAX_TOKENS": "48", "AGENT_TEMPERATURE": "0.8"},
-                        "sessionTimeoutSeconds": 300},
-            "tasks": {"samplesPerTask": SAMPLES, "inline": [{
-                "id": "add", "prompt": "Write the Python function add(a, b) in calc.py: it returns the sum of a and b.",
-                "workspace": {"repo": str(QUICKSTART / "tasks" / "add")}}]},
-            "evaluator": {"preset": "command", "command": ["python", "-c", LENGTH_REWARD], "timeoutSeconds": 60},
-            "output": {"uri": str(tmp_path / "out"), "tracesPerBatch": SAMPLES},
-            "parallelism": 2,
-        },
-    }
-    done, seconds = run_local(job, tmp_path, engine_url=vllm_server.url, timeout_s=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    reader = BatchReader(tmp_path / "out", JOB, consumer="trl")
-    assert reader.seqs(), done.stdout
+    out = real_run(vllm_server.url, tmp_path, JOB, samples=SAMPLES, turns=2, max_tokens=48, temperature=0.8)
+    reader = BatchReader(out, JOB, consumer="trl")
+    assert reader.seqs()
 
     model_dir = Path(served_model_dir(vllm_server.url))
     engine = EngineControl(vllm_server.url)
@@ -132,7 +112,7 @@ def test_one_grpo_trainer_step_on_a_real_runs_batch_updates_vllm(vllm_server: An
         with without_tests_on_path():
             trainer.train()
         logged = next(h for h in trainer.state.log_history if "loss" in h)
-        print(f"\nrun {seconds:.0f} s; TRL step: {logged}; policy update {sync.reports[0].seconds:.2f} s")
+        print(f"\nTRL step: {logged}; policy update {sync.reports[0].seconds:.2f} s")
         assert math.isfinite(logged["loss"])
         changed = [n for n, p in model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
         assert changed, "the step changed no trained tensor"
