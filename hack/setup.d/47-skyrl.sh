@@ -2,9 +2,9 @@
 # doors: test
 # A real Tinker-API server for the Tinker bridge's test: SkyRL's `skyrl.tinker.api` with its JAX backend on CPU,
 # in its own venv under the cache ($TRACEFLEET_CACHE/skyrl/venv; Python 3.12: SkyRL's types need
-# typing_extensions' TypedDict on older Pythons; tinker 0.24.1, the newest client it speaks). Its API server
-# starts the engine as `uv run ... -m skyrl.tinker.engine` (a uv project checkout): $TRACEFLEET_CACHE/skyrl/bin/uv
-# runs that module with the venv's python. Idempotent: a finished venv carries a .installed stamp. Cold: about
+# typing_extensions' TypedDict on older Pythons; tinker 0.24.1, the newest client it speaks). SkyRL expects a
+# uv project checkout: its API server must be started as `uv run -m skyrl.tinker.api` and starts its engine as
+# `uv run ... -m skyrl.tinker.engine`; $TRACEFLEET_CACHE/skyrl/bin/uv runs such a module with the venv's python. Idempotent: a finished venv carries a .installed stamp. Cold: about
 # 3 GB downloaded (torch and its CUDA libraries, which peft pulls in, and jax), a ~6 GB venv; uv's cache is 45-vllm.sh's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,9 +31,10 @@ fi
 mkdir -p "$ROOT/bin"
 cat > "$ROOT/bin/uv" <<'SHIM'
 #!/usr/bin/env bash
-# SkyRL's API server starts its engine as `uv run <flags> -m skyrl.tinker.engine ARGS`: run the module with the venv's python
+# `uv run <flags> -m MODULE ARGS` runs the module with the venv's python, as a child: SkyRL's API server reads
+# its parent's command line for the `uv run` flags it starts its engine with
 while [ $# -gt 0 ] && [ "$1" != "-m" ]; do shift; done
-exec "$(dirname "$0")/../venv/bin/python" "$@"
+"$(dirname "$0")/../venv/bin/python" "$@"
 SHIM
 chmod +x "$ROOT/bin/uv"
 "$VENV/bin/python" -c "import skyrl.tinker.api, jax" >/dev/null

@@ -42,14 +42,14 @@ STARTUP_S = 300
 
 @pytest.fixture(scope="module")
 def skyrl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    python = SKYRL / "venv" / "bin" / "python"
     if not (SKYRL / "venv" / ".installed").is_file():
         pytest.fail(f"SkyRL's Tinker-API server is not installed ({SKYRL}): bash hack/setup.d/47-skyrl.sh", pytrace=False)
     work = tmp_path_factory.mktemp("skyrl")
     port = free_port()
     log = open(work / "server.log", "wb")
     proc = subprocess.Popen(
-        [str(python), "-m", "skyrl.tinker.api", "--base-model", str(converted_model("smollm2")), "--backend", "jax",
+        # started as SkyRL expects, through `uv run` (the setup part's uv runs the venv's python)
+        [str(SKYRL / "bin" / "uv"), "run", "-m", "skyrl.tinker.api", "--base-model", str(converted_model("smollm2")), "--backend", "jax",
          "--backend-config", BACKEND_CONFIG, "--checkpoints-base", str(work / "checkpoints"),
          "--database-url", f"sqlite:///{work / 'db.sqlite'}", "--host", "127.0.0.1", "--port", str(port)],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=work,
@@ -68,7 +68,8 @@ def skyrl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             time.sleep(2)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
