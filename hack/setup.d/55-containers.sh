@@ -60,15 +60,7 @@ if ! podman_ image exists "$BASE_IMAGE"; then
   echo "    imported $BASE_IMAGE from $rootfs"
 fi
 
-find_python312() {
-  local cand
-  for cand in "$(command -v python3.12 2>/dev/null || true)" /usr/bin/python3.12 /usr/local/bin/python3.12 \
-              "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.12*/bin/python3.12; do
-    [ -n "$cand" ] && [ -x "$cand" ] && "$cand" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null \
-      && { echo "$cand"; return 0; }
-  done
-  return 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/../python312.sh"  # find_python312
 venv="$TRACEFLEET_CACHE/harbor-venv-$HARBOR_VERSION"
 if [ "${TRACEFLEET_SETUP_DOOR:-test}" = images ]; then
   :  # the image build needs podman and the base image only

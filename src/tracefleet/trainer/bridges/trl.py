@@ -1,0 +1,141 @@
+"""Hugging Face TRL: `GRPOTrainer(rollout_func=TrlRollouts(reader), callbacks=[PolicySync(...)])` trains on a
+RolloutJob's sealed batches instead of generating.
+
+TRL's contract (trl 1.16.0, trl/trainer/grpo_trainer.py, `_generate`): the trainer hands `rollout_func` the
+generation batch's prompts, each repeated `num_generations` times in a row (its RepeatSampler), and wants one
+completion per prompt back: `prompt_ids`, `completion_ids`, `logprobs` (the sampling policy's, per completion
+token), optionally `env_mask` (1 on the tokens the model generated, 0 on the ones an environment added); every
+other key reaches the reward functions as a keyword argument. It computes advantages over consecutive blocks of
+`num_generations`. So each block here is one GRPO group of the job:
+
+- a trace's prompt is its first call's prompt; its completion is every token after it, `env_mask` 0 on the tool
+  results and harness text between the calls, `logprobs` the engine's on the sampled tokens (0.0 elsewhere)
+- the dataset's prompts are placeholders (`placeholder_dataset`): what a group was asked is in its tokens
+- `tracefleet_advantage` (the reader's group advantage) and `tracefleet_reward` (the session's reward) are
+  passed to the reward functions: `session_advantage` with `GRPOConfig(scale_rewards="none")` makes TRL's
+  advantages tracefleet's (a block's mean is then 0: one trace per session), `session_reward` lets TRL normalise
+- a group with fewer traces than `num_generations` (an infrastructure failure left out by the reader) is filled
+  with unscorable rows: every reward None (TRL leaves them out of the block's statistics and gives them advantage
+  0) and `env_mask` all 0 (no token of theirs is in the loss); a group with fewer than two sessions is skipped
+
+`PolicySync` saves the trained tensors after each optimizer step, calls `update_policy` on the job's engines (the
+engines' version label becomes the step's) and commits the batches whose groups were all trained on.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from tracefleet.trainer.bridges.rows import Rollout, groups
+
+ADVANTAGE_KEY = "tracefleet_advantage"
+REWARD_KEY = "tracefleet_reward"
+GROUP_KEY = "tracefleet_group"
+PLACEHOLDER_PROMPT = "tracefleet"
+
+
+class TrlRollouts:
+    """`rollout_func` for `trl.GRPOTrainer`: whole groups from `reader.follow()` (a BatchReader with a consumer),
+    `follow_options` passed to it (poll_s, timeout_s, idle_exit), `row_options` to rows.rollouts (max_lag...)."""
+
+    def __init__(self, reader: Any, *, follow_options: dict[str, Any] | None = None, **row_options: Any) -> None:
+        self.reader = reader
+        self.row_options = row_options
+        self._batches: Iterator[Any] = reader.follow(**(follow_options or {}))
+        self._groups: deque[tuple[int, list[Rollout]]] = deque()
+        self._left: dict[int, int] = {}  # seq -> groups of that batch not yet handed out
+        self._read: list[Any] = []  # batches read, in seq order, not committed
+        self.groups_given = 0
+
+    def _next_group(self) -> list[Rollout]:
+        while not self._groups:
+            try:
+                batch = next(self._batches)
+            except StopIteration:
+                raise RuntimeError(f"job {self.reader.job}: no more sealed batches to train on") from None
+            found = groups(batch, **self.row_options)
+            self._read.append(batch)
+            self._left[batch.seq] = len(found)
+            self._groups.extend((batch.seq, g) for g in found)
+        seq, group = self._groups.popleft()
+        self._left[seq] -= 1
+        self.groups_given += 1
+        return group
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        size = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
+        if len(prompts) % size:
+            raise ValueError(f"{len(prompts)} prompts are not whole groups of num_generations={size}")
+        rows: list[tuple[Rollout, bool]] = []
+        for _ in range(len(prompts) // size):
+            group = self._next_group()
+            if len(group) > size:
+                raise ValueError(f"group {group[0].group_id} has {len(group)} traces, more than num_generations={size}:"
+                                 " raise num_generations to the job's samplesPerTask")
+            rows += [(r, True) for r in group] + [(group[0], False)] * (size - len(group))
+        return {
+            "prompt_ids": [r.prompt_ids for r, _ in rows],
+            "completion_ids": [r.response_ids for r, _ in rows],
+            "logprobs": [r.response_logprobs for r, _ in rows],
+            "env_mask": [r.response_mask if real else [0] * len(r.response_ids) for r, real in rows],
+            ADVANTAGE_KEY: [r.advantage if real else None for r, real in rows],
+            REWARD_KEY: [r.reward if real else None for r, real in rows],
+            GROUP_KEY: [r.group_id for r, _ in rows],
+        }
+
+    def commit(self) -> list[int]:
+        """Commit every batch read whose groups were all handed out (in seq order); their seqs."""
+        done = []
+        while self._read and self._left[self._read[0].seq] == 0:
+            batch = self._read.pop(0)
+            if self.reader.consumer is not None:
+                self.reader.commit(batch)
+            done.append(batch.seq)
+        return done
+
+
+def session_advantage(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """Reward function: the reader's group advantage of each completion's session (None on filler rows)."""
+    return list(kwargs[ADVANTAGE_KEY])
+
+
+def session_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """Reward function: each completion's session reward (None on filler rows), for TRL to normalise."""
+    return list(kwargs[REWARD_KEY])
+
+
+def placeholder_dataset(groups_per_step: int, steps: int) -> Any:
+    """A dataset of one placeholder prompt per group to train on (the sampler repeats it num_generations times)."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [PLACEHOLDER_PROMPT] * (groups_per_step * steps)})
+
+
+class PolicySync(TrainerCallback):
+    """After each optimizer step: the trained tensors saved under `out/policy-<version>` (tracefleet.trainer.grpo
+    save_weights), `update_policy(engines, ...)` with version = start_version + the trainer's global step, and
+    `rollouts.commit()`. `reports`: each update's PolicyUpdateReport."""
+
+    def __init__(self, engines: list[str], out: str | Path, rollouts: TrlRollouts | None = None, *,
+                 start_version: int = 0, **update_options: Any) -> None:
+        self.engines = engines
+        self.out = Path(out)
+        self.rollouts = rollouts
+        self.start_version = start_version
+        self.update_options = update_options
+        self.reports: list[Any] = []
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        from tracefleet.trainer.control import update_policy
+        from tracefleet.trainer.grpo import save_weights
+
+        version = self.start_version + state.global_step
+        path = save_weights(model, self.out / f"policy-{version}")
+        self.reports.append(update_policy(self.engines, path, version, **self.update_options))
+        if self.rollouts is not None:
+            self.rollouts.commit()
