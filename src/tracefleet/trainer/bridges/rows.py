@@ -52,13 +52,16 @@ class Rollout:
 
 
 def rollouts(batch: Any, *, include_auxiliary: bool = False, include_quarantined: bool = False,
-             **tensor_options: Any) -> list[Rollout]:
-    """The rows of `batch.training_table()` as Rollouts; `tensor_options` are `Batch.tensors()`'s (max_lag,
+             include_infrastructure: bool = False, **tensor_options: Any) -> list[Rollout]:
+    """The rows of `batch.training_table()` as Rollouts (auxiliary, quarantined and infrastructure-failed rows
+    left out unless asked for, as the reader does); `tensor_options` are `Batch.tensors()`'s (max_lag,
     leave_one_out, temperature, allow_raw_logprobs...; stale tokens are masked out, never dropped)."""
     if tensor_options.get("stale", "mask") != "mask":
         raise ValueError("bridges mask stale tokens (stale='mask'); dropping rows would reorder the groups")
-    table = batch.training_table(include_auxiliary=include_auxiliary, include_quarantined=include_quarantined)
-    t = batch.tensors(include_auxiliary=include_auxiliary, include_quarantined=include_quarantined, **tensor_options)
+    rows = {"include_auxiliary": include_auxiliary, "include_quarantined": include_quarantined,
+            "include_infrastructure": include_infrastructure}
+    table = batch.training_table(**rows)
+    t = batch.tensors(**rows, **tensor_options)
     columns = table.select(["group_id", "session_id", "trace_id", "spans"]).to_pylist()
     out = []
     for i, row in enumerate(columns):
