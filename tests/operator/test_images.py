@@ -100,14 +100,7 @@ def chart_operator(kube, tmp: Path) -> tuple[dict[str, Any], Path]:
     assert r.returncode == 0, r.stdout + r.stderr
     dep = json.loads(kube.kubectl("-n", NAMESPACE, "get", "deploy", f"{RELEASE}-tracefleet", "-o", "json").stdout)
     (container,) = dep["spec"]["template"]["spec"]["containers"]
-    tok = kube.kubectl("-n", NAMESPACE, "create", "token", f"{RELEASE}-tracefleet", "--duration", "1h")
-    assert tok.returncode == 0, tok.stderr
-    cfg = yaml.safe_load(Path(kube.kubeconfig).read_text())
-    cfg["users"] = [{"name": "operator", "user": {"token": tok.stdout.strip()}}]
-    for ctx in cfg["contexts"]:
-        ctx["context"]["user"] = "operator"
-    path = tmp / "operator.kubeconfig"
-    path.write_text(yaml.safe_dump(cfg))
+    path = kube.service_account_kubeconfig(NAMESPACE, f"{RELEASE}-tracefleet", tmp / "operator.kubeconfig", duration="1h")
     path.chmod(0o644)  # read by the image's non-root user
     return container, path
 

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -166,14 +165,7 @@ def env(kube, s3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
                   "--set", "image.tag=test", "--set", "operator.allNamespaces=true", "--wait", "--timeout", "120s")
     assert r.returncode == 0, r.stdout + r.stderr
     # The operator authenticates as the chart's ServiceAccount: its RBAC must be enough.
-    tok = kube.kubectl("-n", RELEASE_NS, "create", "token", "tf-tracefleet", "--duration", "2h")
-    assert tok.returncode == 0, tok.stderr
-    cfg = yaml.safe_load(Path(kube.kubeconfig).read_text())
-    cfg["users"] = [{"name": "operator", "user": {"token": tok.stdout.strip()}}]
-    for ctx in cfg["contexts"]:
-        ctx["context"]["user"] = "operator"
-    sa_kubeconfig = tmp / "operator.kubeconfig"
-    sa_kubeconfig.write_text(yaml.safe_dump(cfg))
+    sa_kubeconfig = kube.service_account_kubeconfig(RELEASE_NS, "tf-tracefleet", tmp / "operator.kubeconfig")
     # the sandbox RuntimeClass harness pods ask for (KWOK ignores the handler)
     kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
                                                      "metadata": {"name": "gvisor"}, "handler": "runsc"}))
