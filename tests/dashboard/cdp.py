@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import itertools
 import json
-import socket
 import subprocess
 import time
 from contextlib import ExitStack
@@ -23,18 +22,13 @@ import httpx
 from websockets.sync.client import connect
 
 from fixtures.browser import chromium
+from fixtures.controlplane import free_port
 from fixtures.servers import stop_process_group
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class BrowserPage:
     def __init__(self, tmp: Path, *, width: int = 1400, height: int = 1800) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         # --no-sandbox: the tests may run as root, where Chromium's sandbox refuses to start.
         self.proc = subprocess.Popen(
             [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
