@@ -8,9 +8,7 @@ Each check here names the setup part that installs what is missing (hack/setup.d
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +33,10 @@ def _setup(part: tuple[str, str]) -> str:
 
 
 def _which(program: str) -> str | None:
-    """`program` as a session finds it: on PATH, with tracefleet's interpreter first (runner.sandbox.base_env)."""
-    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
-    return shutil.which(program, path=path)
+    """`program` as a session finds it (runner.sandbox.base_env's PATH)."""
+    from tracefleet.runner.sandbox import session_path
+
+    return shutil.which(program, path=session_path())
 
 
 def harness_problems(preset: str | None, command: list[str] | None, task_dirs: list[Path | None],

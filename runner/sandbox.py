@@ -46,13 +46,19 @@ class SandboxOptions:
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
+def session_path() -> str:
+    """The PATH a session's programs are found on: this machine's, with the runner's interpreter first (`python`
+    in a harness or test command means the runner's interpreter: its venv has pytest)."""
+    path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+    interpreter_dir = os.path.dirname(sys.executable)
+    if interpreter_dir not in path.split(os.pathsep):
+        path = interpreter_dir + os.pathsep + path
+    return path
+
+
 def base_env(home: Path, tmpdir: Path) -> dict[str, str]:
     env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
-    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-    # `python` in a harness or test command means the runner's interpreter (its venv has pytest).
-    interpreter_dir = os.path.dirname(sys.executable)
-    if interpreter_dir not in env["PATH"].split(os.pathsep):
-        env["PATH"] = interpreter_dir + os.pathsep + env["PATH"]
+    env["PATH"] = session_path()
     env.setdefault("LANG", "C.UTF-8")
     env.update(
         HOME=str(home),
