@@ -26,10 +26,14 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, TextIO
 from urllib.parse import urlsplit
 
+from tracefleet.contract import layout
+from tracefleet.contract.job import Counters
+from tracefleet.contract.progress import LOCAL, JobProgress, eta_seconds
 from tracefleet.contract.semantics import (
     QUARANTINE_RATE_EXCEEDED,
     QuarantineVerdict,
@@ -48,6 +52,8 @@ from tracefleet.runner.sandbox import netns_available
 from tracefleet.runner.session import HarnessConfig, HostPlace, Place, SessionPlan, SessionRun
 from tracefleet.runner.session import run as run_in_place
 from tracefleet.runner.task import Task, harbor_tasks, task_from_api, with_image
+
+PUBLISH_EVERY_S = 5.0  # <job>/progress.json at least this often while sessions run (and when one finishes)
 
 # Models `tracefleet engine` serves from PyPI packages; a managed model name outside this list needs --engine-url.
 LOCAL_MODEL_ALIASES = {
@@ -127,6 +133,7 @@ class RunProgress:
     batches: list[str] = field(default_factory=list)
     statuses: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
     @property
     def mean_reward(self) -> float | None:
@@ -134,10 +141,17 @@ class RunProgress:
 
     def eta_s(self) -> float | None:
         finished = self.done + self.failed
-        remaining = self.total - self.skipped - finished
-        if finished == 0 or remaining <= 0:
-            return None
-        return (time.monotonic() - self.started) / finished * remaining
+        return eta_seconds(time.monotonic() - self.started, finished, self.total - self.skipped - finished)
+
+    def job_progress(self, job: str, finished: bool = False) -> JobProgress:
+        """What the dashboard reads (<job>/progress.json): status.counters' figures, as a cluster job has them."""
+        pending = max(0, self.total - self.skipped - self.done - self.failed - self.running)
+        counters = Counters(total=self.total - self.skipped, pending=pending, running=self.running,
+                            succeeded=self.done, failed=self.failed, traces=self.traces, tokens=self.tokens)
+        return JobProgress(job=job, driver=LOCAL, counters=counters, skipped=self.skipped, calls=self.calls,
+                           batches=len(self.batches), started_at=self.started_at,
+                           updated_at=datetime.now(timezone.utc), finished=finished,
+                           eta_s=None if finished else self.eta_s())
 
     def line(self) -> str:
         mean = "-" if self.mean_reward is None else f"{self.mean_reward:.2f}"
@@ -256,6 +270,7 @@ class LocalRun:
         self.netns_mode = "off"
         self._tty = bool(getattr(out, "isatty", lambda: False)())
         self._quarantine_exceeded = False  # the QuarantineRateExceeded condition, as last reported
+        self._publish_failed = False  # <job>/progress.json refused once: said, not again
         self._runtime: Any = None  # the container runtime, when a Harbor task runs in its image
         self._containers = 0  # sessions that run in their task's container
 
@@ -452,6 +467,7 @@ class LocalRun:
             # Whatever finished is sealed, also after Ctrl-C: a partial batch is still a whole batch.
             for ref in sink.flush():
                 progress.batches.append(ref)
+            self._publish(progress, sink, finished=True)
             self._summary(progress, sink, interrupted)
             admin.close()
             if interrupted:
@@ -503,7 +519,7 @@ class LocalRun:
             signal.signal(signal.SIGINT, on_sigint)
             signal.signal(signal.SIGTERM, on_sigint)
         queue = list(todo)
-        last_print = 0.0
+        last_print = last_published = 0.0
         try:
             with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="session") as pool:
                 running: dict[Future[SessionRun], SessionPlan] = {}
@@ -530,6 +546,9 @@ class LocalRun:
                     if finished or now - last_print >= interval:
                         last_print = now
                         self._progress(progress)
+                    if finished or now - last_published >= PUBLISH_EVERY_S:
+                        last_published = now
+                        self._publish(progress, sink)
         finally:
             if in_main:
                 signal.signal(signal.SIGINT, previous)
@@ -580,6 +599,15 @@ class LocalRun:
         if not self.options.keep_workspaces and result.status == "completed":
             for sub in ("original", "workdir", "eval"):
                 shutil.rmtree(Path(result.session_dir) / sub, ignore_errors=True)
+
+    def _publish(self, progress: RunProgress, sink: Any, finished: bool = False) -> None:
+        """The progress beside the batches, for the dashboard; a bucket that refuses it costs the run nothing."""
+        try:
+            sink.bucket.put(layout.progress_key(self.job.name), progress.job_progress(self.job.name, finished).to_json())
+        except Exception as exc:  # noqa: BLE001 - the run goes on; said once
+            if not self._publish_failed:
+                self._publish_failed = True
+                self._say(f"progress not written to {sink.job_uri}: {exc}")
 
     def _progress(self, progress: RunProgress) -> None:
         if self._tty:

@@ -1,8 +1,9 @@
 """`tracefleet dashboard` as a person watches it, in real headless Chromium (driven over the DevTools protocol):
 
 - on a real local run (`tracefleet run` of the quickstart's tasks, sized down, on the CPU engine): the page is
-  open before anything is sealed and shows the job and its batches as they land, without a reload; when the
-  run is done its counts are what `BatchReader` reads, the reward curve has one point per batch, and a
+  open before anything is sealed and shows the job and its batches as they land, without a reload; while it
+  runs, the sessions running and an ETA (the run's progress object); when the run is done its counts are
+  what `BatchReader` reads, the reward curve has one point per batch, and a
   session's trace opens on the trace page with its trainable tokens marked;
 - on the same run sealing into a SeaweedFS bucket, beside another job under the prefix: the same, over s3://;
   then, with a trainer's cursor in the bucket, browsing every page leaves every object as it was.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +37,8 @@ from tracefleet.traces.reader import BatchReader
 TRAINABLE_BG = "rgb(216, 245, 208)"  # .smp background (#d8f5d0) in traces/render.py's page style
 COUNT = "Number((document.querySelector('[data-count={0}]') || {{}}).textContent?.replace(/,/g, '') ?? -1)"
 DOTS = "document.querySelectorAll('#{0} .dot').length"
+PROGRESS = ("[document.querySelector('[data-progress]')?.dataset.progress ?? null, " + COUNT.format("running")
+            + ", document.querySelector('[data-eta]')?.dataset.eta ?? null]")
 
 
 def count(key: str) -> str:
@@ -87,15 +91,24 @@ def test_a_local_run_shows_live_and_matches_the_reader(cpu_engine: Any, tmp_path
             assert page.eval("!!document.querySelector('[data-empty]')")
             page.eval("window.opened = true")  # gone if the page were reloaded
             run = pool.submit(run_local, job, tmp_path / "job", engine_url=str(cpu_engine.url), timeout_s=300)
-            # the first batch sealed shows on the open page: the job's row appears, no reload
+            # the job's row appears on the open page as soon as the run writes its progress, no reload
             page.wait_for("document.querySelector('a[href^=\"/job?\"]') !== null", timeout_s=240)
             assert page.eval("Number(document.body.dataset.updates) >= 1 && window.opened === true")
             page.screenshot(shots / "overview.png")
             page.goto(dash.page("/job", path="quickstart"))
             page.eval("window.opened = true")
             seen_first = page.eval(count("batches"))
+            seen = []  # (state, running, ETA) as the page shows them while the run goes on
+            while not run.done():
+                seen.append(page.eval(PROGRESS))
+                time.sleep(0.4)
             done, _ = run.result(timeout=300)
             assert done.returncode == 0, done.stdout + done.stderr
+            assert any(state == "running" and running > 0 for state, running, _ in seen), seen
+            assert any(state == "running" and re.fullmatch(r"\d+ (s|min)", eta or "") for state, _, eta in seen), seen
+            page.wait_for("document.querySelector('[data-progress]')?.dataset.progress === 'finished'", timeout_s=30)
+            assert page.eval(f"[{count('finished')}, {count('total')}, {count('running')}]") == [6, 6, 0]
+            assert page.eval("document.querySelector('[data-eta]').dataset.eta") == "done"
             reader = BatchReader(str(out), "quickstart")
             manifests = reader.batches()
             traces = [t for m in manifests for t in reader.read(m).traces()]

@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,9 @@ from fastapi.testclient import TestClient
 
 from fixtures.sealed_jobs import synthetic_traces, write_batches
 from tracefleet.bucket import open_bucket
-from tracefleet.contract.layout import evidence_key
+from tracefleet.contract.job import Counters
+from tracefleet.contract.layout import evidence_key, progress_key
+from tracefleet.contract.progress import LOCAL, JobProgress
 from tracefleet.diagnostics.evidence import SessionEvidence
 from tracefleet.dashboard.app import create_app
 from tracefleet.dashboard.charts import line_chart
@@ -126,3 +130,24 @@ def test_finished_sessions_not_yet_sealed(tmp_path: Path) -> None:
     source.jobs["alpha"].count_finished()
     page = TestClient(create_app(source)).get("/job", params={"path": "alpha"}).text
     assert "data-count='sessions'>4<" in page and "data-count='waiting'>2<" in page
+
+
+def test_a_job_shows_its_progress_before_its_first_batch(tmp_path: Path) -> None:
+    """The driver's progress object is enough for the job to show: running count and ETA, counted down from when
+    it was written; once written finished, the ETA says done."""
+    bucket = open_bucket(tmp_path / "out")
+    now = datetime.now(timezone.utc)
+    progress = JobProgress(job="warming", driver=LOCAL, counters=Counters(total=40, pending=30, running=4, succeeded=5, failed=1),
+                           calls=17, started_at=now - timedelta(seconds=60), updated_at=now - timedelta(seconds=10), eta_s=400)
+    bucket.put(progress_key("warming"), progress.to_json())
+    client = TestClient(create_app(Source(str(tmp_path / "out"))))
+    overview = client.get("/").text
+    assert "/job?path=warming" in overview and "6 / 40" in overview
+    page = client.get("/job", params={"path": "warming"}).text
+    assert "data-count='running'>4<" in page and "data-count='finished'>6<" in page and "data-progress='running'" in page
+    assert "data-eta='6 min'" in page  # 400 s written 10 s ago
+    assert client.get("/api/job", params={"path": "warming"}).json()["progress"]["counters"]["running"] == 4
+    bucket.put(progress_key("warming"), progress.model_copy(update={"finished": True, "eta_s": None}).to_json())
+    client.get("/api/fingerprint")  # a refresh (at most one a second)
+    time.sleep(1.1)
+    assert "data-eta='done'" in client.get("/job", params={"path": "warming"}).text

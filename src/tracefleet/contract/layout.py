@@ -13,6 +13,8 @@ them with it. Stable: trainers and reruns rely on it.
     <job>/sessions/<session>/upload.json                 artifacts; upload.json written last)
     <job>/sessions/<session>/reward.json               the evaluator Job's verdict
     <job>/evidence/<session id>.json                   a session's evidence (tracefleet.diagnostics)
+    <job>/progress.json                                the job's live progress, overwritten as it goes
+                                                       (tracefleet.contract.progress.JobProgress)
     <job>/overlays/<diagnostic>/<stamp>.json           `tracefleet diagnose --write-overlay`: a diagnostic's
                                                        verdicts on sealed sessions, applied by the reader
 
@@ -119,6 +121,15 @@ def session_uri(bucket_uri: str, job: str, session: int) -> str:
 def batch_uri(bucket_uri: str, job: str, seq: int) -> str:
     """A sealed batch's folder as a URI, with the trailing slash (RolloutJob status.recentBatches)."""
     return f"{bucket_uri.rstrip('/')}/{batch_dir(job, seq)}/"
+
+
+# ---- live progress (tracefleet.contract.progress): the running count and ETA no sealed batch holds
+
+PROGRESS = "progress.json"
+
+
+def progress_key(job: str) -> str:
+    return f"{job_root(job)}/{PROGRESS}"
 
 
 # ---- session evidence (tracefleet.diagnostics): what the diagnostics read, kept beside the batches

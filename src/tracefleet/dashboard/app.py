@@ -7,7 +7,7 @@
     /loop?path=P           a `tracefleet train` run: its per-step curves
     /compare?a=P&b=Q       two loops' curves on one plot
     /api/fingerprint       changes when anything shown may have: the pages poll it
-    /api/job?path=P        a job's counts as JSON
+    /api/job?path=P        a job's counts (and its driver's progress) as JSON
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ def create_app(source: Source) -> FastAPI:
         f = fig.job_figures([j.manifests[s] for s in sorted(j.manifests)])
         return {"path": path, "batches": f.batches, "sessions": f.sessions, "traces": f.traces, "tokens": f.tokens,
                 "trainable_tokens": f.trainable_tokens, "fail_closed": f.fail_closed, "quarantined": f.quarantined,
-                "reward_mean": f.reward_mean, "seqs": f.seqs, "rows_read": len(j.rows)}
+                "reward_mean": f.reward_mean, "seqs": f.seqs, "rows_read": len(j.rows),
+                "progress": j.progress.model_dump(mode="json", by_alias=True) if j.progress else None}
 
     return app

@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 
 from tracefleet.dashboard import figures as fig
 from tracefleet.dashboard.charts import line_chart
+from tracefleet.contract.progress import JobProgress
 from tracefleet.dashboard.source import JobSource, LoopSource, Source
 
 POLL_MS = 2000
@@ -92,10 +93,12 @@ def overview(source: Source, *, fragment: bool = False) -> str:
     rows = []
     for path, job in sorted(source.jobs.items()):
         f = fig.job_figures([job.manifests[s] for s in sorted(job.manifests)])
-        rows.append([link("/job", path, path=path), *(f"<span class='num'>{num(v)}</span>" for v in (
+        p = job.progress
+        rows.append([link("/job", path, path=path), esc(_state(p)), f"<span class='num'>{num(p.counters.running if p else None)}</span>",
+                     esc(_eta(p)), *(f"<span class='num'>{num(v)}</span>" for v in (
             f.batches, f.sessions, f.traces, f.tokens, f.trainable_tokens, f.fail_closed, f.quarantined,
             f.reward_mean[-1] if f.reward_mean else None)), esc(_ago(f.last_sealed_at))])
-    body = "<h2>Jobs</h2>" + table(["job", "batches", "sessions", "traces", "tokens", "trainable", "fail-closed",
+    body = "<h2>Jobs</h2>" + table(["job", "sessions finished", "running", "ETA", "batches", "sessions", "traces", "tokens", "trainable", "fail-closed",
                                     "quarantined", "last batch reward", "last sealed"], rows)
     loops = sorted(source.loops.items())
     if loops:
@@ -122,11 +125,46 @@ def overview(source: Source, *, fragment: bool = False) -> str:
     return page("tracefleet dashboard", source, body, fragment=fragment)
 
 
+def _state(p: JobProgress | None) -> str:
+    """Sessions finished of the job's, as its driver last wrote (– when it writes none)."""
+    if p is None:
+        return "–"
+    c = p.counters
+    return f"{c.finished:,} / {c.total:,}" + (" (done)" if p.finished else "")
+
+
+def _eta(p: JobProgress | None) -> str:
+    if p is None:
+        return "–"
+    if p.finished:
+        return "done"
+    eta = p.eta_now_s()
+    return "–" if eta is None else _duration(eta)
+
+
+def _duration(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def progress_section(p: JobProgress | None) -> str:
+    """The running count and ETA (<job>/progress.json): what the job's driver knows and no sealed batch holds."""
+    if p is None:
+        return "<p class='muted' data-progress='none'>no progress written for this job (its driver writes none)</p>"
+    c = p.counters
+    body = cards([("finished", "sessions finished", c.finished), ("total", "sessions in this run", c.total),
+                  ("running", "running now", c.running), ("pending", "not started", c.pending),
+                  ("calls", "model calls", p.calls)])
+    age = _ago(p.updated_at.timestamp())
+    state = "finished" if p.finished else "running"
+    return body + (f"<p data-progress='{state}'>ETA <b data-eta='{esc(_eta(p))}'>{esc(_eta(p))}</b> · {esc(p.driver)} "
+                   f"driver · started {esc(_ago(p.started_at.timestamp()))}, last written {esc(age)}"
+                   + (f" · {p.skipped:,} sessions sealed by an earlier run" if p.skipped else "") + "</p>")
+
+
 def _ago(t: float) -> str:
     if not t:
         return "–"
-    s = max(0, time.time() - t)
-    return f"{s:.0f} s ago" if s < 120 else f"{s / 60:.0f} min ago" if s < 7200 else f"{s / 3600:.1f} h ago"
+    return f"{_duration(max(0, time.time() - t))} ago"
 
 
 # ---- a job -------------------------------------------------------------------------------------------------
@@ -136,7 +174,7 @@ def job_page(source: Source, job: JobSource, *, fragment: bool = False) -> str:
     f = fig.job_figures(manifests)
     rows_by_seq = dict(job.rows)
     waiting = max(0, job.finished - f.sessions) if job.finished is not None else None
-    body = cards([("batches", "batches", f.batches), ("sessions", "sessions sealed", f.sessions),
+    body = "<h2>Progress</h2>" + progress_section(job.progress) + "<h2>Sealed</h2>" + cards([("batches", "batches", f.batches), ("sessions", "sessions sealed", f.sessions),
                   ("waiting", "finished, not yet sealed", waiting),
                   ("failed", "sessions failed (fail-closed)", f.fail_closed), ("traces", "traces", f.traces),
                   ("tokens", "tokens", f.tokens), ("trainable", "trainable tokens", f.trainable_tokens),

@@ -1,7 +1,8 @@
 """What the dashboard reads: the jobs and training loops under one URI, through a read-only view of the bucket.
 
 Discovery walks folders (`list_dirs`), never every object: a job is a folder whose `batches/` holds sealed
-seq folders (tracefleet.contract.layout), a loop is a `tracefleet train` run folder (it holds `loop.jsonl`,
+seq folders (tracefleet.contract.layout), or that holds the progress its driver writes before the first one
+(tracefleet.contract.progress), a loop is a `tracefleet train` run folder (it holds `loop.jsonl`,
 its job's batches under `batches/<job>/`). Manifests are read first and kept (a sealed batch never changes),
 so a view costs one listing per job plus the manifests sealed since the last one. A batch's rows (the
 scalar columns only, never the token lists) are read by a background thread, oldest first, for what
@@ -31,6 +32,7 @@ import pyarrow.parquet as pq
 from tracefleet.bucket import BucketError, BucketNotFound, ObjectInfo, ObjectNotFound, open_bucket
 from tracefleet.contract import layout
 from tracefleet.contract.batch import BatchManifest
+from tracefleet.contract.progress import JobProgress
 
 LOOP_LOG = "loop.jsonl"  # a `tracefleet train` run's per-step records (tracefleet.trainer.loop)
 LOOP_BATCHES = "batches"  # a loop's own bucket folder inside its run folder
@@ -104,6 +106,7 @@ class JobSource:
     listed: int = 0  # seq folders at the last listing (a manifest or two may still be on its way)
     finished: int | None = None  # sessions with evidence in the bucket (written when a session finishes)
     counted_at: float = -float("inf")
+    progress: JobProgress | None = None  # what the job's driver last wrote (<job>/progress.json)
     _reading: set[int] = field(default_factory=set)  # seqs whose manifest is being read
 
     def refresh(self, pool: ThreadPoolExecutor, budget_s: float | None = None) -> None:
@@ -111,6 +114,7 @@ class JobSource:
         every object), then the new manifests, MANIFEST_READERS at a time (on S3 each is a round trip), waiting at
         most `budget_s` for them: the rest land while the page is already shown. A seq folder without its
         manifest is a batch being sealed: not there yet."""
+        self.read_progress()
         seqs = sorted(int(d) for d in self.view.list_dirs(layout.batches_prefix(self.name)) if _SEQ.match(d))
         self.listed = len(seqs)
         futures = []
@@ -120,6 +124,15 @@ class JobSource:
                 futures.append(pool.submit(self._read_manifest, seq))
         if futures:
             wait(futures, timeout=budget_s)
+
+    def read_progress(self) -> None:
+        """The running count and ETA the job's driver writes as it goes (a job sealed by an older tracefleet: none)."""
+        try:
+            self.progress = JobProgress.model_validate_json(self.view.get(layout.progress_key(self.name)))
+        except ObjectNotFound:
+            pass
+        except ValueError as exc:  # a newer writer's shape: the page goes without it
+            print(f"dashboard: {self.path}: progress unreadable: {exc}", file=sys.stderr)
 
     def _read_manifest(self, seq: int) -> None:
         try:
@@ -229,8 +242,11 @@ class Source:
                 loop.jobs = jobs
 
     def _is_job(self, prefix: str, dirs: list[str] | None = None) -> bool:
+        """A folder with sealed batches, or a job's progress before its first batch is sealed."""
         dirs = self.view.list_dirs(prefix) if dirs is None else dirs
-        return layout.BATCHES in dirs and any(_SEQ.match(d) for d in self.view.list_dirs(_join(prefix, layout.BATCHES)))
+        if layout.BATCHES in dirs and any(_SEQ.match(d) for d in self.view.list_dirs(_join(prefix, layout.BATCHES))):
+            return True
+        return self.view.exists(_join(prefix, layout.PROGRESS))
 
     def _walk(self, prefix: str, depth: int, jobs: dict[str, tuple[str, str]], loops: dict[str, list[str]]) -> None:
         known = prefix in self.jobs  # its batches are listed by its own refresh: not again here
@@ -296,7 +312,8 @@ class Source:
 
     def fingerprint(self) -> str:
         """Changes whenever what the pages show may have: new batches, new rows, a loop's new steps."""
-        parts = [f"{p}:{len(j.manifests)}:{len(j.rows)}:{j.finished}" for p, j in sorted(self.jobs.items())]
+        parts = [f"{p}:{len(j.manifests)}:{len(j.rows)}:{j.finished}:{j.progress.updated_at if j.progress else ''}"
+                 for p, j in sorted(self.jobs.items())]
         parts += [f"{path}:{len(loop.steps())}" for path, loop in sorted(self.loops.items())]
         return "|".join(parts)
 
