@@ -56,6 +56,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     help=f"seconds the leader may fail to renew before it stops (default {RENEW_DEADLINE_S:g})")
     ha.add_argument("--lease-retry", type=float, default=RETRY_S,
                     help=f"seconds between renewals and standby attempts (default {RETRY_S:g})")
+    parser.add_argument("--dashboard-url", default="", metavar="URL",
+                        help="the chart's `tracefleet dashboard` (its Service): each job it shows gets its page's URL "
+                             "in status.dashboardUrl")
+    parser.add_argument("--dashboard-uri", default="", metavar="URI", help="the bucket folder that dashboard reads")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -91,6 +95,8 @@ def main(args: argparse.Namespace) -> int:
         harness_image=args.harness_image,
         max_creates_per_reconcile=args.max_creates,
         retry_backoff_s=args.retry_backoff,
+        dashboard_url=args.dashboard_url,
+        dashboard_uri=args.dashboard_uri,
     )
     state = OperatorState(reconciler=Reconciler(kube=kube, cfg=op_cfg, notifier=notifier, harness=HarnessWatch(kube)),
                           interval_s=args.interval)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tracefleet.contract import images
+from tracefleet.contract.dashboard import job_page_url
 from tracefleet.contract.job import RolloutJob
 
 DEFAULT_IMAGE = images.image_ref(images.DEFAULT_REGISTRY, images.TRACEFLEET, images.release_tag())
@@ -29,6 +30,13 @@ class OperatorConfig:
     recent_batches: int = 5
     # S3 endpoint the pods reach the bucket at, when the credentials Secret names none (AWS_ENDPOINT_URL)
     bucket_endpoint: str | None = None
+    # the chart's dashboard (`tracefleet dashboard`): its URL and the bucket folder it reads; "" when none runs
+    dashboard_url: str = ""
+    dashboard_uri: str = ""
+
+    def dashboard_page(self, job: RolloutJob) -> str | None:
+        """The job's page on the dashboard (status.dashboardUrl); None when none runs or it does not show the job."""
+        return job_page_url(self.dashboard_url, self.dashboard_uri, job.spec.output.uri, job.name)
 
     def harness_image_of(self, preset: str | None) -> str | None:
         """The default harness image for a preset (None: no default configured)."""

@@ -257,6 +257,7 @@ class Reconciler:
             terminating=table.terminating,
             quarantine=quarantine_condition(diagnosed, policy.max_quarantine_rate, policy.min_judged_sessions),
         ), old, now, self.cfg.recent_batches)
+        new.dashboard_url = self.cfg.dashboard_page(job)
         res.events += condition_events(old.conditions, new.conditions or [])
         if status_changed(old, new):
             res.status = new

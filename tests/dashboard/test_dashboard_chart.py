@@ -1,6 +1,6 @@
 """The chart's dashboard (charts/tracefleet/templates/dashboard.yaml): off by default; when enabled, a Deployment
 running `tracefleet dashboard` on the values' URI with the bucket's credentials and a Service in front, on labels
-of its own (the operator's Services never select it); enabled without a URI, one line says what is missing."""
+of its own (the operator's Services never select it), and the operator told its URL; enabled without a URI, one line says what is missing."""
 
 from __future__ import annotations
 
@@ -37,6 +37,14 @@ def test_the_chart_runs_the_dashboard_when_enabled() -> None:
     assert svc["spec"]["selector"].items() <= labels.items() and svc["spec"]["ports"][0]["port"] == 8090
     operator_selectors = [d["spec"]["selector"] for (kind, name), d in docs.items() if kind == "Service" and "dashboard" not in name]
     assert operator_selectors and not any(s.items() <= labels.items() for s in operator_selectors)
+    # the operator names the dashboard's URL (its Service's, or dashboard.url) in each shown job's status
+    (op,) = docs[("Deployment", "rel-tracefleet")]["spec"]["template"]["spec"]["containers"]
+    assert {"--dashboard-url=http://rel-tracefleet-dashboard.tf-system.svc:8090", "--dashboard-uri=s3://rollouts/team"} <= set(op["args"])
+    assert not any(a.startswith("--dashboard") for d in yaml.safe_load_all(off.stdout) if d and d["kind"] == "Deployment"
+                   for c in d["spec"]["template"]["spec"]["containers"] for a in c.get("args", []))
+    public = helm_template("--set", "dashboard.enabled=true", "--set", "dashboard.uri=s3://rollouts/team",
+                           "--set", "dashboard.url=https://rollouts.example.com")
+    assert "--dashboard-url=https://rollouts.example.com" in public.stdout
 
 
 def test_enabled_without_a_uri_says_so() -> None:

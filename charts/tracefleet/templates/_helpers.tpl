@@ -10,6 +10,16 @@
 {{- end -}}
 {{- end -}}
 
+{{- define "tracefleet.dashboardName" -}}
+{{- printf "%s-dashboard" (include "tracefleet.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- /* The dashboard's URL as the operator names it in status.dashboardUrl: dashboard.url (an Ingress, a port
+forward) or its Service's in-cluster name. */ -}}
+{{- define "tracefleet.dashboardUrl" -}}
+{{- default (printf "http://%s.%s.svc:%v" (include "tracefleet.dashboardName" .) .Release.Namespace .Values.dashboard.port) .Values.dashboard.url -}}
+{{- end -}}
+
 {{- define "tracefleet.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{ include "tracefleet.selectorLabels" . }}

@@ -737,6 +737,10 @@ class RolloutJobStatus(WireModel):
     observed_generation: int | None = Field(
         default=None, ge=0, description="metadata.generation the status was computed from."
     )
+    dashboard_url: Annotated[str, StringConstraints(max_length=2048)] | None = Field(
+        default=None, description="The job's page on the tracefleet dashboard, when the chart runs one over the "
+        "bucket folder the job writes to (dashboard.enabled)."
+    )
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions or () if c.type == type_), None)
