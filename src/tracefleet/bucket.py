@@ -182,6 +182,7 @@ class S3Bucket:
         max_attempts: int = 5,
         connect_timeout: float = 5.0,
         read_timeout: float = 60.0,
+        max_pool_connections: int = 10,
         client: Any = None,
     ) -> None:
         self.bucket = bucket
@@ -206,6 +207,8 @@ class S3Bucket:
                     connect_timeout=connect_timeout,
                     read_timeout=read_timeout,
                     retries={"max_attempts": max_attempts, "mode": "standard"},
+                    # as many as the caller's threads: a connection beyond the pool is opened and dropped per request
+                    max_pool_connections=max_pool_connections,
                 ),
             )
         self.client = client
@@ -324,7 +327,8 @@ class S3Bucket:
 
 def open_bucket(uri: str | os.PathLike[str], **options: Any) -> LocalBucket | S3Bucket:
     """A bucket for `s3://bucket/prefix`, `file:///dir` or a directory path. S3 options: endpoint_url,
-    access_key, secret_key, session_token, region, profile, max_attempts, connect_timeout, read_timeout."""
+    access_key, secret_key, session_token, region, profile, max_attempts, connect_timeout, read_timeout,
+    max_pool_connections."""
     text = os.fspath(uri)
     parsed = urlparse(text)
     if parsed.scheme == "s3":

@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse
 
+from tracefleet.contract.dashboard import JOB_ROUTE
 from tracefleet.dashboard import figures as fig
 from tracefleet.dashboard import pages
 from tracefleet.dashboard.source import JobSource, LoopSource, Source
 
 REFRESH_EVERY_S = 1.0  # a listing at most this often, however many tabs poll
-# how long a page waits for new manifests: on a big bucket the rest arrive after it (the page then updates)
+# how long a page waits for a refresh (listings and new manifests): on a big bucket the rest arrive after it (the
+# page then updates)
 MANIFEST_BUDGET_S = 1.0
 
 
@@ -50,6 +53,11 @@ def create_app(source: Source) -> FastAPI:
         with source.serving():
             return await call_next(request)
 
+    def render(make: Callable[..., str], *args: Any, **kwargs: Any) -> str:
+        """A page from what is read (its arguments: read first); manifest reads wait meanwhile."""
+        with source.rendering():
+            return make(*args, **kwargs)
+
     def fragment(request: Request) -> bool:
         return request.headers.get("x-fragment") == "1"
 
@@ -68,15 +76,15 @@ def create_app(source: Source) -> FastAPI:
     @app.get("/", response_class=HTMLResponse)
     def index(request: Request) -> str:
         refresh()
-        return pages.overview(source, fragment=fragment(request))
+        return render(pages.overview, source, fragment=fragment(request))
 
-    @app.get("/job", response_class=HTMLResponse)
+    @app.get(JOB_ROUTE, response_class=HTMLResponse)
     def job(request: Request, path: str) -> str:
-        return pages.job_page(source, job_at(path), fragment=fragment(request))
+        return render(pages.job_page, source, job_at(path), fragment=fragment(request))
 
     @app.get("/session", response_class=HTMLResponse)
     def session(request: Request, path: str, session: str) -> str:
-        return pages.session_page(source, job_at(path), session, fragment=fragment(request))
+        return render(pages.session_page, source, job_at(path), session, fragment=fragment(request))
 
     @app.get("/trace", response_class=HTMLResponse)
     def trace(path: str, seq: int, trace: str) -> str:
@@ -94,11 +102,11 @@ def create_app(source: Source) -> FastAPI:
 
     @app.get("/loop", response_class=HTMLResponse)
     def loop(request: Request, path: str) -> str:
-        return pages.loop_page(source, loop_at(path), fragment=fragment(request))
+        return render(pages.loop_page, source, loop_at(path), fragment=fragment(request))
 
     @app.get("/compare", response_class=HTMLResponse)
     def compare(request: Request, a: str, b: str) -> str:
-        return pages.compare_page(source, loop_at(a), loop_at(b), fragment=fragment(request))
+        return render(pages.compare_page, source, loop_at(a), loop_at(b), fragment=fragment(request))
 
     @app.get("/api/fingerprint", response_class=PlainTextResponse)
     def fingerprint() -> str:

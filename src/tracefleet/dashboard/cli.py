@@ -14,6 +14,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("uri", help="a local output folder, a job's folder, a `tracefleet train` run folder, or s3://BUCKET/PREFIX")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
+    parser.add_argument("--kubernetes", action="store_true",
+                        help="also show the running count and ETA of the cluster's RolloutJobs writing under URI (their "
+                             "status; in-cluster config, else the kubeconfig)")
+    parser.add_argument("-n", "--namespace", action="append", default=[], metavar="N",
+                        help="with --kubernetes: a namespace to read RolloutJobs in (repeat; default every namespace)")
     add_bucket_options(parser)
 
 
@@ -27,7 +32,12 @@ def main(args: argparse.Namespace) -> int:
     from tracefleet.dashboard.source import Source
 
     options = {k: v for k, v in {"endpoint_url": args.endpoint_url, "profile": args.profile, "region": args.region}.items() if v}
-    source = Source(str(args.uri), **(options if str(args.uri).startswith("s3://") else {}))
+    progress_from = None
+    if args.kubernetes:
+        from tracefleet.dashboard.cluster import RolloutJobProgress
+
+        progress_from = RolloutJobProgress(str(args.uri), args.namespace)
+    source = Source(str(args.uri), progress_from, **(options if str(args.uri).startswith("s3://") else {}))
     try:
         source.refresh(MANIFEST_BUDGET_S)
     except BucketError as exc:
@@ -36,6 +46,7 @@ def main(args: argparse.Namespace) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((args.host, args.port))
+        sock.listen(128)  # before the line that names the address: a client reading it may connect at once
     except OSError as exc:
         raise SystemExit(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
     host, port = sock.getsockname()[:2]

@@ -21,7 +21,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -91,6 +91,8 @@ class ReadOnlyView:
 def open_view(uri: str, **options: Any) -> ReadOnlyView:
     if not str(uri).startswith("s3://"):
         options = {"create": False}
+    else:
+        options = {"max_pool_connections": MANIFEST_READERS, **options}
     return ReadOnlyView(open_bucket(uri, **options))
 
 
@@ -109,10 +111,12 @@ class JobSource:
     progress: JobProgress | None = None  # what the job's driver last wrote (<job>/progress.json)
     _reading: set[int] = field(default_factory=set)  # seqs whose manifest is being read
 
-    def refresh(self, pool: ThreadPoolExecutor, budget_s: float | None = None) -> None:
+    def refresh(self, pool: ThreadPoolExecutor, deadline: float | None = None,
+                rendering: Callable[[], bool] = lambda: False) -> None:
         """Read the manifests of the batches sealed since the last refresh: one listing of the seq folders (not of
-        every object), then the new manifests, MANIFEST_READERS at a time (on S3 each is a round trip), waiting at
-        most `budget_s` for them: the rest land while the page is already shown. A seq folder without its
+        every object), then the new manifests, MANIFEST_READERS at a time (on S3 each is a round trip), waiting for
+        them until `deadline` (time.monotonic(); None: all): the rest land while the page is already shown, each read waiting while a page
+        is being made (`rendering`: the GIL is one, the person's page goes first). A seq folder without its
         manifest is a batch being sealed: not there yet."""
         self.read_progress()
         seqs = sorted(int(d) for d in self.view.list_dirs(layout.batches_prefix(self.name)) if _SEQ.match(d))
@@ -121,9 +125,9 @@ class JobSource:
         for seq in seqs:
             if seq not in self.manifests and seq not in self._reading:
                 self._reading.add(seq)
-                futures.append(pool.submit(self._read_manifest, seq))
+                futures.append(pool.submit(self._read_manifest, seq, rendering))
         if futures:
-            wait(futures, timeout=budget_s)
+            wait(futures, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def read_progress(self) -> None:
         """The running count and ETA the job's driver writes as it goes (a job sealed by an older tracefleet: none)."""
@@ -134,7 +138,9 @@ class JobSource:
         except ValueError as exc:  # a newer writer's shape: the page goes without it
             print(f"dashboard: {self.path}: progress unreadable: {exc}", file=sys.stderr)
 
-    def _read_manifest(self, seq: int) -> None:
+    def _read_manifest(self, seq: int, rendering: Callable[[], bool]) -> None:
+        while rendering():
+            time.sleep(0.005)
         try:
             self.manifests[seq] = BatchManifest.model_validate_json(self.view.get(layout.manifest_key(self.name, seq)))
         except ObjectNotFound:
@@ -195,8 +201,12 @@ class LoopSource:
 class Source:
     """Everything under a URI, refreshed on demand; batch rows loaded in the background."""
 
-    def __init__(self, uri: str, **bucket_options: Any) -> None:
+    def __init__(self, uri: str, progress_from: Callable[[], dict[str, JobProgress]] | None = None,
+                 **bucket_options: Any) -> None:
+        """`progress_from`: the progress of jobs whose driver keeps it elsewhere than the bucket (a cluster's
+        RolloutJobs: tracefleet.dashboard.cluster), by their path under `uri`."""
         self.uri = uri if uri.startswith("s3://") else os.path.abspath(uri.removeprefix("file://"))
+        self._progress_from = progress_from
         self._options = bucket_options
         self.view = open_view(uri, **bucket_options)
         self._root = ""  # the folder discovery starts in
@@ -208,17 +218,28 @@ class Source:
         self._loader: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(MANIFEST_READERS, thread_name_prefix="dashboard-manifests")
         self.refreshed_at = -float("inf")  # time.monotonic() of the last refresh
-        self._serving = 0  # pages being made: the background reader waits for them (the GIL is one)
+        self.discovered_in_s = 0.0  # the last refresh's discovery (bench/dashboard.py says it)
+        self._serving = 0  # requests being answered: the background reader waits for them (the GIL is one)
+        self._rendering = 0  # pages being made from what is read: manifest reads wait for them
 
     @contextmanager
-    def serving(self) -> Iterator[None]:
+    def _counted(self, name: str) -> Iterator[None]:
         with self._lock:
-            self._serving += 1
+            setattr(self, name, getattr(self, name) + 1)
         try:
             yield
         finally:
             with self._lock:
-                self._serving -= 1
+                setattr(self, name, getattr(self, name) - 1)
+
+    def serving(self) -> Any:
+        return self._counted("_serving")
+
+    def rendering(self) -> Any:
+        return self._counted("_rendering")
+
+    def is_rendering(self) -> bool:
+        return self._rendering > 0
 
     # discovery ------------------------------------------------------------------------------------
     def discover(self) -> None:
@@ -267,11 +288,26 @@ class Source:
             if d not in _NOT_A_JOB and not d.startswith("."):
                 self._walk(_join(prefix, d), depth + 1, jobs, loops)
 
+    def _cluster_progress(self, found: dict[str, JobProgress]) -> None:
+        """A cluster job shows from its RolloutJob's status, before its first batch is in the bucket."""
+        with self._lock:
+            for path, progress in found.items():
+                if path not in self.jobs:
+                    parent, _, name = path.rpartition("/")
+                    self.jobs[path] = JobSource(self.view.scoped(parent), name, path)
+                self.jobs[path].progress = progress
+
     def refresh(self, budget_s: float | None = None) -> None:
-        """Discover, and read new manifests, waiting at most `budget_s` for them (None: all)."""
+        """Discover, and read new manifests; `budget_s` (None: no limit) bounds the whole refresh, the listings
+        included and every job's manifests together: what a page waits before it is shown."""
+        started = time.monotonic()
+        deadline = None if budget_s is None else started + budget_s
         self.discover()
+        if self._progress_from is not None:
+            self._cluster_progress(self._progress_from())
+        self.discovered_in_s = time.monotonic() - started
         for job in list(self.jobs.values()):
-            job.refresh(self._pool, budget_s)
+            job.refresh(self._pool, deadline, self.is_rendering)
         self.refreshed_at = time.monotonic()
         self._wake.set()
 
