@@ -1,6 +1,7 @@
 """The chart's dashboard (charts/tracefleet/templates/dashboard.yaml): off by default; when enabled, a Deployment
 running `tracefleet dashboard` on the values' URI with the bucket's credentials and a Service in front, on labels
-of its own (the operator's Services never select it), and the operator told its URL; enabled without a URI, one line says what is missing."""
+of its own (the operator's Services never select it), a ServiceAccount that may read RolloutJobs (unless
+dashboard.kubernetes is false: no token at all), and the operator told its URL; enabled without a URI, one line says what is missing."""
 
 from __future__ import annotations
 
@@ -30,8 +31,20 @@ def test_the_chart_runs_the_dashboard_when_enabled() -> None:
     pod = dep["spec"]["template"]["spec"]
     (ctr,) = pod["containers"]
     assert ctr["command"] == ["tracefleet", "dashboard"]
-    assert ctr["args"] == ["s3://rollouts/team", "--host=0.0.0.0", "--port=8090", "--endpoint-url=http://weed:8333"]
-    assert ctr["envFrom"] == [{"secretRef": {"name": "bucket-readonly"}}] and pod["automountServiceAccountToken"] is False
+    assert ctr["args"] == ["s3://rollouts/team", "--host=0.0.0.0", "--port=8090", "--endpoint-url=http://weed:8333",
+                           "--kubernetes", "--namespace=tf-system"]
+    assert ctr["envFrom"] == [{"secretRef": {"name": "bucket-readonly"}}]
+    # its own ServiceAccount, allowed to read RolloutJobs where the operator serves them, and nothing else
+    assert pod["serviceAccountName"] == "rel-tracefleet-dashboard"
+    assert docs[("Role", "rel-tracefleet-dashboard")]["rules"] == [
+        {"apiGroups": ["tracefleet.io"], "resources": ["rolloutjobs"], "verbs": ["get", "list"]}]
+    assert docs[("RoleBinding", "rel-tracefleet-dashboard")]["subjects"][0]["name"] == "rel-tracefleet-dashboard"
+    bucket_only = helm_template("--set", "dashboard.enabled=true", "--set", "dashboard.uri=s3://rollouts/team",
+                                "--set", "dashboard.kubernetes=false")
+    dep = next(d for d in yaml.safe_load_all(bucket_only.stdout) if d and d["metadata"]["name"] == "rel-tracefleet-dashboard"
+               and d["kind"] == "Deployment")
+    assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert "--kubernetes" not in dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= labels.items() and svc["spec"]["ports"][0]["port"] == 8090
