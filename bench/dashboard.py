@@ -29,7 +29,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from fixtures.sealed_jobs import synthetic_traces, write_batches  # noqa: E402
 from tracefleet.bucket import open_bucket  # noqa: E402
-from tracefleet.dashboard.app import MANIFEST_BUDGET_S, create_app  # noqa: E402
+from tracefleet.dashboard.app import MANIFEST_BUDGET_S, REFRESH_EVERY_S, create_app  # noqa: E402
 from tracefleet.contract import layout  # noqa: E402
 from tracefleet.dashboard.source import MANIFEST_READERS, Source, open_view  # noqa: E402
 
@@ -82,9 +82,12 @@ def first_view(uri: str, options: dict[str, object]) -> dict[str, float]:
     print(f"first view: {done - started:.2f} s (discovery {found - started:.2f} s, manifests {discovered - found:.2f} s, "
           f"overview + job page {done - discovered:.2f} s); the job page shows {shown} of {f.listed} batches; objects read: "
           f"{counting.manifests} manifests, {counting.data} batch data objects (by the background reader meanwhile)")
+    last = time.monotonic()
     while len(f.manifests) < f.listed:
         time.sleep(0.05)
-        source.refresh(MANIFEST_BUDGET_S)
+        if time.monotonic() - last >= REFRESH_EVERY_S:  # as the open page's polls do (a failed read is read again)
+            source.refresh(MANIFEST_BUDGET_S)
+            last = time.monotonic()
     figures["every manifest read"] = time.perf_counter() - started
     print(f"every manifest read {figures['every manifest read']:.2f} s from the start")
     t = time.perf_counter()

@@ -6,7 +6,8 @@ seq folders (tracefleet.contract.layout), or that holds the progress its driver 
 its job's batches under `batches/<job>/`). Manifests are read first and kept (a sealed batch never changes),
 so a view costs one listing per job plus the manifests sealed since the last one. A batch's rows (the
 scalar columns only, never the token lists) are read by a background thread, oldest first, for what
-manifests do not hold: groups with signal, per task success, fail-closed reasons, the sessions.
+manifests do not hold: groups with signal, per task success, fail-closed reasons, the sessions; it waits while
+a page is being answered and while manifests are being read.
 
 Nothing here writes: the view refuses every write, and no cursor is read or moved (the dashboard reads
 batches by seq, not as a consumer).
@@ -335,7 +336,8 @@ class Source:
                 for seq in sorted(job.manifests):
                     if self._stop.is_set():
                         return
-                    while self._serving and not self._stop.is_set():
+                    # pages first, then manifests (the counts and curves of every batch), then rows
+                    while (self._serving or self._reading_manifests()) and not self._stop.is_set():
                         time.sleep(0.02)
                     if seq not in job.rows:
                         try:
@@ -345,6 +347,9 @@ class Source:
                         except Exception as exc:  # noqa: BLE001 - one unreadable batch must not stop the others
                             job.rows[seq] = []
                             print(f"dashboard: batch {seq} of {job.path}: rows unreadable: {exc}", file=sys.stderr)
+
+    def _reading_manifests(self) -> bool:
+        return any(job._reading for job in list(self.jobs.values()))
 
     def fingerprint(self) -> str:
         """Changes whenever what the pages show may have: new batches, new rows, a loop's new steps."""
