@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 from urllib.parse import urlsplit
 
-from tracefleet.contract import layout
 from tracefleet.contract.job import Counters
 from tracefleet.contract.progress import LOCAL, JobProgress, eta_seconds
 from tracefleet.contract.semantics import (
@@ -47,6 +46,7 @@ from tracefleet.contract.session import EvaluatorSpec, session_id
 from tracefleet.runner.failures import outcomes_line, run_verdict
 from tracefleet.runner.learning_signal import learning_signal_line
 from tracefleet.runner.preflight import PreflightError, preflight
+from tracefleet.runner.progress import ProgressWriter
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import netns_available
 from tracefleet.runner.session import HarnessConfig, HostPlace, Place, SessionPlan, SessionRun
@@ -270,7 +270,6 @@ class LocalRun:
         self.netns_mode = "off"
         self._tty = bool(getattr(out, "isatty", lambda: False)())
         self._quarantine_exceeded = False  # the QuarantineRateExceeded condition, as last reported
-        self._publish_failed = False  # <job>/progress.json refused once: said, not again
         self._runtime: Any = None  # the container runtime, when a Harbor task runs in its image
         self._containers = 0  # sessions that run in their task's container
 
@@ -463,11 +462,12 @@ class LocalRun:
             self._say(f"{len(todo)} sessions, parallelism {self.options.parallelism or spec.parallelism}, "
                       f"engine {engine_url}, proxy {proxy.url}, sandbox: {self.netns_mode}")
             admin = ProxyAdmin(proxy.url, proxy.admin_token)
-            interrupted = self._schedule(todo, self._places(admin, proxy.url, run_id, sock), sink, progress)
+            progress_writer = ProgressWriter(sink.bucket, self.job.name, self._say)
+            interrupted = self._schedule(todo, self._places(admin, proxy.url, run_id, sock), sink, progress, progress_writer)
             # Whatever finished is sealed, also after Ctrl-C: a partial batch is still a whole batch.
             for ref in sink.flush():
                 progress.batches.append(ref)
-            self._publish(progress, sink, finished=True)
+            progress_writer.close(progress.job_progress(self.job.name, finished=True))
             self._summary(progress, sink, interrupted)
             admin.close()
             if interrupted:
@@ -500,7 +500,7 @@ class LocalRun:
             and not plan.task.harbor.refusal else host
 
     def _schedule(self, todo: list[SessionPlan], place_of: Callable[[SessionPlan], Place], sink: Any,
-                  progress: RunProgress) -> bool:
+                  progress: RunProgress, progress_writer: ProgressWriter) -> bool:
         parallelism = max(1, self.options.parallelism or self.job.spec.parallelism)
         interrupted = False
         previous = signal.getsignal(signal.SIGINT)
@@ -548,7 +548,7 @@ class LocalRun:
                         self._progress(progress)
                     if finished or now - last_published >= PUBLISH_EVERY_S:
                         last_published = now
-                        self._publish(progress, sink)
+                        progress_writer.offer(progress.job_progress(self.job.name))
         finally:
             if in_main:
                 signal.signal(signal.SIGINT, previous)
@@ -599,15 +599,6 @@ class LocalRun:
         if not self.options.keep_workspaces and result.status == "completed":
             for sub in ("original", "workdir", "eval"):
                 shutil.rmtree(Path(result.session_dir) / sub, ignore_errors=True)
-
-    def _publish(self, progress: RunProgress, sink: Any, finished: bool = False) -> None:
-        """The progress beside the batches, for the dashboard; a bucket that refuses it costs the run nothing."""
-        try:
-            sink.bucket.put(layout.progress_key(self.job.name), progress.job_progress(self.job.name, finished).to_json())
-        except Exception as exc:  # noqa: BLE001 - the run goes on; said once
-            if not self._publish_failed:
-                self._publish_failed = True
-                self._say(f"progress not written to {sink.job_uri}: {exc}")
 
     def _progress(self, progress: RunProgress) -> None:
         if self._tty:
