@@ -19,11 +19,12 @@ import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tracefleet.bucket import BucketError
 from tracefleet.contract.harbor import TaskConfig
 from tracefleet.contract.job import HarborTasks
+from tracefleet.contract.plan import harbor_task
+from tracefleet.contract.session import Task
 from tracefleet.harbor.folders import HarborTask, check_tasks
 from tracefleet.harbor.sources import TaskSourceError, open_source
 from tracefleet.operator.bucketio import bucket_options
@@ -59,12 +60,10 @@ class HarborTaskPlan:
         """Whole seconds (the task image's `timeout` and the Job's deadline take them), rounded up."""
         return max(1, math.ceil(self.config.verifier.timeout_sec))
 
-    def task_json(self) -> dict[str, Any]:
-        """The session's task, as the pods read it (tracefleet.contract.podenv.TASK_JSON): task.toml's [metadata]
-        too, which `tracefleet run` gives its rows (tracefleet.runner.task.harbor_tasks), so a trainer reads the
-        same task metadata from either driver."""
-        return {"id": self.name, "prompt": self.instruction,
-                **({"metadata": dict(self.config.metadata)} if self.config.metadata else {})}
+    def task(self, source: str) -> Task:
+        """The session's task, made as `tracefleet run` makes it (tracefleet.contract.plan.harbor_task), its tests read
+        again from the task `source` (spec.tasks.harbor.uri) by the evaluator Job's fetch step."""
+        return harbor_task(self.name, self.instruction, self.config, source)
 
 
 @dataclass

@@ -95,7 +95,7 @@ def task_harness_container(task: HarborTaskPlan, fallback_resources: dict[str, A
 def session_container(cfg: OperatorConfig, harness_env: dict[str, str], mounts: list[dict[str, Any]],
                       workdir: str) -> dict[str, Any]:
     """The session program (`tracefleet run --in-pod`, its task-image place) in the tracefleet image; `harness_env`
-    holds tracefleet.contract.podenv.HarnessEnv with the launch folder and spec.harness.env."""
+    holds tracefleet.contract.podenv.HarnessEnv with the launch folder (spec.harness.env is in its plan)."""
     return {
         "name": "session",
         "image": cfg.proxy_image,
