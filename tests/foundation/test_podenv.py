@@ -61,8 +61,8 @@ def test_harness_pod_env_reads_back(job: RolloutJob) -> None:
     pod = harness_pod(job, CFG, plan, attempt=1, secret="tfs_x")
     (harness,) = pod["spec"]["containers"]
     env = HarnessEnv.from_env(_env(harness))
-    # the plan arrives whole, equal to the one the operator made
-    assert env.plan == plan
+    # the plan arrives whole, equal to the one the operator made (with the pod's attempt)
+    assert env.plan == plan.model_copy(update={"attempt": 1})
     assert (env.plan.job, env.plan.index, env.plan.session_id, env.plan.sample_index) == ("demo", 3, "demo-s3", 1)
     assert (env.plan.task.id, env.plan.task.prompt, env.plan.task.setup) == ("t2", "add a test", ["pip install -e ."])
     assert env.plan.harness.command == ["python", "agent.py"] and env.plan.harness.env == {"FOO": "bar"}
