@@ -39,8 +39,9 @@ class HarborSourceError(ValueError):
 
 
 @dataclass(frozen=True)
-class HarborTaskPlan:
-    """One task, as its harness pod and evaluator Job need it."""
+class ClusterHarborTask:
+    """One Harbor task as the cluster runs it: what its harness pod and evaluator Job need beside the session's plan
+    (the image, the resources, task.toml)."""
 
     name: str
     image: str
@@ -68,12 +69,12 @@ class HarborTaskPlan:
 
 @dataclass
 class HarborSource:
-    tasks: list[HarborTaskPlan]
+    tasks: list[ClusterHarborTask]
     problems: list[str] = field(default_factory=list)  # one line each, for Warning Events
 
 
-def plan_of(task: HarborTask, registry: str | None) -> HarborTaskPlan:
-    return HarborTaskPlan(name=task.name, image=task_image(task, registry or LOCAL_REGISTRY),
+def cluster_task(task: HarborTask, registry: str | None) -> ClusterHarborTask:
+    return ClusterHarborTask(name=task.name, image=task_image(task, registry or LOCAL_REGISTRY),
                           instruction=task.instruction, config=task.config)
 
 
@@ -87,7 +88,7 @@ def read_source(harbor: HarborTasks, creds: dict[str, str] | None, endpoint: str
         except (TaskSourceError, BucketError) as exc:
             raise HarborSourceError(f"spec.tasks.harbor.uri: {exc}") from None
         tasks, problems = check_tasks(root, harbor.uri, harbor.include)
-        plans = [plan_of(t, harbor.registry) for t in tasks]
-    if not plans:
+        found = [cluster_task(t, harbor.registry) for t in tasks]
+    if not found:
         raise HarborSourceError("spec.tasks.harbor: no runnable task: " + "; ".join(map(str, problems)))
-    return HarborSource(plans, [str(p) for p in problems])
+    return HarborSource(found, [str(p) for p in problems])

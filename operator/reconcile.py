@@ -38,7 +38,7 @@ from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.operator.children.metadata import namespace_of
 from tracefleet.operator.children.network_policy import harness_network_policy
 from tracefleet.operator.config import OperatorConfig
-from tracefleet.operator.harbor_tasks import HarborSource, HarborSourceError, HarborTaskPlan, read_source
+from tracefleet.operator.harbor_tasks import HarborSource, HarborSourceError, ClusterHarborTask, read_source
 from tracefleet.operator.immutable_spec import check_spec
 from tracefleet.operator.events import batch_key, event_manifest
 from tracefleet.operator.harness_watch import HarnessWatch
@@ -79,7 +79,7 @@ class Result:
     api_calls: int = 0
 
 
-def _task_of(harbor: HarborSource | None, job: RolloutJob, session: int) -> HarborTaskPlan | None:
+def _task_of(harbor: HarborSource | None, job: RolloutJob, session: int) -> ClusterHarborTask | None:
     """The Harbor task a session runs (None for a job without Harbor tasks)."""
     return None if harbor is None else harbor.tasks[n.task_sample_of(session, job.spec.tasks.samples_per_task)[0]]
 

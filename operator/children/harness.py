@@ -24,7 +24,7 @@ from tracefleet.operator.children.task_image import (
     shared_volume,
     task_harness_container,
 )
-from tracefleet.operator.harbor_tasks import HarborTaskPlan
+from tracefleet.operator.harbor_tasks import ClusterHarborTask
 
 PROXY_PORT = 8100
 # Where the containers of a harness pod meet: the harness writes ARTIFACTS_DIR, which the sidecar
@@ -42,7 +42,7 @@ def session_secret() -> str:
 
 
 def harness_pod(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, attempt: int, secret: str | None = None,
-                harbor: HarborTaskPlan | None = None) -> Manifest:
+                harbor: ClusterHarborTask | None = None) -> Manifest:
     """One session = one pod: the harness container plus the proxy as a native sidecar. The session's `plan`
     (tracefleet.operator.plans) goes to the session program whole.
 

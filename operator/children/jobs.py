@@ -13,7 +13,7 @@ from tracefleet.operator.children.security import container_security_context, po
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, SealerEnv
 from tracefleet.operator.children.task_image import verifier_steps
-from tracefleet.operator.harbor_tasks import HarborTaskPlan
+from tracefleet.operator.harbor_tasks import ClusterHarborTask
 from tracefleet.operator.plans import sealing_plan
 
 
@@ -34,7 +34,7 @@ def _batch_pod_spec(job: RolloutJob, container: dict[str, Any]) -> dict[str, Any
     return spec
 
 
-def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbor: HarborTaskPlan | None = None) -> Manifest:
+def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbor: ClusterHarborTask | None = None) -> Manifest:
     """Scores one finished session in a fresh pod: reads `sessions/<s>/` and writes `reward.json`. The session's `plan`
     goes whole: the evaluator judges against the task the operator planned, never one the harness could rewrite. A
     Harbor task (`harbor`) is judged by its own tests/test.sh in a fresh container of its image (children.task_image)."""
@@ -58,7 +58,7 @@ def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbo
     return _evaluator_manifest(job, session, labels, _batch_pod_spec(job, container), e.timeout_seconds)
 
 
-def _harbor_evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int, harbor: HarborTaskPlan,
+def _harbor_evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int, harbor: ClusterHarborTask,
                           labels: dict[str, str], env: EvaluatorEnv) -> Manifest:
     h = job.spec.harness
     fallback = h.resources.model_dump(mode="json", exclude_none=True) if h.resources else EVALUATOR_RESOURCES
