@@ -13,6 +13,8 @@ ROOTS = {
     "tracefleet.runner": "runner",
     "tracefleet.traces": "traces",
     "tracefleet.engine": "engine",
+    "tracefleet.diagnostics": "diagnostics",
+    "tracefleet.trainer": "trainer",
 }
 
 packages = list(ROOTS)

@@ -43,6 +43,7 @@ def main() -> int:
     from tracefleet.operator.children.harness import harness_pod
     from tracefleet.operator.config import OperatorConfig
     from tracefleet.operator.kube import Kube
+    from tracefleet.operator.plans import job_plans, job_tasks
 
     wd = Path(tempfile.mkdtemp(prefix="tf-bench-creates-"))
     kube = start_control_plane(wd, controlplane_bin_dir(), node_count=1)
@@ -60,11 +61,12 @@ def main() -> int:
                      "tasks": {"inline": [{"id": f"t{i}", "prompt": f"task {i}"} for i in range(1000)], "samplesPerTask": 10},
                      "output": {"uri": str(wd / "bucket"), "tracesPerBatch": 100}, "parallelism": 10000}})
         op_cfg = OperatorConfig()
+        plans = job_plans(job, job_tasks(job))
         rows = []
         for run, workers in enumerate(int(w) for w in args.workers.split(",")):
             k = Kube(api)
             t_cpu = time.process_time()
-            manifests = [harness_pod(job, op_cfg, s, run) for s in range(args.pods)]
+            manifests = [harness_pod(job, op_cfg, plans[s], run) for s in range(args.pods)]
             for m in manifests:
                 m["metadata"].pop("ownerReferences")  # no RolloutJob exists here: nothing for the GC to collect
             build_ms = (time.process_time() - t_cpu) * 1e3 / args.pods

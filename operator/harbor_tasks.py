@@ -19,11 +19,12 @@ import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tracefleet.bucket import BucketError
 from tracefleet.contract.harbor import TaskConfig
 from tracefleet.contract.job import HarborTasks
+from tracefleet.contract.plan import harbor_task
+from tracefleet.contract.session import Task
 from tracefleet.harbor.folders import HarborTask, check_tasks
 from tracefleet.harbor.sources import TaskSourceError, open_source
 from tracefleet.operator.bucketio import bucket_options
@@ -38,8 +39,9 @@ class HarborSourceError(ValueError):
 
 
 @dataclass(frozen=True)
-class HarborTaskPlan:
-    """One task, as its harness pod and evaluator Job need it."""
+class ClusterHarborTask:
+    """One Harbor task as the cluster runs it: what its harness pod and evaluator Job need beside the session's plan
+    (the image, the resources, task.toml)."""
 
     name: str
     image: str
@@ -59,22 +61,20 @@ class HarborTaskPlan:
         """Whole seconds (the task image's `timeout` and the Job's deadline take them), rounded up."""
         return max(1, math.ceil(self.config.verifier.timeout_sec))
 
-    def task_json(self) -> dict[str, Any]:
-        """The session's task, as the pods read it (tracefleet.contract.podenv.TASK_JSON): task.toml's [metadata]
-        too, which `tracefleet run` gives its rows (tracefleet.runner.task.harbor_tasks), so a trainer reads the
-        same task metadata from either driver."""
-        return {"id": self.name, "prompt": self.instruction,
-                **({"metadata": dict(self.config.metadata)} if self.config.metadata else {})}
+    def task(self, source: str) -> Task:
+        """The session's task, made as `tracefleet run` makes it (tracefleet.contract.plan.harbor_task), its tests read
+        again from the task `source` (spec.tasks.harbor.uri) by the evaluator Job's fetch step."""
+        return harbor_task(self.name, self.instruction, self.config, source)
 
 
 @dataclass
 class HarborSource:
-    tasks: list[HarborTaskPlan]
+    tasks: list[ClusterHarborTask]
     problems: list[str] = field(default_factory=list)  # one line each, for Warning Events
 
 
-def plan_of(task: HarborTask, registry: str | None) -> HarborTaskPlan:
-    return HarborTaskPlan(name=task.name, image=task_image(task, registry or LOCAL_REGISTRY),
+def cluster_task(task: HarborTask, registry: str | None) -> ClusterHarborTask:
+    return ClusterHarborTask(name=task.name, image=task_image(task, registry or LOCAL_REGISTRY),
                           instruction=task.instruction, config=task.config)
 
 
@@ -88,7 +88,7 @@ def read_source(harbor: HarborTasks, creds: dict[str, str] | None, endpoint: str
         except (TaskSourceError, BucketError) as exc:
             raise HarborSourceError(f"spec.tasks.harbor.uri: {exc}") from None
         tasks, problems = check_tasks(root, harbor.uri, harbor.include)
-        plans = [plan_of(t, harbor.registry) for t in tasks]
-    if not plans:
+        found = [cluster_task(t, harbor.registry) for t in tasks]
+    if not found:
         raise HarborSourceError("spec.tasks.harbor: no runnable task: " + "; ".join(map(str, problems)))
-    return HarborSource(plans, [str(p) for p in problems])
+    return HarborSource(found, [str(p) for p in problems])

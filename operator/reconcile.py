@@ -12,7 +12,6 @@ status.calculate_status turns what a pass observed into the job's status.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -24,6 +23,8 @@ import kopf
 from pydantic import ValidationError
 
 from tracefleet.contract.job import Condition, Counters, RolloutJob, RolloutJobStatus
+from tracefleet.contract.plan import TasksFileError
+from tracefleet.contract.session import SessionPlan, Task
 from tracefleet.contract.semantics import DiagnosticsCounts, OutcomeCounts
 from tracefleet.contract.sealed_batch import BatchSealed, JobRef, SealedBatch
 from tracefleet.contract.layout import batch_id_for
@@ -37,12 +38,13 @@ from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.operator.children.metadata import namespace_of
 from tracefleet.operator.children.network_policy import harness_network_policy
 from tracefleet.operator.config import OperatorConfig
-from tracefleet.operator.harbor_tasks import HarborSource, HarborSourceError, HarborTaskPlan, read_source
+from tracefleet.operator.harbor_tasks import HarborSource, HarborSourceError, ClusterHarborTask, read_source
 from tracefleet.operator.immutable_spec import check_spec
 from tracefleet.operator.events import batch_key, event_manifest
 from tracefleet.operator.harness_watch import HarnessWatch
 from tracefleet.operator.inference_ready import CREATED, EndpointProbe, deployment_condition
 from tracefleet.operator.kube import Kube
+from tracefleet.operator.plans import job_plans, job_tasks
 from tracefleet.operator.sealing import batches_to_seal, observe_sealers, record_annotation, recorded_batch
 from tracefleet.operator.session_table import observe, plan
 from tracefleet.operator.status import (
@@ -77,7 +79,7 @@ class Result:
     api_calls: int = 0
 
 
-def _task_of(harbor: HarborSource | None, job: RolloutJob, session: int) -> HarborTaskPlan | None:
+def _task_of(harbor: HarborSource | None, job: RolloutJob, session: int) -> ClusterHarborTask | None:
     """The Harbor task a session runs (None for a job without Harbor tasks)."""
     return None if harbor is None else harbor.tasks[n.task_sample_of(session, job.spec.tasks.samples_per_task)[0]]
 
@@ -92,7 +94,8 @@ class Reconciler:
     cfg: OperatorConfig = field(default_factory=OperatorConfig)
     notifier: WebhookNotifier | None = None
     _ensured: dict[str, set[str]] = field(default_factory=dict)
-    _task_ids: dict[str, list[str]] = field(default_factory=dict)
+    _tasks: dict[str, list[Task]] = field(default_factory=dict)
+    _plans: dict[str, tuple[int, list[SessionPlan]]] = field(default_factory=dict)  # by job: (generation, plans)
     _harbor: dict[str, HarborSource] = field(default_factory=dict)
     _made_calls: dict[tuple[str, int, int], bool] = field(default_factory=dict)
     _secrets: dict[tuple[str, str], dict[str, str] | None] = field(default_factory=dict)
@@ -121,7 +124,8 @@ class Reconciler:
 
     def forget(self, uid: str) -> None:
         self._ensured.pop(uid, None)
-        self._task_ids.pop(uid, None)
+        self._tasks.pop(uid, None)
+        self._plans.pop(uid, None)
         self._harbor.pop(uid, None)
         self._harbor_reads.pop(uid, None)
         for key in [k for k in self._made_calls if k[0] == uid]:
@@ -172,8 +176,9 @@ class Reconciler:
             return res
 
         ns = namespace_of(job)
-        task_ids = self._task_ids_of(job)
-        total = len(task_ids) * spec.tasks.samples_per_task
+        plans = self._plans_of(job, harbor)
+        task_ids = [t.id for t in self._tasks_of(job, harbor)]
+        total = len(plans)
         budget = self.cfg.max_creates_per_reconcile
 
         # --- inference
@@ -215,17 +220,18 @@ class Reconciler:
             budget -= 1
 
         # --- harness pods and evaluator Jobs
-        batch_pods = [harness_pod(job, self.cfg, s, a, harbor=_task_of(harbor, job, s)) for s, a in p.need_pod[: max(0, budget)]]
+        batch_pods = [harness_pod(job, self.cfg, plans[s], a, harbor=_task_of(harbor, job, s)) for s, a in p.need_pod[: max(0, budget)]]
         budget -= len(batch_pods)
         created_pods = self._create_harness_pods(batch_pods)
         metrics.CHILDREN_CREATED.labels(n.COMPONENT_HARNESS).inc(created_pods)
         if spec.evaluator is not None or harbor is not None:
-            evals_new = [evaluator_job(job, self.cfg, s, harbor=_task_of(harbor, job, s)) for s in p.need_eval[: max(0, budget)]]
+            evals_new = [evaluator_job(job, self.cfg, plans[s], harbor=_task_of(harbor, job, s)) for s in p.need_eval[: max(0, budget)]]
             budget -= len(evals_new)
             metrics.CHILDREN_CREATED.labels(n.COMPONENT_EVALUATOR).inc(sum(self.kube.create_many(evals_new)))
 
         # --- sealing: fixed session sets per batch, recorded on the sealer Job itself
-        batches, seal_failed, unsealed, budget = self._batches(job, task_ids, sealers, set(p.succeeded) | set(p.failed), budget, res)
+        batches, seal_failed, unsealed, budget = self._batches(job, task_ids, plans, sealers, set(p.succeeded) | set(p.failed), budget,
+                                                             res)
 
         # --- counters, phase, conditions
         # what the diagnostics made of the sealed sessions, from the recorded manifests (as `tracefleet run` counts)
@@ -319,28 +325,38 @@ class Reconciler:
                 source = read_source(job.spec.tasks.harbor, self._bucket_creds(job), self.cfg.bucket_endpoint)
                 res.events += [(WARNING, EVENT_TASK_LEFT_OUT, problem) for problem in source.problems]
                 self._harbor[key] = source
-                self._task_ids[key] = [t.name for t in source.tasks]
             return self._harbor[key]
 
-    def _task_ids_of(self, job: RolloutJob) -> list[str]:
-        """The job's task ids, in order (tasks from a ConfigMap, a URI or Harbor folders are read once per
-        operator process)."""
+    def _tasks_of(self, job: RolloutJob, harbor: HarborSource | None) -> list[Task]:
+        """The job's tasks, in order (tasks from a ConfigMap, a URI or Harbor folders are read once per operator
+        process), as the planner takes them (tracefleet.operator.plans)."""
         tasks = job.spec.tasks
         if tasks.inline is not None:
-            return [t.id for t in tasks.inline]
+            return job_tasks(job)
         key = self._uid(job)
-        if key not in self._task_ids:
+        if key not in self._tasks:
             text: str | None = None
             if tasks.config_map_ref:
                 cm = self.kube.get_configmap(namespace_of(job), tasks.config_map_ref.name)
                 text = ((cm or {}).get("data") or {}).get(tasks.config_map_ref.key)
             elif tasks.uri:
                 text = bucketio.read_text(tasks.uri, self._bucket_creds(job))
-            if text is None:
+            if text is None and harbor is None:
                 # the ConfigMap or the object may be created after the job: look again later
                 raise kopf.TemporaryError(f"tasks of {namespace_of(job)}/{job.name} not found", delay=30)
-            self._task_ids[key] = [str(json.loads(line)["id"]) for line in text.splitlines() if line.strip()]
-        return self._task_ids[key]
+            try:
+                self._tasks[key] = job_tasks(job, text, harbor)
+            except TasksFileError as exc:  # it may be fixed in place: look again later
+                raise kopf.TemporaryError(str(exc), delay=30) from None
+        return self._tasks[key]
+
+    def _plans_of(self, job: RolloutJob, harbor: HarborSource | None) -> list[SessionPlan]:
+        """Every session's plan, by index: planned once per generation of the job (a policy update changes them)."""
+        key, generation = self._uid(job), job.metadata.generation or 0
+        cached = self._plans.get(key)
+        if cached is None or cached[0] != generation:
+            cached = self._plans[key] = (generation, job_plans(job, self._tasks_of(job, harbor)))
+        return cached[1]
 
     def _session_made_calls(self, job: RolloutJob, session: int, failures: int) -> bool:
         """Whether the session's latest failed attempt made a model call (its uploaded capture log is not
@@ -379,7 +395,8 @@ class Reconciler:
             budget -= 1
         return deployment_condition(dep, want, job.spec.suspend), budget
 
-    def _batches(self, job: RolloutJob, task_ids: list[str], sealers: list[dict[str, Any]], finished: set[int],
+    def _batches(self, job: RolloutJob, task_ids: list[str], plans: list[SessionPlan], sealers: list[dict[str, Any]],
+                 finished: set[int],
                  budget: int, res: Result) -> tuple[list[SealedBatch], str, bool, int]:
         """Record the batches of sealer Jobs that completed, create sealer Jobs for new batches (sealing);
         (recorded batches by seq, which sealer failed, whether a finished session is not recorded yet, budget)."""
@@ -403,7 +420,7 @@ class Reconciler:
         for sessions in batches_to_seal(job, task_ids, finished, seen.assigned):
             if budget <= 0:
                 break
-            if self.kube.create(sealer_job(job, self.cfg, nxt, sessions)):
+            if self.kube.create(sealer_job(job, self.cfg, nxt, [plans[s.index] for s in sessions])):
                 metrics.CHILDREN_CREATED.labels(n.COMPONENT_SEALER).inc()
             budget -= 1
             nxt += 1

@@ -13,7 +13,6 @@ never appends to an earlier run's capture log, and a retry registers as `<sessio
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 import re
@@ -39,19 +38,18 @@ from tracefleet.contract.semantics import (
     evaluator_type,
     groups_per_batch,
     quarantine_verdict,
-    session_plan,
     should_retry,
 )
-from tracefleet.contract.session import EvaluatorSpec, session_id
+from tracefleet.contract.plan import job_tasks_of, plan_sessions, read_tasks
 from tracefleet.runner.failures import outcomes_line, run_verdict
 from tracefleet.runner.learning_signal import learning_signal_line
 from tracefleet.runner.preflight import PreflightError, preflight
 from tracefleet.runner.progress import ProgressWriter
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import netns_available
-from tracefleet.runner.session import HarnessConfig, HostPlace, Place, SessionPlan, SessionRun
+from tracefleet.runner.session import HostPlace, Place, SessionPlan, SessionRun
 from tracefleet.runner.session import run as run_in_place
-from tracefleet.runner.task import Task, harbor_tasks, task_from_api, with_image
+from tracefleet.runner.task import Task, harbor_tasks, with_image
 
 PUBLISH_EVERY_S = 5.0  # <job>/progress.json at least this often while sessions run (and when one finishes)
 
@@ -169,14 +167,11 @@ def job_tasks(job: Any, base_dir: Path, source_root: Path | None = None) -> list
     """The job's tasks as runner tasks. Inline tasks, a local/s3 JSONL file, or Harbor task folders (a tarball or
     an s3:// source is unpacked into a new folder under `source_root`, default the system's temporary folder);
     ConfigMaps need a cluster."""
-    from tracefleet.contract.job import TaskSpec
-
     spec = job.spec
-    extra_setup = list(spec.harness.workspace.setup or [])
     if spec.tasks.inline:
         api_tasks = list(spec.tasks.inline)
     elif spec.tasks.uri:
-        api_tasks = [TaskSpec.model_validate(json.loads(line), by_name=False) for line in _read_uri(spec.tasks.uri, base_dir).splitlines() if line.strip()]
+        api_tasks = read_tasks(_read_uri(spec.tasks.uri, base_dir), f"spec.tasks.uri {spec.tasks.uri}")
     elif spec.tasks.harbor:
         from tracefleet.harbor.sources import open_source
 
@@ -194,7 +189,7 @@ def job_tasks(job: Any, base_dir: Path, source_root: Path | None = None) -> list
         return tasks
     else:
         raise ValueError("spec.tasks.configMapRef needs a cluster; in local mode use tasks.inline or tasks.uri")
-    return [task_from_api(t, base_dir, extra_setup) for t in api_tasks]
+    return [t.resolved(base_dir) for t in job_tasks_of(job, api_tasks)]
 
 
 def _read_uri(uri: str, base_dir: Path) -> str:
@@ -207,43 +202,8 @@ def _read_uri(uri: str, base_dir: Path) -> str:
     return (path if path.is_absolute() else base_dir / path).read_text()
 
 
-def evaluator_spec(job: Any) -> EvaluatorSpec:
-    ev = job.spec.evaluator
-    if ev is None:
-        # Harbor tasks bring their own judge (tests/test.sh): a job of them is judged by it unless it says otherwise.
-        return EvaluatorSpec(type="harbor") if job.spec.tasks.harbor else EvaluatorSpec(type="none")
-    return EvaluatorSpec(
-        type=evaluator_type(ev.preset),  # type: ignore[arg-type]
-        command=list(ev.command) if ev.command else None,
-        entrypoint=ev.entry_point,
-        timeout_s=float(ev.timeout_seconds),
-    )
-
-
 def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:80] or "x"
-
-
-def plan_sessions(job: Any, tasks: list[Task], model: str, harness: HarnessConfig) -> list[SessionPlan]:
-    spec = job.spec
-    ev = evaluator_spec(job)
-    by_id = {t.id: t for t in tasks}
-    return [
-        SessionPlan(
-            session_id=session_id(job.name, p.index),
-            job=job.name,
-            task=by_id[p.task_id],
-            sample_index=p.sample_index,
-            group_id=p.group_id,
-            harness=harness,
-            evaluator=ev,
-            model=model,
-            builder=spec.output.builder,
-            diagnostics=spec.diagnostics,
-            policy_version=spec.inference.policy_version,
-        )
-        for p in session_plan(job.name, [t.id for t in tasks], spec.tasks.samples_per_task)
-    ]
 
 
 class LocalRun:
@@ -377,6 +337,11 @@ class LocalRun:
         prefix = "\r\033[K" if self._tty else ""
         print(f"{prefix}tracefleet: {text}", file=self.out, flush=True)
 
+    def plans(self, tasks: list[Task], model: str | None) -> list[SessionPlan]:
+        """Every session of the job, planned by the contract's one planner (tracefleet.contract.plan.plan_sessions,
+        as the operator plans them) and settled at the job file's folder."""
+        return plan_sessions(self.job, tasks, model, job_dir=self.base_dir)
+
     # ------------------------------------------------------------------ run
 
     def run(self) -> int:
@@ -436,23 +401,16 @@ class LocalRun:
             ).start()
             decision = proxy.mode_decision
             self._say(f"capture mode {decision.mode} ({decision.reason})")
-            harness = HarnessConfig(
-                preset=spec.harness.preset,
-                # {job_dir} lets a job ship its own harness script next to the manifest.
-                command=[a.replace("{job_dir}", str(self.base_dir)) for a in spec.harness.command]
-                if spec.harness.command else None,
-                env=dict(spec.harness.env or {}),
-                timeout_s=float(spec.harness.session_timeout_seconds),
-            )
             sock = self.work_dir / f"proxy-{run_id}.sock"
             if use_netns or self._containers:
                 from tracefleet.runner.netns import UnixToTcpBridge
 
                 # a session in a network namespace, or in a container with no network, reaches the proxy by it
                 bridge = UnixToTcpBridge(sock, "127.0.0.1", proxy.port).start()
-            if use_netns:
-                harness = harness.model_copy(update={"netns": True, "bridge_socket": str(sock)})
-            plans = plan_sessions(self.job, tasks, model_hint or "default", harness)
+            plans = self.plans(tasks, model_hint)
+            if use_netns:  # this machine's sandbox, not the job's plan
+                plans = [p.model_copy(update={"harness": p.harness.model_copy(
+                    update={"netns": True, "bridge_socket": str(sock)})}) for p in plans]
             todo = [p for p in plans if (p.task.id, p.sample_index) not in sealed]
             sink.expect(dict(Counter(p.group_id for p in todo)))
             progress = RunProgress(total=len(plans), skipped=len(plans) - len(todo))

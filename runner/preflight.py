@@ -57,7 +57,9 @@ def harness_problems(preset: str | None, command: list[str] | None, task_dirs: l
             return [f"spec.harness.preset: {name} runs on Node.js, which is not on PATH: install Node >= 20.6 "
                     f"and {_setup(HARNESSES_PART)}"]
         return []
-    argv = [a.replace("{job_dir}", str(job_dir)) for a in command or ()]
+    from tracefleet.contract.session import with_job_dir
+
+    argv = with_job_dir(list(command or ()), job_dir)
     if not argv or "{" in argv[0]:
         return []  # a program named by a placeholder is only known per session
     program = argv[0]

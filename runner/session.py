@@ -174,7 +174,7 @@ def wait_stage(proc: ProcessResult, plan: SessionPlan, result: SessionResult, *,
     if proc.stopped:
         raise StageFailed("harness", "stopped", stopped)
     if proc.timed_out:
-        raise StageFailed("harness", "timeout", f"harness ran past {plan.harness_timeout_s:.0f}s; process group killed")
+        raise StageFailed("harness", "timeout", f"harness ran past {plan.harness.timeout_s:.0f}s; process group killed")
     if proc.exit_code != 0:
         # with the harness's own last words (its stdout and stderr are in `logs`): what a person reads first
         reason = harness_reason(logs) if logs is not None else None
@@ -244,7 +244,7 @@ def run(plan: SessionPlan, place: Place) -> SessionRun:
     result = SessionResult.for_plan(plan, folders.work)
     timings = result.timings
     started = time.monotonic()
-    deadline = started + plan.harness_timeout_s
+    deadline = started + plan.harness.timeout_s
     connected = False
     workspace = None
     stdout, stderr = folders.artifacts / layout.HARNESS_STDOUT, folders.artifacts / layout.HARNESS_STDERR

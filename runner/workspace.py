@@ -42,7 +42,10 @@ class WorkspaceError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Workspace:
+class PreparedWorkspace:
+    """A task's workspace on disk, prepared for one session (spec.harness.workspace, tracefleet.contract.job.Workspace,
+    is what the job asks for)."""
+
     original: Path  # pristine, after setup; never touched by the harness
     workdir: Path  # the harness's live copy
     base_commit: str
@@ -121,7 +124,7 @@ def _run_setup(task: Task, cwd: Path, timeout_s: float, log: Path) -> None:
                 raise WorkspaceError(f"task {task.id}: setup command exited {done.returncode}: {command} (see {log})")
 
 
-def prepare_workspace(task: Task, session_dir: Path, *, setup_timeout_s: float = 600) -> Workspace:
+def prepare_workspace(task: Task, session_dir: Path, *, setup_timeout_s: float = 600) -> PreparedWorkspace:
     """Build original/ (source + setup, committed as base) and workdir/ (the harness's copy)."""
     session_dir.mkdir(parents=True, exist_ok=True)
     original = session_dir / "original"
@@ -145,7 +148,7 @@ def prepare_workspace(task: Task, session_dir: Path, *, setup_timeout_s: float =
     git(original, "commit", "-q", "--allow-empty", "-m", f"tracefleet base for task {task.id}")
     base = git(original, "rev-parse", "HEAD").strip()
     shutil.copytree(original, workdir, symlinks=True)
-    return Workspace(original=original, workdir=workdir, base_commit=base)
+    return PreparedWorkspace(original=original, workdir=workdir, base_commit=base)
 
 
 def workspace_patch(workdir: Path, base_commit: str) -> str:
@@ -174,7 +177,7 @@ def tree_patch(before: Path, after: Path, git_dir: Path) -> str:
     return git(after, "diff", "--cached", "--binary", "HEAD", env={**env, "GIT_WORK_TREE": str(after)})
 
 
-def fresh_copy(workspace: Workspace, dest: Path) -> Path:
+def fresh_copy(workspace: PreparedWorkspace, dest: Path) -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(workspace.original, dest, symlinks=True)

@@ -8,11 +8,11 @@ from typing import Any
 from tracefleet.contract import layout, podenv
 from tracefleet.contract.engine_limits import logprobs_mode_flags
 from tracefleet.contract.job import ModelCache, RolloutJob
-from tracefleet.contract.session import session_id as session_id_of
+from tracefleet.contract.session import SessionPlan
 from tracefleet.contract.sidecar_resources import proxy_resources
 from tracefleet.operator import names as n
 from tracefleet.operator.children.inference import engine_api_key_env, inference_service_url
-from tracefleet.operator.children.inputs import bucket_env_from, env_ref, env_vars, task_source
+from tracefleet.operator.children.inputs import bucket_env_from, env_ref, env_vars
 from tracefleet.operator.children.metadata import Manifest, metadata, priority_class
 from tracefleet.operator.children.security import container_security_context, pod_security_context
 from tracefleet.operator.config import OperatorConfig
@@ -24,7 +24,7 @@ from tracefleet.operator.children.task_image import (
     shared_volume,
     task_harness_container,
 )
-from tracefleet.operator.harbor_tasks import HarborTaskPlan
+from tracefleet.operator.harbor_tasks import ClusterHarborTask
 
 PROXY_PORT = 8100
 # Where the containers of a harness pod meet: the harness writes ARTIFACTS_DIR, which the sidecar
@@ -41,18 +41,20 @@ def session_secret() -> str:
     return "tfs_" + secrets.token_urlsafe(24)
 
 
-def harness_pod(job: RolloutJob, cfg: OperatorConfig, session: int, attempt: int, secret: str | None = None,
-                harbor: HarborTaskPlan | None = None) -> Manifest:
-    """One session = one pod: the harness container plus the proxy as a native sidecar.
+def harness_pod(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, attempt: int, secret: str | None = None,
+                harbor: ClusterHarborTask | None = None) -> Manifest:
+    """One session = one pod: the harness container plus the proxy as a native sidecar. The session's `plan`
+    (tracefleet.operator.plans) goes to the session program whole.
 
     The sidecar is an init container with `restartPolicy: Always`: it starts (and is probed ready)
     before the harness, and the pod still completes when the harness exits. A Harbor task (`harbor`) runs
     its harness in the task's own image, the session program beside it (tracefleet.operator.children.task_image).
     """
+    session = plan.index
     task, sample = n.task_sample_of(session, job.spec.tasks.samples_per_task)
     name = n.harness_pod_name(job.name, session, attempt)
     secret = secret or session_secret()
-    session_id = session_id_of(job.name, session)
+    session_id = plan.session_id
     h = job.spec.harness
     capture_mode = job.spec.inference.capture.mode
     served_model = job.spec.inference.served_model()
@@ -110,33 +112,11 @@ def harness_pod(job: RolloutJob, cfg: OperatorConfig, session: int, attempt: int
     if (cache := _sidecar_tokenizer_cache(job)) is not None:
         volumes.append({"name": "tokenizer-cache",
                         "persistentVolumeClaim": {"claimName": cache.claim_name, "readOnly": True}})
-    task_fields, task_volumes, task_mounts = task_source(job, task)
-    volumes += task_volumes
-    mounts += task_mounts
-    timeout_s: float = h.session_timeout_seconds
-    if harbor is not None:
-        task_fields = {"task_json": harbor.task_json(),
-                       "launch_dir": ti.LAUNCH_DIR, "harness_env": {k: str(v) for k, v in (h.env or {}).items()} or None}
-        # task.toml's [agent].timeout_sec, within the job's session timeout
-        timeout_s = min(timeout_s, harbor.config.agent.timeout_sec or timeout_s)
-    pod_env = HarnessEnv(
-        job=job.name,
-        session=session,
-        session_id=session_id,
-        task_index=task,
-        sample_index=sample,
-        **task_fields,
-        base_url=f"http://127.0.0.1:{PROXY_PORT}",
-        api_key=secret,
-        model=served_model or None,
-        preset=h.preset,  # unset: the session's HarnessConfig applies the default
-        timeout_s=timeout_s,
-        artifacts_dir=ARTIFACTS_DIR,
-        command=h.command,
-        workspace_setup=h.workspace.setup or None,
-    )
-    # spec.harness.env first: the pod program's own inputs (TRACEFLEET_*, HOME) are not the job's to change;
-    # over the preset's variables the job's win, in the pod program (tracefleet.runner.environment)
+    pod_env = HarnessEnv(plan=plan.model_copy(update={"attempt": attempt}), base_url=f"http://127.0.0.1:{PROXY_PORT}", api_key=secret,
+                         artifacts_dir=ARTIFACTS_DIR, launch_dir=ti.LAUNCH_DIR if harbor is not None else None)
+    # The harness process takes spec.harness.env from the plan (tracefleet.runner.environment: over the preset's
+    # variables); the container has it too, for the pod program's own steps (workspace setup), as before. First:
+    # the pod program's own inputs (TRACEFLEET_*, HOME) are not the job's to change.
     harness_env = {**{k: str(v) for k, v in (h.env or {}).items()}, **pod_env.to_env(), "HOME": HOME_DIR}
     resources = h.resources.model_dump(mode="json", exclude_none=True) if h.resources else {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
     harness = {

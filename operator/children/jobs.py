@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from tracefleet.contract.job import RolloutJob
-from tracefleet.contract.semantics import PlannedSession, encode_sessions
+from tracefleet.contract.session import SessionPlan
 from tracefleet.operator import names as n
-from tracefleet.operator.children.inputs import bucket_env_from, env_vars, task_source
+from tracefleet.operator.children.inputs import bucket_env_from, env_vars
 from tracefleet.operator.children.metadata import Manifest, child_labels, metadata, priority_class
 from tracefleet.operator.children.security import container_security_context, pod_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, SealerEnv
 from tracefleet.operator.children.task_image import verifier_steps
-from tracefleet.operator.harbor_tasks import HarborTaskPlan
+from tracefleet.operator.harbor_tasks import ClusterHarborTask
+from tracefleet.operator.plans import sealing_plan
 
 
 EVALUATOR_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
@@ -33,32 +34,19 @@ def _batch_pod_spec(job: RolloutJob, container: dict[str, Any]) -> dict[str, Any
     return spec
 
 
-def evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int, harbor: HarborTaskPlan | None = None) -> Manifest:
-    """Scores one finished session in a fresh pod: reads `sessions/<s>/` and writes `reward.json`. A Harbor task
-    (`harbor`) is judged by its own tests/test.sh in a fresh container of its image (children.task_image)."""
+def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbor: ClusterHarborTask | None = None) -> Manifest:
+    """Scores one finished session in a fresh pod: reads `sessions/<s>/` and writes `reward.json`. The session's `plan`
+    goes whole: the evaluator judges against the task the operator planned, never one the harness could rewrite. A
+    Harbor task (`harbor`) is judged by its own tests/test.sh in a fresh container of its image (children.task_image)."""
     e = job.spec.evaluator
     assert e is not None or harbor is not None, "a job without an evaluator has no evaluator Jobs"
+    session = plan.index
     task, sample = n.task_sample_of(session, job.spec.tasks.samples_per_task)
     labels = {n.LABEL_SESSION: str(session), n.LABEL_TASK: str(task), n.LABEL_SAMPLE: str(sample)}
+    env = EvaluatorEnv(bucket=job.spec.output.uri, endpoint=cfg.bucket_endpoint, plan=plan)
     if harbor is not None:
-        return _harbor_evaluator_job(job, cfg, session, harbor, labels)
+        return _harbor_evaluator_job(job, cfg, session, harbor, labels, env)
     assert e is not None
-    # The evaluator judges against the task the operator knows, never one the harness could rewrite.
-    task_fields, task_volumes, task_mounts = task_source(job, task)
-    env = EvaluatorEnv(
-        bucket=job.spec.output.uri,
-        endpoint=cfg.bucket_endpoint,
-        job=job.name,
-        session=session,
-        task_index=task,
-        sample_index=sample,
-        **task_fields,
-        evaluator=e.preset,
-        command=e.command,
-        entrypoint=e.entry_point,
-        timeout_s=e.timeout_seconds,
-        policy_version=job.spec.inference.policy_version,
-    )
     container = {
         "name": "evaluator",
         "image": job.spec.evaluator_image() or cfg.evaluator_image,
@@ -66,22 +54,12 @@ def evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int, harbor: Ha
         "env": env_vars(env.to_env()),
         "envFrom": bucket_env_from(job),
         "resources": EVALUATOR_RESOURCES,
-        **({"volumeMounts": task_mounts} if task_mounts else {}),
     }
-    pod_spec = _batch_pod_spec(job, container)
-    if task_volumes:
-        pod_spec["volumes"] = task_volumes
-    return _evaluator_manifest(job, session, labels, pod_spec, e.timeout_seconds)
+    return _evaluator_manifest(job, session, labels, _batch_pod_spec(job, container), e.timeout_seconds)
 
 
-def _harbor_evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int, harbor: HarborTaskPlan,
-                          labels: dict[str, str]) -> Manifest:
-    task, sample = n.task_sample_of(session, job.spec.tasks.samples_per_task)
-    assert job.spec.tasks.harbor is not None
-    env = EvaluatorEnv(bucket=job.spec.output.uri, endpoint=cfg.bucket_endpoint, job=job.name, session=session,
-                       task_index=task, sample_index=sample, task_json=harbor.task_json(),
-                       timeout_s=harbor.verifier_timeout_s, policy_version=job.spec.inference.policy_version,
-                       harbor_uri=job.spec.tasks.harbor.uri)
+def _harbor_evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int, harbor: ClusterHarborTask,
+                          labels: dict[str, str], env: EvaluatorEnv) -> Manifest:
     h = job.spec.harness
     fallback = h.resources.model_dump(mode="json", exclude_none=True) if h.resources else EVALUATOR_RESOURCES
     init, report, volumes = verifier_steps(cfg, harbor, env.to_env(), bucket_env_from(job), fallback)
@@ -121,18 +99,16 @@ def _evaluator_manifest(job: RolloutJob, session: int, labels: dict[str, str], p
     }
 
 
-def sealer_job(job: RolloutJob, cfg: OperatorConfig, seq: int, sessions: list[PlannedSession]) -> Manifest:
-    """Builds and seals batch `seq` from exactly `sessions` (whole groups, fixed at creation: Jobs are
-    immutable, so a restarted operator sees the same assignment and never seals a session twice). The
-    Job is told each session's task and sample: it seals failed sessions too, whose pods may have left
-    nothing that says which task they ran."""
-    indices = [p.index for p in sessions]
+def sealer_job(job: RolloutJob, cfg: OperatorConfig, seq: int, plans: list[SessionPlan]) -> Manifest:
+    """Builds and seals batch `seq` from exactly the sessions of `plans` (whole groups, fixed at creation: Jobs
+    are immutable, so a restarted operator sees the same assignment and never seals a session twice). The
+    Job is given the sessions' plans (tracefleet.operator.plans.sealing_plan): it seals failed sessions too,
+    whose pods may have left nothing that says which task they ran."""
+    indices = [p.index for p in plans]
     ranges = n.encode_ranges(indices)
     spec = job.spec
     env = SealerEnv(bucket=spec.output.uri, endpoint=cfg.bucket_endpoint, job=job.name, batch_seq=seq, sessions=indices,
-                    builder=spec.output.builder, session_plan=encode_sessions(sessions), policy_version=spec.inference.policy_version,
-                    diagnostics=None if spec.diagnostics is None else [
-                        d.model_dump(mode="json", by_alias=True, exclude_none=True) for d in spec.diagnostics])
+                    plans=[sealing_plan(p) for p in plans])
     container = {
         "name": "sealer",
         "image": cfg.proxy_image,

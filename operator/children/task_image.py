@@ -31,7 +31,7 @@ from tracefleet.operator import names as n
 from tracefleet.operator.children.inputs import env_vars
 from tracefleet.operator.children.security import container_security_context
 from tracefleet.operator.config import OperatorConfig
-from tracefleet.operator.harbor_tasks import HarborTaskPlan
+from tracefleet.operator.harbor_tasks import ClusterHarborTask
 from tracefleet.harbor.in_image import LAUNCHER, VERIFIER
 from tracefleet.contract.environment import HARDENED_PYTHON_ENV
 
@@ -56,14 +56,14 @@ def task_security_context(user: str | int | None) -> dict[str, Any]:
             "runAsUser": uid, "runAsNonRoot": uid != 0}
 
 
-def task_resources(task: HarborTaskPlan, fallback: dict[str, Any]) -> dict[str, Any]:
+def task_resources(task: ClusterHarborTask, fallback: dict[str, Any]) -> dict[str, Any]:
     """task.toml's cpus, memory, storage (ephemeral-storage) and gpus (nvidia.com/gpu), requested and limited
     alike (a task states what it needs); the job's harness resources where task.toml states none."""
     quantities = {k: str(v) for k, v in task.resources.items()}  # Kubernetes quantities are strings
     return {"requests": dict(quantities), "limits": dict(quantities)} if quantities else fallback
 
 
-def _workdir_env(task: HarborTaskPlan) -> dict[str, str]:
+def _workdir_env(task: ClusterHarborTask) -> dict[str, str]:
     return {podenv.TASK_WORKDIR: task.workdir} if task.workdir else {}
 
 
@@ -78,7 +78,7 @@ def bundle_init_container(job: RolloutJob) -> dict[str, Any]:
     }
 
 
-def task_harness_container(task: HarborTaskPlan, fallback_resources: dict[str, Any], home: tuple[str, str]) -> dict[str, Any]:
+def task_harness_container(task: ClusterHarborTask, fallback_resources: dict[str, Any], home: tuple[str, str]) -> dict[str, Any]:
     """The task image, running the launcher (tracefleet.harbor.in_image.LAUNCHER)."""
     env = {**task.config.environment.env, **_workdir_env(task)}
     return {
@@ -95,7 +95,7 @@ def task_harness_container(task: HarborTaskPlan, fallback_resources: dict[str, A
 def session_container(cfg: OperatorConfig, harness_env: dict[str, str], mounts: list[dict[str, Any]],
                       workdir: str) -> dict[str, Any]:
     """The session program (`tracefleet run --in-pod`, its task-image place) in the tracefleet image; `harness_env`
-    holds tracefleet.contract.podenv.HarnessEnv with the launch folder and spec.harness.env."""
+    holds tracefleet.contract.podenv.HarnessEnv with the launch folder (spec.harness.env is in its plan)."""
     return {
         "name": "session",
         "image": cfg.proxy_image,
@@ -108,7 +108,7 @@ def session_container(cfg: OperatorConfig, harness_env: dict[str, str], mounts: 
     }
 
 
-def verifier_steps(cfg: OperatorConfig, task: HarborTaskPlan, eval_env: dict[str, str],
+def verifier_steps(cfg: OperatorConfig, task: ClusterHarborTask, eval_env: dict[str, str],
                    bucket_env_from: list[dict[str, Any]], fallback_resources: dict[str, Any]
                    ) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
     """(init containers: fetch then verify, the report container, volumes) of a Harbor task's evaluator Job

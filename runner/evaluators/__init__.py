@@ -8,7 +8,7 @@ container: tracefleet.runner.evaluators.harbor).
 
 from __future__ import annotations
 
-from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, Evaluator, EvaluatorSpec
+from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, EvaluatorSpec, RunnableEvaluator
 from tracefleet.runner.evaluators.command import CommandEvaluator
 from tracefleet.runner.evaluators.harbor import HarborEvaluator
 from tracefleet.runner.evaluators.hook import PythonHookEvaluator
@@ -23,10 +23,10 @@ class NoEvaluator:
         return EvalOutcome(reward=0.0, status="skipped", message="no evaluator configured")
 
 
-def get_evaluator(spec: EvaluatorSpec) -> Evaluator:
+def get_evaluator(spec: EvaluatorSpec) -> RunnableEvaluator:
     kinds = {"command": CommandEvaluator, "tests": TestsEvaluator, "python": PythonHookEvaluator, "harbor": HarborEvaluator,
              "none": NoEvaluator}
     return kinds[spec.type](spec)
 
 
-__all__ = ["EvalContext", "EvalOutcome", "Evaluator", "EvaluatorSpec", "get_evaluator"]
+__all__ = ["EvalContext", "EvalOutcome", "EvaluatorSpec", "RunnableEvaluator", "get_evaluator"]

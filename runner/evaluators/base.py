@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tracefleet.contract.session import EvalOutcome, EvalStatus, EvaluatorSpec, Task
-from tracefleet.runner.workspace import Workspace
+from tracefleet.runner.workspace import PreparedWorkspace
 
-__all__ = ["EvalContext", "EvalOutcome", "EvalStatus", "Evaluator", "EvaluatorSpec", "tail"]
+__all__ = ["EvalContext", "EvalOutcome", "EvalStatus", "EvaluatorSpec", "RunnableEvaluator", "tail"]
 
 
 @dataclass
 class EvalContext:
     task: Task
-    workspace: Workspace
+    workspace: PreparedWorkspace
     patch: str
     session_dir: Path
     harness_exit_code: int | None
@@ -40,7 +40,10 @@ class EvalContext:
         )
 
 
-class Evaluator(Protocol):
+class RunnableEvaluator(Protocol):
+    """What judges a session, built from its plan's EvaluatorSpec (spec.evaluator, tracefleet.contract.job.Evaluator,
+    is what the job asks for)."""
+
     def evaluate(self, ctx: EvalContext) -> EvalOutcome: ...
 
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from tracefleet.bucket import open_bucket
 from tracefleet.contract.podenv import EvaluatorEnv, PodEnvError, SealerEnv
 
-from tracefleet.runner.pod.evaluator_job import evaluate, evaluate_session
+from tracefleet.runner.pod.evaluator_job import evaluate_session
 from tracefleet.runner.pod.harbor_verifier import fetch, report
 from tracefleet.runner.pod.sealer_job import seal
 
@@ -29,8 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv[0] == "seal":
             sealer = SealerEnv.from_env()
-            out = seal(open_bucket(sealer.bucket), sealer.job, sealer.batch_seq, sealer.planned_sessions(), sealer.builder,
-                       sealer.diagnostic_specs(), sealer.policy_version)
+            out = seal(open_bucket(sealer.bucket), sealer.batch_seq, sealer.plans)
         elif argv[0] == "harbor-fetch":  # harbor-fetch EVAL_DIR
             env = EvaluatorEnv.from_env()
             problem = fetch(open_bucket(env.bucket), env, Path(argv[1]))
@@ -40,13 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             out, code = report(open_bucket(env.bucket), env, Path(argv[1]), Path(argv[2]))
         else:
             env = EvaluatorEnv.from_env()
-            bucket = open_bucket(env.bucket)
-            if env.has_task:
-                out, code = evaluate_session(bucket, env)
-            elif env.command:
-                out = evaluate(bucket, env.job, env.session, env.command, env.timeout_s)
-            else:
-                raise PodEnvError("the evaluator Job has neither a task nor a command")
+            out, code = evaluate_session(open_bucket(env.bucket), env)
     except PodEnvError as exc:
         print(f"tracefleet pod {argv[0]}: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -1,60 +1,27 @@
 """The evaluator Job's program: judge one finished session and write its reward.json (a `Verdict`).
 
-`python -m tracefleet.runner.pod evaluate`, configured by tracefleet.contract.podenv.EvaluatorEnv. With a task
-in the environment (set by the operator) the session program's judging runs here as it runs locally
-(tracefleet.runner.session.judge over a plan): the task's workspace is rebuilt, the uploaded
-session.patch applied to a fresh copy, and the evaluator preset picks `tests` (FAIL_TO_PASS /
-PASS_TO_PASS), `hook` (its entry point) or `command` (its argv), mapped to the runner's evaluator types
-by tracefleet.contract.semantics. The harness pod's result.json, judged with the verdict
-(`SessionResult.judged`), gives the session's evidence (`session.evidence_of`), as local mode's. Without a
-task: run the command in the downloaded artifacts folder (reward 1.0 on exit 0, 0.0 otherwise; JSON
-{"reward": x} on stdout wins).
+`python -m tracefleet.runner.pod evaluate`, configured by tracefleet.contract.podenv.EvaluatorEnv: the session's plan,
+whole, as the operator planned it (tracefleet.contract.plan.plan_sessions), and the bucket. The session program's
+judging runs here as it runs locally (tracefleet.runner.session.judge over the plan): the task's workspace is
+rebuilt, the uploaded session.patch applied to a fresh copy, and the plan's evaluator judges (`tests`: FAIL_TO_PASS /
+PASS_TO_PASS, `python`: the hook's entry point, `command`: its argv, whose exit code 75 says it could not judge, read
+by the command evaluator alone). The harness pod's result.json, judged with the verdict (`SessionResult.judged`),
+gives the session's evidence (`session.evidence_of`), as local mode's.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from tracefleet.contract import layout, podenv
-from tracefleet.contract.semantics import EVALUATOR_UNAVAILABLE_EXIT_CODE, evaluator_type, group_id
 from tracefleet.bucket import Bucket
-from tracefleet.contract.session import (
-    EvalOutcome,
-    EvaluatorSpec,
-    HarnessConfig,
-    SessionPlan,
-    SessionResult,
-    Verdict,
-    session_id,
-)
-from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, PodEnvError
+from tracefleet.contract import layout, podenv
+from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv
+from tracefleet.contract.session import EvalOutcome, SessionPlan, SessionResult, Verdict
 from tracefleet.runner.pod.evidence import download_capture, harness_result
-from tracefleet.runner.pod.harness_pod import task_from_env
 from tracefleet.runner.session import eval_context, evidence_of, judge
 from tracefleet.runner.workspace import WorkspaceError, prepare_workspace
-
-
-def evaluate(bucket: Bucket, job: str, session: int, command: list[str], timeout_s: float = 600) -> Verdict:
-    """Without a task: run `command` in the downloaded artifacts folder."""
-    with tempfile.TemporaryDirectory() as tmp:
-        _download(bucket, layout.artifacts_prefix(job, session), Path(tmp))
-        try:
-            proc = subprocess.run(command, cwd=tmp, capture_output=True, text=True, timeout=timeout_s)
-            verdict = Verdict(reward=1.0 if proc.returncode == 0 else 0.0, details={"exit_code": proc.returncode})
-            try:
-                verdict.reward = float(json.loads(proc.stdout.strip().splitlines()[-1])["reward"])
-            except (ValueError, KeyError, IndexError, TypeError):
-                if proc.returncode == EVALUATOR_UNAVAILABLE_EXIT_CODE:  # as the command evaluator reads it
-                    verdict = Verdict(status="unavailable", details=verdict.details, message="evaluator command could "
-                                      f"not judge (exit {EVALUATOR_UNAVAILABLE_EXIT_CODE})")
-        except subprocess.TimeoutExpired:
-            verdict = Verdict(status="timeout", message=f"evaluator command timed out after {timeout_s:.0f}s")
-    bucket.put(layout.reward_key(job, session), verdict.model_dump_json().encode())
-    return verdict
 
 
 def _download(bucket: Bucket, prefix: str, dest: Path) -> int:
@@ -67,29 +34,13 @@ def _download(bucket: Bucket, prefix: str, dest: Path) -> int:
     return count
 
 
-def evaluator_spec(env: EvaluatorEnv) -> EvaluatorSpec:
-    try:
-        kind = evaluator_type(env.evaluator)
-    except ValueError as exc:
-        raise PodEnvError(f"{podenv.EVALUATOR}: {exc}") from None
-    return EvaluatorSpec(type=kind, command=env.command, entrypoint=env.entrypoint, timeout_s=env.timeout_s)  # type: ignore[arg-type]
-
-
-def session_plan(env: EvaluatorEnv, spec: EvaluatorSpec) -> SessionPlan:
-    """The judged session's plan, from the evaluator Job's environment."""
-    task = task_from_env(env, Path.cwd().resolve())
-    return SessionPlan(session_id=session_id(env.job, env.session), job=env.job, task=task,
-                       sample_index=env.sample_index, group_id=group_id(env.job, task.id), harness=HarnessConfig(),
-                       evaluator=spec, model="", policy_version=env.policy_version)
-
-
 Judging = Callable[[SessionPlan, SessionResult, Path, Path], tuple[EvalOutcome, int]]
 
 
 def evaluate_session(bucket: Bucket, env: EvaluatorEnv) -> tuple[Verdict, int]:
     """Judge one session with the runner's evaluators; (reward.json, exit code). Fails closed: missing
     artifacts, a workspace that cannot be rebuilt or an evaluator error are reward 0."""
-    return store_verdict(bucket, env, evaluator_spec(env), _judge_workspace)
+    return store_verdict(bucket, env, _judge_workspace)
 
 
 def _judge_workspace(plan: SessionPlan, result: SessionResult, artifacts: Path, tmp: Path) -> tuple[EvalOutcome, int]:
@@ -111,14 +62,14 @@ def _judge_workspace(plan: SessionPlan, result: SessionResult, artifacts: Path, 
                                     artifacts / layout.HARNESS_STDOUT)), 0
 
 
-def store_verdict(bucket: Bucket, env: EvaluatorEnv, spec: EvaluatorSpec, judging: Judging,
-                  evaluator: str | None = None) -> tuple[Verdict, int]:
-    """Download what the session's pod uploaded, judge it with `judging`, and store the verdict (reward.json) and
-    the session's evidence (`evaluator` names the judge in reward.json, default the spec's type), built here where the task, the patch and the judging are, as local mode builds it
-    (`tracefleet diagnose` and the sealer read it as stored)."""
-    job, session = env.job, env.session
-    plan = session_plan(env, spec)
-    ids = {"task_id": plan.task.id, "sample_index": env.sample_index, "evaluator": evaluator or spec.type}
+def store_verdict(bucket: Bucket, env: EvaluatorEnv, judging: Judging) -> tuple[Verdict, int]:
+    """Download what the session's pod uploaded, judge it with `judging`, and store the verdict (reward.json, naming
+    the plan's evaluator) and the session's evidence, built here where the task, the patch and the judging are, as
+    local mode builds it (`tracefleet diagnose` and the sealer read it as stored)."""
+    # settled at the working directory: where relative task paths start in the evaluator's image
+    plan = env.plan.at(Path.cwd().resolve())
+    job, session = plan.job, plan.index
+    ids = {"task_id": plan.task.id, "sample_index": plan.sample_index, "evaluator": plan.evaluator.type}
     with tempfile.TemporaryDirectory() as tmp:
         artifacts = Path(tmp) / "artifacts"
         artifacts.mkdir()
@@ -130,7 +81,7 @@ def store_verdict(bucket: Bucket, env: EvaluatorEnv, spec: EvaluatorSpec, judgin
         evidence = evidence_of(result.judged(verdict), task=plan.task,
                                capture=download_capture(bucket, job, session, Path(tmp) / layout.CAPTURE_LOG),
                                patch=patch_file.read_text() if patch_file.exists() else "",
-                               stderr=artifacts / layout.HARNESS_STDERR, policy_version=env.policy_version)
+                               stderr=artifacts / layout.HARNESS_STDERR, policy_version=plan.policy_version)
     bucket.put(layout.evidence_key(job, evidence.session_id), evidence.model_dump_json().encode())
     bucket.put(layout.reward_key(job, session), verdict.model_dump_json().encode())
     return verdict, code

@@ -27,7 +27,7 @@ from tracefleet.contract import layout
 from tracefleet.contract import taskimage as ti
 from tracefleet.contract.harbor import TESTS_DIR
 from tracefleet.contract.podenv import EvaluatorEnv, PodEnvError
-from tracefleet.contract.session import EvalOutcome, EvaluatorSpec, SessionPlan, SessionResult, Verdict
+from tracefleet.contract.session import EvalOutcome, SessionPlan, SessionResult, Verdict
 from tracefleet.harbor.folders import task_folders
 from tracefleet.harbor.sources import TaskSourceError, is_tarball, open_source
 from tracefleet.runner.containers.harbor_outcome import outcome_of, verdict_here
@@ -56,22 +56,23 @@ def task_tests(uri: str, task: str, dest: Path, scratch: Path) -> None:
 def fetch(bucket: Bucket, env: EvaluatorEnv, into: Path = Path(ti.EVAL_DIR)) -> str | None:
     """The verify step's inputs into `into`; None, or the one line that says what is missing (also left in
     ti.FETCH_ERROR for the other steps)."""
-    if env.harbor_uri is None or env.task_json is None:
-        raise PodEnvError("the Harbor fetch step needs the task source and the task")
+    harbor = env.plan.task.harbor
+    if harbor is None:
+        raise PodEnvError("the Harbor fetch step needs a Harbor task's plan")
     into.mkdir(parents=True, exist_ok=True)
     into.chmod(0o777)  # the verify step runs as the task's verifier user and writes its results here
     problem = None
-    prefix = layout.artifacts_prefix(env.job, env.session)
+    prefix = layout.artifacts_prefix(env.plan.job, env.plan.index)
     try:
         for name in (ti.CHANGES, ti.DELETED):
             (into / name).write_bytes(bucket.get(prefix + name))
     except ObjectNotFound:
         problem = f"the harness pod uploaded no change set ({prefix}{ti.CHANGES}, {ti.DELETED})"
     if problem is None:
-        task = str(env.task_json.get("id"))
         with tempfile.TemporaryDirectory() as scratch:
             try:
-                task_tests(env.harbor_uri, task, into / ti.EVAL_TESTS, Path(scratch))
+                # on a cluster the plan's task folder is the task source (spec.tasks.harbor.uri)
+                task_tests(harbor.folder, env.plan.task.id, into / ti.EVAL_TESTS, Path(scratch))
             except (TaskSourceError, BucketError, OSError) as exc:
                 problem = f"the task's tests: {exc}"
     if problem is not None:
@@ -85,6 +86,8 @@ def report(bucket: Bucket, env: EvaluatorEnv, eval_dir: Path = Path(ti.EVAL_DIR)
     judged (as every evaluator judges only completed sessions)."""
 
     def judging(plan: SessionPlan, result: SessionResult, artifacts: Path, tmp: Path) -> tuple[EvalOutcome, int]:
-        return outcome_of(verdict_here(eval_dir, logs, env.timeout_s)), 0
+        harbor = plan.task.harbor
+        timeout_s = harbor.verifier_timeout_s if harbor is not None and harbor.verifier_timeout_s else 0.0
+        return outcome_of(verdict_here(eval_dir, logs, timeout_s)), 0
 
-    return store_verdict(bucket, env, EvaluatorSpec(type="none", timeout_s=env.timeout_s), judging, evaluator=ti.HARBOR_EVALUATOR)
+    return store_verdict(bucket, env, judging)

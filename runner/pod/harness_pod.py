@@ -2,9 +2,9 @@
 
 The operator (tracefleet.operator.children.harness.harness_pod) starts this as the harness container,
 next to the proxy sidecar that already holds the session (`--session ID:SECRET`). Everything comes from
-the environment it sets, read as tracefleet.contract.podenv.HarnessEnv: the task (inline, ConfigMap file or JSONL
-URI), the preset and its command, spec.harness.workspace.setup, the sidecar's URL, the session secret,
-the model, the session's ids and timeout, where the artifacts go.
+the environment it sets, read as tracefleet.contract.podenv.HarnessEnv: the session's plan, whole (as the operator
+planned it with tracefleet.contract.plan.plan_sessions, settled here at TRACEFLEET_JOB_DIR), and the place's own
+inputs: the sidecar's URL, the session secret, where the artifacts go.
 
 The session program (tracefleet.runner.session.run) in the place `PodPlace`: the workspace prepared under
 the working directory, the proxy sidecar as the endpoint (connect waits for it), the harness in its own
@@ -25,69 +25,22 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from tracefleet.contract import layout
-from tracefleet.contract.semantics import group_id
-from tracefleet.contract.session import EvaluatorSpec, HarnessConfig, SessionPlan, SessionResult, Task
-from tracefleet.contract.podenv import HarnessEnv, PodEnvError, SessionEnv
+from tracefleet.contract.podenv import HarnessEnv, PodEnvError
+from tracefleet.contract.session import SessionPlan, SessionResult
 from tracefleet.runner.environment import SessionEndpoint, user_env
 from tracefleet.runner.sandbox import ProcessResult, run_sandboxed
 from tracefleet.runner.session import SessionFolders, StageFailed, run
-from tracefleet.runner.task import task_from_api
 
 EXIT_CODES = {"completed": 0, "error": 1, "timeout": 124, "stopped": 143}
 EXIT_CONFIG = 2
 PROXY_WAIT_S = 60.0
 
 
-def _task_line(text: str, index: int, where: str) -> dict[str, Any]:
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not 0 <= index < len(lines):
-        raise PodEnvError(f"task index {index} is out of range: {where} has {len(lines)} task(s)")
-    return json.loads(lines[index])
-
-
-def task_from_env(env: SessionEnv, base: Path, extra_setup: list[str] | None = None) -> Task:
-    """The session's task from the pod environment (harness pods and evaluator Jobs alike); `base` is
-    where relative task paths start."""
-    from tracefleet.contract.job import TaskSpec
-
-    if env.task_json is not None:
-        raw = env.task_json
-    elif env.tasks_file is not None:
-        raw = _task_line(Path(env.tasks_file).read_text(), env.task_index, env.tasks_file)
-    else:
-        from tracefleet.runner.local import _read_uri
-
-        assert env.tasks_uri is not None  # SessionEnv.has_task was checked by the caller's model
-        raw = _task_line(_read_uri(env.tasks_uri, base), env.task_index, env.tasks_uri)
-    return task_from_api(TaskSpec.model_validate(raw), base, extra_setup)
-
-
 def job_dir(env: HarnessEnv) -> Path:
+    """Where the plan is settled: relative task paths and `{job_dir}` (SessionPlan.at)."""
     return Path(env.job_dir or os.getcwd()).resolve()
-
-
-def plan_from_env(env: HarnessEnv) -> SessionPlan:
-    base = job_dir(env)
-    task = task_from_env(env, base, env.workspace_setup)
-    harness = HarnessConfig(
-        preset=env.preset,
-        # {job_dir}: as in local mode, a job can ship its harness script next to its tasks (in the image).
-        command=[str(a).replace("{job_dir}", str(base)) for a in env.command] if env.command else None,
-        timeout_s=env.timeout_s,
-    )
-    return SessionPlan(
-        session_id=env.session_id,
-        job=env.job,
-        task=task,
-        sample_index=env.sample_index,
-        group_id=group_id(env.job, task.id),
-        harness=harness,
-        evaluator=EvaluatorSpec(type="none"),  # scoring is the evaluator Job's, in a fresh pod
-        model=env.model or "default",
-    )
 
 
 def wait_for_proxy(base_url: str, timeout_s: float = PROXY_WAIT_S) -> str | None:
@@ -118,6 +71,7 @@ class PodPlace:
     def __init__(self, env: Mapping[str, str], stop: threading.Event | None = None) -> None:
         self.env, self.stop = dict(env), stop
         self.pod = HarnessEnv.from_env(self.env)
+        self.plan = self.pod.plan.at(job_dir(self.pod))
         work = Path(self.pod.work_dir or os.getcwd())
         self._folders = SessionFolders(work=work, artifacts=Path(self.pod.artifacts_dir),
                                        home=Path(self.env.get("HOME") or work / "home"))
@@ -134,8 +88,8 @@ class PodPlace:
         return SessionEndpoint(base_url=f"{base_url}/s/{plan.session_id}", api_key=self.pod.api_key)
 
     def user_env(self, plan: SessionPlan) -> dict[str, str]:
-        # spec.harness.env arrives as the container's environment (with the image's own variables)
-        return user_env(self.env)
+        # the image's own variables, then spec.harness.env from the plan (the container has them too)
+        return {**user_env(self.env), **plan.harness.env}
 
     def run(self, plan: SessionPlan, argv: list[str], *, cwd: Path, home: Path, env: dict[str, str], timeout_s: float,
             stdout_path: Path, stderr_path: Path) -> ProcessResult:
@@ -163,7 +117,7 @@ def run_in_pod(env: Mapping[str, str], *, stop: threading.Event | None = None) -
         from tracefleet.runner.pod.task_image import TaskImagePlace
 
         place = TaskImagePlace(env, stop)
-    return run(plan_from_env(place.pod), place).result
+    return run(place.plan, place).result
 
 
 def main(env: Mapping[str, str] | None = None) -> int:

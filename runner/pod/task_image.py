@@ -64,7 +64,8 @@ class TaskImagePlace(PodPlace):
         self.launch = Path(self.pod.launch_dir)
 
     def user_env(self, plan: SessionPlan) -> dict[str, str]:
-        return {k: str(v) for k, v in (self.pod.harness_env or {}).items()}
+        # the task container's own environment is the task image's: only spec.harness.env is the user's here
+        return dict(plan.harness.env)
 
     def _stopping(self) -> bool:
         return self.stop is not None and self.stop.is_set()

@@ -214,7 +214,7 @@ def test_tool_loop(tmp_path: Path) -> None:
     assert findings("tool_loop", evidence(tmp_path, records=varied), repeats=5) == []
 
 
-CODE = (Path(__file__).resolve().parents[2] / "src" / "tracefleet" / "diagnostics" / "evidence.py").read_text()
+CODE = (Path(__file__).resolve().parents[2] / "diagnostics" / "evidence.py").read_text()
 SUMMARY = (
     "I fixed the bug in add: it returned a - b instead of a + b. The failing test was test_add in test_calc.py, which "
     "expects add(2, 3) to be 5; with the subtraction it got -1. I read calc.py, changed the return statement with sed, "

@@ -14,11 +14,12 @@ from pathlib import Path
 
 from tracefleet.contract import layout
 from tracefleet.contract.job import RolloutJob
-from tracefleet.contract.semantics import encode_sessions, session_plan
+from fixtures.plans import inline_job
 from tracefleet.bucket import LocalBucket
 from tracefleet.contract.session import SessionResult
 from tracefleet.diagnostics.evidence import SessionEvidence
 from tracefleet.contract.podenv import EvaluatorEnv, SealerEnv
+from tracefleet.operator.plans import job_plans, job_tasks, sealing_plan
 from tracefleet.runner.pod import sealer_job as pod_seal
 from tracefleet.runner.pod.evaluator_job import evaluate_session
 from tracefleet.traces.reader import BatchReader
@@ -58,15 +59,17 @@ def judged_sessions(tmp_path: Path, monkeypatch) -> tuple[LocalBucket, str, list
     (tmp_path / "task.json").write_text(json.dumps(task))
     bucket = LocalBucket(tmp_path / "bucket")
     job = "podjob"
-    plan = session_plan(job, ["calc"], 3)
+    manifest = inline_job(job, [], 3, tasks={"inline": [task], "samplesPerTask": 3},
+                          inference={"external": {"baseUrl": "http://e"}, "policyVersion": 4},
+                          evaluator={"command": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+                                     "timeoutSeconds": 120})
+    plan = job_plans(manifest, job_tasks(manifest))
     for session, patch in ((0, HACK), (1, FIX)):
         _upload(bucket, job, session, patch, tmp_path)
     # session 2's harness pod failed after its model call: never judged, the policy's failure (trained on, reward 0)
     _upload(bucket, job, 2, FIX, tmp_path, status="error", stage="harness", error="harness exited 1")
     for session in (0, 1):
-        env = EvaluatorEnv(bucket=str(tmp_path / "bucket"), job=job, session=session, task_index=0, sample_index=session,
-                           task_json=task, evaluator="command", command=[sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-                           timeout_s=120, policy_version=4)
+        env = EvaluatorEnv.from_env(EvaluatorEnv(bucket=str(tmp_path / "bucket"), plan=plan[session]).to_env())
         body, code = evaluate_session(bucket, env)
         assert code == 0 and body.reward == 1.0, body  # unprotected: the hack passes too
     return bucket, job, plan
@@ -84,13 +87,12 @@ def test_evaluator_job_builds_evidence_and_the_sealer_quarantines(tmp_path: Path
     manifest = RolloutJob.model_validate({
         "apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": job},
         "spec": {"inference": {"external": {"baseUrl": "http://e"}}, "harness": {"command": ["true"]},
-                 "tasks": {"inline": [json.loads((tmp_path / "task.json").read_text())]}, "output": {"uri": "s3://bucket/prefix"},
+                 "tasks": {"inline": [json.loads((tmp_path / "task.json").read_text())], "samplesPerTask": 3}, "output": {"uri": "s3://bucket/prefix"},
                  "diagnostics": [{"name": "protected_files", "action": "quarantine"}]}})
-    wire = [d.model_dump(mode="json", by_alias=True, exclude_none=True) for d in manifest.spec.diagnostics or []]
+    plans = [sealing_plan(p) for p in job_plans(manifest, job_tasks(manifest))]
     sealer = SealerEnv.from_env(SealerEnv(bucket=str(tmp_path / "bucket"), job=job, batch_seq=0, sessions=[0, 1, 2],
-                                          builder="prefix-merge", diagnostics=wire, policy_version=0,
-                                          session_plan=encode_sessions(plan)).to_env())
-    out = pod_seal.seal(bucket, job, 0, plan, sealer.builder, sealer.diagnostic_specs(), sealer.policy_version)
+                                          plans=plans).to_env())
+    out = pod_seal.seal(bucket, 0, sealer.plans)
     assert out["quarantined_sessions"] == 1 and out["diagnostics"]["protected_files"]["quarantined"] == 1
 
     batch = BatchReader(bucket, job).read(out["seq"])
@@ -105,7 +107,7 @@ def test_diagnose_backtests_a_job_sealed_without_the_diagnostic(tmp_path: Path, 
     """Sealed with no diagnostic listed (spec.diagnostics: []), then `tracefleet diagnose` with the built-in
     and with a hook the user just wrote: exactly the planted session, and what quarantining it changes."""
     bucket, job, plan = judged_sessions(tmp_path, monkeypatch)
-    pod_seal.seal(bucket, job, 0, plan, "prefix-merge", [], 0)
+    pod_seal.seal(bucket, 0, [p.model_copy(update={"diagnostics": []}) for p in plan])
     assert BatchReader(bucket, job).read(0).table.column("quarantined").to_pylist() == [False, False, False]
     (tmp_path / "my_checks.py").write_text(
         "def edits_tests(evidence, params):\n"

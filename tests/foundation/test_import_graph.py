@@ -1,5 +1,6 @@
 """The layering rules, read from the source: the contract floor (tracefleet.contract) imports only the standard
-library, pydantic and itself; no two packages of tracefleet import each other, directly or around a cycle.
+library, pydantic and itself; every package imports only packages of its own layer or below (LAYERS, the order
+docs/index.md states); no two packages of tracefleet import each other, directly or around a cycle.
 
 Every import counts, also one inside a function or under TYPE_CHECKING: a lazy import is still a dependency."""
 
@@ -16,9 +17,19 @@ from tracefleet.diagnostics.library import BUILTINS
 REPO = Path(__file__).resolve().parents[2]
 # setup.py's folder mapping (docs/index.md, "Where things live")
 ROOTS = {"tracefleet": "src/tracefleet", "tracefleet.operator": "operator", "tracefleet.proxy": "proxy",
-         "tracefleet.runner": "runner", "tracefleet.traces": "traces", "tracefleet.engine": "engine"}
+         "tracefleet.runner": "runner", "tracefleet.traces": "traces", "tracefleet.engine": "engine",
+         "tracefleet.diagnostics": "diagnostics", "tracefleet.trainer": "trainer"}
 FLOOR = "contract"
 FLOOR_THIRD_PARTY = {"pydantic", "pydantic_core", "typing_extensions"}
+# The layer order, lowest first, stated once: data flows up, imports flow down.
+LAYERS = (
+    {FLOOR},  # every message that crosses a process
+    {"usage", "bucket", "formats", "sockets", "process_group", "vllm", "harbor", "api"},  # libraries
+    {"proxy", "engine", "traces"},  # the components a session's model calls and rows go through
+    {"runner", "diagnostics", "dashboard"},  # one session end to end, and what reads its rows
+    {"operator", "images"},  # the drivers' cluster side and the images they run
+    {"trainer", "cli", "__main__", "tracefleet"},  # the top: the trainer's loop over everything, the command line
+)
 
 
 def _modules() -> dict[str, Path]:
@@ -92,6 +103,20 @@ def test_no_cycle_between_packages() -> None:
 
     cycles = [f"{a} -> {b} ({witness[a, b]}) and back" for a in sorted(edges) for b in sorted(edges[a]) if reaches(b, a)]
     assert not cycles, "\n".join(cycles)
+
+
+def _layer(package: str) -> int:
+    found = [i for i, layer in enumerate(LAYERS) if package in layer]
+    assert found, f"tracefleet.{package} is in no layer of LAYERS: place it there"
+    return found[0]
+
+
+def test_every_package_imports_only_its_layer_or_below() -> None:
+    wrong = sorted({f"{module} ({_package(module)}, layer {_layer(_package(module))}) imports {imported} "
+                    f"(layer {_layer(_package(imported))})"
+                    for module, imports in GRAPH.items() for imported in imports
+                    if imported.startswith("tracefleet.") and _layer(_package(imported)) > _layer(_package(module))})
+    assert not wrong, "\n".join(wrong)
 
 
 def test_every_package_stands_on_the_floor_alone() -> None:

@@ -14,7 +14,6 @@ def test_session_plan_numbers_sessions_by_task_then_sample_and_names_groups() ->
         (3, 1, "b", 0, "j/b"), (4, 1, "b", 1, "j/b"), (5, 1, "b", 2, "j/b"),
     ]
     assert all(sem.task_and_sample(p.index, 3) == (p.task_index, p.sample_index) for p in plan)
-    assert sem.decode_sessions("j", sem.encode_sessions(plan)) == plan
 
 
 def test_retry_only_failures_before_the_first_model_call() -> None:

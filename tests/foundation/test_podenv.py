@@ -11,8 +11,7 @@ import pytest
 import yaml
 
 from tracefleet.contract import podenv
-from tracefleet.contract.semantics import session_plan
-from tracefleet.contract.session import HarnessConfig
+from tracefleet.operator.plans import job_plans, job_tasks
 from tracefleet.operator.children.harness import harness_pod
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.contract.job import RolloutJob
@@ -53,16 +52,23 @@ def job() -> RolloutJob:
     return RolloutJob.model_validate(yaml.safe_load(JOB))
 
 
+def plans(job: RolloutJob) -> list:
+    return job_plans(job, job_tasks(job))
+
+
 def test_harness_pod_env_reads_back(job: RolloutJob) -> None:
-    pod = harness_pod(job, CFG, session=3, attempt=1, secret="tfs_x")
+    plan = plans(job)[3]
+    pod = harness_pod(job, CFG, plan, attempt=1, secret="tfs_x")
     (harness,) = pod["spec"]["containers"]
     env = HarnessEnv.from_env(_env(harness))
-    assert (env.job, env.session, env.session_id, env.task_index, env.sample_index) == ("demo", 3, "demo-s3", 1, 1)
-    assert env.task_json == {"id": "t2", "prompt": "add a test"}
-    assert env.command == ["python", "agent.py"] and env.workspace_setup == ["pip install -e ."]
-    assert (env.api_key, env.preset, env.timeout_s, env.artifacts_dir) == ("tfs_x", None, 600, "/artifacts")
-    # no preset in the job: left unset, the pod program's HarnessConfig applies the default (the one place it is)
-    assert HarnessConfig(preset=env.preset).preset == "command"
+    # the plan arrives whole, equal to the one the operator made (with the pod's attempt)
+    assert env.plan == plan.model_copy(update={"attempt": 1})
+    assert (env.plan.job, env.plan.index, env.plan.session_id, env.plan.sample_index) == ("demo", 3, "demo-s3", 1)
+    assert (env.plan.task.id, env.plan.task.prompt, env.plan.task.setup) == ("t2", "add a test", ["pip install -e ."])
+    assert env.plan.harness.command == ["python", "agent.py"] and env.plan.harness.env == {"FOO": "bar"}
+    # no preset in the job: the plan's HarnessConfig applies the default (the one place it is)
+    assert (env.plan.harness.preset, env.plan.harness.timeout_s, env.plan.model) == ("command", 600, "qwen")
+    assert (env.api_key, env.artifacts_dir) == ("tfs_x", "/artifacts")
     assert env.base_url.startswith("http://127.0.0.1:")
     assert _env(harness)["FOO"] == "bar"  # spec.harness.env beside the contract
     (proxy,) = pod["spec"]["initContainers"]
@@ -71,31 +77,32 @@ def test_harness_pod_env_reads_back(job: RolloutJob) -> None:
 
 
 def test_evaluator_and_sealer_env_read_back(job: RolloutJob) -> None:
-    (ev,) = evaluator_job(job, CFG, 2)["spec"]["template"]["spec"]["containers"]
+    planned = plans(job)
+    (ev,) = evaluator_job(job, CFG, planned[2])["spec"]["template"]["spec"]["containers"]
     env = EvaluatorEnv.from_env(_env(ev))
-    assert (env.bucket, env.endpoint, env.job, env.session, env.task_index, env.sample_index) == (
-        "s3://traces/runs", "http://10.0.0.9:8333", "demo", 2, 1, 0)
-    assert (env.evaluator, env.entrypoint, env.command, env.timeout_s) == ("hook", "grader:score", None, 300)
-    assert env.task_json == {"id": "t2", "prompt": "add a test"}
+    assert (env.bucket, env.endpoint, env.plan) == ("s3://traces/runs", "http://10.0.0.9:8333", planned[2])
+    assert (env.plan.evaluator.type, env.plan.evaluator.entrypoint, env.plan.evaluator.timeout_s) == ("python", "grader:score", 300)
     assert env.session_uri == "s3://traces/runs/demo/sessions/2/"
-    plan = session_plan("demo", ["t1", "t2"], 2)
-    (seal,) = sealer_job(job, CFG, 4, [plan[3], plan[0], plan[1]])["spec"]["template"]["spec"]["containers"]
+    (seal,) = sealer_job(job, CFG, 4, [planned[3], planned[0], planned[1]])["spec"]["template"]["spec"]["containers"]
     sealer = SealerEnv.from_env(_env(seal))
-    assert (sealer.bucket, sealer.endpoint, sealer.job, sealer.batch_seq, sealer.sessions, sealer.builder) == (
-        "s3://traces/runs", "http://10.0.0.9:8333", "demo", 4, [0, 1, 3], "prefix-merge")
-    assert sorted(sealer.planned_sessions(), key=lambda p: p.index) == [plan[0], plan[1], plan[3]]
-    assert sealer.policy_version == job.spec.inference.policy_version and sealer.diagnostics is None
+    assert (sealer.bucket, sealer.endpoint, sealer.job, sealer.batch_seq, sealer.sessions) == (
+        "s3://traces/runs", "http://10.0.0.9:8333", "demo", 4, [0, 1, 3])
+    # the plans, each task by its id and metadata
+    assert [(p.index, p.task.id, p.group_id, p.builder, p.policy_version, p.diagnostics) for p in sealer.plans] == [
+        (p.index, p.task.id, p.group_id, "prefix-merge", job.spec.inference.policy_version, None)
+        for p in (planned[3], planned[0], planned[1])]
     assert _env(seal)[podenv.SESSIONS] == "0-1,3"
 
 
 def test_every_written_variable_has_a_reader(job: RolloutJob) -> None:
     """Each variable the builders write is a field of the model its container reads."""
-    pod = harness_pod(job, CFG, session=0, attempt=0)
+    planned = plans(job)
+    pod = harness_pod(job, CFG, planned[0], attempt=0)
     containers = [
         (HarnessEnv, pod["spec"]["containers"][0]),
         (ProxySidecarEnv, pod["spec"]["initContainers"][0]),
-        (EvaluatorEnv, evaluator_job(job, CFG, 0)["spec"]["template"]["spec"]["containers"][0]),
-        (SealerEnv, sealer_job(job, CFG, 1, session_plan("demo", ["t1"], 1))["spec"]["template"]["spec"]["containers"][0]),
+        (EvaluatorEnv, evaluator_job(job, CFG, planned[0])["spec"]["template"]["spec"]["containers"][0]),
+        (SealerEnv, sealer_job(job, CFG, 1, planned[:2])["spec"]["template"]["spec"]["containers"][0]),
     ]
     for model, container in containers:
         ours = {k for k in _env(container) if k.startswith(podenv.PREFIX)}
@@ -105,15 +112,14 @@ def test_every_written_variable_has_a_reader(job: RolloutJob) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({podenv.JOB: None}, "TRACEFLEET_JOB is not set (the operator sets it on the harness container)"),
-        ({podenv.SESSION: "x"}, "TRACEFLEET_SESSION='x' is invalid: "),
-        ({podenv.COMMAND_JSON: "[oops"}, "TRACEFLEET_COMMAND_JSON='[oops' is invalid: "),
-        ({podenv.TASK_JSON: None}, "no task: set TRACEFLEET_TASK_JSON, TRACEFLEET_TASKS_FILE or TRACEFLEET_TASKS_URI"),
-        ({podenv.TIMEOUT_S: ""}, "TRACEFLEET_TIMEOUT_S is not set"),
+        ({podenv.PLAN: None}, "TRACEFLEET_PLAN is not set (the operator sets it on the harness container)"),
+        ({podenv.PLAN: "{oops"}, "TRACEFLEET_PLAN='{oops' is invalid: "),
+        ({podenv.PLAN: '{"index": 0}'}, "TRACEFLEET_PLAN: session_id: Field required (the operator sets it"),
+        ({podenv.API_KEY: ""}, "TRACEFLEET_API_KEY is not set"),
     ],
 )
 def test_a_bad_variable_is_one_line_naming_it(job: RolloutJob, change: dict, message: str) -> None:
-    env = _env(harness_pod(job, CFG, session=0, attempt=0)["spec"]["containers"][0])
+    env = _env(harness_pod(job, CFG, plans(job)[0], attempt=0)["spec"]["containers"][0])
     for k, v in change.items():
         env.pop(k) if v is None else env.__setitem__(k, v)
     with pytest.raises(PodEnvError) as err:

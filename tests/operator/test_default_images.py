@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from fixtures.plans import plan_of
 from tracefleet.contract.job import RolloutJob
 from tracefleet.operator.config import DEFAULT_HARNESS_IMAGE, OperatorConfig
 from tracefleet.operator.children.harness import harness_pod
@@ -33,7 +34,7 @@ def test_a_preset_gets_its_harness_image_and_the_evaluator_follows() -> None:
     filled = CFG.with_default_images(job(preset="codex"))
     assert filled.spec.harness.image == "reg.example/team/harness-codex:1.2"
     assert filled.spec.evaluator_image() == "reg.example/team/harness-codex:1.2"
-    pod = harness_pod(filled, CFG, 0, 0)
+    pod = harness_pod(filled, CFG, plan_of(filled, 0), 0)
     assert pod["spec"]["containers"][0]["image"] == "reg.example/team/harness-codex:1.2"
 
 

@@ -23,6 +23,12 @@ per group as multisets, and every column a trainer reads must agree except timin
   reconstruction stats (they name call ids); span and finding `call_id`s (random per call). Everything else in the
   trace metadata agrees: the evaluator's output, the session's status, task metadata.
 
+Before the rows, the plans: each driver plans every session with the one planner on the contract floor
+(tracefleet.contract.plan.plan_sessions), and the SessionPlan each first-attempt harness pod was given (its one
+TRACEFLEET_PLAN variable, read as the pod program reads it) equals, field by field, the one `tracefleet run` builds
+for that session (LocalRun.plans), for the inline job and the Harbor job; only a Harbor task's folder differs (a
+folder here, the task source on the cluster: where its tests are read again).
+
 The harness reports the environment it saw (every variable but the machine's PATH/locale, with this
 session's own proxy address, secret, HOME and workspace named instead of spelled out): a digest of it is
 in its model call (so in the tokens) and the whole of it in the evaluator's output (trace metadata).
@@ -36,7 +42,8 @@ the cluster the task-image containers of each harness pod and evaluator Job run 
 (fixtures.pods.run_task_image_pod / run_task_image_job), the tracefleet-image ones as above. Every compared column
 agrees, the evaluation's metrics, the task's [metadata] and the diagnostics included; what differs is outside the
 rows (container names, the pod's volume paths, the engine's timings), so nothing more is excluded. Two real
-differences this found, fixed at the root: the pods' task had no [metadata] (HarborTaskPlan.task_json), and the
+differences this found, fixed at the root: the pods' task had no [metadata] (now both drivers make it with
+tracefleet.contract.plan.harbor_task), and the
 pod's session.patch was empty, so a solved row was flagged `success_without_work` on the cluster only (the task
 container's launcher now keeps its working directory as the image has it: runner.pod.task_image.workspace_diff).
 """
@@ -57,7 +64,9 @@ from fixtures.drivers import CREDENTIALS_SECRET, PlayedCluster, submit
 from fixtures.harbor_tasks import ANSWER_AGENT_JS, ANSWER_TEST_SH, answer_task_toml
 from fixtures.local_runs import run_local
 from tracefleet.bucket import open_bucket
-from tracefleet.contract import layout, semantics
+from tracefleet.contract import layout, podenv, semantics
+from tracefleet.contract.podenv import HarnessEnv
+from tracefleet.contract.session import SessionPlan
 from tracefleet.operator import names as n
 from tracefleet.traces.reader import BatchReader
 
@@ -295,6 +304,42 @@ def assert_expected_semantics(batches: list[dict[str, Any]], driver: str) -> Non
     assert kinds == {"ok": 6, "policy": 2, "infrastructure": 1}, (driver, kinds)
 
 
+# ---------------------------------------------------------------- the plans
+
+# Where a Harbor task's folder is: a folder on this machine for `tracefleet run`, the task source's URI on a cluster
+# (the evaluator Job's fetch step reads the task's tests again from there). A place's, not the plan's meaning.
+PLACE_FIELDS = {"task": {"harbor": {"folder"}}}
+
+
+def local_plans(job_file: Path, tmp: Path, model: str) -> list[SessionPlan]:
+    """The plans `tracefleet run` builds for the job file: its own planning (LocalRun.plans over its tasks), before
+    this machine's sandbox options and a Harbor task's image are added."""
+    from tracefleet.runner.local import LocalOptions, LocalRun, job_tasks
+
+    run = LocalRun(LocalOptions(job_path=job_file))
+    return run.plans(job_tasks(run.job, run.base_dir, tmp / "plan-sources"), model)
+
+
+def assert_same_plans(local: list[SessionPlan], pods: list[Any]) -> None:
+    """The SessionPlan each first-attempt harness pod was given (tracefleet.contract.podenv.PLAN, read as the pod
+    program reads it) equals the one `tracefleet run` built for that session, field by field."""
+    shipped: dict[int, SessionPlan] = {}
+    for pod in pods:
+        if pod.metadata.labels[n.LABEL_ATTEMPT] != "0":
+            continue
+        for container in pod.spec.containers:
+            env = {e.name: e.value for e in container.env or [] if e.value is not None}
+            if podenv.PLAN in env:
+                plan = HarnessEnv.from_env(env).plan
+                shipped[plan.index] = plan
+    assert sorted(shipped) == [p.index for p in local]
+    for plan in local:
+        here = flat(plan.model_dump(mode="json", exclude=PLACE_FIELDS))
+        there = flat(shipped[plan.index].model_dump(mode="json", exclude=PLACE_FIELDS))
+        assert here == there, [f"{plan.session_id}{k}: {here.get(k)!r} != {there.get(k)!r}"
+                               for k in sorted({*here, *there}) if here.get(k) != there.get(k)]
+
+
 def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: Any, scripted_engine: Any, operator: Any,
                                                                tmp_path: Path) -> None:
     ns, operator_log = operator
@@ -346,6 +391,9 @@ def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: A
     pods = played.core.list_namespaced_pod(ns, label_selector=n.job_selector(JOB, n.COMPONENT_HARNESS)).items
     attempts = Counter(int(p.metadata.labels[n.LABEL_ATTEMPT]) for p in pods)
     assert attempts == {0: 9, 1: 1}, attempts
+
+    # ---- the plans: each session's, as each driver built it (tracefleet.contract.plan.plan_sessions in both)
+    assert_same_plans(local_plans(tmp_path / "job.yaml", tmp_path, scripted_engine.model), pods)
 
     # ---- what a trainer reads from either bucket
     local_batches = read_batches(BatchReader(f"s3://{bucket_name}/local", JOB, **s3.bucket_options()))
@@ -404,7 +452,7 @@ def harbor_manifest(engine: Any, tasks: str, output: str, ns: str | None = None)
 
 def test_a_harbor_job_gives_a_trainer_the_same_batches_from_both_drivers(kube: Any, s3: Any, scripted_engine: Any,
                                                                         operator: Any, container_runtime: Any,
-                                                                        tmp_path: Path) -> None:
+                                                                        tmp_path: Path, monkeypatch: Any) -> None:
     ns, operator_log = operator
     scripted_engine.configure(no_tools_text="42")
     bucket_name = s3.create_bucket()
@@ -428,6 +476,13 @@ def test_a_harbor_job_gives_a_trainer_the_same_batches_from_both_drivers(kube: A
     status = played.run_until_finished(300, operator_log)
     print(f"harbor job: local run {local_s:.1f} s, cluster run {time.monotonic() - started:.1f} s")
     assert status["phase"] == "Succeeded", status
+    for key, value in creds.items():  # the local planner reads the task source as `tracefleet run` did
+        monkeypatch.setenv(key, value)
+    plans = local_plans(tmp_path / "job.yaml", tmp_path, scripted_engine.model)
+    assert [(p.task.id, p.harness.timeout_s, p.evaluator.type) for p in plans] == [
+        ("answer", 120, "harbor"), ("answer", 120, "harbor"), ("metrics", 120, "harbor"), ("metrics", 120, "harbor")]
+    assert_same_plans(plans, played.core.list_namespaced_pod(
+        ns, label_selector=n.job_selector(HARBOR_JOB, n.COMPONENT_HARNESS)).items)
 
     local_batches = read_batches(BatchReader(f"s3://{bucket_name}/local", HARBOR_JOB, **s3.bucket_options()))
     cluster_batches = read_batches(BatchReader(f"s3://{bucket_name}/cluster", HARBOR_JOB, **s3.bucket_options()))

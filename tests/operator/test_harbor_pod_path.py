@@ -13,10 +13,10 @@ from pathlib import Path
 
 from fixtures.harbor_tasks import ANSWER_AGENT_JS, ANSWER_TEST_SH, INSTRUCTION, MULTI, REPORT_JS, answer_task_toml
 from fixtures.pods import Kubelet, run_job_container, run_task_image_job, run_task_image_pod
+from fixtures.plans import plan_of
 from tracefleet.bucket import open_bucket
 from tracefleet.contract import taskimage as ti
 from tracefleet.contract.job import RolloutJob
-from tracefleet.contract.semantics import session_plan
 from tracefleet.operator.children.harness import harness_pod
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.operator.config import OperatorConfig
@@ -53,11 +53,12 @@ def test_harbor_session_runs_in_its_task_image_and_is_judged_by_its_tests(script
     cfg = OperatorConfig(bucket_endpoint=s3.endpoint)
     secret = {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}
     creds = {"bucket-credentials": secret}
-    (task,) = read_source(job.spec.tasks.harbor, secret, s3.endpoint).tasks
+    source = read_source(job.spec.tasks.harbor, secret, s3.endpoint)
+    (task,) = source.tasks
     assert task.image == BASE_IMAGE and task.resources == {"cpu": 1, "memory": "512Mi"}
 
     # ---- the harness pod (the bundle init container's copy: Node.js alone)
-    pod = harness_pod(job, cfg, session=0, attempt=0, harbor=task)
+    pod = harness_pod(job, cfg, plan_of(job, 0, harbor=source), attempt=0, harbor=task)
     _, bundle_c = pod["spec"]["initContainers"]
     assert ti.BUNDLE_SOURCE_DIR in bundle_c["command"][-1]
     session, proxy_rc, proxy_out = run_task_image_pod(pod, Kubelet(tmp_path / "pod", creds, pod["spec"]["volumes"]),
@@ -73,7 +74,7 @@ def test_harbor_session_runs_in_its_task_image_and_is_judged_by_its_tests(script
     assert "diff --git a/answer.txt b/answer.txt" in patch and "+42" in patch, patch
 
     # ---- the evaluator Job: fetch (here), verify (podman, a fresh container of the task image), report (here)
-    ev = evaluator_job(job, cfg, 0, harbor=task)
+    ev = evaluator_job(job, cfg, plan_of(job, 0, harbor=source), harbor=task)
     done = run_task_image_job(ev, Kubelet(tmp_path / "eval", creds, ev["spec"]["template"]["spec"]["volumes"]),
                               container_runtime, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -81,7 +82,7 @@ def test_harbor_session_runs_in_its_task_image_and_is_judged_by_its_tests(script
     assert (reward["reward"], reward["status"], reward["evaluator"], reward["task_id"]) == (1.0, "ok", "harbor", "answer")
 
     # ---- the sealer Job, then what a trainer reads
-    done = run_job_container(sealer_job(job, cfg, 1, session_plan(job.name, ["answer"], 1)),
+    done = run_job_container(sealer_job(job, cfg, 1, [plan_of(job, 0, harbor=source)]),
                              Kubelet(tmp_path / "seal", creds, []), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     reader = BatchReader(open_bucket(f"s3://{bucket_name}/runs", **s3.bucket_options()), "hbpath")
@@ -102,8 +103,9 @@ def test_harness_env_and_the_instruction_reach_the_operator_built_task_container
     job = harbor_job("hbenv", bucket_name, scripted_engine, {"command": ["node", "-e", REPORT_JS], "env": {"MULTI": MULTI}})
     cfg = OperatorConfig(bucket_endpoint=s3.endpoint)
     secret = {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}
-    (task,) = read_source(job.spec.tasks.harbor, secret, s3.endpoint).tasks
-    pod = harness_pod(job, cfg, session=0, attempt=0, harbor=task)
+    source = read_source(job.spec.tasks.harbor, secret, s3.endpoint)
+    (task,) = source.tasks
+    pod = harness_pod(job, cfg, plan_of(job, 0, harbor=source), attempt=0, harbor=task)
     session, _, proxy_out = run_task_image_pod(
         pod, Kubelet(tmp_path / "pod", {"bucket-credentials": secret}, pod["spec"]["volumes"]), container_runtime,
         timeout_s=180)

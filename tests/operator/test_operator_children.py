@@ -14,8 +14,8 @@ from tracefleet.operator.children.network_policy import harness_network_policy
 from tracefleet.operator import names as n
 from tracefleet.contract import podenv
 from tracefleet.api import DEFAULT_VLLM_IMAGE
-from tracefleet.contract.semantics import session_plan
-from tracefleet.contract.podenv import EvaluatorEnv
+from fixtures.plans import plan_of
+from tracefleet.contract.podenv import EvaluatorEnv, HarnessEnv
 from tracefleet.vllm import vllm_server
 from tracefleet.contract.job import RolloutJob
 from tracefleet.operator.config import OperatorConfig
@@ -127,7 +127,7 @@ def test_engine_api_key_reaches_vllm_and_the_proxy_sidecar_from_the_secret(kind:
     body["spec"]["inference"][kind]["apiKeySecretRef"] = {"name": "engine-key", "key": "token"}
     job = RolloutJob.model_validate(body)
     from_secret = {"secretKeyRef": {"name": "engine-key", "key": "token"}}
-    pod = harness_pod(job, CFG, session=0, attempt=1, secret="tfs_secret")
+    pod = harness_pod(job, CFG, plan_of(job, 0), attempt=1, secret="tfs_secret")
     proxy = pod["spec"]["initContainers"][0]
     assert {"name": podenv.ENGINE_API_KEY, "valueFrom": from_secret} in proxy["env"]
     harness = pod["spec"]["containers"][0]
@@ -138,7 +138,7 @@ def test_engine_api_key_reaches_vllm_and_the_proxy_sidecar_from_the_secret(kind:
 
 
 def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: RolloutJob) -> None:
-    pod = harness_pod(job, CFG, session=5, attempt=1, secret="tfs_secret")
+    pod = harness_pod(job, CFG, plan_of(job, 5), attempt=1, secret="tfs_secret")
     _owner_ok(pod, job)
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["name"] == "demo-s5-a1"
@@ -165,8 +165,8 @@ def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: RolloutJob) -> 
     env = {e["name"]: e["value"] for e in harness["env"]}
     assert env["TRACEFLEET_BASE_URL"] == f"http://127.0.0.1:{PROXY_PORT}"
     assert env["TRACEFLEET_API_KEY"] == "tfs_secret"
-    assert env["TRACEFLEET_PRESET"] == "codex"
-    assert yaml.safe_load(env["TRACEFLEET_TASK_JSON"])["id"] == "t2"
+    plan = HarnessEnv.from_env(env).plan
+    assert (plan.harness.preset, plan.task.id) == ("codex", "t2")
     # the harness container holds no bucket credentials: only the proxy uploads
     assert "envFrom" not in harness and not any(k.startswith("AWS_") for k in env)
     for ctr in (proxy, harness):
@@ -180,7 +180,7 @@ def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: RolloutJob) -> 
 def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: RolloutJob) -> None:
     """Default capture mode (auto) on a managed model with a cache claim: the sidecar mounts the claim
     read-only where vLLM has it ($HF_HOME), offline, and is told the hub id to resolve there."""
-    spec = harness_pod(job, CFG, session=0, attempt=0)["spec"]
+    spec = harness_pod(job, CFG, plan_of(job, 0), attempt=0)["spec"]
     (proxy,) = spec["initContainers"]
     args = proxy["args"]
     assert args[args.index("--mode") + 1] == "auto" and args[args.index("--model-path") + 1] == "Qwen/Qwen3-4B"
@@ -196,7 +196,7 @@ def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: RolloutJob)
 
     body = yaml.safe_load(MANAGED)
     body["spec"]["inference"]["capture"] = {"mode": "server"}
-    server = harness_pod(RolloutJob.model_validate(body), CFG, 0, 0)["spec"]
+    server = harness_pod(RolloutJob.model_validate(body), CFG, plan_of(RolloutJob.model_validate(body), 0), 0)["spec"]
     assert "--model-path" not in server["initContainers"][0]["args"]
     assert not any(v["name"] == "tokenizer-cache" for v in server["volumes"])
 
@@ -205,7 +205,7 @@ def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: RolloutJob)
     body["spec"]["inference"]["capture"] = {"mode": "exact", "tokenizer": "/models/qwen3", "toolParser": "qwen3_coder",
                                             "tokenizerCache": {"claimName": "tok", "mountPath": "/models"}}
     ext = RolloutJob.model_validate(body)
-    spec = harness_pod(ext, CFG, 0, 0)["spec"]
+    spec = harness_pod(ext, CFG, plan_of(ext, 0), 0)["spec"]
     args = spec["initContainers"][0]["args"]
     assert args[args.index("--model-path") + 1] == "/models/qwen3" and args[args.index("--tool-parser") + 1] == "qwen3_coder"
     assert {"name": "tokenizer-cache", "persistentVolumeClaim": {"claimName": "tok", "readOnly": True}} in spec["volumes"]
@@ -237,13 +237,13 @@ def test_external_engine_gets_ip_block_and_no_deployment() -> None:
     np = harness_network_policy(job, CFG)
     rule = np["spec"]["egress"][1]
     assert rule == {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}], "ports": [{"protocol": "TCP", "port": 8000}]}
-    pod = harness_pod(job, CFG, 0, 0)
+    pod = harness_pod(job, CFG, plan_of(job, 0), 0)
     args = pod["spec"]["initContainers"][0]["args"]
     assert args[args.index("--engine") + 1] == "http://10.1.2.3:8000"
 
 
 def test_evaluator_job_has_failure_policy_and_deadline(job: RolloutJob) -> None:
-    j = evaluator_job(job, CFG, session=6)
+    j = evaluator_job(job, CFG, plan_of(job, 6))
     _owner_ok(j, job)
     assert j["metadata"]["name"] == "demo-eval-s6"
     spec = j["spec"]
@@ -260,18 +260,18 @@ def test_evaluator_job_has_failure_policy_and_deadline(job: RolloutJob) -> None:
     # the lag reference of the session's evidence, as local mode keeps it
     body = yaml.safe_load(MANAGED)
     body["spec"]["inference"]["policyVersion"] = 7
-    (ctr,) = evaluator_job(RolloutJob.model_validate(body), CFG, session=6)["spec"]["template"]["spec"]["containers"]
-    assert EvaluatorEnv.from_env({e["name"]: e.get("value") for e in ctr["env"]}).policy_version == 7
+    versioned = RolloutJob.model_validate(body)
+    (ctr,) = evaluator_job(versioned, CFG, plan_of(versioned, 6))["spec"]["template"]["spec"]["containers"]
+    assert EvaluatorEnv.from_env({e["name"]: e.get("value") for e in ctr["env"]}).plan.policy_version == 7
     assert spec["template"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
 
 
 def test_sealer_job_pins_its_sessions(job: RolloutJob) -> None:
-    plan = session_plan(job.name, ["t1", "t2", "t3"], 4)
-    j = sealer_job(job, CFG, seq=3, sessions=[plan[i] for i in (7, 1, 2, 3, 9)])
+    j = sealer_job(job, CFG, seq=3, plans=[plan_of(job, i) for i in (7, 1, 2, 3, 6)])
     _owner_ok(j, job)
     assert j["metadata"]["name"] == "demo-seal-000003"
-    assert j["metadata"]["annotations"][n.ANNOTATION_SESSIONS] == "1-3,7,9"
-    assert n.decode_ranges("1-3,7,9") == [1, 2, 3, 7, 9]
+    assert j["metadata"]["annotations"][n.ANNOTATION_SESSIONS] == "1-3,6-7"
+    assert n.decode_ranges("1-3,6-7") == [1, 2, 3, 6, 7]
 
 
 def test_suspended_job_runs_no_inference(job: RolloutJob) -> None:

@@ -37,7 +37,7 @@ from tracefleet.bucket import open_bucket
 from tracefleet.operator import metrics
 from tracefleet.operator import names as n
 from tracefleet.operator.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, verify_signature
-from tracefleet.contract.podenv import SealerEnv
+from tracefleet.contract.podenv import HarnessEnv, SealerEnv
 from tracefleet.runner.pod.sealer_job import seal
 from tracefleet.traces.reader import BatchReader
 from tracefleet.traces.synthetic import SyntheticSession
@@ -256,7 +256,7 @@ def play_sealers(env: Env, ns: str, job: str) -> None:
             continue
         cenv = SealerEnv.from_env({e.name: e.value for e in sj.spec.template.spec.containers[0].env if e.value is not None})
         bucket = open_bucket(cenv.bucket, **env.s3.bucket_options())
-        seal(bucket, cenv.job, cenv.batch_seq, cenv.planned_sessions(), cenv.builder, cenv.diagnostic_specs(), cenv.policy_version)
+        seal(bucket, cenv.batch_seq, cenv.plans)
         env.sealed.add(sj.metadata.uid)
 
 
@@ -628,8 +628,8 @@ def test_harbor_job_runs_each_session_in_its_task_image(env: Env, tmp_path: Path
         session_env = {e.name: e.value for e in session.env}
         assert session.command == ["tracefleet", "run", "--in-pod"] and session.security_context.run_as_non_root
         assert session_env["TRACEFLEET_LAUNCH_DIR"] == ti.LAUNCH_DIR
-        assert json.loads(session_env["TRACEFLEET_TASK_JSON"])["id"] == ("greet", "prebuilt")[int(task)]
-    assert json.loads({e.name: e.value for e in pods["0"].spec.containers[1].env}["TRACEFLEET_TASK_JSON"])["prompt"] \
+        assert HarnessEnv.from_env(session_env).plan.task.id == ("greet", "prebuilt")[int(task)]
+    assert HarnessEnv.from_env({e.name: e.value for e in pods["0"].spec.containers[1].env}).plan.task.prompt \
         == "Make greet.py greet harbor.\n"
 
     play_harness(env, ns, wait_for("greet's pod running", lambda: next(
@@ -642,11 +642,14 @@ def test_harbor_job_runs_each_session_in_its_task_image(env: Env, tmp_path: Path
     verify_env = {e.name: e.value for e in verify.env}
     assert verify_env["TRACEFLEET_VERIFIER_TIMEOUT_S"] == "120" and verify_env["PYTHONSAFEPATH"] == "1"
     assert {m.mount_path for m in verify.volume_mounts} == {ti.SHARED_DIR, "/tests", "/logs/verifier"}
-    assert {e.name: e.value for e in pod.containers[0].env}["TRACEFLEET_HARBOR_URI"] == uri
+    # the plan, whole: the task's tests are read again from the task source
+    from tracefleet.contract.podenv import EvaluatorEnv
+
+    shipped = EvaluatorEnv.from_env({e.name: e.value for e in pod.containers[0].env if e.value is not None}).plan
+    assert shipped.task.harbor is not None and shipped.task.harbor.folder == uri
 
     # the tracefleet-image steps with the Job's own environment, against the real S3 server: fetch takes the
     # change set the harness pod uploaded and the task's tests from the source; report stores the verdict
-    from tracefleet.contract.podenv import EvaluatorEnv
     from tracefleet.runner.pod.harbor_verifier import fetch as harbor_fetch, report
 
     s = int(evaluator.metadata.labels[n.LABEL_SESSION])

@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 
 from tracefleet.contract import layout
-from tracefleet.contract.semantics import encode_sessions, session_plan
+from fixtures.plans import inline_plans
 from tracefleet.bucket import open_bucket
 from tracefleet.operator import bucketio
 from tracefleet.operator.names import POD_PROGRAMS
-from tracefleet.contract.podenv import SealerEnv
-from tracefleet.runner.pod import evaluator_job as pod_evaluate, sealer_job as pod_seal
+from tracefleet.contract.podenv import EvaluatorEnv, SealerEnv
+from tracefleet.contract.session import SessionResult, Verdict
+from tracefleet.runner.pod import sealer_job as pod_seal
+from tracefleet.runner.pod.evaluator_job import evaluate_session
 from tracefleet.traces.reader import BatchReader
 from tracefleet.traces.synthetic import SyntheticSession
 
@@ -36,14 +38,13 @@ def test_sealer_entrypoint_seals_once_and_operator_finds_batch(s3, tmp_path: Pat
     uri = f"s3://{name}/runs"
     bucket = open_bucket(uri, **s3.bucket_options())
     job = "demo"
-    plan = session_plan(job, ["t0", "t1"], 2)
+    plan = inline_plans(job, ["t0", "t1"], 2)
     for s in range(4):
         write_session(bucket, job, s, tmp_path, reward=float(s % 2))
     creds = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key, "AWS_ENDPOINT_URL": s3.endpoint}
 
     # the pod's entrypoint, as the sealer Job runs it (the environment children.jobs.sealer_job writes)
-    sealer_env = SealerEnv(bucket=uri, job=job, batch_seq=1, sessions=[0, 1], builder="prefix-merge",
-                           session_plan=encode_sessions(plan[:2]))
+    sealer_env = SealerEnv(bucket=uri, job=job, batch_seq=1, sessions=[0, 1], plans=plan[:2])
     env = {**s3.env(), **sealer_env.to_env(), "PATH": "/usr/bin:/bin", "TRACEFLEET_SPOOL": str(tmp_path / "spool")}
     r = subprocess.run([sys.executable, "-m", POD_PROGRAMS, "seal"], env=env,
                        capture_output=True, text=True, timeout=120)
@@ -64,9 +65,9 @@ def test_sealer_entrypoint_seals_once_and_operator_finds_batch(s3, tmp_path: Pat
     assert [round(float(a), 3) for a in batch.advantages()] == [-1.0, 1.0]
 
     # a rerun of the same Job (lost completion) finds its batch instead of sealing it twice
-    again = pod_seal.seal(bucket, job, 1, plan[:2])
+    again = pod_seal.seal(bucket, 1, plan[:2])
     assert again["seq"] == first["seq"]
-    second = pod_seal.seal(bucket, job, 2, plan[2:])
+    second = pod_seal.seal(bucket, 2, plan[2:])
     assert second["seq"] == first["seq"] + 1
     # what the operator's retry rule reads: did a session's (last) attempt make a model call?
     bucket.put(layout.capture_key(job, 5), b"")  # an attempt that failed before its first call
@@ -75,12 +76,21 @@ def test_sealer_entrypoint_seals_once_and_operator_finds_batch(s3, tmp_path: Pat
     assert found2 is not None and found2.seq == second["seq"]
 
 
-def test_evaluator_entrypoint_writes_reward(s3, tmp_path: Path) -> None:
+def test_evaluator_entrypoint_judges_with_the_command_evaluator(s3, tmp_path: Path) -> None:
+    """The evaluator Job judges through the runner's `command` evaluator, the one reader of a command's result: its
+    JSON reward, or exit 75 (EVALUATOR_UNAVAILABLE_EXIT_CODE) for a judge that could not judge."""
     uri = f"s3://{s3.create_bucket()}"
     bucket = open_bucket(uri, **s3.bucket_options())
-    bucket.put("j/sessions/3/artifacts/patch.diff", b"+fixed\n")
-    cmd = [sys.executable, "-c", "import pathlib,json; print(json.dumps({'reward': 0.25 if pathlib.Path('patch.diff').read_text() else 0}))"]
-    out = pod_evaluate.evaluate(bucket, "j", 3, cmd)
-    # reward.json is a Verdict (tracefleet.contract.session): the command's exit code is among its details
-    assert (out.reward, out.status, out.details) == (0.25, "ok", {"exit_code": 0})
-    assert json.loads(bucket.get("j/sessions/3/reward.json"))["reward"] == 0.25
+    patch = "diff --git a/answer.txt b/answer.txt\nnew file mode 100644\n--- /dev/null\n+++ b/answer.txt\n@@ -0,0 +1 @@\n+42\n"
+    judge = ("import json, pathlib, sys\nanswer = pathlib.Path('answer.txt')\n"
+             "if not answer.exists(): sys.exit(75)\nprint(json.dumps({'reward': 0.25}))")
+    plans = inline_plans("j", ["t"], 4, evaluator={"command": [sys.executable, "-c", judge], "timeoutSeconds": 60})
+    for session, diff in ((3, patch), (2, "")):
+        plan = plans[session]
+        prefix = layout.artifacts_prefix("j", session)
+        bucket.put(prefix + layout.PATCH, diff.encode())
+        bucket.put(prefix + layout.RESULT, SessionResult.for_plan(plan).model_dump_json().encode())
+        out, code = evaluate_session(bucket, EvaluatorEnv(bucket=uri, plan=plan))
+        verdict = Verdict.model_validate_json(bucket.get(layout.reward_key("j", session)))
+        assert (out.reward, out.status, code) == ((0.25, "ok", 0) if diff else (0.0, "unavailable", 0)), out
+        assert (verdict.reward, verdict.status, verdict.evaluator, verdict.task_id) == (out.reward, out.status, "command", "t")

@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
+from fixtures.plans import plan_of
 from tracefleet.contract.job import Capture, RolloutJob
-from tracefleet.contract.semantics import session_plan
 from tracefleet.bucket import open_bucket
 from tracefleet.contract.capture import read_capture_log
 from tracefleet.operator.children.harness import harness_pod
@@ -86,7 +86,7 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
     bucket = open_bucket(bucket_uri, **s3.bucket_options())
 
     # ---- the harness pod: proxy sidecar (native, starts first) + the harness container
-    pod = harness_pod(job, cfg, session=0, attempt=0)
+    pod = harness_pod(job, cfg, plan_of(job, 0), attempt=0)
     kubelet = Kubelet(tmp_path / "pod", creds, pod["spec"]["volumes"])
     (proxy_c,) = pod["spec"]["initContainers"]
     (harness_c,) = pod["spec"]["containers"]
@@ -122,7 +122,7 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
     assert manifest["objects"]["capture.jsonl"]["bytes"] == capture.stat().st_size
 
     # ---- the evaluator Job (tests preset: FAIL_TO_PASS / PASS_TO_PASS on a fresh patched copy)
-    ev = evaluator_job(job, cfg, 0)
+    ev = evaluator_job(job, cfg, plan_of(job, 0))
     done = run_job_container(ev, Kubelet(tmp_path / "eval", creds, []), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     reward = json.loads(bucket.get(prefix + "reward.json"))
@@ -132,7 +132,7 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
     assert reward["task_id"] == "calc-add" and reward["sample_index"] == 0
 
     # ---- the sealer Job, then what a trainer reads
-    seal = sealer_job(job, cfg, 1, session_plan(job.name, ["calc-add"], 1))
+    seal = sealer_job(job, cfg, 1, [plan_of(job, 0)])
     done = run_job_container(seal, Kubelet(tmp_path / "seal", creds, []), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     sealed = json.loads(done.stdout.strip().splitlines()[-1])
@@ -152,7 +152,7 @@ def test_evaluator_fails_closed_when_the_harness_uploaded_nothing(scripted_engin
     bucket_uri = f"s3://{s3.create_bucket()}/runs"
     job = rollout_job(scripted_engine, bucket_uri)
     creds = {"bucket-credentials": {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}}
-    done = run_job_container(evaluator_job(job, OperatorConfig(bucket_endpoint=s3.endpoint), 0), Kubelet(tmp_path, creds, []), tmp_path)
+    done = run_job_container(evaluator_job(job, OperatorConfig(bucket_endpoint=s3.endpoint), plan_of(job, 0)), Kubelet(tmp_path, creds, []), tmp_path)
     assert done.returncode == EVALUATOR_FATAL_EXIT_CODE, done.stdout + done.stderr
     reward = json.loads(open_bucket(bucket_uri, **s3.bucket_options()).get("podpath/sessions/0/reward.json"))
     # storage, not the agent: the infrastructure's (left out of training), and final (nothing to judge again)
@@ -207,14 +207,14 @@ def test_kwok_finishes_annotated_harness_pods_with_their_sidecar(kube, scripted_
         for session, annotations in ((0, {"tracefleet.io/kwok-delay": "2s"}),
                                      (1, {"tracefleet.io/kwok-delay": "0s", "tracefleet.io/kwok-outcome": "failed",
                                           "tracefleet.io/kwok-exit-code": "124"})):
-            pod = harness_pod(job, OperatorConfig(), session=session, attempt=0)
+            pod = harness_pod(job, OperatorConfig(), plan_of(job, session), attempt=0)
             pod["metadata"].update(namespace=ns, annotations=annotations)
             pod["metadata"].pop("ownerReferences")  # no RolloutJob here: the garbage collector would take it
             r = kube.kubectl("apply", "-f", "-", input=json.dumps(pod))
             assert r.returncode == 0, r.stderr
         started = time.monotonic()
-        name0 = harness_pod(job, OperatorConfig(), 0, 0)["metadata"]["name"]
-        name1 = harness_pod(job, OperatorConfig(), 1, 0)["metadata"]["name"]
+        name0 = harness_pod(job, OperatorConfig(), plan_of(job, 0), 0)["metadata"]["name"]
+        name1 = harness_pod(job, OperatorConfig(), plan_of(job, 1), 0)["metadata"]["name"]
         seen_running = False
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -240,7 +240,7 @@ def test_in_pod_exit_code_reflects_a_failed_harness_and_artifacts_still_upload(s
     diff is still collected, and the sidecar uploads it (here to a local-directory bucket)."""
     job = rollout_job(scripted_engine, str(tmp_path / "bucket"))
     job.spec.harness.command = ["python", "-c", "import sys; open('x.txt', 'w').write('partial'); sys.exit(3)"]
-    pod = harness_pod(job, OperatorConfig(), session=0, attempt=0)
+    pod = harness_pod(job, OperatorConfig(), plan_of(job, 0), attempt=0)
     kubelet = Kubelet(tmp_path / "pod", {"bucket-credentials": {}}, pod["spec"]["volumes"])
     harness, proxy_rc, out = run_pod(pod, kubelet, timeout_s=120)
     assert harness.returncode == 1, harness.stdout + harness.stderr
@@ -260,7 +260,7 @@ def test_sidecar_renders_exactly_with_the_tokenizer_from_its_mounted_cache(scrip
     job.spec.inference.capture = Capture.model_validate(
         {"tokenizer": "acme/tiny-chat", "tokenizerCache": {"claimName": "tok", "mountPath": "/models"}})
     assert job.spec.inference.capture.mode == "auto"
-    pod = harness_pod(job, OperatorConfig(), session=0, attempt=0)
+    pod = harness_pod(job, OperatorConfig(), plan_of(job, 0), attempt=0)
     kubelet = Kubelet(tmp_path / "pod", {"bucket-credentials": {}}, pod["spec"]["volumes"])
     write_hub_model(tmp_path / "pod" / "tokenizer-cache", "acme/tiny-chat")  # what the claim holds
     env = kubelet.process(pod["spec"]["initContainers"][0])[1]
@@ -281,7 +281,7 @@ def test_sidecar_records_and_cancels_a_call_its_harness_abandons(scripted_engine
     second, the engine stops generating it at once, and the record reaches the bucket when the pod stops."""
     scripted_engine.configure(token_delay_s=0.02, no_tools_text=" ".join(f"word{i}" for i in range(2000)))
     job = rollout_job(scripted_engine, str(tmp_path / "bucket"))
-    pod = harness_pod(job, OperatorConfig(), session=0, attempt=0)
+    pod = harness_pod(job, OperatorConfig(), plan_of(job, 0), attempt=0)
     kubelet = Kubelet(tmp_path / "pod", {"bucket-credentials": {}}, pod["spec"]["volumes"])
     argv, env, cwd = kubelet.process(pod["spec"]["initContainers"][0])
     session_id, secret = argv[argv.index("--session") + 1].split(":", 1)

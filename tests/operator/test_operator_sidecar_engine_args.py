@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from fixtures.plans import plan_of
 from tracefleet.operator.children.harness import harness_pod
 from tracefleet.contract.job import RolloutJob
 from tracefleet.proxy.cli import configure, engine_limits
@@ -17,7 +18,7 @@ def sidecar_args(inference: dict | None = None) -> argparse.Namespace:
     body = managed_codex_body()
     body["spec"]["inference"].update(inference or {})
     body["spec"]["inference"] = {k: v for k, v in body["spec"]["inference"].items() if v is not None}
-    (proxy,) = harness_pod(RolloutJob.model_validate(body), POD_CONFIG, session=0, attempt=0)["spec"]["initContainers"]
+    (proxy,) = harness_pod(RolloutJob.model_validate(body), POD_CONFIG, plan_of(RolloutJob.model_validate(body), 0), attempt=0)["spec"]["initContainers"]
     parser = argparse.ArgumentParser()
     configure(parser)  # what `tracefleet proxy` makes of them
     assert proxy["args"][0] == "proxy"

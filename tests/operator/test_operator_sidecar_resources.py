@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import yaml
 
+from fixtures.plans import plan_of
 from tracefleet.contract.job import RolloutJob
 from tracefleet.contract.sidecar_resources import PROXY_RESOURCES
 from tracefleet.operator.children.harness import harness_pod
@@ -16,7 +17,7 @@ from fixtures.rolloutjobs import POD_CONFIG, managed_codex_body
 def sidecar_resources(capture: str) -> dict:
     body = managed_codex_body()
     body["spec"]["inference"]["capture"] = yaml.safe_load(capture)
-    pod = harness_pod(RolloutJob.model_validate(body), POD_CONFIG, session=0, attempt=0)
+    pod = harness_pod(RolloutJob.model_validate(body), POD_CONFIG, plan_of(RolloutJob.model_validate(body), 0), attempt=0)
     (proxy,) = pod["spec"]["initContainers"]
     return proxy["resources"]
 

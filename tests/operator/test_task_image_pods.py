@@ -20,7 +20,8 @@ from fixtures.harnesses import harness_binary_path
 from tracefleet.bucket import open_bucket
 from tracefleet.contract import layout
 from tracefleet.contract import taskimage as ti
-from tracefleet.contract.podenv import EvaluatorEnv
+from tracefleet.contract.harbor import HarborTaskRun
+from tracefleet.contract.podenv import EvaluatorEnv, HarnessEnv
 from tracefleet.contract.session import EvaluatorSpec, HarnessConfig, SessionPlan, SessionResult, Task
 from tracefleet.runner.containers.bundle import make_bundle
 from tracefleet.harbor.in_image import LAUNCHER, VERIFIER
@@ -52,6 +53,13 @@ def _task_source(root: Path) -> Path:
     return folder.parent
 
 
+def _plan(tasks: Path, timeout_s: float) -> SessionPlan:
+    """The session's plan, as the operator ships it (tracefleet.contract.podenv.PLAN)."""
+    task = Task(id=TASK, prompt="p", harbor=HarborTaskRun(folder=str(tasks), verifier_timeout_s=30))
+    return SessionPlan(index=0, session_id="hb-s0", job="hb", task=task, sample_index=0, group_id=f"hb/{TASK}",
+                       harness=HarnessConfig(timeout_s=timeout_s), evaluator=EvaluatorSpec(type="harbor"), model="m")
+
+
 def _session(runtime: ContainerRuntime, root: Path, name: str, agent: str, timeout_s: float) -> tuple[Path, SessionResult]:
     """One harness pod: the bundle as the init container leaves it, the task container (podman) and the session
     program's place (here); its artifacts."""
@@ -65,19 +73,14 @@ def _session(runtime: ContainerRuntime, root: Path, name: str, agent: str, timeo
                         "-e", "TRACEFLEET_TASK_WORKDIR=/app", BASE_IMAGE, "sh", "-c", LAUNCHER),
         env={**__import__("os").environ, **runtime.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        env = {"TRACEFLEET_JOB": "hb", "TRACEFLEET_SESSION": "0", "TRACEFLEET_TASK_INDEX": "0",
-               "TRACEFLEET_SAMPLE_INDEX": "0", "TRACEFLEET_TASK_JSON": f'{{"id": "{TASK}", "prompt": "p"}}',
-               "TRACEFLEET_SESSION_ID": "hb-s0", "TRACEFLEET_BASE_URL": "http://127.0.0.1:1", "TRACEFLEET_API_KEY": "k",
-               "TRACEFLEET_TIMEOUT_S": str(timeout_s), "TRACEFLEET_ARTIFACTS_DIR": str(artifacts),
-               "TRACEFLEET_WORK_DIR": str(work), "TRACEFLEET_LAUNCH_DIR": str(shared / "launch"), "HOME": str(home)}
+        plan = _plan(root / "tasks", timeout_s)
+        env = {**HarnessEnv(plan=plan, base_url="http://127.0.0.1:1", api_key="k", artifacts_dir=str(artifacts),
+                            work_dir=str(work), launch_dir=str(shared / "launch")).to_env(), "HOME": str(home)}
         place = TaskImagePlace(env, threading.Event())
         workdir = work / "workdir"  # what the session program prepared: it stands for the task's workdir
         proc = place.run(None, ["sh", "-c", agent], cwd=workdir, home=home,  # type: ignore[arg-type]
                          env={"MARK": f"{workdir}/x"}, timeout_s=timeout_s,
                          stdout_path=artifacts / layout.HARNESS_STDOUT, stderr_path=artifacts / layout.HARNESS_STDERR)
-        plan = SessionPlan(session_id="hb-s0", job="hb", task=Task(id=TASK, prompt="p"), sample_index=0,
-                           group_id=f"hb/{TASK}", harness=HarnessConfig(), evaluator=EvaluatorSpec(type="none"),
-                           model="m")
         result = SessionResult.for_plan(plan, work)
         result.harness_exit_code = proc.exit_code
         result.status = "timeout" if proc.timed_out else "completed"
@@ -96,10 +99,7 @@ def _evaluate(runtime: ContainerRuntime, root: Path, name: str, artifacts: Path,
     bucket = open_bucket(bucket_dir)
     for f in artifacts.iterdir():
         bucket.put(layout.artifacts_prefix("hb", 0) + f.name, f.read_bytes())
-    env = EvaluatorEnv.from_env({"TRACEFLEET_BUCKET": str(bucket_dir), "TRACEFLEET_JOB": "hb", "TRACEFLEET_SESSION": "0",
-                                 "TRACEFLEET_TASK_INDEX": "0", "TRACEFLEET_SAMPLE_INDEX": "0",
-                                 "TRACEFLEET_TASK_JSON": f'{{"id": "{TASK}", "prompt": "p"}}',
-                                 "TRACEFLEET_TIMEOUT_S": "30", "TRACEFLEET_HARBOR_URI": str(tasks)})
+    env = EvaluatorEnv.from_env(EvaluatorEnv(bucket=str(bucket_dir), plan=_plan(tasks, 60)).to_env())
     assert fetch(bucket, env, shared / "eval") is None
     environment = {**HARDENED_PYTHON_ENV, "TRACEFLEET_TASK_WORKDIR": "/app", "TRACEFLEET_VERIFIER_TIMEOUT_S": "30"}
     runtime.run("run", "--rm", "-v", f"{shared}:{ti.SHARED_DIR}", "-v", f"{tests}:/tests", "-v", f"{logs}:/logs/verifier",
@@ -190,12 +190,9 @@ def test_the_session_patch_is_the_task_workdir_against_the_images(tmp_path: Path
                               "application/x": "a sibling folder\n"})
     (launch / ti.DELETED).write_text("/app/gone.txt\n/etc/motd\n")
     (launch / ti.EXIT_CODE).write_text("0\n")
-    place = TaskImagePlace({"TRACEFLEET_JOB": "hb", "TRACEFLEET_SESSION": "0", "TRACEFLEET_TASK_INDEX": "0",
-                            "TRACEFLEET_SAMPLE_INDEX": "0", "TRACEFLEET_TASK_JSON": '{"id": "t", "prompt": "p"}',
-                            "TRACEFLEET_SESSION_ID": "hb-s0", "TRACEFLEET_BASE_URL": "http://127.0.0.1:1",
-                            "TRACEFLEET_API_KEY": "k", "TRACEFLEET_TIMEOUT_S": "30",
-                            "TRACEFLEET_ARTIFACTS_DIR": str(artifacts), "TRACEFLEET_WORK_DIR": str(work),
-                            "TRACEFLEET_LAUNCH_DIR": str(launch), "HOME": str(home)})
+    place = TaskImagePlace({**HarnessEnv(plan=_plan(tmp_path / "tasks", 30), base_url="http://127.0.0.1:1", api_key="k",
+                                         artifacts_dir=str(artifacts), work_dir=str(work), launch_dir=str(launch)).to_env(),
+                            "HOME": str(home)})
     folders = SessionFolders(work=work, artifacts=artifacts, home=home)
     patch = place.workspace_diff(None, folders)  # type: ignore[arg-type]
     changed = sorted(line.split(" b/")[-1] for line in patch.splitlines() if line.startswith("diff --git"))

@@ -170,7 +170,7 @@ def test_a_judging_that_could_not_run_is_judged_again(tmp_path: Path) -> None:
     ctx = session_with(tmp_path, fix)
     counter = tmp_path / "judgings"
     flaky = f"echo x >> {counter}; [ $(wc -l < {counter}) -ge 2 ] || exit 75; {sys.executable} -m pytest -q"
-    plan = SessionPlan(session_id="j-s0", job="j", task=ctx.task, group_id="j/calc", harness=HarnessConfig(),
+    plan = SessionPlan(index=0, session_id="j-s0", job="j", task=ctx.task, group_id="j/calc", harness=HarnessConfig(),
                        evaluator=EvaluatorSpec(type="command", command=flaky), model="m")
     outcome = judge(plan, ctx)
     assert (outcome.status, outcome.reward, outcome.details["attempts"]) == ("ok", 1.0, 2)

@@ -38,7 +38,7 @@ def test_real_harness_session_through_the_runner(name: str, harness_binaries, sc
             bridge = UnixToTcpBridge(tmp_path / "bridge.sock", "127.0.0.1", proxy.port).start()
             harness = harness.model_copy(update={"netns": True, "bridge_socket": str(tmp_path / "bridge.sock")})
         plan = SessionPlan(
-            session_id=f"{name}-1", job="harnesses", group_id=f"harnesses/{name}",
+            index=1, session_id=f"{name}-1", job="harnesses", group_id=f"harnesses/{name}",
             task=Task(id="note", prompt="Write two lines to note.txt using the shell, then say you are done.",
                       files={"README.md": "# scratch\n"}),
             harness=harness, evaluator=EvaluatorSpec(type="command", command=JUDGE, timeout_s=60),

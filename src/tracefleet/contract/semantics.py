@@ -112,6 +112,10 @@ if TYPE_CHECKING:  # batch.py imports OutcomeKind from here
 # ---------------------------------------------------------------- presets
 
 DEFAULT_PRESET = "command"  # harness and evaluator alike: no preset means "run the command"
+# The one default of each time limit (spec.harness.sessionTimeoutSeconds, spec.evaluator.timeoutSeconds), which the
+# RolloutJob's fields and a session's plan (tracefleet.contract.session) both take.
+SESSION_TIMEOUT_S = 1800
+EVALUATOR_TIMEOUT_S = 600
 
 # RolloutJob evaluator presets -> the runner's evaluator types.
 EVALUATOR_TYPES = {"tests": "tests", "hook": "python", "command": "command", "harbor": "harbor"}
@@ -256,15 +260,6 @@ def session_plan(job: str, task_ids: Sequence[str], samples_per_task: int) -> li
     ]
 
 
-def encode_sessions(sessions: Iterable[PlannedSession]) -> str:
-    """The wire form of planned sessions (the operator tells a sealer Job which sessions it seals)."""
-    return json.dumps([[p.index, p.task_index, p.task_id, p.sample_index] for p in sessions], separators=(",", ":"))
-
-
-def decode_sessions(job: str, text: str) -> list[PlannedSession]:
-    return [PlannedSession(int(i), int(t), str(task_id), int(s), group_id(job, str(task_id))) for i, t, task_id, s in json.loads(text)]
-
-
 # ---------------------------------------------------------------- retries
 
 
@@ -290,7 +285,8 @@ def runs_again(fail_closed_reasons: Sequence[str], model_calls: int) -> bool:
     """Whether a session already in a sealed batch runs again when its job is run again: it failed before its
     first model call (a harness that could not start, a CLI not installed: what `should_retry` retries, after the
     retries ran out), which the user can fix; its sealed row holds no token. A session that made a model call
-    stays sealed: its failure is the policy's outcome."""
+    stays sealed: its row is data, the policy's or the infrastructure's as `outcome_kind` decides (an infrastructure
+    row is already left out of training, and running the session again would sample the policy anew)."""
     return model_calls == 0 and any(r.startswith(SESSION_FAILURE_PREFIX) for r in fail_closed_reasons)
 
 

@@ -4,7 +4,8 @@ says (reward.json). Every driver writes and reads them through these models.
     Task           a task as a session runs it (one prompt, where its workspace comes from, how to judge it)
     HarnessConfig  the harness: preset (its default applied here, once), command, the user's env, timeout
     EvaluatorSpec  how to judge the session
-    SessionPlan    one session of a job: the above plus its ids (`session_id`: one format in both drivers)
+    SessionPlan    one session of a job: the above plus its ids (`session_id`: one format in both drivers); planned
+                   once by tracefleet.contract.plan.plan_sessions and handed whole to every program of the session
     SessionResult  result.json: how the session went where it ran; judged, it also holds the evaluation
     EvalOutcome    an evaluator's verdict
     Verdict        reward.json: the evaluator Job's verdict on one session (an EvalOutcome with its ids)
@@ -26,11 +27,26 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tracefleet.contract.harbor import HarborTaskRun
 from tracefleet.contract.job import DiagnosticSpec, is_remote
 # A harness without a preset runs its `command`; HarnessConfig applies that (every session, both drivers)
-from tracefleet.contract.semantics import DEFAULT_PRESET, OutcomeKind, harness_preset
+from tracefleet.contract.semantics import (
+    DEFAULT_PRESET,
+    EVALUATOR_TIMEOUT_S,
+    SESSION_TIMEOUT_S,
+    OutcomeKind,
+    harness_preset,
+)
+
+# In spec.harness.command: the folder of the job file (locally) or TRACEFLEET_JOB_DIR (in a pod), so a job can ship
+# its own harness script next to its manifest.
+JOB_DIR_PLACEHOLDER = "{job_dir}"
 
 def session_id(job: str, index: int) -> str:
     """The session id of the job's session `index` (job-wide), in both drivers."""
     return f"{job}-s{index}"
+
+
+def with_job_dir(argv: list[str], job_dir: Path) -> list[str]:
+    """`argv` with JOB_DIR_PLACEHOLDER replaced by `job_dir`."""
+    return [a.replace(JOB_DIR_PLACEHOLDER, str(job_dir)) for a in argv]
 
 
 # ---------------------------------------------------------------- the task
@@ -113,7 +129,7 @@ class EvaluatorSpec(BaseModel):
     type: Literal["command", "tests", "python", "harbor", "none"] = "tests"
     command: str | list[str] | None = None  # command: shell string or argv; tests: the test command
     entrypoint: str | None = None  # python: "module:function" or an entry point name
-    timeout_s: float = 300
+    timeout_s: float = EVALUATOR_TIMEOUT_S
     live_workspace: bool = False  # command: judge the harness's live workspace instead of a fresh copy
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -158,7 +174,7 @@ class HarnessConfig(BaseModel):
     preset: str = DEFAULT_PRESET
     command: list[str] | None = None  # for the command preset; {prompt} and {workdir} substituted
     env: dict[str, str] = Field(default_factory=dict)  # spec.harness.env (precedence: tracefleet.runner.environment)
-    timeout_s: float = 1800
+    timeout_s: float = SESSION_TIMEOUT_S  # a Harbor task's shorter [agent].timeout_sec already applied by the planner
     netns: bool = False  # loopback-only network namespace (proxy reachable through a bridge)
     bridge_socket: str | None = None
 
@@ -169,6 +185,10 @@ class HarnessConfig(BaseModel):
 
 
 class SessionPlan(BaseModel):
+    """One session of a job, as tracefleet.contract.plan.plan_sessions planned it: the value the operator ships to
+    every pod of the session (tracefleet.contract.podenv.PLAN) and `tracefleet run` hands to the session program."""
+
+    index: int = Field(ge=0)  # the job-wide session index (tracefleet.contract.semantics)
     session_id: str
     job: str
     task: Task
@@ -185,11 +205,12 @@ class SessionPlan(BaseModel):
     policy_version: int | None = None  # the job's policy version (off-policy lag reference)
     attempt: int = 0  # 0, then 1.. for each retry (spec.maxRetries) of the same session
 
-    @property
-    def harness_timeout_s(self) -> float:
-        """The harness's time limit: the job's, or a Harbor task's [agent].timeout_sec when that is shorter."""
-        agent = self.task.harbor.agent_timeout_s if self.task.harbor is not None else None
-        return min(self.harness.timeout_s, agent) if agent else self.harness.timeout_s
+    def at(self, job_dir: Path) -> SessionPlan:
+        """The plan settled where it runs: relative task paths and `{job_dir}` in the harness command are the job
+        folder's (the job file's folder locally, TRACEFLEET_JOB_DIR or the working directory in a pod)."""
+        command = with_job_dir(self.harness.command, job_dir) if self.harness.command else None
+        return self.model_copy(update={"task": self.task.resolved(job_dir),
+                                       "harness": self.harness.model_copy(update={"command": command})})
 
     @property
     def capture_name(self) -> str:

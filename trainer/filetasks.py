@@ -192,13 +192,10 @@ def task_of(metadata: dict[str, Any], task_id: str, prompt: str) -> FileTask:
 
 
 def load_tasks(path: Path) -> list[FileTask]:
-    """The FileTasks of a tasks file `write` made."""
-    tasks = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            spec = json.loads(line)
-            tasks.append(task_of(spec["metadata"], spec["id"], spec["prompt"]))
-    return tasks
+    """The FileTasks of a tasks file `write` made (read as every tasks file is: tracefleet.contract.plan.read_tasks)."""
+    from tracefleet.contract.plan import read_tasks
+
+    return [task_of(spec.metadata or {}, spec.id, spec.prompt) for spec in read_tasks(path.read_text(), str(path))]
 
 
 # ---------------------------------------------------------------- judging (the workspace, never the transcript)

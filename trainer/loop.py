@@ -155,15 +155,14 @@ def repeated_job(job: Any, base_dir: Path, rounds: int, traces_per_step: int | N
 
 def job_tasks(job: Any, base_dir: Path) -> list[Any]:
     """The job's tasks (TaskSpec), inline or from a local spec.tasks.uri file (relative to `base_dir`)."""
-    from tracefleet.contract.job import TaskSpec
+    from tracefleet.contract.plan import read_tasks
 
     spec = job.spec
     if spec.tasks.inline:
         return list(spec.tasks.inline)
     if spec.tasks.uri and "://" not in spec.tasks.uri:
         path = Path(spec.tasks.uri)
-        text = (path if path.is_absolute() else base_dir / path).read_text()
-        return [TaskSpec.model_validate(json.loads(line)) for line in text.splitlines() if line.strip()]
+        return read_tasks((path if path.is_absolute() else base_dir / path).read_text(), f"spec.tasks.uri {spec.tasks.uri}")
     raise UsageError("tracefleet train reads the job's tasks: give them as spec.tasks.inline or a local "
                      "spec.tasks.uri file")
 

@@ -1,0 +1,41 @@
+"""A job's sessions planned on the cluster: its tasks as the operator reads them (inline, a ConfigMap's or a bucket
+object's JSON lines, Harbor task folders), planned by the contract's one planner
+(tracefleet.contract.plan.plan_sessions, the function `tracefleet run` plans with) without a job folder: each pod
+settles its plan at its own (SessionPlan.at). The builders ship each plan whole (tracefleet.contract.podenv.PLAN)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tracefleet.contract.job import RolloutJob
+from tracefleet.contract.plan import job_tasks_of, plan_sessions, read_tasks
+from tracefleet.contract.session import SessionPlan, Task
+
+if TYPE_CHECKING:
+    from tracefleet.operator.harbor_tasks import HarborSource
+
+
+def job_tasks(job: RolloutJob, text: str | None = None, harbor: HarborSource | None = None) -> list[Task]:
+    """The job's tasks: inline, the JSON lines `text` of its ConfigMap or URI, or its Harbor source's tasks."""
+    tasks = job.spec.tasks
+    if harbor is not None:
+        assert tasks.harbor is not None
+        return [t.task(tasks.harbor.uri) for t in harbor.tasks]
+    if tasks.inline is not None:
+        return job_tasks_of(job, tasks.inline)
+    cm = tasks.config_map_ref
+    where = f"ConfigMap {cm.name} key {cm.key}" if cm is not None else f"spec.tasks.uri {tasks.uri}"
+    return job_tasks_of(job, read_tasks(text or "", where))
+
+
+def job_plans(job: RolloutJob, tasks: list[Task]) -> list[SessionPlan]:
+    """Every session's plan, by session index; the model is the one the engine serves (`default` when unnamed)."""
+    return plan_sessions(job, tasks, job.spec.inference.served_model())
+
+
+def sealing_plan(plan: SessionPlan) -> SessionPlan:
+    """What a sealer Job is given of a session's plan: all of it but the task's content (its rows carry the task's id
+    and metadata; the prompt, files and tests are the harness's and the evaluator's), which keeps the sealer's one
+    variable small for a batch of many sessions."""
+    task = Task(id=plan.task.id, prompt="", metadata=plan.task.metadata)
+    return plan.model_copy(update={"task": task})
