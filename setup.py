@@ -15,6 +15,7 @@ ROOTS = {
     "tracefleet.engine": "engine",
     "tracefleet.diagnostics": "diagnostics",
     "tracefleet.trainer": "trainer",
+    "tracefleet.dashboard": "dashboard",
 }
 
 packages = list(ROOTS)

@@ -27,7 +27,7 @@ from urllib.parse import urlencode
 
 import yaml
 
-from dashboard.cdp import BrowserPage
+from fixtures.cdp import BrowserPage
 from fixtures.local_runs import QUICKSTART, run_local
 from fixtures.sealed_jobs import synthetic_traces, write_batches
 from fixtures.servers import stop_process_group

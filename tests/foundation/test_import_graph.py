@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 # setup.py's folder mapping (docs/index.md, "Where things live")
 ROOTS = {"tracefleet": "src/tracefleet", "tracefleet.operator": "operator", "tracefleet.proxy": "proxy",
          "tracefleet.runner": "runner", "tracefleet.traces": "traces", "tracefleet.engine": "engine",
-         "tracefleet.diagnostics": "diagnostics", "tracefleet.trainer": "trainer"}
+         "tracefleet.diagnostics": "diagnostics", "tracefleet.trainer": "trainer",
+         "tracefleet.dashboard": "dashboard"}
 FLOOR = "contract"
 FLOOR_THIRD_PARTY = {"pydantic", "pydantic_core", "typing_extensions"}
 # The layer order, lowest first, stated once: data flows up, imports flow down.
