@@ -9,6 +9,7 @@ from tracefleet.contract.semantics import PlannedSession, encode_sessions
 from tracefleet.operator import names as n
 from tracefleet.operator.children.inputs import bucket_env_from, env_vars, task_source
 from tracefleet.operator.children.metadata import Manifest, child_labels, metadata, priority_class
+from tracefleet.operator.children.network_policy import network_labels
 from tracefleet.operator.children.security import container_security_context, pod_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, SealerEnv
@@ -41,7 +42,7 @@ def evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int, harbor: Ha
     task, sample = n.task_sample_of(session, job.spec.tasks.samples_per_task)
     labels = {n.LABEL_SESSION: str(session), n.LABEL_TASK: str(task), n.LABEL_SAMPLE: str(sample)}
     if harbor is not None:
-        return _harbor_evaluator_job(job, cfg, session, harbor, labels)
+        return _harbor_evaluator_job(job, cfg, session, harbor, {**labels, **network_labels(harbor, "verifier")})
     assert e is not None
     # The evaluator judges against the task the operator knows, never one the harness could rewrite.
     task_fields, task_volumes, task_mounts = task_source(job, task)
