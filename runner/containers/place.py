@@ -50,7 +50,7 @@ from tracefleet.runner.containers.changes import (layer_diff, mount_container, m
                                                   write_change_set)
 from tracefleet.runner.containers.limits import container_limits
 from tracefleet.runner.containers.runtime import STEPS_FILE, ContainerRuntime, record_step, timed_to
-from tracefleet.runner.containers.verifier import READY_MARGIN_S, Verifier, hold, release
+from tracefleet.runner.containers.verifier import READY_MARGIN_S, Verifier, go_ahead, hold, release
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, base_env, run_sandboxed
 from tracefleet.runner.session import HostPlace, SessionFolders
@@ -261,6 +261,7 @@ class ContainerPlace(HostPlace):
             # the verifier's input, from the same mount (the harbor evaluator applies it)
             write_change_set(after, diff, folders.artifacts / CHANGE_SET,
                              skip=(TOOLS_DIR, *((record["home"],) if record.get("home") else ())))
+            go_ahead(folders.artifacts, folders.artifacts / CHANGE_SET)  # test.sh runs while the patch is made
             return tree_patch(within(before, record["workdir"]) or empty,
                               within(after, record["workdir"]) or empty, scratch / "git")
         finally:

@@ -4,7 +4,9 @@ Where the tests run: in a FRESH container of the task's own image (never written
 change set applied: every file, link and folder the session's stopped container added or changed, and every path
 it deleted (`change_set`: `podman diff` of the container against its image, the files read through `podman
 mount`: a layer diff, no `podman commit`). The same program does it on a cluster (tracefleet.harbor.in_image.
-VERIFIER, in the evaluator Job's task-image step); here it runs in `podman run` of the task image. So:
+VERIFIER, in the evaluator Job's task-image step); here it runs in `podman run` of the task image, started while the
+agent still works and held before its first step until the change set is in place (`Verifier`: the container's start
+is then no part of the session's time; the container holds nothing of the agent's until its go). So:
   - everything the agent changed, anywhere in the filesystem (a package it installed, a file under /etc, the
     workspace), is what the tests see (Terminal-Bench tasks check more than one folder), except what the image's
     own programs are: a file or link the image holds under /usr, /bin, /sbin and /lib* stays the image's (an
@@ -129,6 +131,9 @@ class Verifier:
         args += [image, "-c", held + VERIFIER]
         self.proc = subprocess.Popen(runtime.command(*args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env={**os.environ, **runtime.env})
+        self._go_lock = threading.Lock()
+        self._went: bool | None = None  # whether the go reached the held shell; None: not given yet
+        self._go_at = 0.0
 
     def _signal(self, word: str, wait_s: float) -> bool:
         """Write `word` to the held shell's FIFO once it is open; False when it never was (the container exited or did
@@ -159,12 +164,19 @@ class Verifier:
         finally:
             self._tmp.cleanup()
 
+    def go(self, changes: Path | None) -> None:
+        """Hand the change set over and let test.sh run (once: a second call, `judge`'s, finds it done)."""
+        with self._go_lock:
+            if self._went is None:
+                for part in (ti.CHANGES, ti.DELETED):
+                    if changes is not None and (changes / part).is_file():
+                        shutil.copyfile(changes / part, self.eval_dir / part)
+                self._go_at = time.monotonic()
+                self._went = self._signal(GO, READER_WAIT_S)
+
     def _judge(self, changes: Path | None, log_dir: Path | None) -> HarborVerdict:
-        for part in (ti.CHANGES, ti.DELETED):
-            if changes is not None and (changes / part).is_file():
-                shutil.copyfile(changes / part, self.eval_dir / part)
-        go = time.monotonic()
-        signalled = self._signal(GO, READER_WAIT_S)
+        self.go(changes)
+        go, signalled = self._go_at, bool(self._went)
         limit = self.timeout_s + ti.STOP_GRACE_S + APPLY_MARGIN_S
         try:
             out, err = self.proc.communicate(timeout=limit)
@@ -229,6 +241,16 @@ def take(key: Path) -> Verifier | None:
         return None if future is None else future.result()
     except Exception:  # noqa: BLE001
         return None
+
+
+def go_ahead(key: Path, changes: Path) -> None:
+    """Give the Verifier held for `key` its go now (in the background), `changes` being complete: test.sh runs while
+    the session finishes collecting; `take` and `judge` then only wait for the verdict."""
+    with _held_lock:
+        future = _held.get(key)
+    if future is not None:
+        future.add_done_callback(lambda f: f.exception() is None and threading.Thread(
+            target=f.result().go, args=(changes,), name="tracefleet-verifier-go", daemon=True).start())
 
 
 def release(key: Path) -> None:

@@ -16,7 +16,7 @@ from fixtures.harbor_tasks import SOLVE_SH, TASK_TOML, write_task
 from fixtures.harnesses import harness_binary_path
 from fixtures.local_runs import run_local
 from tracefleet.engine.scripted import Script, ScriptRoute
-from tracefleet.runner.containers.runtime import BASE_IMAGE, ContainerRuntime
+from tracefleet.runner.containers.runtime import BASE_IMAGE, STEPS_FILE, ContainerRuntime
 from tracefleet.traces.reader import BatchReader
 
 JOB = "harbor-local"
@@ -115,6 +115,9 @@ def test_the_harness_works_inside_the_tasks_container_and_test_sh_gives_the_rewa
     assert evaluation["details"]["reward_file"] == "reward.json"
     # ... and not on the host: nowhere under the job's folder, and the host's session folder has no greet.py
     assert not [p for p in tmp.rglob("proof.txt")] and not [p for p in tmp.rglob("greet.py") if "tasks" not in p.parts]
+    # judged by the verifier the session started while the agent worked (held: seconds before its go)
+    steps = [json.loads(line) for f in tmp.rglob(STEPS_FILE) for line in f.read_text().splitlines()]
+    assert any(s["step"] == "run verifier" and s.get("held", 0) > 0 for s in steps), steps
     # the session's patch is the container's working directory against its image's: what the diagnostics read
     patch = harbor_job["patches"]["solve"]
     assert "diff --git a/greet.py b/greet.py" in patch and '+print("hello, harbor")' in patch, patch
