@@ -40,7 +40,7 @@ import yaml
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent / "tests")]
 
-from fixtures.harbor_tasks import write_task  # noqa: E402
+from fixtures.harbor_tasks import TASK_TOML, write_task  # noqa: E402
 from runner import start_scripted_engine  # noqa: E402  (bench/runner.py)
 from tracefleet.runner.containers.runtime import BASE_IMAGE, STEPS_ENV, STEPS_FILE, require_runtime  # noqa: E402
 
@@ -129,6 +129,9 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=20)
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--parallelism", type=int, nargs="+", default=[4])
+    parser.add_argument("--no-cpu-limit", action="store_true",
+                        help="tasks without task.toml's cpus = 1 (the host's sessions have no such cap): what the "
+                             "container itself costs, apart from the limit the task asks for")
     parser.add_argument("--rounds", type=int, default=1,
                         help="warm and host jobs per parallelism, in turn (host first every other round): on a shared "
                              "machine both then see the same load")
@@ -143,7 +146,8 @@ def main() -> int:
             root = Path(tmp)
             ids = [f"bench-{nonce}-{i:02d}" for i in range(args.tasks)]
             for task_id in ids:
-                write_task(root / "tasks", task_id, instruction=PROMPT + "\n",
+                toml = TASK_TOML.format(verifier_timeout=120).replace("cpus = 1\n", "") if args.no_cpu_limit else None
+                write_task(root / "tasks", task_id, instruction=PROMPT + "\n", toml=toml,
                            dockerfile=f"FROM {BASE_IMAGE}\nRUN echo {task_id} > /etc/bench-task\nWORKDIR /app\n",
                            env_files={}, test_sh=NOTE_TEST_SH, test_files={}, solve_sh=None)
             harbor = {"harbor": {"uri": str(root / "tasks")}}

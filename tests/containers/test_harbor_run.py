@@ -63,7 +63,9 @@ def write_tasks(root: Path) -> None:
                                    ("text-reward", "#!/bin/bash\necho yes > /logs/verifier/reward.txt\n", 60),
                                    ("slow-verifier", "#!/bin/bash\nsleep 60\n", 3)):
         write_task(root, name, instruction=marked(name), dockerfile=BASH_ONLY, env_files={}, test_sh=test_sh,
-                   test_files={}, verifier_timeout=timeout)
+                   test_files={}, verifier_timeout=timeout,
+                   # a limit this machine cannot hold: said in one line, the task runs
+                   toml=TASK_TOML.format(verifier_timeout=timeout) + ("storage_mb = 512\n" if name == "no-reward" else ""))
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +104,7 @@ def test_the_job_runs_every_task_and_goes_on_past_the_bad_ones(harbor_job: dict[
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(rows) == sorted(["solve", "tamper", *BAD]), done.stdout + done.stderr
     assert "task image bad-build: image build failed: " in done.stderr
+    assert "tracefleet: no-reward: storage_mb 512 is not a limit here" in done.stderr, done.stderr
 
 
 def test_the_harness_works_inside_the_tasks_container_and_test_sh_gives_the_reward(harbor_job: dict[str, Any]) -> None:
