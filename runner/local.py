@@ -406,14 +406,11 @@ class LocalRun:
             raise PreflightError(problems)
         engine_url, engine, model_hint = self._engine()
         capture = spec.inference.capture
-        proxy = None
+        proxy = bridge = None
         try:
             tasks = self._task_images(tasks)  # after the engine answered: a job that cannot run builds nothing
             self._containers = sum(1 for t in tasks if t.harbor is not None and t.harbor.image and not t.harbor.refusal)
-            sock = self.work_dir / f"proxy-{run_id}.sock"
             proxy = InProcessProxy(
-                # a session in a network namespace, or in a container with no network, reaches the proxy by it
-                unix_socket=sock if use_netns or self._containers else None,
                 engine_url=engine_url,
                 capture_dir=self.work_dir / "capture" / run_id,
                 mode=capture.mode,
@@ -437,6 +434,12 @@ class LocalRun:
                 env=dict(spec.harness.env or {}),
                 timeout_s=float(spec.harness.session_timeout_seconds),
             )
+            sock = self.work_dir / f"proxy-{run_id}.sock"
+            if use_netns or self._containers:
+                from tracefleet.runner.netns import UnixToTcpBridge
+
+                # a session in a network namespace, or in a container with no network, reaches the proxy by it
+                bridge = UnixToTcpBridge(sock, "127.0.0.1", proxy.port).start()
             if use_netns:
                 harness = harness.model_copy(update={"netns": True, "bridge_socket": str(sock)})
             plans = plan_sessions(self.job, tasks, model_hint or "default", harness)
@@ -464,6 +467,8 @@ class LocalRun:
                 print(f"  FAILED: {reason}", file=self.summary_out, flush=True)
             return 1 if sink.errors or verdict.failed else 0
         finally:
+            if bridge is not None:
+                bridge.close()
             if proxy is not None:
                 proxy.stop()
             if engine is not None:

@@ -118,7 +118,7 @@ class InProcessProxy:
     def __init__(self, *, engine_url: str, capture_dir: Path, mode: str, served_model: str | None,
                  policy_version: int = 0, model_path: str | None = None, model_family: str | None = None,
                  tool_parser: str | None = None, engine_limits: EngineLimits | None = None,
-                 logprobs_mode: str | None = None, unix_socket: Path | None = None) -> None:
+                 logprobs_mode: str | None = None) -> None:
         from tracefleet.proxy.app import create_app
         from tracefleet.proxy.config import ProxyConfig
         from tracefleet.proxy.server import proxy_server
@@ -143,13 +143,8 @@ class InProcessProxy:
         # its calls still in flight when it stops are cut off and recorded (tracefleet.proxy.server)
         self._server = proxy_server(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
                                     timeout_keep_alive=30, access_log=False, proxy_headers=False)
-        # also on `unix_socket`: where a session in a network namespace or a container without network reaches it
-        # (through a forwarder of its own), with no hop through a bridge in this process
-        self.unix_socket = unix_socket
-        sockets = None if unix_socket is None else [_listening_tcp(self.port), _listening_unix(unix_socket)]
         # uvicorn installs no signal handlers off the main thread: Ctrl-C stays ours to handle.
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": sockets}, name="tracefleet-proxy",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._server.run, name="tracefleet-proxy", daemon=True)
 
     @property
     def url(self) -> str:
@@ -167,20 +162,3 @@ class InProcessProxy:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=15)
-        if self.unix_socket is not None:
-            self.unix_socket.unlink(missing_ok=True)
-
-
-def _listening_tcp(port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
-    return sock
-
-
-def _listening_unix(path: Path) -> socket.socket:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(str(path))
-    return sock

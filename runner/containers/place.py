@@ -16,8 +16,7 @@ What the container gets, and why:
     proxy made reachable on the container's own 127.0.0.1:<proxy port> by a small forwarder run by the mounted node
     as PID 1 (`BRIDGE_JS`; it also makes the working directory when the image names one it never created, as docker
     does and podman does not), which connects each accepted connection to a Unix socket mounted in from the host,
-    where the proxy itself listens too (tracefleet.runner.services.InProcessProxy's unix_socket: no hop through a
-    bridge in the runner's process, whose GIL the proxy shares). So the session's proxy URL is the same inside as
+    where the runner's `UnixToTcpBridge` forwards it to the proxy. So the session's proxy URL is the same inside as
     outside, and without network the proxy is the only endpoint the harness can reach. (With rootful podman here,
     the bridge network of a "public" task also reaches the host's ports bound on 0.0.0.0; the unprivileged
     `unshare -rn` namespace the host sandbox uses cannot be joined by a rootful container.)
@@ -149,7 +148,7 @@ def image_workdir(runtime: ContainerRuntime, image: str) -> str:
 
 class ContainerPlace(HostPlace):
     """HostPlace, with the harness in a container of the task's image (see the module's docstring). `socket`: the
-    host's Unix socket the proxy listens on; `tools`: a folder this place
+    host's Unix socket forwarding to the proxy (a `UnixToTcpBridge` the caller runs); `tools`: a folder this place
     may write its forwarder to."""
 
     def __init__(self, *, runtime: ContainerRuntime, admin: ProxyAdmin, proxy_url: str, session_root: Path,
