@@ -1,7 +1,7 @@
 """A session in its task's container vs on the host, through `tracefleet run`: the same tasks, the same real harness
 (Pi) against the scripted engine (two shell rounds: `echo tracefleet > note.txt`, `ls`, then an answer).
 
-    .venv/bin/python bench/containers.py [--tasks 20] [--samples 2] [--parallelism 4 [2 1 ...]]
+    .venv/bin/python bench/containers.py [--tasks 20] [--samples 2] [--parallelism 4 [2 1 ...]] [--rounds 1]
 
 Three jobs run one after the other:
   harbor cold   the tasks as Harbor folders (a Dockerfile FROM localhost/debian:bookworm with a RUN of its own, so each
@@ -40,7 +40,7 @@ import yaml
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent / "tests")]
 
-from fixtures.harbor_tasks import write_task  # noqa: E402
+from fixtures.harbor_tasks import TASK_TOML, write_task  # noqa: E402
 from runner import start_scripted_engine  # noqa: E402  (bench/runner.py)
 from tracefleet.runner.containers.runtime import BASE_IMAGE, STEPS_ENV, STEPS_FILE, require_runtime  # noqa: E402
 
@@ -129,6 +129,12 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=20)
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--parallelism", type=int, nargs="+", default=[4])
+    parser.add_argument("--no-cpu-limit", action="store_true",
+                        help="tasks without task.toml's cpus = 1 (the host's sessions have no such cap): what the "
+                             "container itself costs, apart from the limit the task asks for")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="warm and host jobs per parallelism, in turn (host first every other round): on a shared "
+                             "machine both then see the same load")
     args = parser.parse_args()
     runtime = require_runtime()
     nonce = uuid.uuid4().hex[:8]
@@ -140,20 +146,23 @@ def main() -> int:
             root = Path(tmp)
             ids = [f"bench-{nonce}-{i:02d}" for i in range(args.tasks)]
             for task_id in ids:
-                write_task(root / "tasks", task_id, instruction=PROMPT + "\n",
+                toml = TASK_TOML.format(verifier_timeout=120).replace("cpus = 1\n", "") if args.no_cpu_limit else None
+                write_task(root / "tasks", task_id, instruction=PROMPT + "\n", toml=toml,
                            dockerfile=f"FROM {BASE_IMAGE}\nRUN echo {task_id} > /etc/bench-task\nWORKDIR /app\n",
                            env_files={}, test_sh=NOTE_TEST_SH, test_files={}, solve_sh=None)
             harbor = {"harbor": {"uri": str(root / "tasks")}}
             inline = {"inline": [{"id": t, "prompt": PROMPT} for t in ids]}  # an empty workspace, as /app is
             for i, parallelism in enumerate(args.parallelism):
-                runs = {}
+                runs: dict[str, list[tuple[float, list[dict[str, Any]], str, list[float]]]] = {}
                 jobs = [("harbor-cold", harbor, None)] if i == 0 else []
-                jobs += [("harbor-warm", harbor, None),
-                         ("host", inline, {"preset": "command", "command": ["sh", "-c", "test -f note.txt"]})]
-                for name, tasks, evaluator in jobs:
-                    runs[name] = run_job(job(f"bench-{name}-p{parallelism}", tasks, evaluator, args.samples,
-                                             parallelism, root / "out"), root, url)
-                builds = {name: [m.groups() for m in IMAGE_LINE.finditer(runs[name][2])] for name in runs
+                pair = [("harbor-warm", harbor, None),
+                        ("host", inline, {"preset": "command", "command": ["sh", "-c", "test -f note.txt"]})]
+                for r in range(args.rounds):
+                    jobs += pair if r % 2 == 0 else pair[::-1]
+                for k, (name, tasks, evaluator) in enumerate(jobs):
+                    runs.setdefault(name, []).append(run_job(job(f"bench-{name}-p{parallelism}-{k}", tasks, evaluator,
+                                                                 args.samples, parallelism, root / "out"), root, url))
+                builds = {name: [m.groups() for m in IMAGE_LINE.finditer(runs[name][0][2])] for name in runs
                           if name.startswith("harbor")}
                 images = sorted({image for _, _, image, _ in builds.get("harbor-cold", [])}) or images
                 blocks.append((parallelism, runs, builds))
@@ -166,16 +175,21 @@ def main() -> int:
     for parallelism, runs, builds in blocks:
         print(f"{args.tasks} tasks x {args.samples} samples = {n} sessions per job, parallelism {parallelism}, Pi, "
               f"scripted engine, {os.cpu_count()} cores")
-        for name, (wall, results, _, loads) in runs.items():
-            statuses = sorted({(r["status"], r["reward"]) for r in results})
-            load = f"load {statistics.mean(loads):4.1f} (max {max(loads):4.1f})" if loads else "load -"
-            print(f"  job {name:<12} wall {wall:6.1f} s ({n / wall * 60:5.1f} sessions/min), {load}; "
-                  f"(status, reward): {statuses}")
-        container = runs["harbor-warm"][1]
-        host = runs["host"][1]
-        print("  per session, harbor warm (images cached) vs host:")
-        for label in ("harness", "evaluate", "total"):
+        for name, rounds in runs.items():
+            for wall, results, _, loads in rounds:
+                statuses = sorted({(r["status"], r["reward"]) for r in results})
+                load = f"load {statistics.mean(loads):4.1f} (max {max(loads):4.1f})" if loads else "load -"
+                print(f"  job {name:<12} wall {wall:6.1f} s ({n / wall * 60:5.1f} sessions/min), {load}; "
+                      f"(status, reward): {statuses}")
+        container = [r for _, results, _, _ in runs["harbor-warm"] for r in results]
+        host = [r for _, results, _, _ in runs["host"] for r in results]
+        print(f"  per session, harbor warm (images cached) vs host ({len(runs['host'])} round(s), sessions pooled):")
+        for label in ("harness", "collect", "evaluate", "total"):
             print("  " + line(label, stage(container, label), stage(host, label)))
+        if len(runs["host"]) > 1:
+            ratios = [statistics.median(stage(c[1], "total")) / statistics.median(stage(h[1], "total"))
+                      for c, h in zip(runs["harbor-warm"], runs["host"])]
+            print("    total ratio per round (median/median): " + " ".join(f"{x:.2f}" for x in ratios))
         print("  podman calls of the warm job's sessions, by step:")
         print("\n".join(steps_table(container)))
         for name, rows in builds.items():

@@ -24,6 +24,7 @@ LABEL_TASK = "tracefleet.io/task"
 LABEL_SAMPLE = "tracefleet.io/sample"
 LABEL_ATTEMPT = "tracefleet.io/attempt"
 LABEL_BATCH = "tracefleet.io/batch"
+LABEL_NETWORK = "tracefleet.io/network"  # on a harness pod whose task's agent phase has network "public"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "tracefleet-operator"
 
@@ -60,6 +61,14 @@ def inference_name(job: str) -> str:
 
 def network_policy_name(job: str) -> str:
     return _fit(f"{job}-harness")
+
+
+def public_network_policy_name(job: str) -> str:
+    return _fit(f"{job}-harness-public")
+
+
+def verifier_network_policy_name(job: str) -> str:
+    return _fit(f"{job}-verifier")
 
 
 def harness_pod_name(job: str, session: int, attempt: int) -> str:

@@ -36,7 +36,7 @@ from tracefleet.operator.children.harness import exact_mode_problem, harness_pod
 from tracefleet.operator.children.inference import inference_deployment, inference_service
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.operator.children.metadata import namespace_of
-from tracefleet.operator.children.network_policy import harness_network_policy
+from tracefleet.operator.children.network_policy import network_policies
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.operator.harbor_tasks import HarborSource, HarborSourceError, ClusterHarborTask, read_source
 from tracefleet.operator.immutable_spec import check_spec
@@ -212,12 +212,13 @@ class Reconciler:
                     self.kube.delete_pod(ns, pod["metadata"]["name"])
                     budget -= 1
 
-        # --- network policy once per job (per operator process)
+        # --- network policies once per job (per operator process)
         ensured = self._ensured.setdefault(self._uid(job), set())  # one reference (see _after_finish)
         if "netpol" not in ensured and budget > 0:
-            self.kube.create(harness_network_policy(job, self.cfg))
+            for policy in network_policies(job, self.cfg, harbor):
+                self.kube.create(policy)
+                budget -= 1
             ensured.add("netpol")
-            budget -= 1
 
         # --- harness pods and evaluator Jobs
         batch_pods = [harness_pod(job, self.cfg, plans[s], a, harbor=_task_of(harbor, job, s)) for s, a in p.need_pod[: max(0, budget)]]

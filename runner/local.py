@@ -244,6 +244,7 @@ class LocalRun:
             return tasks
         from tracefleet.harbor.folders import load_task
         from tracefleet.runner.containers.images import build_task_image
+        from tracefleet.runner.containers.limits import not_enforced
         from tracefleet.runner.containers.place import image_workdir
         from tracefleet.runner.containers.runtime import ContainerError, require_runtime
 
@@ -255,8 +256,11 @@ class LocalRun:
         found: dict[str, Task] = {}
         for task in todo:
             assert task.harbor is not None
-            build = build_task_image(self._runtime, load_task(Path(task.harbor.folder)), self.work_dir / "image-builds")
+            harbor_task = load_task(Path(task.harbor.folder))
+            build = build_task_image(self._runtime, harbor_task, self.work_dir / "image-builds")
             self._say(f"task image {build.line()}")
+            if (note := not_enforced(harbor_task.config)) is not None:
+                self._say(f"{task.id}: {note}")
             if build.status == "failed":
                 found[task.id] = with_image(task, refusal=f"{task.id}: {build.error}")
                 continue

@@ -14,6 +14,7 @@ from tracefleet.operator import names as n
 from tracefleet.operator.children.inference import engine_api_key_env, inference_service_url
 from tracefleet.operator.children.inputs import bucket_env_from, env_ref, env_vars
 from tracefleet.operator.children.metadata import Manifest, metadata, priority_class
+from tracefleet.operator.children.network_policy import network_labels
 from tracefleet.operator.children.security import container_security_context, pod_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.contract.podenv import HarnessEnv, ProxySidecarEnv
@@ -159,6 +160,7 @@ def harness_pod(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, attempt
         n.LABEL_TASK: str(task),
         n.LABEL_SAMPLE: str(sample),
         n.LABEL_ATTEMPT: str(attempt),
+        **network_labels(harbor, "agent"),
     }
     return {
         "apiVersion": "v1",

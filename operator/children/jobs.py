@@ -9,6 +9,7 @@ from tracefleet.contract.session import SessionPlan
 from tracefleet.operator import names as n
 from tracefleet.operator.children.inputs import bucket_env_from, env_vars
 from tracefleet.operator.children.metadata import Manifest, child_labels, metadata, priority_class
+from tracefleet.operator.children.network_policy import network_labels
 from tracefleet.operator.children.security import container_security_context, pod_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, SealerEnv
@@ -45,7 +46,7 @@ def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbo
     labels = {n.LABEL_SESSION: str(session), n.LABEL_TASK: str(task), n.LABEL_SAMPLE: str(sample)}
     env = EvaluatorEnv(bucket=job.spec.output.uri, endpoint=cfg.bucket_endpoint, plan=plan)
     if harbor is not None:
-        return _harbor_evaluator_job(job, cfg, session, harbor, labels, env)
+        return _harbor_evaluator_job(job, cfg, session, harbor, {**labels, **network_labels(harbor, "verifier")}, env)
     assert e is not None
     container = {
         "name": "evaluator",

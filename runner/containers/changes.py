@@ -26,25 +26,29 @@ MOUNT_TIMEOUT_S = 120
 NOT_CHANGES = (*ti.NEVER_CHANGED, "/proc", "/sys", "/dev", "/run/.containerenv")
 
 
+def mount_container(runtime: ContainerRuntime, container: str) -> Path:
+    """The container's root filesystem, on the host, until `podman unmount` (or its removal)."""
+    return Path(runtime.run("mount", container, timeout=MOUNT_TIMEOUT_S).stdout.strip())
+
+
 @contextmanager
 def mounted(runtime: ContainerRuntime, container: str) -> Iterator[Path]:
-    """The container's root filesystem, on the host, while in the block."""
-    root = Path(runtime.run("mount", container, timeout=MOUNT_TIMEOUT_S).stdout.strip())
+    """`mount_container` while in the block."""
+    root = mount_container(runtime, container)
     try:
         yield root
     finally:
         runtime.run("unmount", container, check=False, timeout=MOUNT_TIMEOUT_S)
 
 
-@contextmanager
-def image_mounted(runtime: ContainerRuntime, image: str) -> Iterator[Path]:
-    """The image's root filesystem, on the host, while in the block (mounts are counted: parallel sessions of one
+def mount_image(runtime: ContainerRuntime, image: str) -> Path:
+    """The image's root filesystem, on the host, until `unmount_image` (mounts are counted: parallel sessions of one
     image each mount and unmount their own)."""
-    root = Path(runtime.run("image", "mount", image, timeout=MOUNT_TIMEOUT_S).stdout.strip())
-    try:
-        yield root
-    finally:
-        runtime.run("image", "unmount", image, check=False, timeout=MOUNT_TIMEOUT_S)
+    return Path(runtime.run("image", "mount", image, timeout=MOUNT_TIMEOUT_S).stdout.strip())
+
+
+def unmount_image(runtime: ContainerRuntime, image: str) -> None:
+    runtime.run("image", "unmount", image, check=False, timeout=MOUNT_TIMEOUT_S)
 
 
 def within(root: Path, path: str) -> Path | None:

@@ -33,20 +33,24 @@ What the container gets, and why:
 
 from __future__ import annotations
 
+import contextvars
 import json
 import shutil
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
 
-from tracefleet.contract.harbor import TaskConfig
 from tracefleet.contract.session import SessionPlan, SessionResult
-from tracefleet.harbor.folders import load_task
+from tracefleet.contract.taskimage import HARBOR_EVALUATOR
+from tracefleet.harbor.folders import HarborTask, load_task
 from tracefleet.harbor.image_names import repository_name
-from tracefleet.runner.containers.changes import image_mounted, layer_diff, mounted, within, write_change_set
+from tracefleet.runner.containers.changes import (layer_diff, mount_container, mount_image, unmount_image, within,
+                                                  write_change_set)
+from tracefleet.runner.containers.limits import container_limits
 from tracefleet.runner.containers.runtime import STEPS_FILE, ContainerRuntime, record_step, timed_to
+from tracefleet.runner.containers.verifier import READY_MARGIN_S, Verifier, go_ahead, hold, release
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, base_env, run_sandboxed
 from tracefleet.runner.session import HostPlace, SessionFolders
@@ -65,6 +69,7 @@ CHANGE_SET = "change-set"  # in the session's artifacts until it was judged: wha
 CONTAINER_TIMING = "container-timing.json"  # in the session's artifacts: when the harness started and exited inside
 CONTAINER_PREFIX = "tracefleet-session-"
 STOP_TIMEOUT_S = 60
+VERIFIER_AFTER_S = 30  # the verifier starts once the harness did, or after this long
 
 BRIDGE_JS = r"""'use strict';
 // tracefleet: inside the session's container (loopback only), 127.0.0.1:PORT forwards to the Unix socket the
@@ -141,21 +146,6 @@ def image_workdir(runtime: ContainerRuntime, image: str) -> str:
     return runtime.run("image", "inspect", "--format", "{{.Config.WorkingDir}}", image, timeout=60).stdout.strip() or "/"
 
 
-def container_limits(config: TaskConfig, phase: Literal["agent", "verifier"]) -> list[str]:
-    """`podman run` flags for task.toml's [environment] cpus and memory_mb (hard limits, no swap beyond the memory,
-    as on a cluster where requests = limits) and the phase's network: "public" the runtime's bridge network, else
-    none (a loopback only; "allowlist" too: no egress filter by host name here, so it fails closed). storage_mb is
-    not a limit here (podman's overlay storage takes no size on this filesystem; Harbor's docker environment does
-    not apply it either): a cluster applies it as ephemeral-storage."""
-    env = config.environment
-    flags = ["--network", "bridge" if config.network(phase) == "public" else "none"]
-    if env.cpus is not None:
-        flags += ["--cpus", f"{env.cpus:g}"]
-    if env.memory_mb is not None:
-        flags += ["--memory", f"{env.memory_mb}m", "--memory-swap", f"{env.memory_mb}m"]
-    return flags
-
-
 class ContainerPlace(HostPlace):
     """HostPlace, with the harness in a container of the task's image (see the module's docstring). `socket`: the
     host's Unix socket forwarding to the proxy (a `UnixToTcpBridge` the caller runs); `tools`: a folder this place
@@ -170,6 +160,7 @@ class ContainerPlace(HostPlace):
         self.bridge_js = tools / "bridge.js"
         self.bridge_js.write_text(BRIDGE_JS)
         self.node = Path(shutil.which("node") or "/usr/bin/node").resolve()
+        self._image_mounted: set[Path] = set()  # the sessions (artifacts) whose image workspace_diff mounted
 
     def harness_workdir(self, plan: SessionPlan, workspace: Path) -> Path:
         harbor = plan.task.harbor
@@ -198,7 +189,8 @@ class ContainerPlace(HostPlace):
         workdir = str(self.harness_workdir(plan, cwd))
         (artifacts / CONTAINER_RECORD).write_text(json.dumps({"name": name, "image": harbor.image, "workdir": workdir,
                                                               "home": str(home)}))
-        config = load_task(Path(harbor.folder)).config
+        task = load_task(Path(harbor.folder))
+        config = task.config
         task_env = config.environment.env
         inside = {**base_env(home, home / ".tmp"), **task_env, **env, "PATH": CONTAINER_PATH, "PWD": workdir}
         env_file = artifacts / CONTAINER_ENV
@@ -213,6 +205,8 @@ class ContainerPlace(HostPlace):
             BRIDGE_IN_CONTAINER, str(self.port), SOCKET_IN_CONTAINER, ENV_IN_CONTAINER, TIMING_IN_CONTAINER,
             "" if config.agent.user is None else str(config.agent.user), workdir,
             *argv)
+        if plan.evaluator.type == HARBOR_EVALUATOR:
+            hold(artifacts, lambda: self._verifier(task, harbor.image, workdir, timing, timeout_s))
         with timed_to(artifacts / STEPS_FILE):
             started = time.time()
             try:
@@ -226,6 +220,14 @@ class ContainerPlace(HostPlace):
                 # the podman client is gone; the container may still run under conmon: stop it (kept for the verifier)
                 self.runtime.run("stop", "-t", "0", name, check=False, timeout=STOP_TIMEOUT_S)
         return proc
+
+    def _verifier(self, task: HarborTask, image: str, workdir: str, timing: Path, timeout_s: float) -> Verifier:
+        """The session's verifier, started once the harness runs (its start then contends with the agent's work, not
+        with the agent's container's start), held until the evaluator gives it the change set."""
+        deadline = time.monotonic() + VERIFIER_AFTER_S
+        while time.monotonic() < deadline and "started" not in timing.read_text():
+            time.sleep(0.05)
+        return Verifier(self.runtime, task, image, workdir=workdir, wait_s=timeout_s + READY_MARGIN_S)
 
     def workspace_diff(self, plan: SessionPlan, folders: SessionFolders) -> str:
         """What the session changed in the container's working directory, against the image's (both read in place
@@ -244,21 +246,35 @@ class ContainerPlace(HostPlace):
         scratch.mkdir(parents=True)
         empty = scratch / "empty"  # a working directory the image (or the container) does not have
         empty.mkdir()
-        diff = layer_diff(self.runtime, record["name"])
+        # three independent calls at once; the mounts stay until `finish` (rm unmounts the container's, the image's
+        # is unmounted there): the verdict does not wait for them
+        def image() -> Path:
+            root = mount_image(self.runtime, record["image"])
+            self._image_mounted.add(folders.artifacts)
+            return root
+
+        with ThreadPoolExecutor(3) as pool:
+            calls = [pool.submit(contextvars.copy_context().run, *call) for call in (
+                (layer_diff, self.runtime, record["name"]), (mount_container, self.runtime, record["name"]), (image,))]
+        diff, after, before = (c.result() for c in calls)
         try:
-            with mounted(self.runtime, record["name"]) as after, image_mounted(self.runtime, record["image"]) as before:
-                # the verifier's input, from the same mount (the harbor evaluator applies it)
-                write_change_set(after, diff, folders.artifacts / CHANGE_SET,
-                                 skip=(TOOLS_DIR, *((record["home"],) if record.get("home") else ())))
-                return tree_patch(within(before, record["workdir"]) or empty,
-                                  within(after, record["workdir"]) or empty, scratch / "git")
+            # the verifier's input, from the same mount (the harbor evaluator applies it)
+            write_change_set(after, diff, folders.artifacts / CHANGE_SET,
+                             skip=(TOOLS_DIR, *((record["home"],) if record.get("home") else ())))
+            go_ahead(folders.artifacts, folders.artifacts / CHANGE_SET)  # test.sh runs while the patch is made
+            return tree_patch(within(before, record["workdir"]) or empty,
+                              within(after, record["workdir"]) or empty, scratch / "git")
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def finish(self, result: SessionResult, folders: SessionFolders) -> None:
+        release(folders.artifacts)  # a verifier no evaluator took (the session failed before its verdict)
         shutil.rmtree(folders.artifacts / CHANGE_SET, ignore_errors=True)  # judged by now; it can be large
         record = container_of(folders.artifacts)
         if record is not None:
             with timed_to(folders.artifacts / STEPS_FILE):
-                self.runtime.remove(record["name"])
+                if folders.artifacts in self._image_mounted:  # by workspace_diff (counted: only our own mount)
+                    self._image_mounted.discard(folders.artifacts)
+                    unmount_image(self.runtime, record["image"])
+                self.runtime.remove(record["name"])  # unmounts the container too
         super().finish(result, folders)

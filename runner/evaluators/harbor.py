@@ -37,7 +37,7 @@ class HarborEvaluator:
         from tracefleet.runner.containers.changes import change_set
         from tracefleet.runner.containers.place import CHANGE_SET, TOOLS_DIR, container_of
         from tracefleet.runner.containers.runtime import STEPS_FILE, ContainerError, require_runtime, timed_to
-        from tracefleet.runner.containers.verifier import verify
+        from tracefleet.runner.containers.verifier import Verifier, take
 
         harbor = ctx.task.harbor
         if harbor is None:
@@ -53,8 +53,9 @@ class HarborEvaluator:
                 if not (changes / CHANGES).is_file():
                     change_set(runtime, record["name"], changes,
                                skip=(TOOLS_DIR, *((record["home"],) if record.get("home") else ())))
-                verdict = verify(runtime, task, record["image"], changes=changes, workdir=record.get("workdir"),
-                                 log_dir=ctx.session_dir / VERIFIER_LOGS)
+                # the one the place started while the agent worked (tracefleet.runner.containers.place), else one now
+                verifier = take(ctx.session_dir) or Verifier(runtime, task, record["image"], workdir=record.get("workdir"))
+                verdict = verifier.judge(changes, log_dir=ctx.session_dir / VERIFIER_LOGS)
         except (ContainerError, TaskFolderError) as err:  # the runtime or the task folder, not the agent
             return EvalOutcome(status="unavailable", message=f"harbor verifier: {err}")
         finally:

@@ -16,7 +16,7 @@ from fixtures.harbor_tasks import SOLVE_SH, TASK_TOML, write_task
 from fixtures.harnesses import harness_binary_path
 from fixtures.local_runs import run_local
 from tracefleet.engine.scripted import Script, ScriptRoute
-from tracefleet.runner.containers.runtime import BASE_IMAGE, ContainerRuntime
+from tracefleet.runner.containers.runtime import BASE_IMAGE, STEPS_FILE, ContainerRuntime
 from tracefleet.traces.reader import BatchReader
 
 JOB = "harbor-local"
@@ -63,7 +63,9 @@ def write_tasks(root: Path) -> None:
                                    ("text-reward", "#!/bin/bash\necho yes > /logs/verifier/reward.txt\n", 60),
                                    ("slow-verifier", "#!/bin/bash\nsleep 60\n", 3)):
         write_task(root, name, instruction=marked(name), dockerfile=BASH_ONLY, env_files={}, test_sh=test_sh,
-                   test_files={}, verifier_timeout=timeout)
+                   test_files={}, verifier_timeout=timeout,
+                   # a limit this machine cannot hold: said in one line, the task runs
+                   toml=TASK_TOML.format(verifier_timeout=timeout) + ("storage_mb = 512\n" if name == "no-reward" else ""))
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +104,7 @@ def test_the_job_runs_every_task_and_goes_on_past_the_bad_ones(harbor_job: dict[
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(rows) == sorted(["solve", "tamper", *BAD]), done.stdout + done.stderr
     assert "task image bad-build: image build failed: " in done.stderr
+    assert "tracefleet: no-reward: storage_mb 512 is not a limit here" in done.stderr, done.stderr
 
 
 def test_the_harness_works_inside_the_tasks_container_and_test_sh_gives_the_reward(harbor_job: dict[str, Any]) -> None:
@@ -115,6 +118,9 @@ def test_the_harness_works_inside_the_tasks_container_and_test_sh_gives_the_rewa
     assert evaluation["details"]["reward_file"] == "reward.json"
     # ... and not on the host: nowhere under the job's folder, and the host's session folder has no greet.py
     assert not [p for p in tmp.rglob("proof.txt")] and not [p for p in tmp.rglob("greet.py") if "tasks" not in p.parts]
+    # judged by the verifier the session started while the agent worked (held: seconds before its go)
+    steps = [json.loads(line) for f in tmp.rglob(STEPS_FILE) for line in f.read_text().splitlines()]
+    assert any(s["step"] == "run verifier" and s.get("held", 0) > 0 for s in steps), steps
     # the session's patch is the container's working directory against its image's: what the diagnostics read
     patch = harbor_job["patches"]["solve"]
     assert "diff --git a/greet.py b/greet.py" in patch and '+print("hello, harbor")' in patch, patch

@@ -20,7 +20,7 @@ from tracefleet.harbor.folders import HarborTask, load_task
 from tracefleet.runner.containers.images import build_task_image
 from tracefleet.runner.containers.runtime import BASE_IMAGE, ContainerRuntime
 from tracefleet.runner.containers.changes import change_set
-from tracefleet.runner.containers.verifier import verify
+from tracefleet.runner.containers.verifier import Verifier, verify
 
 BASH_ONLY = f"FROM {BASE_IMAGE}\nWORKDIR /app\n"
 
@@ -68,6 +68,23 @@ def test_the_reference_solution_passes_and_the_untouched_environment_fails(
     assert verdict.exit_code == 0 and "1 passed" in verdict.output_tail
     assert (tmp_path / "verifier" / "reward.txt").read_text() == "1\n"
     print(f"verify (pytest task, fresh container of the image with the change set): {took:.2f} s")
+
+
+
+def test_a_verifier_started_ahead_judges_the_change_set_it_is_given_later(
+        greet_task: tuple[HarborTask, str], container_runtime: ContainerRuntime, sessions: Path) -> None:
+    """How a session uses it (started while the agent works): the held container runs nothing of test.sh until its go,
+    judges the change set made after it started; one cancelled (a session that failed) leaves no container."""
+    task, image = greet_task
+    ahead, cancelled = Verifier(container_runtime, task, image), Verifier(container_runtime, task, image)
+    solved = agent_session(container_runtime, image, SOLVE_SH, sessions)  # the agent works after both started
+    assert ahead.proc.poll() is None and not any(ahead.logs.iterdir())  # held: test.sh has not run
+    verdict = ahead.judge(solved)
+    assert (verdict.status, verdict.reward) == ("ok", 1.0), verdict
+    cancelled.cancel()
+    names = container_runtime.run("ps", "-a", "--format", "{{.Names}}").stdout.split()
+    assert not {ahead.name, cancelled.name} & set(names), names
+    assert not ahead.eval_dir.exists() and not cancelled.eval_dir.exists()
 
 
 ATTACKS = {

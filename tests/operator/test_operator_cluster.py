@@ -591,8 +591,8 @@ def test_harbor_job_runs_each_session_in_its_task_image(env: Env, tmp_path: Path
     root = tmp_path / "tasks"
     greet = write_task(root, "greet")  # cpus 1, memory_mb 1024, built from environment/
     write_task(root, "prebuilt", dockerfile=None, verifier_timeout=45,
-               toml=TASK_TOML.format(verifier_timeout=45) + 'docker_image = "reg.local/tasks/prebuilt:2"\n'
-                                                            'storage_mb = 2048\ngpus = 1\nworkdir = "/srv"\n')
+               toml=TASK_TOML.format(verifier_timeout=45).replace("[agent]\n", '[agent]\nnetwork_mode = "public"\n')
+               + 'docker_image = "reg.local/tasks/prebuilt:2"\nstorage_mb = 2048\ngpus = 1\nworkdir = "/srv"\n')
     write_task(root, "no-instruction", instruction=None)
     ns = new_namespace(env, "rj-harbor")
     uri = _harbor_source(env, ns, root)
@@ -632,10 +632,30 @@ def test_harbor_job_runs_each_session_in_its_task_image(env: Env, tmp_path: Path
     assert HarnessEnv.from_env({e.name: e.value for e in pods["0"].spec.containers[1].env}).plan.task.prompt \
         == "Make greet.py greet harbor.\n"
 
+    # the network each task.toml asks for, as the platform team sees it: every harness pod under the job's policy (the
+    # engine, the bucket, DNS); only the pods of the task whose agent asks for "public" also under the public one, which
+    # leaves the cluster's own and the metadata service's addresses out
+    policies = {p.metadata.name: p.spec for p in client.NetworkingV1Api(env.api).list_namespaced_network_policy(ns).items}
+    assert set(policies) == {"hb-harness", "hb-verifier", "hb-harness-public"}
+
+    def selects(policy: str, pod: Any) -> bool:
+        return all(pod.metadata.labels.get(k) == v for k, v in policies[policy].pod_selector.match_labels.items())
+    assert [(selects("hb-harness", pods[t]), selects("hb-harness-public", pods[t])) for t in "01"] == [(True, False), (True, True)]
+    public = policies["hb-harness-public"]
+    assert public.policy_types == ["Egress"] and len(public.egress) == 1 and public.egress[0].ports is None
+    blocks = {b.ip_block.cidr: b.ip_block._except for b in public.egress[0].to}
+    assert set(blocks) == {"0.0.0.0/0", "::/0"} and {"10.0.0.0/8", "169.254.0.0/16"} <= set(blocks["0.0.0.0/0"])
+
     play_harness(env, ns, wait_for("greet's pod running", lambda: next(
         (p for p in env.pods(ns, "hb") if p.metadata.labels[n.LABEL_TASK] == "0" and p.status.phase == "Running"), None)))
     evaluator = wait_for("greet's evaluator Job", lambda: next(iter(env.jobs(ns, "hb", n.COMPONENT_EVALUATOR)), None))
     pod = evaluator.spec.template.spec
+    # the verifier's pod (the agent's change set runs there): no ingress, DNS and the bucket only, no engine; greet's
+    # verifier has no network of its own, so not the public policy either
+    labelled = type("Pod", (), {"metadata": evaluator.spec.template.metadata})
+    assert (selects("hb-verifier", labelled), selects("hb-harness-public", labelled)) == (True, False)
+    assert policies["hb-verifier"].ingress is None and policies["hb-verifier"].policy_types == ["Ingress", "Egress"]
+    assert not any(t.pod_selector for r in policies["hb-verifier"].egress for t in r.to or [] if t.namespace_selector is None)
     fetch, verify = pod.init_containers
     assert (fetch.name, verify.name, pod.containers[0].name) == ("fetch", "verify", "evaluator")
     assert (verify.image, verify.command) == (f"reg.local:5000/team/tracefleet-task/greet:{digest}", ["sh", "-c", VERIFIER])
