@@ -28,7 +28,7 @@ from tracefleet.contract.session import SessionPlan, Task
 from tracefleet.contract.semantics import DiagnosticsCounts, OutcomeCounts
 from tracefleet.contract.sealed_batch import BatchSealed, JobRef, SealedBatch
 from tracefleet.contract.layout import batch_id_for
-from tracefleet.contract.taskimage import HARBOR_EVALUATOR
+from tracefleet.contract.task_image import HARBOR_EVALUATOR
 from tracefleet.operator import bucketio, metrics
 from tracefleet.operator import names as n
 from tracefleet.operator.body import job_of, plain, status_of

@@ -18,7 +18,7 @@ from tracefleet.operator.children.network_policy import network_labels
 from tracefleet.operator.children.security import container_security_context, pod_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.contract.podenv import HarnessEnv, ProxySidecarEnv
-from tracefleet.contract import taskimage as ti
+from tracefleet.contract import task_image as ti
 from tracefleet.operator.children.task_image import (
     bundle_init_container,
     session_container,

@@ -3,7 +3,7 @@ image beside it for the session program and the verdict, the harness bundle by a
 
 How the harness CLI arrives without being baked into the task image: an init container of the bundle image
 (spec.harness.image) copies its BUNDLE_SOURCE_DIR into the pod's shared emptyDir, mounted in the task container,
-whose launch request puts the bundle's bin/ first on PATH (tracefleet.contract.taskimage has the layout). Chosen
+whose launch request puts the bundle's bin/ first on PATH (tracefleet.contract.task_image has the layout). Chosen
 over an image volume (a pod volume backed by an OCI image, KEP-4639): image volumes are beta and off by default
 until Kubernetes 1.33 and need a container runtime that supports them (containerd 2.1+, CRI-O 1.31+), so a job
 would run on some clusters and not others; an init container runs on every cluster and every runtime, the bundle
@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from tracefleet.contract import podenv
-from tracefleet.contract import taskimage as ti
+from tracefleet.contract import task_image as ti
 from tracefleet.contract.harbor import CONTAINER_TESTS_DIR, CONTAINER_VERIFIER_LOGS
 from tracefleet.contract.job import RolloutJob
 from tracefleet.operator import names as n

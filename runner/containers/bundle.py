@@ -14,7 +14,7 @@ build links against (glibc >= 2.28, libstdc++: every Debian/Ubuntu-based image, 
 sets no LD_LIBRARY_PATH, so the commands the agent runs see the task image's own libraries, never ours (but a
 `node` the agent runs is the bundle's: bin/ comes first on the harness's PATH).
 
-A bundle image holds the bundle at tracefleet.contract.taskimage.BUNDLE_SOURCE_DIR (/opt/tracefleet/bundle) and
+A bundle image holds the bundle at tracefleet.contract.task_image.BUNDLE_SOURCE_DIR (/opt/tracefleet/bundle) and
 has `sh` and `cp`, e.g.
 
     FROM debian:bookworm-slim

@@ -4,7 +4,7 @@ overlay on the host, read in place), with the image's own filesystem through `po
 
 Two things are made from one mount (tracefleet.runner.containers.place does both when it collects the session):
   - the change set the verifier applies (`write_change_set`: changes.tar and deleted.txt, the layout of
-    tracefleet.contract.taskimage, as a cluster's launcher makes it);
+    tracefleet.contract.task_image, as a cluster's launcher makes it);
   - the session's patch: the working directory in the image against the same in the container
     (tracefleet.runner.workspace.tree_patch reads both mounts in place).
 """
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from tracefleet.contract import taskimage as ti
+from tracefleet.contract import task_image as ti
 
 from tracefleet.runner.containers.runtime import ContainerRuntime
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tracefleet.contract.harbor import (CONTAINER_VERIFIER_LOGS, REWARD_JSON, REWARD_TXT, TRAINING_REWARD_KEY,
                                          HarborVerdict)
-from tracefleet.contract import taskimage as ti
+from tracefleet.contract import task_image as ti
 from tracefleet.contract.session import EvalOutcome, EvalStatus
 from tracefleet.runner.containers.runtime import last_line
 
@@ -92,7 +92,7 @@ def verdict_here(eval_dir: Path, logs: Path, timeout_s: float) -> HarborVerdict:
                                                 "the task image's verify step left no exit status (did it run?)"))
 
 
-def outcome_of(verdict: HarborVerdict) -> EvalOutcome:
+def eval_outcome_of_verdict(verdict: HarborVerdict) -> EvalOutcome:
     """The runner's outcome (the local `harbor` evaluator's and the evaluator Job's): the training reward;
     fail-closed statuses as `timeout`, `error` or `unavailable` (outcome_status), reward 0, the verdict's reason as the message; every metric
     test.sh wrote, kept also when fail-closed."""

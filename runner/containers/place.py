@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tracefleet.contract.session import SessionPlan, SessionResult
-from tracefleet.contract.taskimage import HARBOR_EVALUATOR
+from tracefleet.contract.task_image import HARBOR_EVALUATOR
 from tracefleet.harbor.folders import HarborTask, load_task
 from tracefleet.harbor.image_names import repository_name
 from tracefleet.runner.containers.changes import (layer_diff, mount_container, mount_image, unmount_image, within,

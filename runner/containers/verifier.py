@@ -67,7 +67,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from tracefleet.contract import podenv
-from tracefleet.contract import taskimage as ti
+from tracefleet.contract import task_image as ti
 from tracefleet.contract.environment import HARDENED_PYTHON_ENV
 from tracefleet.contract.harbor import (CONTAINER_TESTS_DIR, CONTAINER_VERIFIER_LOGS, REWARD_JSON, REWARD_TXT,
                                          HarborVerdict)

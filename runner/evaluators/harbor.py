@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 
 from tracefleet.runner.evaluators.base import EvalContext, EvalOutcome, EvaluatorSpec
-from tracefleet.runner.containers.harbor_outcome import outcome_of
+from tracefleet.runner.containers.harbor_outcome import eval_outcome_of_verdict
 from tracefleet.runner.evaluators.common import timed
 
 VERIFIER_LOGS = "verifier"  # in the session's folder: test.sh's output and the reward files
@@ -33,7 +33,7 @@ class HarborEvaluator:
     @timed
     def evaluate(self, ctx: EvalContext) -> EvalOutcome:
         from tracefleet.harbor.folders import TaskFolderError, load_task
-        from tracefleet.contract.taskimage import CHANGES
+        from tracefleet.contract.task_image import CHANGES
         from tracefleet.runner.containers.changes import change_set
         from tracefleet.runner.containers.place import CHANGE_SET, TOOLS_DIR, container_of
         from tracefleet.runner.containers.runtime import STEPS_FILE, ContainerError, require_runtime, timed_to
@@ -60,4 +60,4 @@ class HarborEvaluator:
             return EvalOutcome(status="unavailable", message=f"harbor verifier: {err}")
         finally:
             shutil.rmtree(changes, ignore_errors=True)
-        return outcome_of(verdict)
+        return eval_outcome_of_verdict(verdict)

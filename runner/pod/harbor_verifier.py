@@ -24,13 +24,13 @@ from pathlib import Path
 
 from tracefleet.bucket import Bucket, BucketError, ObjectNotFound
 from tracefleet.contract import layout
-from tracefleet.contract import taskimage as ti
+from tracefleet.contract import task_image as ti
 from tracefleet.contract.harbor import TESTS_DIR
 from tracefleet.contract.podenv import EvaluatorEnv, PodEnvError
 from tracefleet.contract.session import EvalOutcome, SessionPlan, SessionResult, Verdict
 from tracefleet.harbor.folders import task_folders
 from tracefleet.harbor.sources import TaskSourceError, is_tarball, open_source
-from tracefleet.runner.containers.harbor_outcome import outcome_of, verdict_here
+from tracefleet.runner.containers.harbor_outcome import eval_outcome_of_verdict, verdict_here
 from tracefleet.runner.pod.evaluator_job import store_verdict
 
 
@@ -88,6 +88,6 @@ def report(bucket: Bucket, env: EvaluatorEnv, eval_dir: Path = Path(ti.EVAL_DIR)
     def judging(plan: SessionPlan, result: SessionResult, artifacts: Path, tmp: Path) -> tuple[EvalOutcome, int]:
         harbor = plan.task.harbor
         timeout_s = harbor.verifier_timeout_s if harbor is not None and harbor.verifier_timeout_s else 0.0
-        return outcome_of(verdict_here(eval_dir, logs, timeout_s)), 0
+        return eval_outcome_of_verdict(verdict_here(eval_dir, logs, timeout_s)), 0
 
     return store_verdict(bucket, env, judging)

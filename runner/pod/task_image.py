@@ -8,7 +8,7 @@ program stays the one program (tracefleet.runner.session.run) and only its place
 and not the proxy sidecar: the sidecar runs for the pod's whole life and restarts; the session is a run to
 completion whose exit status is the pod's outcome, as in every harness pod.
 
-The two containers meet in the shared volume (tracefleet.contract.taskimage has the layout): the task
+The two containers meet in the shared volume (tracefleet.contract.task_image has the layout): the task
 container's launcher (tracefleet.harbor.in_image.LAUNCHER) says it is ready and where its working
 directory is; this place writes the launch request (the preset's argv and environment as a shell script, the
 workspace path the session program prepared replaced by the task container's working directory: that is where the
@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from tracefleet.contract import taskimage as ti
+from tracefleet.contract import task_image as ti
 from tracefleet.contract.session import SessionPlan, SessionResult
 from tracefleet.runner.pod.harness_pod import PodPlace
 from tracefleet.runner.sandbox import ProcessResult

@@ -15,7 +15,7 @@ from fixtures.harbor_tasks import ANSWER_AGENT_JS, ANSWER_TEST_SH, INSTRUCTION, 
 from fixtures.pods import Kubelet, run_job_container, run_task_image_job, run_task_image_pod
 from fixtures.plans import plan_of
 from tracefleet.bucket import open_bucket
-from tracefleet.contract import taskimage as ti
+from tracefleet.contract import task_image as ti
 from tracefleet.contract.job import RolloutJob
 from tracefleet.operator.children.harness import harness_pod
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job

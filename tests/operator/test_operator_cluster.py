@@ -584,7 +584,7 @@ def test_harbor_job_runs_each_session_in_its_task_image(env: Env, tmp_path: Path
     from kubernetes.utils import parse_quantity
 
     from fixtures.harbor_tasks import TASK_TOML, write_task
-    from tracefleet.contract import taskimage as ti
+    from tracefleet.contract import task_image as ti
     from tracefleet.harbor.image_names import DIGEST_CHARS, environment_digest
     from tracefleet.harbor.in_image import LAUNCHER, VERIFIER
 

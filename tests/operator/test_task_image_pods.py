@@ -19,7 +19,7 @@ from pathlib import Path
 from fixtures.harnesses import harness_binary_path
 from tracefleet.bucket import open_bucket
 from tracefleet.contract import layout
-from tracefleet.contract import taskimage as ti
+from tracefleet.contract import task_image as ti
 from tracefleet.contract.harbor import HarborTaskRun
 from tracefleet.contract.podenv import EvaluatorEnv, HarnessEnv
 from tracefleet.contract.session import EvaluatorSpec, HarnessConfig, SessionPlan, SessionResult, Task
@@ -138,7 +138,7 @@ def test_task_image_pods_judge_what_the_agent_changed(container_runtime: Contain
 def test_the_report_step_fails_closed_with_one_line(tmp_path: Path) -> None:
     """What the verify step left, read by the report step: each failure is reward 0 with its reason; test.sh that
     ran and left no reward stays the policy's `error` (it ran in the agent's environment)."""
-    from tracefleet.runner.containers.harbor_outcome import outcome_of
+    from tracefleet.runner.containers.harbor_outcome import eval_outcome_of_verdict
     from tracefleet.runner.pod.harbor_verifier import verdict_here
 
     def case(files: dict[str, str], reward: str | None = None) -> tuple[str, float, str | None]:
@@ -149,7 +149,7 @@ def test_the_report_step_fails_closed_with_one_line(tmp_path: Path) -> None:
             (eval_dir / name).write_text(text)
         if reward is not None:
             (logs / "reward.txt").write_text(reward)
-        outcome = outcome_of(verdict_here(eval_dir, logs, 30))
+        outcome = eval_outcome_of_verdict(verdict_here(eval_dir, logs, 30))
         return outcome.status, outcome.reward, outcome.message
 
     assert case({ti.EXIT_CODE: "0\n", ti.DURATION: "2\n"}, "0.5\n")[:2] == ("ok", 0.5)

@@ -62,7 +62,7 @@ ENGINE_API_KEY = "TRACEFLEET_ENGINE_API_KEY"
 BATCH_SEQ = "TRACEFLEET_BATCH_SEQ"
 SESSIONS = "TRACEFLEET_SESSIONS"
 
-# ---- a task's own image (Harbor tasks; the shared volume's layout is tracefleet.contract.taskimage)
+# ---- a task's own image (Harbor tasks; the shared volume's layout is tracefleet.contract.task_image)
 LAUNCH_DIR = "TRACEFLEET_LAUNCH_DIR"  # session container: launch the harness in the task container through here
 TASK_WORKDIR = "TRACEFLEET_TASK_WORKDIR"  # task.toml's [environment].workdir (unset: the image's WORKDIR)
 VERIFIER_TIMEOUT_S = "TRACEFLEET_VERIFIER_TIMEOUT_S"  # [verifier].timeout_sec, whole seconds (the task image's step)

@@ -29,7 +29,7 @@ list read line by line cannot name a path holding a newline (such a deletion is 
 from __future__ import annotations
 
 from tracefleet.contract import podenv
-from tracefleet.contract import taskimage as ti
+from tracefleet.contract import task_image as ti
 from tracefleet.contract.harbor import CONTAINER_TESTS_DIR, CONTAINER_VERIFIER_LOGS, TEST_SCRIPT
 
 
