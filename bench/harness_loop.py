@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -44,23 +45,36 @@ from tracefleet.trainer.loop import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def load() -> str:
+    """The machine's load averages (1, 5, 15 min): the numbers are only comparable at a like load."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 EXAMPLE = REPO / "examples" / "harness-train"
 
 
-def base_rate(held_out: Path, model: str, sample: int, out: Path) -> tuple[float | None, int]:
+def base_rate(held_out: Path, model: str, sample: int, out: Path, preset: str | None = None,
+              context: int | None = None) -> tuple[float | None, int]:
     """The held-out job's first `sample` tasks, one session each, on `model` served by `tracefleet run`'s own
-    CPU engine (llama.cpp, its default temperature 1)."""
+    CPU engine (llama.cpp, its default temperature 1); through `preset` instead of the job's harness, with the
+    engine's context `context` instead of the job's --max-model-len when given (a larger first prompt)."""
     from tracefleet.api.manifest import load_job
     from tracefleet.runner.local import LocalOptions, LocalRun
     from tracefleet.trainer.loop import job_tasks, with_tasks
 
     job = load_job(held_out)
-    managed = job.spec.inference.managed.model_copy(update={"model": model})
-    job = job.model_copy(update={"spec": job.spec.model_copy(update={"inference": job.spec.inference.model_copy(
-        update={"managed": managed})})})
-    job = with_tasks(job, job_tasks(job, held_out.resolve().parent)[:sample], 1, sample, name=f"base-{model}")
-    with open(out / f"base-{model}.log", "w") as log:
-        run = LocalRun(LocalOptions(job_path=held_out, output=str(out / f"base-{model}"), work_dir=out / "work" / model,
+    args = list(job.spec.inference.managed.extra_args or [])
+    if context is not None and "--max-model-len" in args:
+        args[args.index("--max-model-len") + 1] = str(context)
+    managed = job.spec.inference.managed.model_copy(update={"model": model, "extra_args": args})
+    spec = job.spec.model_copy(update={"inference": job.spec.inference.model_copy(update={"managed": managed})})
+    if preset is not None:
+        spec = spec.model_copy(update={"harness": spec.harness.model_copy(update={"preset": preset})})
+    name = f"base-{preset or job.spec.harness.preset}-{model}"
+    job = with_tasks(job.model_copy(update={"spec": spec}), job_tasks(job, held_out.resolve().parent)[:sample], 1,
+                     sample, name=name)
+    with open(out / f"{name}.log", "w") as log:
+        run = LocalRun(LocalOptions(job_path=held_out, output=str(out / name), work_dir=out / "work" / name,
                                     progress_interval_s=30.0), out=log, summary=log)
         run.job = job
         run.run()
@@ -82,7 +96,8 @@ def seed_row(seed: int, r: LoopResult) -> dict[str, object]:
             "mismatch_max": max((s.get("max_abs_dlogprob") or 0.0) for s in r.steps) if r.steps else None,
             "same_version_max": max(same) if same else None,
             "train_mean_s": statistics.fmean(s["train_s"] for s in r.steps) if r.steps else None,
-            "calls_aborted": r.calls_aborted, "tokens_aborted": r.tokens_aborted,
+            "calls_aborted": r.calls_aborted, "tokens_aborted": r.tokens_aborted, "phase_s": r.phase_s,
+            "flat_batches": len(r.flat), "rows_trained": [s.get("rows_trained") for s in r.steps],
             "stale_tokens_masked": sum(s["stale_tokens_masked"] for s in r.steps)}
 
 
@@ -103,6 +118,11 @@ def main() -> int:
     p.add_argument("--score-train", type=int, default=24)
     p.add_argument("--base-sample", type=int, default=8, help="held-out tasks per --base-models model")
     p.add_argument("--base-models", nargs="*", default=["gemma3-270m"])
+    p.add_argument("--base-presets", nargs="*", default=["codex"],
+                   help="second CLIs: SmolLM2 through each on the held-out tasks (CPU engine, --base-context)")
+    p.add_argument("--base-context", type=int, default=8192,
+                   help="the engine's context for --base-presets (codex's first prompt: ~6.5k tokens on SmolLM2)")
+    p.add_argument("--train-flat", action="store_true", help="also update on batches with no group of reward spread")
     p.add_argument("--job", type=Path, default=EXAMPLE / "job.yaml")
     p.add_argument("--held-out", type=Path, default=EXAMPLE / "held-out.yaml")
     p.add_argument("--vllm-url")
@@ -111,11 +131,14 @@ def main() -> int:
     out = a.out or Path(tempfile.mkdtemp(prefix="tf-bench-harness-"))
     out.mkdir(parents=True, exist_ok=True)
     base = {}
-    for model in a.base_models:
+    print(f"machine load: {load()}", flush=True)
+    runs = [(model, None, None) for model in a.base_models] + [("smollm2", preset, a.base_context) for preset in a.base_presets]
+    for model, preset, context in runs:
         t0 = time.monotonic()
-        base[model] = base_rate(a.held_out, model, a.base_sample, out)
-        print(f"base rate through the harness, {model} (CPU engine): {fmt(base[model][0])} over {base[model][1]} "
-              f"held-out sessions ({time.monotonic() - t0:.0f} s)", flush=True)
+        key = f"{preset or 'job harness'} / {model}"
+        base[key] = base_rate(a.held_out, model, a.base_sample, out, preset, context)
+        print(f"base rate through {key} (CPU engine{f', context {context}' if context else ''}): {fmt(base[key][0])} "
+              f"over {base[key][1]} held-out sessions ({time.monotonic() - t0:.0f} s)", flush=True)
     engine = None
     url = a.vllm_url
     if url is None:
@@ -136,16 +159,16 @@ def main() -> int:
                                      output=out / f"seed-{seed}", engine_url=url, held_out=a.held_out,
                                      train_layers=a.train_layers or None, epochs=a.epochs, demos=a.demos,
                                      warm_epochs=a.warm_epochs, warm_lr=a.warm_lr, score_limit=a.score_limit,
-                                     score_train=a.score_train))
-            rows.append(seed_row(seed, r))
+                                     score_train=a.score_train, train_flat=a.train_flat))
+            rows.append(seed_row(seed, r) | {"load": load()})
             print(json.dumps(rows[-1]), flush=True)
             (out / "bench.json").write_text(json.dumps({"base": base, "seeds": rows}, indent=1))
     finally:
         if engine is not None:
             engine.stop()
     print("\nbase rate on the held-out tasks (temperature 1, before anything is trained):")
-    for model, (mean, n) in base.items():
-        print(f"  {model}: {fmt(mean)} over {n} sessions")
+    for key, (mean, n) in base.items():
+        print(f"  {key}: {fmt(mean)} over {n} sessions")
     print("\nseed  steps  wall min  held-out base/warm/RL    train base/warm/RL    syncs (mean/max s)  "
           "|dlp| mean / max / same-version max   aborted")
     for r in rows:
@@ -154,6 +177,10 @@ def main() -> int:
               f"{fmt(tr[0])} / {fmt(tr[1])} / {fmt(tr[2]):<8}  {r['syncs']} ({fmt(r['sync_mean_s'])}/{fmt(r['sync_max_s'])})"
               f"  {fmt(r['mismatch_mean'], 4)} / {fmt(r['mismatch_max'], 3)} / {fmt(r['same_version_max'], 5)}  "
               f"{r['calls_aborted']}/{r['tokens_aborted']}")
+    for r in rows:
+        print(f"seed {r['seed']}: seconds per phase {r['phase_s']}; warm start {r['warm'].get('record_s')} s recording "
+              f"{r['warm'].get('demos')} demonstrations, {r['warm'].get('sft_s')} s training; GRPO rows trained per "
+              f"step {r['rows_trained']}, {r['flat_batches']} flat batches skipped; load {r['load']}")
     final = [r["held_out"][2] for r in rows if r["held_out"][2] is not None]
     gain = [r["held_out"][2] - r["held_out"][1] for r in rows if None not in r["held_out"][1:]]
     if final:
