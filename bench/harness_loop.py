@@ -2,13 +2,16 @@
 
     .venv/bin/python bench/harness_loop.py [--seeds 0 1 2] [--minutes 40] [--demos 32] [--warm-epochs 3]
         [--score-limit 50] [--score-train 24] [--base-sample 8] [--base-models gemma3-270m]
+        [--base-presets codex] [--base-context 8192] [--train-flat]
         [--job examples/harness-train/job.yaml] [--held-out examples/harness-train/held-out.yaml]
         [--vllm-url URL] [--out DIR]
 
-First, before anything is trained, the base rate of shipped models through the job's harness on the held-out
-tasks at the loop's sampling settings (the engine's defaults: temperature 1): `--base-sample` held-out tasks, one
-session each, for each of `--base-models` on the CPU engine (`tracefleet run`'s own; SmolLM2's is the first seed's
-policy-0 score on vLLM).
+First, before anything is trained, the base rate of shipped models on the held-out tasks at the loop's sampling
+settings (the engine's defaults: temperature 1), `--base-sample` held-out tasks, one session each: through the
+job's harness for each of `--base-models` on the CPU engine (`tracefleet run`'s own; SmolLM2's is the first seed's
+policy-0 score on vLLM), and SmolLM2 through each of `--base-presets` (a second CLI) on a vLLM started with the
+job's arguments but a context of `--base-context` tokens (Codex's first prompt is ~6.6k tokens; the loop's 2,560
+holds Pi's 1.5k), for the base rate only.
 
 Then per seed, on one real vLLM (CPU build, SmolLM2-135M-Instruct, started with the job's extraArgs, or
 `--vllm-url`), `tracefleet train JOB --demos N --held-out HELD --score-train M` from the base weights: N
@@ -53,20 +56,28 @@ def load() -> str:
 EXAMPLE = REPO / "examples" / "harness-train"
 
 
+def with_context(args: list[str], context: int | None) -> list[str]:
+    """Engine arguments with `--max-model-len context` in place of the job's."""
+    args = list(args)
+    if context is not None:
+        if "--max-model-len" in args:
+            args[args.index("--max-model-len") + 1] = str(context)
+        else:
+            args += ["--max-model-len", str(context)]
+    return args
+
+
 def base_rate(held_out: Path, model: str, sample: int, out: Path, preset: str | None = None,
-              context: int | None = None) -> tuple[float | None, int]:
+              engine_url: str | None = None) -> tuple[float | None, int]:
     """The held-out job's first `sample` tasks, one session each, on `model` served by `tracefleet run`'s own
-    CPU engine (llama.cpp, its default temperature 1); through `preset` instead of the job's harness, with the
-    engine's context `context` instead of the job's --max-model-len when given (a larger first prompt)."""
+    CPU engine (llama.cpp, its default temperature 1) or the vLLM at `engine_url`; through `preset` instead of the
+    job's harness when given."""
     from tracefleet.api.manifest import load_job
     from tracefleet.runner.local import LocalOptions, LocalRun
     from tracefleet.trainer.loop import job_tasks, with_tasks
 
     job = load_job(held_out)
-    args = list(job.spec.inference.managed.extra_args or [])
-    if context is not None and "--max-model-len" in args:
-        args[args.index("--max-model-len") + 1] = str(context)
-    managed = job.spec.inference.managed.model_copy(update={"model": model, "extra_args": args})
+    managed = job.spec.inference.managed.model_copy(update={"model": model})
     spec = job.spec.model_copy(update={"inference": job.spec.inference.model_copy(update={"managed": managed})})
     if preset is not None:
         spec = spec.model_copy(update={"harness": spec.harness.model_copy(update={"preset": preset})})
@@ -75,7 +86,7 @@ def base_rate(held_out: Path, model: str, sample: int, out: Path, preset: str | 
                      sample, name=name)
     with open(out / f"{name}.log", "w") as log:
         run = LocalRun(LocalOptions(job_path=held_out, output=str(out / name), work_dir=out / "work" / name,
-                                    progress_interval_s=30.0), out=log, summary=log)
+                                    engine_url=engine_url, progress_interval_s=30.0), out=log, summary=log)
         run.job = job
         run.run()
     rewards = [r.result.reward for r in run.results]
@@ -119,7 +130,7 @@ def main() -> int:
     p.add_argument("--base-sample", type=int, default=8, help="held-out tasks per --base-models model")
     p.add_argument("--base-models", nargs="*", default=["gemma3-270m"])
     p.add_argument("--base-presets", nargs="*", default=["codex"],
-                   help="second CLIs: SmolLM2 through each on the held-out tasks (CPU engine, --base-context)")
+                   help="second CLIs: SmolLM2 through each on the held-out tasks (vLLM with the context --base-context)")
     p.add_argument("--base-context", type=int, default=8192,
                    help="the engine's context for --base-presets (codex's first prompt: ~6.5k tokens on SmolLM2)")
     p.add_argument("--train-flat", action="store_true", help="also update on batches with no group of reward spread")
@@ -132,21 +143,35 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     base = {}
     print(f"machine load: {load()}", flush=True)
-    runs = [(model, None, None) for model in a.base_models] + [("smollm2", preset, a.base_context) for preset in a.base_presets]
-    for model, preset, context in runs:
+    from tracefleet.api.manifest import load_job
+
+    job_args = list(load_job(a.job).spec.inference.managed.extra_args or [])
+    for model in a.base_models:
         t0 = time.monotonic()
-        key = f"{preset or 'job harness'} / {model}"
-        base[key] = base_rate(a.held_out, model, a.base_sample, out, preset, context)
-        print(f"base rate through {key} (CPU engine{f', context {context}' if context else ''}): {fmt(base[key][0])} "
-              f"over {base[key][1]} held-out sessions ({time.monotonic() - t0:.0f} s)", flush=True)
+        key = f"job harness / {model}"
+        base[key] = base_rate(a.held_out, model, a.base_sample, out)
+        print(f"base rate through {key} (CPU engine): {fmt(base[key][0])} over {base[key][1]} held-out sessions "
+              f"({time.monotonic() - t0:.0f} s)", flush=True)
+    if a.base_presets:
+        # SmolLM2 on vLLM as the loop serves it (the job's output cap: llama.cpp's engine has none, and a rambling
+        # sample then runs past the session timeout), the context larger for the second CLI's first prompt only
+        t0 = time.monotonic()
+        wide = launch(log=out / "vllm-base.log", extra_args=with_context(job_args, a.base_context))
+        try:
+            for preset in a.base_presets:
+                t1 = time.monotonic()
+                key = f"{preset} / smollm2"
+                base[key] = base_rate(a.held_out, "smollm2", a.base_sample, out, preset, wide.url)
+                print(f"base rate through {key} (vLLM, context {a.base_context}): {fmt(base[key][0])} over "
+                      f"{base[key][1]} held-out sessions ({time.monotonic() - t1:.0f} s; vLLM started in "
+                      f"{t1 - t0:.0f} s)", flush=True)
+        finally:
+            wide.stop()
     engine = None
     url = a.vllm_url
     if url is None:
-        from tracefleet.api.manifest import load_job
-
         t0 = time.monotonic()
-        managed = load_job(a.job).spec.inference.managed
-        engine = launch(log=out / "vllm.log", extra_args=list(managed.extra_args or []) if managed else [])
+        engine = launch(log=out / "vllm.log", extra_args=job_args)
         url = engine.url
         print(f"vLLM up in {time.monotonic() - t0:.0f} s at {url}", flush=True)
     rows = []
