@@ -2,13 +2,16 @@
 
     .venv/bin/python bench/harness_loop.py [--seeds 0 1 2] [--minutes 40] [--demos 32] [--warm-epochs 3]
         [--score-limit 50] [--score-train 24] [--base-sample 8] [--base-models gemma3-270m]
+        [--base-presets codex] [--base-context 8192] [--train-flat]
         [--job examples/harness-train/job.yaml] [--held-out examples/harness-train/held-out.yaml]
         [--vllm-url URL] [--out DIR]
 
-First, before anything is trained, the base rate of shipped models through the job's harness on the held-out
-tasks at the loop's sampling settings (the engine's defaults: temperature 1): `--base-sample` held-out tasks, one
-session each, for each of `--base-models` on the CPU engine (`tracefleet run`'s own; SmolLM2's is the first seed's
-policy-0 score on vLLM).
+First, before anything is trained, the base rate of shipped models on the held-out tasks at the loop's sampling
+settings (the engine's defaults: temperature 1), `--base-sample` held-out tasks, one session each: through the
+job's harness for each of `--base-models` on the CPU engine (`tracefleet run`'s own; SmolLM2's is the first seed's
+policy-0 score on vLLM), and SmolLM2 through each of `--base-presets` (a second CLI) on a vLLM started with the
+job's arguments but a context of `--base-context` tokens (Codex's first prompt is ~6.6k tokens; the loop's 2,560
+holds Pi's 1.5k), for the base rate only.
 
 Then per seed, on one real vLLM (CPU build, SmolLM2-135M-Instruct, started with the job's extraArgs, or
 `--vllm-url`), `tracefleet train JOB --demos N --held-out HELD --score-train M` from the base weights: N
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -44,24 +48,45 @@ from tracefleet.trainer.loop import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def load() -> str:
+    """The machine's load averages (1, 5, 15 min): the numbers are only comparable at a like load."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 EXAMPLE = REPO / "examples" / "harness-train"
 
 
-def base_rate(held_out: Path, model: str, sample: int, out: Path) -> tuple[float | None, int]:
+def with_context(args: list[str], context: int | None) -> list[str]:
+    """Engine arguments with `--max-model-len context` in place of the job's."""
+    args = list(args)
+    if context is not None:
+        if "--max-model-len" in args:
+            args[args.index("--max-model-len") + 1] = str(context)
+        else:
+            args += ["--max-model-len", str(context)]
+    return args
+
+
+def base_rate(held_out: Path, model: str, sample: int, out: Path, preset: str | None = None,
+              engine_url: str | None = None) -> tuple[float | None, int]:
     """The held-out job's first `sample` tasks, one session each, on `model` served by `tracefleet run`'s own
-    CPU engine (llama.cpp, its default temperature 1)."""
+    CPU engine (llama.cpp, its default temperature 1) or the vLLM at `engine_url`; through `preset` instead of the
+    job's harness when given."""
     from tracefleet.api.manifest import load_job
     from tracefleet.runner.local import LocalOptions, LocalRun
     from tracefleet.trainer.loop import job_tasks, with_tasks
 
     job = load_job(held_out)
     managed = job.spec.inference.managed.model_copy(update={"model": model})
-    job = job.model_copy(update={"spec": job.spec.model_copy(update={"inference": job.spec.inference.model_copy(
-        update={"managed": managed})})})
-    job = with_tasks(job, job_tasks(job, held_out.resolve().parent)[:sample], 1, sample, name=f"base-{model}")
-    with open(out / f"base-{model}.log", "w") as log:
-        run = LocalRun(LocalOptions(job_path=held_out, output=str(out / f"base-{model}"), work_dir=out / "work" / model,
-                                    progress_interval_s=30.0), out=log, summary=log)
+    spec = job.spec.model_copy(update={"inference": job.spec.inference.model_copy(update={"managed": managed})})
+    if preset is not None:
+        spec = spec.model_copy(update={"harness": spec.harness.model_copy(update={"preset": preset})})
+    name = f"base-{preset or job.spec.harness.preset}-{model}"
+    job = with_tasks(job.model_copy(update={"spec": spec}), job_tasks(job, held_out.resolve().parent)[:sample], 1,
+                     sample, name=name)
+    with open(out / f"{name}.log", "w") as log:
+        run = LocalRun(LocalOptions(job_path=held_out, output=str(out / name), work_dir=out / "work" / name,
+                                    engine_url=engine_url, progress_interval_s=30.0), out=log, summary=log)
         run.job = job
         run.run()
     rewards = [r.result.reward for r in run.results]
@@ -82,7 +107,8 @@ def seed_row(seed: int, r: LoopResult) -> dict[str, object]:
             "mismatch_max": max((s.get("max_abs_dlogprob") or 0.0) for s in r.steps) if r.steps else None,
             "same_version_max": max(same) if same else None,
             "train_mean_s": statistics.fmean(s["train_s"] for s in r.steps) if r.steps else None,
-            "calls_aborted": r.calls_aborted, "tokens_aborted": r.tokens_aborted,
+            "calls_aborted": r.calls_aborted, "tokens_aborted": r.tokens_aborted, "phase_s": r.phase_s,
+            "flat_batches": len(r.flat), "rows_trained": [s.get("rows_trained") for s in r.steps],
             "stale_tokens_masked": sum(s["stale_tokens_masked"] for s in r.steps)}
 
 
@@ -103,6 +129,11 @@ def main() -> int:
     p.add_argument("--score-train", type=int, default=24)
     p.add_argument("--base-sample", type=int, default=8, help="held-out tasks per --base-models model")
     p.add_argument("--base-models", nargs="*", default=["gemma3-270m"])
+    p.add_argument("--base-presets", nargs="*", default=["codex"],
+                   help="second CLIs: SmolLM2 through each on the held-out tasks (vLLM with the context --base-context)")
+    p.add_argument("--base-context", type=int, default=8192,
+                   help="the engine's context for --base-presets (codex's first prompt: ~6.5k tokens on SmolLM2)")
+    p.add_argument("--train-flat", action="store_true", help="also update on batches with no group of reward spread")
     p.add_argument("--job", type=Path, default=EXAMPLE / "job.yaml")
     p.add_argument("--held-out", type=Path, default=EXAMPLE / "held-out.yaml")
     p.add_argument("--vllm-url")
@@ -111,19 +142,36 @@ def main() -> int:
     out = a.out or Path(tempfile.mkdtemp(prefix="tf-bench-harness-"))
     out.mkdir(parents=True, exist_ok=True)
     base = {}
+    print(f"machine load: {load()}", flush=True)
+    from tracefleet.api.manifest import load_job
+
+    job_args = list(load_job(a.job).spec.inference.managed.extra_args or [])
     for model in a.base_models:
         t0 = time.monotonic()
-        base[model] = base_rate(a.held_out, model, a.base_sample, out)
-        print(f"base rate through the harness, {model} (CPU engine): {fmt(base[model][0])} over {base[model][1]} "
-              f"held-out sessions ({time.monotonic() - t0:.0f} s)", flush=True)
+        key = f"job harness / {model}"
+        base[key] = base_rate(a.held_out, model, a.base_sample, out)
+        print(f"base rate through {key} (CPU engine): {fmt(base[key][0])} over {base[key][1]} held-out sessions "
+              f"({time.monotonic() - t0:.0f} s)", flush=True)
+    if a.base_presets:
+        # SmolLM2 on vLLM as the loop serves it (the job's output cap: llama.cpp's engine has none, and a rambling
+        # sample then runs past the session timeout), the context larger for the second CLI's first prompt only
+        t0 = time.monotonic()
+        wide = launch(log=out / "vllm-base.log", extra_args=with_context(job_args, a.base_context))
+        try:
+            for preset in a.base_presets:
+                t1 = time.monotonic()
+                key = f"{preset} / smollm2"
+                base[key] = base_rate(a.held_out, "smollm2", a.base_sample, out, preset, wide.url)
+                print(f"base rate through {key} (vLLM, context {a.base_context}): {fmt(base[key][0])} over "
+                      f"{base[key][1]} held-out sessions ({time.monotonic() - t1:.0f} s; vLLM started in "
+                      f"{t1 - t0:.0f} s)", flush=True)
+        finally:
+            wide.stop()
     engine = None
     url = a.vllm_url
     if url is None:
-        from tracefleet.api.manifest import load_job
-
         t0 = time.monotonic()
-        managed = load_job(a.job).spec.inference.managed
-        engine = launch(log=out / "vllm.log", extra_args=list(managed.extra_args or []) if managed else [])
+        engine = launch(log=out / "vllm.log", extra_args=job_args)
         url = engine.url
         print(f"vLLM up in {time.monotonic() - t0:.0f} s at {url}", flush=True)
     rows = []
@@ -136,16 +184,16 @@ def main() -> int:
                                      output=out / f"seed-{seed}", engine_url=url, held_out=a.held_out,
                                      train_layers=a.train_layers or None, epochs=a.epochs, demos=a.demos,
                                      warm_epochs=a.warm_epochs, warm_lr=a.warm_lr, score_limit=a.score_limit,
-                                     score_train=a.score_train))
-            rows.append(seed_row(seed, r))
+                                     score_train=a.score_train, train_flat=a.train_flat))
+            rows.append(seed_row(seed, r) | {"load": load()})
             print(json.dumps(rows[-1]), flush=True)
             (out / "bench.json").write_text(json.dumps({"base": base, "seeds": rows}, indent=1))
     finally:
         if engine is not None:
             engine.stop()
     print("\nbase rate on the held-out tasks (temperature 1, before anything is trained):")
-    for model, (mean, n) in base.items():
-        print(f"  {model}: {fmt(mean)} over {n} sessions")
+    for key, (mean, n) in base.items():
+        print(f"  {key}: {fmt(mean)} over {n} sessions")
     print("\nseed  steps  wall min  held-out base/warm/RL    train base/warm/RL    syncs (mean/max s)  "
           "|dlp| mean / max / same-version max   aborted")
     for r in rows:
@@ -154,6 +202,10 @@ def main() -> int:
               f"{fmt(tr[0])} / {fmt(tr[1])} / {fmt(tr[2]):<8}  {r['syncs']} ({fmt(r['sync_mean_s'])}/{fmt(r['sync_max_s'])})"
               f"  {fmt(r['mismatch_mean'], 4)} / {fmt(r['mismatch_max'], 3)} / {fmt(r['same_version_max'], 5)}  "
               f"{r['calls_aborted']}/{r['tokens_aborted']}")
+    for r in rows:
+        print(f"seed {r['seed']}: seconds per phase {r['phase_s']}; warm start {r['warm'].get('record_s')} s recording "
+              f"{r['warm'].get('demos')} demonstrations, {r['warm'].get('sft_s')} s training; GRPO rows trained per "
+              f"step {r['rows_trained']}, {r['flat_batches']} flat batches skipped; load {r['load']}")
     final = [r["held_out"][2] for r in rows if r["held_out"][2] is not None]
     gain = [r["held_out"][2] - r["held_out"][1] for r in rows if None not in r["held_out"][1:]]
     if final:

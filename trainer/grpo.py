@@ -169,7 +169,7 @@ def sampled_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.
 def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor], *,
               temperature: torch.Tensor | float | None = None,
               clip: float = DEFAULT_CLIP, tis_cap: float = DEFAULT_TIS_CAP,
-              policy_version: int | None = None, epochs: int = 1) -> dict[str, float]:
+              policy_version: int | None = None, epochs: int = 1, tokens: float | None = None) -> dict[str, float]:
     """One GRPO step with the TIS correction over the reader's tensors (`Batch.tensors()`); its stats.
     `temperature` None: each token's own, as its span records it (the reader's `temperatures`).
     `policy_version`: the version of the weights the trainer holds before the step; the mismatch is then also
@@ -178,7 +178,10 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
     `epochs`: optimizer updates over the batch (PPO epochs). The first pass's logprobs are the old policy p_t
     of every pass, so from the second on the ratio r_t moves and its clip bounds how far one batch can pull
     the policy; the frozen layers' hidden states are computed once for all passes (frozen_prefix), so a
-    further pass costs only the trained layers' forward and backward."""
+    further pass costs only the trained layers' forward and backward.
+    `tokens`: what the loss is divided by (default: the trainable tokens of `t`): the whole batch's count when
+    `t` holds only its rows with a non-zero advantage (tracefleet.trainer.loop.with_signal), so the gradient is
+    the whole batch's."""
     if epochs < 1:
         raise ValueError("epochs must be at least 1")
     if temperature is None:
@@ -186,7 +189,7 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
     ids, attention = t["input_ids"], t["attention_mask"]
     mask, adv, engine_lp = t["loss_mask"], t["advantages"], t["old_logprobs"]
     prefix = frozen_prefix(model, ids, attention)
-    n = mask.sum().clamp(min=1)
+    n = mask.sum().clamp(min=1) if tokens is None else torch.tensor(max(tokens, 1.0))
     old = weight = None
     stats: dict[str, float] = {}
     losses, clipped = [], []
@@ -207,7 +210,7 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-        clipped.append(float((((ratio - 1).abs() > clip) * mask).sum() / n))
+        clipped.append(float((((ratio - 1).abs() > clip) * mask).sum() / mask.sum().clamp(min=1)))
     stats.update({"loss": losses[0], "loss_last": losses[-1], "epochs": epochs, "clipped_share": clipped[-1]})
     return stats
 

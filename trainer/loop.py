@@ -15,7 +15,8 @@ Asynchrony with a staleness bound: tokens sampled by a version older than `versi
 of the loss (the reader's per-token versions), and once `max_lag` sealed batches wait behind the one being
 trained the engine is held paused (mode keep) until the update (GenerationHold), so rollouts never run further
 ahead than the bound lets their tokens be trained on. A batch with nothing left within the bound is skipped
-(no update, no new version).
+(no update, no new version), and so is one in which no group has reward spread (every advantage 0: a zero
+gradient) unless `train_flat`; a step computes only the rows with a non-zero advantage (`with_signal`).
 
 It stops after `iterations` steps or `minutes`, whichever comes first; each step prints one line (reward of
 the batch, train/inference mismatch, sync seconds, requests kept/aborted, stale tokens masked) and appends it to
@@ -85,6 +86,7 @@ class LoopOptions:
     warm_lr: float = DEFAULT_WARM_LR
     score_limit: int | None = None  # score at most this many tasks of each scored set (held-out, train)
     score_train: int = 0  # also score this many of the job's own tasks (the last ones, one sample each)
+    train_flat: bool = False  # also update on a batch in which no group has reward spread (a zero gradient)
 
 
 @dataclass
@@ -106,6 +108,8 @@ class LoopResult:
     calls_aborted: int = 0
     sessions: int = 0
     skipped: list[dict[str, Any]] = field(default_factory=list)  # batches with nothing within the staleness bound
+    flat: list[dict[str, Any]] = field(default_factory=list)  # batches in which no group had reward spread
+    phase_s: dict[str, float] = field(default_factory=dict)  # seconds per phase: scoring, demonstrations, warm start, GRPO
 
     def reward_rise(self) -> tuple[float | None, float | None]:
         """Mean batch reward over the first two steps and over the last two."""
@@ -403,8 +407,21 @@ class Loop:
                     result.skipped.append({"seq": batch.seq, "rows": rows, "stale_tokens_masked": stale_tokens(t, bound)})
                     self.say(f"batch {batch.seq}: nothing within the staleness bound to train on; skipped")
                     continue
+                signal = with_signal(t)
+                if signal is None and not o.train_flat:
+                    # every advantage 0: the gradient is zero, an update would only move AdamW's moments
+                    hold.release()
+                    reader.commit(batch)
+                    result.flat.append({"seq": batch.seq, "rows": rows, "reward_mean": float(t["rewards"].mean()),
+                                        "elapsed_s": round(time.monotonic() - started, 1)})
+                    self.say(f"batch {batch.seq}: reward {float(t['rewards'].mean()):.2f}, no group with reward "
+                             "spread (zero gradient); skipped")
+                    if time.monotonic() >= deadline:
+                        break
+                    continue
                 with hold.watching(batch.seq):
-                    stats = grpo_step(policy, optimizer, t, policy_version=version, epochs=o.epochs)
+                    stats = grpo_step(policy, optimizer, signal or t, policy_version=version, epochs=o.epochs,
+                                      tokens=float(t["loss_mask"].sum()))
                 train_s = time.monotonic() - t_step
                 version += 1
                 ckpt = save_weights(policy, run_dir / "checkpoints" / f"policy-{version}")
@@ -414,6 +431,7 @@ class Loop:
                 prune_checkpoints(run_dir / "checkpoints", KEEP_CHECKPOINTS)
                 group_ids = batch.training_table().column("group_id").to_pylist()
                 step = step_record(len(result.steps) + 1, version, t, group_ids, stats, bound, report, train_s, backlog)
+                step["rows_trained"] = int((signal or t)["input_ids"].shape[0])
                 step["step_s"] = round(time.monotonic() - t_step, 3)
                 step["elapsed_s"] = round(time.monotonic() - started, 1)
                 step["holds"] = hold.holds
@@ -434,6 +452,7 @@ class Loop:
             rollouts.join()
         if rollouts.error is not None and not result.steps:
             raise RuntimeError(f"the rollouts failed: {rollouts.error} (see {run_dir / 'rollouts.log'})")
+        result.phase_s["grpo"] = round(time.monotonic() - started, 1)
         result.sessions = len(rollouts.run.results)
         result.calls_aborted, result.tokens_aborted = aborted_tokens(run_dir / "work" / "capture")
         self._score(engine_url, run_dir, result, "after", version)
@@ -446,10 +465,12 @@ class Loop:
             sets.append(("train", "train", o.job_path, o.score_train))
         for what, attr, path, last in sets:
             self.say(f"scoring the {what} tasks ({path}) at policy {version} ...")
+            t0 = time.monotonic()
             mean, n = score_held_out(path, engine_url, run_dir, f"{tag}" if attr == "held_out" else f"train-{tag}",
                                      o.parallelism, o.score_limit, last)
             setattr(result, f"{attr}_{tag}", mean)
             setattr(result, f"{attr}_sessions", n)
+            result.phase_s[f"score_{attr}_{tag}"] = round(time.monotonic() - t0, 1)
             self.say(f"{what} reward at policy {version}: {fmt(mean)} ({n} sessions)")
 
     def _warm_start(self, policy: Any, engine_url: str, run_dir: Path, result: LoopResult) -> tuple[int, frozenset[str]]:
@@ -506,6 +527,8 @@ class Loop:
         if syncs:
             lines.append(f"weight sync: mean {sum(syncs) / len(syncs):.2f} s, max {max(syncs):.2f} s per step; "
                          f"train/inference mean |dlogprob| {sci(sum(mism) / len(mism) if mism else None)}")
+        if r.flat:
+            lines.append(f"{len(r.flat)} batches with no group of reward spread skipped (zero gradient)")
         lines.append(f"generation wasted by syncs: {r.calls_aborted} calls aborted, {r.tokens_aborted} tokens")
         lines.append(f"run folder: {r.run_dir} (loop.jsonl, batches/, checkpoints/, rollouts.log)")
         for line in lines:
@@ -581,6 +604,20 @@ class GenerationHold:
             engine.pause("keep") if what == "pause" else engine.resume()
         finally:
             engine.close()
+
+
+def with_signal(t: dict[str, Any]) -> dict[str, Any] | None:
+    """`t` with only the rows whose advantage is not 0 (their group had reward spread), cut to the longest of
+    them; None when there is none. A row of advantage 0 adds nothing to the GRPO gradient (its objective is 0
+    whatever the ratio) but costs a whole forward pass of a ~1.7k-token harness trace: leaving it out (with the
+    loss still divided by the whole batch's trainable tokens: grpo_step's `tokens`) gives the same gradient."""
+    keep = (t["sequence_advantages"] != 0).nonzero().flatten()
+    if not keep.numel():
+        return None
+    if keep.numel() == t["input_ids"].shape[0]:
+        return t
+    width = int(t["attention_mask"][keep].sum(dim=1).max())
+    return {k: (v[keep][:, :width] if v.dim() == 2 else v[keep]) for k, v in t.items()}
 
 
 def prune_checkpoints(folder: Path, keep: int) -> None:

@@ -72,6 +72,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="score at most N tasks of the held-out job (and of --score-train)")
     parser.add_argument("--score-train", type=int, default=0, metavar="N",
                         help="also score the job's last N tasks (one sample each) before, after the warm start and after")
+    parser.add_argument("--train-flat", action="store_true",
+                        help="also update on a batch in which no group has reward spread (default: skip it, its "
+                             "gradient is zero)")
     parser.add_argument("--torch-threads", type=positive_int, metavar="N",
                         help=f"CPU threads for the trainer (default {TRAINER_THREADS}: vLLM's CPU build holds the other cores)")
 
@@ -93,6 +96,7 @@ def main(args: argparse.Namespace) -> int:
                           parallelism=args.parallelism, torch_threads=args.torch_threads,
                           train_layers=args.train_layers or None, epochs=args.epochs, demos=args.demos,
                           warm_start=args.warm_start, warm_epochs=args.warm_epochs, warm_lr=args.warm_lr,
-                          score_limit=args.score_limit, score_train=max(0, args.score_train))
+                          score_limit=args.score_limit, score_train=max(0, args.score_train),
+                          train_flat=args.train_flat)
     result = run_loop(options)
     return 0 if result.steps else 1
