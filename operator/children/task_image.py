@@ -32,7 +32,7 @@ from tracefleet.operator.children.inputs import env_vars
 from tracefleet.operator.children.security import container_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.operator.harbor_tasks import ClusterHarborTask
-from tracefleet.harbor.in_image import LAUNCHER, VERIFIER
+from tracefleet.harbor.task_image_programs import LAUNCHER, VERIFIER
 from tracefleet.contract.environment import HARDENED_PYTHON_ENV
 
 SHARED_MOUNT = {"name": ti.SHARED_VOLUME, "mountPath": ti.SHARED_DIR}
@@ -79,7 +79,7 @@ def bundle_init_container(job: RolloutJob) -> dict[str, Any]:
 
 
 def task_harness_container(task: ClusterHarborTask, fallback_resources: dict[str, Any], home: tuple[str, str]) -> dict[str, Any]:
-    """The task image, running the launcher (tracefleet.harbor.in_image.LAUNCHER)."""
+    """The task image, running the launcher (tracefleet.harbor.task_image_programs.LAUNCHER)."""
     env = {**task.config.environment.env, **_workdir_env(task)}
     return {
         "name": "harness",

@@ -79,7 +79,7 @@ def _read(path: Path) -> str:
 
 
 def verdict_here(eval_dir: Path, logs: Path, timeout_s: float) -> HarborVerdict:
-    """The outcome of tracefleet.harbor.in_image.VERIFIER, read from its eval folder and the verifier logs' folder
+    """The outcome of tracefleet.harbor.task_image_programs.VERIFIER, read from its eval folder and the verifier logs' folder
     (the evaluator Job's volumes on a cluster, the local verifier's temporary folders)."""
     code_text = _read(eval_dir / ti.EXIT_CODE).strip()
     duration = _read(eval_dir / ti.DURATION).strip()

@@ -3,7 +3,7 @@
 Where the tests run: in a FRESH container of the task's own image (never written to by any agent), with the agent's
 change set applied: every file, link and folder the session's stopped container added or changed, and every path
 it deleted (`change_set`: `podman diff` of the container against its image, the files read through `podman
-mount`: a layer diff, no `podman commit`). The same program does it on a cluster (tracefleet.harbor.in_image.
+mount`: a layer diff, no `podman commit`). The same program does it on a cluster (tracefleet.harbor.task_image_programs.
 VERIFIER, in the evaluator Job's task-image step); here it runs in `podman run` of the task image, started while the
 agent still works and held before its first step until the change set is in place (`Verifier`: the container's start
 is then no part of the session's time; the container holds nothing of the agent's until its go). So:
@@ -72,7 +72,7 @@ from tracefleet.contract.environment import HARDENED_PYTHON_ENV
 from tracefleet.contract.harbor import (CONTAINER_TESTS_DIR, CONTAINER_VERIFIER_LOGS, REWARD_JSON, REWARD_TXT,
                                          HarborVerdict)
 from tracefleet.harbor.folders import HarborTask
-from tracefleet.harbor.in_image import VERIFIER
+from tracefleet.harbor.task_image_programs import VERIFIER
 
 from tracefleet.runner.containers.harbor_outcome import harbor_verdict, verdict_here
 from tracefleet.runner.containers.limits import container_limits

@@ -1,11 +1,11 @@
 """The evaluator Job of a Harbor task: Harbor's verifier contract in a fresh container of the task's own image,
-with the agent's change set applied (tracefleet.harbor.in_image has why and how it compares with the
+with the agent's change set applied (tracefleet.harbor.task_image_programs has why and how it compares with the
 local snapshot). Three steps, in order, in one pod (tracefleet.operator.children.jobs builds it):
 
     fetch   (init, tracefleet image)  `python -m tracefleet.runner.pod harbor-fetch EVAL_DIR`: the session's change set from
                                       its uploaded artifacts and the task's tests/ from the task source (never from
                                       anything the session wrote) into the shared volume
-    verify  (init, the task image)    in_image.VERIFIER: apply, fresh /tests and /logs/verifier, test.sh under the
+    verify  (init, the task image)    task_image_programs.VERIFIER: apply, fresh /tests and /logs/verifier, test.sh under the
                                       verifier's timeout
     report  (the tracefleet image)    `python -m tracefleet.runner.pod harbor-report EVAL_DIR LOGS_DIR`: the verdict read from the verifier
                                       logs' volume (harbor_outcome.harbor_verdict), stored as reward.json with the

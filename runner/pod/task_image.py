@@ -9,7 +9,7 @@ and not the proxy sidecar: the sidecar runs for the pod's whole life and restart
 completion whose exit status is the pod's outcome, as in every harness pod.
 
 The two containers meet in the shared volume (tracefleet.contract.task_image has the layout): the task
-container's launcher (tracefleet.harbor.in_image.LAUNCHER) says it is ready and where its working
+container's launcher (tracefleet.harbor.task_image_programs.LAUNCHER) says it is ready and where its working
 directory is; this place writes the launch request (the preset's argv and environment as a shell script, the
 workspace path the session program prepared replaced by the task container's working directory: that is where the
 agent works), waits for the exit status (writing `stop` at the session timeout or on SIGTERM; the launcher kills

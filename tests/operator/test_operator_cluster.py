@@ -586,7 +586,7 @@ def test_harbor_job_runs_each_session_in_its_task_image(env: Env, tmp_path: Path
     from fixtures.harbor_tasks import TASK_TOML, write_task
     from tracefleet.contract import task_image as ti
     from tracefleet.harbor.image_names import DIGEST_CHARS, environment_digest
-    from tracefleet.harbor.in_image import LAUNCHER, VERIFIER
+    from tracefleet.harbor.task_image_programs import LAUNCHER, VERIFIER
 
     root = tmp_path / "tasks"
     greet = write_task(root, "greet")  # cpus 1, memory_mb 1024, built from environment/

@@ -24,7 +24,7 @@ from tracefleet.contract.harbor import HarborTaskRun
 from tracefleet.contract.podenv import EvaluatorEnv, HarnessEnv
 from tracefleet.contract.session import EvaluatorSpec, HarnessConfig, SessionPlan, SessionResult, Task
 from tracefleet.runner.containers.bundle import make_bundle
-from tracefleet.harbor.in_image import LAUNCHER, VERIFIER
+from tracefleet.harbor.task_image_programs import LAUNCHER, VERIFIER
 from tracefleet.runner.containers.runtime import BASE_IMAGE, ContainerRuntime
 from tracefleet.contract.environment import HARDENED_PYTHON_ENV
 from tracefleet.runner.pod.harbor_verifier import fetch, report

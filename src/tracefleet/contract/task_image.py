@@ -1,7 +1,7 @@
 """Where the containers of a pod that runs a task's own image meet: the shared volume's layout and file names.
 
 A Harbor task's image has no tracefleet Python in it, so on a cluster its pods pair the task-image container with
-containers of the tracefleet image (tracefleet.harbor.in_image holds the shell programs the task image
+containers of the tracefleet image (tracefleet.harbor.task_image_programs holds the shell programs the task image
 runs; tracefleet.runner.pod.task_image the session program's place; tracefleet.runner.pod.harbor_verifier the
 evaluator Job's steps). They talk through files in one emptyDir, named here.
 
@@ -75,7 +75,7 @@ NEVER_CHANGED = ("/tests", "/logs/verifier", SHARED_DIR, "/etc/hosts", "/etc/hos
                  "/dev/termination-log")
 
 # The task image's system folders: what of them the image holds is never taken from an agent's change set, and the
-# folders on a PATH (a new program there must not shadow one of the image's). tracefleet.harbor.in_image.VERIFIER.
+# folders on a PATH (a new program there must not shadow one of the image's). tracefleet.harbor.task_image_programs.VERIFIER.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 PROGRAM_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 # [verifier].user, for the verifier step that applies the change set as root and runs test.sh as this user.
