@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from tracefleet.contract.job import RECENT_BATCHES_MAX, BatchRef, Condition, Counters, RolloutJobStatus
+from tracefleet.contract.job import (  # noqa: F401 - FINISHED_PHASES: listed here with the phases below
+    FINISHED_PHASES,
+    RECENT_BATCHES_MAX,
+    BatchRef,
+    Condition,
+    Counters,
+    RolloutJobStatus,
+)
 from tracefleet.contract.semantics import QUARANTINE_RATE_EXCEEDED, DiagnosticsCounts, quarantine_verdict
 from tracefleet.contract.sealed_batch import SealedBatch
 # Reasons of QuarantineRateExceeded, defined with it in semantics (the True one is also its Warning Event's).
@@ -23,14 +30,13 @@ from tracefleet.contract.semantics import (  # noqa: F401 - listed here with the
     REASON_TOO_FEW_JUDGED,
 )
 
-# Phases (tracefleet.contract.job.Phase).
+# Phases (tracefleet.contract.job.Phase; FINISHED_PHASES is defined there, for readers of a status below the operator).
 PENDING = "Pending"
 RUNNING = "Running"
 SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 PHASES = (PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED)
-FINISHED_PHASES = (SUCCEEDED, FAILED)
 STARTED_PHASES = (RUNNING, SUCCEEDED, FAILED)
 
 # Condition types.

@@ -675,6 +675,7 @@ class RolloutJobSpec(WireModel):
 # ---------------------------------------------------------------- status
 
 Phase = Literal["Pending", "Running", "Suspended", "Succeeded", "Failed"]
+FINISHED_PHASES: tuple[Phase, ...] = ("Succeeded", "Failed")  # the phases a job never leaves
 
 
 class Condition(WireModel):

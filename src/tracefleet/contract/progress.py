@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from tracefleet.contract.job import Counters, RolloutJobStatus
+from tracefleet.contract.job import FINISHED_PHASES, Counters, RolloutJobStatus
 
 LOCAL = "local"  # `tracefleet run` (and the jobs `tracefleet train` runs)
 KUBERNETES = "kubernetes"
@@ -56,7 +56,7 @@ class JobProgress(BaseModel):
         """A cluster job's progress: its RolloutJob's status, as of `now` (the ETA from status.startTime)."""
         now = now or datetime.now(timezone.utc)
         c, started = status.counters, status.start_time or now
-        finished = status.phase in ("Succeeded", "Failed")  # tracefleet.operator.status.FINISHED_PHASES
+        finished = status.phase in FINISHED_PHASES
         eta = None if finished else eta_seconds((now - started).total_seconds(), c.finished, c.total - c.finished)
         return cls(job=job, driver=KUBERNETES, counters=c, batches=status.batches_completed, started_at=started,
                    updated_at=now, finished=finished, eta_s=eta)
