@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 from urllib.parse import urlsplit
 
+from tracefleet.contract import layout
 from tracefleet.contract.job import Counters
 from tracefleet.contract.progress import LOCAL, JobProgress, eta_seconds
 from tracefleet.contract.semantics import (
@@ -47,6 +48,7 @@ from tracefleet.runner.preflight import PreflightError, preflight
 from tracefleet.runner.progress import ProgressWriter
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import netns_available
+from tracefleet.runner.netns import VIEW_DIR
 from tracefleet.runner.session import HostPlace, Place, SessionPlan, SessionRun
 from tracefleet.runner.session import run as run_in_place
 from tracefleet.runner.task import Task, harbor_tasks, with_image
@@ -559,7 +561,7 @@ class LocalRun:
         if not accepted:
             return
         if not self.options.keep_workspaces and result.status == "completed":
-            for sub in ("original", "workdir", "eval"):
+            for sub in (layout.ORIGINAL, layout.WORKDIR, "eval", VIEW_DIR):
                 shutil.rmtree(Path(result.session_dir) / sub, ignore_errors=True)
 
     def _progress(self, progress: RunProgress) -> None:

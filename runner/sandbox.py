@@ -43,6 +43,7 @@ class SandboxOptions:
     netns: bool = False  # run inside a fresh network namespace with only loopback
     bridge_port: int | None = None  # loopback port inside the namespace that reaches the proxy
     bridge_socket: Path | None = None  # Unix socket outside that forwards to the proxy
+    workdir: str | None = None  # with netns: the path the harness sees its working directory at (runner.netns)
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -91,11 +92,12 @@ def netns_available() -> bool:
     return done.returncode == 0
 
 
-def netns_argv(argv: list[str], *, bridge_port: int, bridge_socket: Path) -> list[str]:
-    """Wrap argv so it runs in a new net namespace where 127.0.0.1:bridge_port reaches the proxy."""
+def netns_argv(argv: list[str], *, bridge_port: int, bridge_socket: Path, workdir: str | None = None) -> list[str]:
+    """Wrap argv so it runs in a new net namespace where 127.0.0.1:bridge_port reaches the proxy (and, with
+    `workdir`, a mount namespace where the working directory is seen at `workdir`)."""
     return [
         shutil.which("unshare") or "unshare",
-        "-rn",
+        "-rn" if workdir is None else "-rmn",
         sys.executable,
         "-m",
         "tracefleet.runner.netns",
@@ -103,6 +105,7 @@ def netns_argv(argv: list[str], *, bridge_port: int, bridge_socket: Path) -> lis
         str(bridge_port),
         "--socket",
         str(bridge_socket),
+        *(() if workdir is None else ("--workdir", workdir)),
         "--",
         *argv,
     ]
@@ -154,7 +157,8 @@ def run_sandboxed(
     if options.netns:
         if options.bridge_port is None or options.bridge_socket is None:
             raise ValueError("netns sandbox needs bridge_port and bridge_socket")
-        argv = netns_argv(argv, bridge_port=options.bridge_port, bridge_socket=options.bridge_socket)
+        argv = netns_argv(argv, bridge_port=options.bridge_port, bridge_socket=options.bridge_socket,
+                          workdir=options.workdir)
     stdout_path.parent.mkdir(parents=True, exist_ok=True)
     stderr_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

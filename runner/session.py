@@ -347,10 +347,20 @@ class HostPlace:
     def user_env(self, plan: SessionPlan) -> dict[str, str]:
         return dict(plan.harness.env)
 
+    def harness_workdir(self, plan: SessionPlan, workspace: Path) -> Path:
+        """spec.harness.workspace.workdir, as in a pod, where the harness runs in its own namespaces (the
+        workspace bound there: tracefleet.runner.netns); else the workspace's own folder."""
+        return Path(plan.harness.workdir) if self._namespaced(plan.harness) else workspace
+
+    @staticmethod
+    def _namespaced(harness: HarnessConfig) -> bool:
+        return harness.netns and harness.bridge_socket is not None
+
     def _sandbox(self, harness: HarnessConfig) -> SandboxOptions:
-        if harness.netns and harness.bridge_socket:
+        if self._namespaced(harness):
             port = int(self.proxy_url.rsplit(":", 1)[1].split("/")[0])
-            return SandboxOptions(netns=True, bridge_port=port, bridge_socket=Path(harness.bridge_socket))
+            return SandboxOptions(netns=True, bridge_port=port, bridge_socket=Path(str(harness.bridge_socket)),
+                                  workdir=harness.workdir)
         return SandboxOptions()
 
     def run(self, plan: SessionPlan, argv: list[str], *, cwd: Path, home: Path, env: dict[str, str], timeout_s: float,

@@ -127,11 +127,11 @@ def _run_setup(task: Task, cwd: Path, timeout_s: float, log: Path) -> None:
 def prepare_workspace(task: Task, session_dir: Path, *, setup_timeout_s: float = 600) -> PreparedWorkspace:
     """Build original/ (source + setup, committed as base) and workdir/ (the harness's copy)."""
     session_dir.mkdir(parents=True, exist_ok=True)
-    original = session_dir / "original"
-    workdir = session_dir / "workdir"
-    for path in (original, workdir):
-        if path.exists():
-            shutil.rmtree(path)
+    original = session_dir / layout.ORIGINAL
+    workdir = session_dir / layout.WORKDIR
+    if original.exists():
+        shutil.rmtree(original)
+    _emptied(workdir)
     _materialize(task, original)
     if not (original / ".git").exists():
         if task.ref:
@@ -147,8 +147,22 @@ def prepare_workspace(task: Task, session_dir: Path, *, setup_timeout_s: float =
     git(original, "add", "-A")
     git(original, "commit", "-q", "--allow-empty", "-m", f"tracefleet base for task {task.id}")
     base = git(original, "rev-parse", "HEAD").strip()
-    shutil.copytree(original, workdir, symlinks=True)
+    shutil.copytree(original, workdir, symlinks=True, dirs_exist_ok=True)
     return PreparedWorkspace(original=original, workdir=workdir, base_commit=base)
+
+
+def _emptied(path: Path) -> None:
+    """Remove what `path` holds, but not the folder itself: a pod has it bound at the harness's working directory
+    (a volume's subPath), and a new folder in its place would not be the one the harness sees."""
+    if not path.is_dir() or path.is_symlink():
+        path.unlink(missing_ok=True)
+        path.mkdir()
+        return
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
 
 
 def workspace_patch(workdir: Path, base_commit: str) -> str:

@@ -32,7 +32,11 @@ PROXY_PORT = 8100
 # mounts read-only and uploads with the capture log it keeps in CAPTURE_DIR.
 CAPTURE_DIR = "/capture"
 ARTIFACTS_DIR = "/artifacts"
-WORKSPACE_DIR = "/workspace"
+WORKSPACE_DIR = "/workspace"  # a Harbor task's session program prepares its workspace here
+# The session program prepares the workspace in SESSION_DIR (tracefleet.runner.workspace); the harness container has
+# the harness's copy (layout.WORKDIR, a subPath of the same volume) at spec.harness.workspace.workdir, where it starts,
+# as `tracefleet run` starts it (tracefleet.runner.netns).
+SESSION_DIR = "/tracefleet/session"
 HOME_DIR = "/home/harness"
 # Proxy needs a moment after the harness exits to flush and upload the capture.
 SESSION_DEADLINE_GRACE_S = 120
@@ -110,11 +114,17 @@ def harness_pod(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, attempt
         {"name": "home", "mountPath": HOME_DIR},
         {"name": "artifacts", "mountPath": ARTIFACTS_DIR},
     ]
+    harness_mounts = [
+        {"name": "workspace", "mountPath": SESSION_DIR},
+        {"name": "workspace", "mountPath": plan.harness.workdir, "subPath": layout.WORKDIR},
+        *mounts[1:],
+    ]
     if (cache := _sidecar_tokenizer_cache(job)) is not None:
         volumes.append({"name": "tokenizer-cache",
                         "persistentVolumeClaim": {"claimName": cache.claim_name, "readOnly": True}})
     pod_env = HarnessEnv(plan=plan.model_copy(update={"attempt": attempt}), base_url=f"http://127.0.0.1:{PROXY_PORT}", api_key=secret,
-                         artifacts_dir=ARTIFACTS_DIR, launch_dir=ti.LAUNCH_DIR if harbor is not None else None)
+                         artifacts_dir=ARTIFACTS_DIR, launch_dir=ti.LAUNCH_DIR if harbor is not None else None,
+                         work_dir=SESSION_DIR if harbor is None else None)
     # The harness process takes spec.harness.env from the plan (tracefleet.runner.environment: over the preset's
     # variables); the container has it too, for the pod program's own steps (workspace setup), as before. First:
     # the pod program's own inputs (TRACEFLEET_*, HOME) are not the job's to change.
@@ -123,14 +133,14 @@ def harness_pod(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, attempt
     harness = {
         "name": "harness",
         "image": h.image,
-        # The runner's in-pod entrypoint: prepares /workspace, launches the preset's CLI against
+        # The runner's in-pod entrypoint: prepares the workspace, launches the preset's CLI against
         # the sidecar proxy, and writes artifacts (e.g. git diff) to /artifacts.
         "command": ["tracefleet", "run", "--in-pod"],
-        "workingDir": WORKSPACE_DIR,
+        "workingDir": plan.harness.workdir,
         "env": env_vars(harness_env),
         "resources": resources,
         "securityContext": container_security_context(),
-        "volumeMounts": mounts,
+        "volumeMounts": harness_mounts,
     }
     init_containers, containers = [proxy], [harness]
     if harbor is not None:

@@ -91,10 +91,16 @@ class PodPlace:
         # the image's own variables, then spec.harness.env from the plan (the container has them too)
         return {**user_env(self.env), **plan.harness.env}
 
+    def harness_workdir(self, plan: SessionPlan, workspace: Path) -> Path:
+        """spec.harness.workspace.workdir, where the operator binds the workspace's copy
+        (tracefleet.operator.children.harness); the copy's own folder where nothing is bound there."""
+        seen = Path(plan.harness.workdir)
+        return seen if seen.is_dir() and seen.samefile(workspace) else workspace
+
     def run(self, plan: SessionPlan, argv: list[str], *, cwd: Path, home: Path, env: dict[str, str], timeout_s: float,
             stdout_path: Path, stderr_path: Path) -> ProcessResult:
-        return run_sandboxed(argv, cwd=cwd, home=home, env=env, timeout_s=timeout_s, stdout_path=stdout_path,
-                             stderr_path=stderr_path, stop=self.stop)
+        return run_sandboxed(argv, cwd=self.harness_workdir(plan, cwd), home=home, env=env, timeout_s=timeout_s,
+                             stdout_path=stdout_path, stderr_path=stderr_path, stop=self.stop)
 
     def disconnect(self, plan: SessionPlan, result: SessionResult) -> None:
         """Nothing to do: the sidecar closes the capture and uploads it when the pod stops."""

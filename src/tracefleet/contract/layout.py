@@ -46,6 +46,11 @@ HARNESS_STDERR = "harness.stderr"
 SETUP_LOG = "setup.log"
 EXIT_CODE = "exit_code"
 
+# A session's folder (tracefleet.runner.workspace): the task as prepared, committed as the base, and the harness's
+# copy, which a pod mounts at spec.harness.workspace.workdir (a subPath of the session's volume).
+ORIGINAL = "original"
+WORKDIR = "workdir"
+
 _SEQ = re.compile(r"^(\d{6,})$")
 
 

@@ -109,7 +109,7 @@ def harness_config(job: RolloutJob, task: Task) -> HarnessConfig:
     timeout_s = float(h.session_timeout_seconds)
     agent = task.harbor.agent_timeout_s if task.harbor is not None else None
     return HarnessConfig(preset=h.preset, command=list(h.command) if h.command else None, env=dict(h.env or {}),
-                         timeout_s=min(timeout_s, agent) if agent else timeout_s)
+                         timeout_s=min(timeout_s, agent) if agent else timeout_s, workdir=h.workspace.workdir)
 
 
 def plan_sessions(job: RolloutJob, tasks: Sequence[Task], model: str | None, *,

@@ -116,6 +116,9 @@ DEFAULT_PRESET = "command"  # harness and evaluator alike: no preset means "run 
 # RolloutJob's fields and a session's plan (tracefleet.contract.session) both take.
 SESSION_TIMEOUT_S = 1800
 EVALUATOR_TIMEOUT_S = 600
+# The one default of spec.harness.workspace.workdir: the directory a harness starts in, the same path on both drivers
+# (a harness that writes its working directory into its prompt, as Pi does, then sends every session the same one).
+WORKDIR = "/workspace"
 
 # RolloutJob evaluator presets -> the runner's evaluator types.
 EVALUATOR_TYPES = {"tests": "tests", "hook": "python", "command": "command", "harbor": "harbor"}

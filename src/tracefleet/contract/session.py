@@ -31,6 +31,7 @@ from tracefleet.contract.semantics import (
     DEFAULT_PRESET,
     EVALUATOR_TIMEOUT_S,
     SESSION_TIMEOUT_S,
+    WORKDIR,
     OutcomeKind,
     harness_preset,
 )
@@ -175,6 +176,7 @@ class HarnessConfig(BaseModel):
     command: list[str] | None = None  # for the command preset; {prompt} and {workdir} substituted
     env: dict[str, str] = Field(default_factory=dict)  # spec.harness.env (precedence: tracefleet.runner.environment)
     timeout_s: float = SESSION_TIMEOUT_S  # a Harbor task's shorter [agent].timeout_sec already applied by the planner
+    workdir: str = WORKDIR  # spec.harness.workspace.workdir: where the harness starts (a Harbor task: its image's own)
     netns: bool = False  # loopback-only network namespace (proxy reachable through a bridge)
     bridge_socket: str | None = None
 
