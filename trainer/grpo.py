@@ -30,6 +30,7 @@ behind the newest are masked out of the loss by the reader (asynchrony with a st
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import time
 from collections.abc import Iterator
@@ -45,6 +46,10 @@ from tracefleet.trainer.control import update_policy
 
 DEFAULT_CLIP = 0.2
 DEFAULT_TIS_CAP = 2.0
+# frozen_prefix runs the leading tokens every row shares once when there are at least this many (below, a cache
+# costs more than it saves)
+SHARED_MIN_TOKENS = 32
+SFT_PREFIX_ROWS = 8  # demonstrations whose frozen layers run together (frozen_prefix): their shared prompt once
 
 
 def load_policy(model_dir: str | Path, train_layers: int | None = None) -> Any:
@@ -145,14 +150,35 @@ def _decoder_span(model: Any, start: int, stop: int | None, norm: bool) -> Itera
         base.layers, base.norm = layers, final_norm
 
 
+def shared_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+    """How many leading tokens every row has, the same in each (a harness's system prompt)."""
+    same = (input_ids == input_ids[:1]).all(0) & (attention_mask > 0).all(0)
+    return int(same.long().cumprod(0).sum())
+
+
 def frozen_prefix(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
     """[B, T, H]: the hidden states entering the lowest trained layer, computed once without a graph (they do
-    not change while the frozen layers below it stay frozen); None when the whole stack is trained."""
+    not change while the frozen layers below it stay frozen); None when the whole stack is trained.
+
+    The leading tokens all rows share (SHARED_MIN_TOKENS or more: the sessions of one harness send the same
+    system prompt, ~1.5k of Pi's ~1.6k first-prompt tokens) are run once, and each row's own tokens after them
+    attend to that run's keys and values (the model's own cache), not to a recomputation per row. The hidden
+    states agree with a whole pass per row to float rounding (tests/trainer/test_grpo_step.py)."""
     split = trained_from(model)
     if split == 0:
         return None
+    shared = shared_tokens(input_ids, attention_mask)
     with torch.no_grad(), _decoder_span(model, 0, split, norm=False) as bottom:
-        return bottom(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if shared < SHARED_MIN_TOKENS or input_ids.shape[0] < 2 or shared == input_ids.shape[1]:
+            return bottom(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        head = bottom(input_ids=input_ids[:1, :shared], use_cache=True)
+        # transformers 5 names the model's cache `cache`; earlier releases (pyproject allows 4.46+) `past_key_values`
+        name = "cache" if "cache" in inspect.signature(bottom.forward).parameters else "past_key_values"
+        cache = getattr(head, name)
+        cache.batch_repeat_interleave(int(input_ids.shape[0]))
+        tail = bottom(input_ids=input_ids[:, shared:], attention_mask=attention_mask, use_cache=False,
+                      **{name: cache}).last_hidden_state
+    return torch.cat([head.last_hidden_state.expand(input_ids.shape[0], -1, -1), tail], dim=1)
 
 
 def sampled_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
@@ -220,16 +246,20 @@ def sft(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor]
     """Supervised warm start on demonstrations (the reader's tensors of their traces): the negative log-likelihood
     of the tokens the loss mask marks (the completions the engine sampled; the harness's text and the tool results
     are context only), at temperature 1, averaged per token over `rows_per_update` rows per optimizer update.
-    Each row is run at its own length, its frozen layers once for every epoch (frozen_prefix). Returns the mean
+    Each row is run at its own length, its frozen layers once for every epoch (frozen_prefix, SFT_PREFIX_ROWS rows
+    at a time, so their shared prompt runs once). Returns the mean
     NLL per token of each epoch (`nll`, measured while training) and what was trained on."""
     if epochs < 1:
         raise ValueError("epochs must be at least 1")
     rows = []
-    for i in range(int(t["input_ids"].shape[0])):
-        n = int(t["attention_mask"][i].sum())
-        ids, att, mask = t["input_ids"][i:i + 1, :n], t["attention_mask"][i:i + 1, :n], t["loss_mask"][i:i + 1, :n]
-        if float(mask.sum()):
-            rows.append((ids, att, mask, frozen_prefix(model, ids, att)))
+    keep = [i for i in range(int(t["input_ids"].shape[0])) if float(t["loss_mask"][i].sum())]
+    for start in range(0, len(keep), SFT_PREFIX_ROWS):
+        chunk = keep[start:start + SFT_PREFIX_ROWS]
+        prefixes = frozen_prefix(model, t["input_ids"][chunk], t["attention_mask"][chunk])
+        for j, i in enumerate(chunk):
+            n = int(t["attention_mask"][i].sum())
+            rows.append((t["input_ids"][i:i + 1, :n], t["attention_mask"][i:i + 1, :n], t["loss_mask"][i:i + 1, :n],
+                         None if prefixes is None else prefixes[j:j + 1, :n]))
     if not rows:
         raise ValueError("no demonstration has a trainable token")
     order = torch.Generator().manual_seed(seed)

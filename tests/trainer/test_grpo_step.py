@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tracefleet.trainer.grpo import (frozen_prefix, grpo_step, load_policy, sampled_logprobs, save_weights, sft,
-                                     token_logprobs, trainable, trained_from)
+from tracefleet.trainer.grpo import (SHARED_MIN_TOKENS, frozen_prefix, grpo_step, load_policy, sampled_logprobs,
+                                     save_weights, sft, shared_tokens, token_logprobs, trainable, trained_from)
 
 LAYERS = 6
 TRAINED = 2
@@ -55,6 +55,26 @@ def test_the_frozen_prefix_gives_the_whole_models_logprobs(model_dir: Path) -> N
     assert torch.equal(whole, parts)
     assert len(policy.base_model.layers) == LAYERS  # the model is whole again after each partial pass
     assert frozen_prefix(load_policy(model_dir), t["input_ids"], t["attention_mask"]) is None  # all trained
+
+
+def test_a_shared_prompt_runs_once_and_gives_the_whole_models_logprobs(model_dir: Path) -> None:
+    """Rows that begin with the same tokens (one harness's system prompt) share one run of them through the frozen
+    layers (SHARED_MIN_TOKENS or more); their logprobs are the whole model's to float rounding."""
+    policy = load_policy(model_dir, TRAINED)
+    t = batch(length=60)
+    t["input_ids"][:, :SHARED_MIN_TOKENS + 8] = t["input_ids"][0, :SHARED_MIN_TOKENS + 8]
+    t["attention_mask"][0, 15:] = 1
+    t["attention_mask"][0, 50:] = 0
+    t["loss_mask"][:, 45:] = 1
+    t["loss_mask"][0, 50:] = 0
+    assert shared_tokens(t["input_ids"], t["attention_mask"]) >= SHARED_MIN_TOKENS + 8
+    with torch.no_grad():
+        whole = token_logprobs(policy, t["input_ids"], t["attention_mask"], t["temperatures"], t["loss_mask"])
+        prefix = frozen_prefix(policy, t["input_ids"], t["attention_mask"])
+        parts = sampled_logprobs(policy, t["input_ids"], t["attention_mask"], t["loss_mask"], t["temperatures"], prefix)
+    assert prefix is not None and prefix.shape == (4, 60, 32)
+    assert float((whole - parts).abs().max()) < 1e-5 and bool((parts[t["loss_mask"] > 0] != 0).all())
+    assert len(policy.base_model.layers) == LAYERS
 
 
 def test_epochs_move_only_the_trained_tensors_and_the_clip_bounds_them(model_dir: Path, tmp_path: Path) -> None:
