@@ -167,24 +167,31 @@ def frozen_prefix(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
     split = trained_from(model)
     if split == 0:
         return None
-    shared = shared_tokens(input_ids, attention_mask)
     with torch.no_grad(), _decoder_span(model, 0, split, norm=False) as bottom:
-        if shared < SHARED_MIN_TOKENS or input_ids.shape[0] < 2 or shared == input_ids.shape[1]:
-            return bottom(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        head = bottom(input_ids=input_ids[:1, :shared], use_cache=True)
-        # transformers 5 names the model's cache `cache`; earlier releases (pyproject allows 4.46+) `past_key_values`
-        name = "cache" if "cache" in inspect.signature(bottom.forward).parameters else "past_key_values"
-        cache = getattr(head, name)
-        cache.batch_repeat_interleave(int(input_ids.shape[0]))
-        tail = bottom(input_ids=input_ids[:, shared:], attention_mask=attention_mask, use_cache=False,
-                      **{name: cache}).last_hidden_state
-    return torch.cat([head.last_hidden_state.expand(input_ids.shape[0], -1, -1), tail], dim=1)
+        return _shared_run(bottom, shared_tokens(input_ids, attention_mask), input_ids, attention_mask)
+
+
+def _shared_run(bottom: Any, shared: int, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T, H]: `bottom`'s (a span from layer 0) last hidden states, the rows' first `shared` positions run once
+    for all of them when that is worth it (SHARED_MIN_TOKENS)."""
+    rows = int(input_ids.shape[0])
+    if shared < SHARED_MIN_TOKENS or rows < 2 or shared == input_ids.shape[1]:
+        return bottom(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    head = bottom(input_ids=input_ids[:1, :shared], use_cache=True)
+    # transformers 5 names the model's cache `cache`; earlier releases (pyproject allows 4.46+) `past_key_values`
+    name = "cache" if "cache" in inspect.signature(bottom.forward).parameters else "past_key_values"
+    cache = getattr(head, name)
+    cache.batch_repeat_interleave(rows)
+    tail = bottom(input_ids=input_ids[:, shared:], attention_mask=attention_mask, use_cache=False, **{name: cache})
+    return torch.cat([head.last_hidden_state.expand(rows, -1, -1), tail.last_hidden_state], dim=1)
 
 
 def sampled_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
                      temperature: torch.Tensor | float, prefix: torch.Tensor | None) -> torch.Tensor:
     """`token_logprobs` at the positions where mask > 0, from `prefix` (frozen_prefix) through the trained
-    layers only when given, else from the token ids through the whole model."""
+    layers only when given, else from the token ids through the whole model. (The trained layers run every
+    row whole: a span that does not start at layer 0 cannot reuse the model's cache, whose length it reads
+    from layer 0.)"""
     if prefix is None:
         return token_logprobs(model, input_ids, attention_mask, temperature, mask)
     with _decoder_span(model, trained_from(model), None, norm=True) as top:

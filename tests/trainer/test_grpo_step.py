@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tracefleet.trainer import grpo
 from tracefleet.trainer.grpo import (SHARED_MIN_TOKENS, frozen_prefix, grpo_step, load_policy, sampled_logprobs,
                                      save_weights, sft, shared_tokens, token_logprobs, trainable, trained_from)
 
@@ -57,7 +58,8 @@ def test_the_frozen_prefix_gives_the_whole_models_logprobs(model_dir: Path) -> N
     assert frozen_prefix(load_policy(model_dir), t["input_ids"], t["attention_mask"]) is None  # all trained
 
 
-def test_a_shared_prompt_runs_once_and_gives_the_whole_models_logprobs(model_dir: Path) -> None:
+def test_a_shared_prompt_runs_once_and_gives_the_whole_models_logprobs(model_dir: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows that begin with the same tokens (one harness's system prompt) share one run of them through the frozen
     layers (SHARED_MIN_TOKENS or more); their logprobs are the whole model's to float rounding."""
     policy = load_policy(model_dir, TRAINED)
@@ -75,6 +77,16 @@ def test_a_shared_prompt_runs_once_and_gives_the_whole_models_logprobs(model_dir
     assert prefix is not None and prefix.shape == (4, 60, 32)
     assert float((whole - parts).abs().max()) < 1e-5 and bool((parts[t["loss_mask"] > 0] != 0).all())
     assert len(policy.base_model.layers) == LAYERS
+    # the gradient is the one every row run whole gives (the shared run is below the trained layers)
+    grads = []
+    for least in (SHARED_MIN_TOKENS, 10**9):  # shared, then every row whole
+        monkeypatch.setattr(grpo, "SHARED_MIN_TOKENS", least)
+        policy.zero_grad()
+        lp = sampled_logprobs(policy, t["input_ids"], t["attention_mask"], t["loss_mask"], t["temperatures"],
+                              frozen_prefix(policy, t["input_ids"], t["attention_mask"]))
+        (-(lp * t["advantages"]).sum()).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in trainable(policy)]))
+    assert float(grads[0].abs().max()) > 0 and torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-6)
 
 
 def test_epochs_move_only_the_trained_tensors_and_the_clip_bounds_them(model_dir: Path, tmp_path: Path) -> None:
