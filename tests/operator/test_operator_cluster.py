@@ -327,6 +327,13 @@ def test_rolloutjob_runs_to_complete(env: Env) -> None:
     assert not vllm.ports and [(p.name, p.container_port) for p in gate.ports] == [(svc.spec.ports[0].target_port, 8000)]
     assert gate.args[:1] == ["engine-gate"] and gate.image == "reg.local/tracefleet:test"
     assert key_holders(engine_pod, "happy-engine-key") == {"vllm", "gate"}
+    # the trainer's weight sync (`tracefleet policy update --job`) reads the same key
+    import base64
+
+    from tracefleet.trainer.replicas import job_engine_key
+
+    assert job_engine_key(ns, "happy", api_client=env.api) == base64.b64decode(key.data[n.ENGINE_KEY_SECRET_KEY]).decode()
+    assert job_engine_key(ns, "no-such-job", api_client=env.api) is None
     wait_for("InferenceReady", lambda: any(c["type"] == "InferenceReady" and c["status"] == "True"
                                            for c in env.status(ns, "happy").get("conditions") or []))
     first = wait_for("harness pods", lambda: env.pods(ns, "happy"))[0]

@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from fixtures.capture_counts import wait_for
-from fixtures.servers import quiet_child_env, stop_process_group
+from fixtures.servers import quiet_child_env, start_proxy_process, stop_process_group
+from tracefleet.contract.capture import read_capture_log
 from tracefleet.contract.podenv import ENGINE_API_KEY
 from tracefleet.proxy.engine_client import _engine_error
 
@@ -77,3 +78,25 @@ def test_gate_refuses_without_the_key_and_streams_with_it(gate: tuple[str, Any])
         assert next(lines).startswith("data: {")
         assert wait_for(lambda: engine.running() == 1, 5.0)
     assert wait_for(lambda: engine.running() == 0, 5.0), "the engine request is still running"
+
+
+def test_the_proxy_reaches_the_engine_through_the_gate_with_the_job_key(gate: tuple[str, Any], tmp_path: Path) -> None:
+    """The consumer: a `tracefleet proxy` given the key (as the operator gives its sidecar) captures a call through the
+    gate; one without it gets the engine's refusal as a 502 naming its credentials."""
+    url, _engine = gate
+    chat = {"model": "smollm2", "messages": [{"role": "user", "content": "count"}], "max_tokens": 4}
+    for key, status in ((KEY, 200), (None, 502)):
+        (tmp_path / str(status)).mkdir()
+        proxy = start_proxy_process(url, tmp_path / str(status), env={ENGINE_API_KEY: key} if key else None)
+        try:
+            admin = {"authorization": f"Bearer {proxy.admin_token}"}
+            session = httpx.post(proxy.url + "/admin/sessions", headers=admin, json={}, timeout=10).json()
+            r = httpx.post(proxy.url + "/v1/chat/completions", json=chat, timeout=30,
+                           headers={"authorization": f"Bearer {session['secret']}"})
+            assert r.status_code == status, r.text
+            if key is not None:  # captured: the served token ids came back through the gate
+                assert read_capture_log(proxy.capture_dir / f"{session['session_id']}.jsonl").records[0].completion_ids
+            if key is None:
+                assert "credentials" in r.json()["error"]["message"]
+        finally:
+            proxy.stop()
