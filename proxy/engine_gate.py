@@ -58,11 +58,13 @@ class EngineGate:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["type"] == "http":
-            if scope["path"] != HEALTH_PATH and not self.authorized(scope["headers"]):
+            if self.authorized(scope["headers"]):
+                await self._relay(scope, receive, send, scope["raw_path"].decode("latin-1"))
+            elif scope["path"] == HEALTH_PATH:  # sent on as the one path it is, not as the client spelled it
+                await self._relay(scope, receive, send, HEALTH_PATH)
+            else:
                 await _reply(send, *_error("authentication", "the engine gate needs the job's engine key "
                                                              "(Authorization: Bearer)"))
-                return
-            await self._relay(scope, receive, send)
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         import aiohttp
@@ -80,7 +82,7 @@ class EngineGate:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _relay(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def _relay(self, scope: dict[str, Any], receive: Any, send: Any, path: str) -> None:
         body = bytearray()
         while True:
             message = await receive()
@@ -89,7 +91,7 @@ class EngineGate:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        url = self.engine_url + scope["raw_path"].decode("latin-1")
+        url = self.engine_url + path
         if scope.get("query_string"):
             url += "?" + scope["query_string"].decode("latin-1")
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in _REQUEST_DROP]
