@@ -59,6 +59,20 @@ def vllm_env(job: RolloutJob) -> list[dict[str, Any]]:
     return env_vars({**_vllm(job).env, **({HF_HOME: cache.mount_path} if cache else {})}) + engine_api_key_env(job, VLLM_API_KEY_ENV)
 
 
+GATE_OWNED_FLAGS = ("--host", "--port", "--api-key")
+
+
+def extra_args_problem(job: RolloutJob) -> str | None:
+    """Why the managed engine's extraArgs cannot run behind the gate, or None: where vLLM listens, and its key, are the
+    operator's (a vLLM on the pod's port would leave the gate nowhere to listen; one on 0.0.0.0 would be open)."""
+    m = job.spec.inference.managed
+    given = sorted({a.split("=", 1)[0] for a in (m.extra_args or []) if a.split("=", 1)[0] in GATE_OWNED_FLAGS}) if m else []
+    if not given:
+        return None
+    return (f"spec.inference.managed.extraArgs: {', '.join(given)} are the operator's (vLLM listens on the pod's "
+            "loopback behind the engine gate, whose key is apiKeySecretRef's or the job's own)")
+
+
 def engine_key_ref(job: RolloutJob) -> SecretKeyRef | None:
     """Where the engine's key is: the job's apiKeySecretRef, else (managed) the Secret the operator makes for the
     job; None for an external engine that needs none."""

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from tracefleet.operator.children.harness import PROXY_PORT, SESSION_DEADLINE_GRACE_S, exact_mode_problem, harness_pod
-from tracefleet.operator.children.inference import ENGINE_PORT, VLLM_LOOPBACK_PORT, inference_deployment, inference_service
+from tracefleet.operator.children.inference import (ENGINE_PORT, VLLM_LOOPBACK_PORT, extra_args_problem, inference_deployment,
+                                                   inference_service)
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.operator.children.network_policy import harness_network_policy
 from tracefleet.operator import names as n
@@ -117,6 +118,14 @@ def test_inference_deployment_has_gpus_probes_shm_and_cache(job: RolloutJob) -> 
     assert svc["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
     assert svc["spec"]["ports"][0]["port"] == ENGINE_PORT
     assert "sessionAffinity" not in svc["spec"]  # one replica
+
+
+def test_extra_args_cannot_move_vllm_off_the_loopback_behind_the_gate(job: RolloutJob) -> None:
+    assert extra_args_problem(job) is None
+    body = yaml.safe_load(MANAGED)
+    body["spec"]["inference"]["managed"]["extraArgs"] = ["--host", "0.0.0.0", "--port=8000", "--max-model-len", "8"]
+    problem = extra_args_problem(RolloutJob.model_validate(body))
+    assert problem is not None and "--host, --port are the operator's" in problem, problem
 
 
 def test_inference_service_keeps_a_session_on_one_replica_when_there_are_several() -> None:
