@@ -319,14 +319,6 @@ def test_rolloutjob_runs_to_complete(env: Env) -> None:
     key = wait_for("engine key Secret", lambda: _get(env.core.read_namespaced_secret, "happy-engine-key", ns))
     assert [(o.kind, o.name) for o in key.metadata.owner_references] == [("RolloutJob", "happy")]
     assert len(key.data[n.ENGINE_KEY_SECRET_KEY]) >= 40
-    engine_pod = wait_for("inference pod", lambda: next(iter(env.core.list_namespaced_pod(
-        ns, label_selector=n.job_selector("happy", n.COMPONENT_INFERENCE)).items), None)).spec
-    vllm, gate = engine_pod.containers
-    assert (vllm.name, gate.name) == ("vllm", "gate")
-    assert vllm.args[vllm.args.index("--host") + 1] == "127.0.0.1" and vllm.args[vllm.args.index("--port") + 1] == "8001"
-    assert not vllm.ports and [(p.name, p.container_port) for p in gate.ports] == [(svc.spec.ports[0].target_port, 8000)]
-    assert gate.args[:1] == ["engine-gate"] and gate.image == "reg.local/tracefleet:test"
-    assert key_holders(engine_pod, "happy-engine-key") == {"vllm", "gate"}
     # the trainer's weight sync (`tracefleet policy update --job`) reads the same key
     import base64
 
@@ -336,6 +328,14 @@ def test_rolloutjob_runs_to_complete(env: Env) -> None:
     assert job_engine_key(ns, "no-such-job", api_client=env.api) is None
     wait_for("InferenceReady", lambda: any(c["type"] == "InferenceReady" and c["status"] == "True"
                                            for c in env.status(ns, "happy").get("conditions") or []))
+    engine_pod = wait_for("inference pod", lambda: next(iter(env.core.list_namespaced_pod(
+        ns, label_selector=n.job_selector("happy", n.COMPONENT_INFERENCE)).items), None)).spec
+    vllm, gate = engine_pod.containers
+    assert (vllm.name, gate.name) == ("vllm", "gate")
+    assert vllm.args[vllm.args.index("--host") + 1] == "127.0.0.1" and vllm.args[vllm.args.index("--port") + 1] == "8001"
+    assert not vllm.ports and [(p.name, p.container_port) for p in gate.ports] == [(svc.spec.ports[0].target_port, 8000)]
+    assert gate.args[:1] == ["engine-gate"] and gate.image == "reg.local/tracefleet:test"
+    assert key_holders(engine_pod, "happy-engine-key") == {"vllm", "gate"}
     first = wait_for("harness pods", lambda: env.pods(ns, "happy"))[0]
     spec = first.spec
     assert spec.automount_service_account_token is False and spec.runtime_class_name == "gvisor"
