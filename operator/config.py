@@ -18,7 +18,7 @@ DEFAULT_HARNESS_IMAGE = images.image_ref(images.DEFAULT_REGISTRY, images.harness
 
 @dataclass(frozen=True)
 class OperatorConfig:
-    proxy_image: str = DEFAULT_IMAGE  # the proxy sidecar's and the sealer Job's
+    proxy_image: str = DEFAULT_IMAGE  # the proxy sidecar's, the engine gate's and the sealer Job's
     evaluator_image: str = DEFAULT_IMAGE  # when neither spec.evaluator.image nor spec.harness.image is set
     # spec.harness.image when the job names none ({preset} is replaced); "" keeps spec.harness.image required
     harness_image: str = ""

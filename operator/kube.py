@@ -159,6 +159,7 @@ class Kube:
         fn = {
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
+            "Secret": self.core.create_namespaced_secret,
             "Deployment": self.apps.create_namespaced_deployment,
             "Job": self.batch.create_namespaced_job,
             "NetworkPolicy": self.net.create_namespaced_network_policy,

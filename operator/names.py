@@ -24,7 +24,7 @@ LABEL_TASK = "tracefleet.io/task"
 LABEL_SAMPLE = "tracefleet.io/sample"
 LABEL_ATTEMPT = "tracefleet.io/attempt"
 LABEL_BATCH = "tracefleet.io/batch"
-LABEL_NETWORK = "tracefleet.io/network"  # on a harness pod whose task's agent phase has network "public"
+LABEL_NETWORK = "tracefleet.io/network"  # "public" on a pod whose phase may reach the internet (network_policy)
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "tracefleet-operator"
 
@@ -59,6 +59,14 @@ def inference_name(job: str) -> str:
     return _fit(f"{job}-inference")
 
 
+def engine_key_secret_name(job: str) -> str:
+    """The Secret holding the job's engine key (the operator makes it when spec.inference.managed names none)."""
+    return _fit(f"{job}-engine-key")
+
+
+ENGINE_KEY_SECRET_KEY = "api-key"  # the key inside that Secret
+
+
 def network_policy_name(job: str) -> str:
     return _fit(f"{job}-harness")
 
@@ -67,8 +75,12 @@ def public_network_policy_name(job: str) -> str:
     return _fit(f"{job}-harness-public")
 
 
-def verifier_network_policy_name(job: str) -> str:
-    return _fit(f"{job}-verifier")
+def evaluator_network_policy_name(job: str) -> str:
+    return _fit(f"{job}-evaluator")
+
+
+def sealer_network_policy_name(job: str) -> str:
+    return _fit(f"{job}-sealer")
 
 
 def harness_pod_name(job: str, session: int, attempt: int) -> str:

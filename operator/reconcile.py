@@ -33,7 +33,8 @@ from tracefleet.operator import bucketio, metrics
 from tracefleet.operator import names as n
 from tracefleet.operator.body import job_of, plain, status_of
 from tracefleet.operator.children.harness import exact_mode_problem, harness_pod
-from tracefleet.operator.children.inference import inference_deployment, inference_service
+from tracefleet.operator.children.inference import (engine_key_secret, extra_args_problem, inference_deployment,
+                                                   inference_service)
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.operator.children.metadata import namespace_of
 from tracefleet.operator.children.network_policy import network_policies
@@ -159,8 +160,9 @@ class Reconciler:
                             "chart's operator.defaultHarnessImages)")
         if spec.evaluator is not None and not spec.evaluator_image():
             problems.append("spec.evaluator.image (or spec.harness.image) is required on Kubernetes")
-        if (problem := exact_mode_problem(job)) is not None:
-            problems.append(problem)
+        for problem in (exact_mode_problem(job), extra_args_problem(job)):
+            if problem is not None:
+                problems.append(problem)
         harbor: HarborSource | None = None
         if spec.tasks.harbor is not None:
             if spec.evaluator is not None and spec.evaluator.preset not in (None, HARBOR_EVALUATOR):
@@ -381,13 +383,18 @@ class Reconciler:
             return self._endpoints.condition(inf.external.base_url if inf.external else ""), budget
         ensured = self._ensured.setdefault(self._uid(job), set())
         ns, name = namespace_of(job), n.inference_name(job.name)
+        if "engine-key" not in ensured:  # before any pod that reads it
+            if (secret := engine_key_secret(job)) is not None:
+                self.kube.create(secret)  # already there (an earlier pass, another replica): kept as it is
+                budget -= 1
+            ensured.add("engine-key")
         if "service" not in ensured:
             self.kube.create(inference_service(job))
             ensured.add("service")
             budget -= 1
         dep = self.kube.get_deployment(ns, name)
         if dep is None:
-            self.kube.create(inference_deployment(job))
+            self.kube.create(inference_deployment(job, self.cfg))
             metrics.CHILDREN_CREATED.labels(n.COMPONENT_INFERENCE).inc()
             return CREATED, budget - 1
         want = 0 if job.spec.suspend else inf.managed.replicas

@@ -140,7 +140,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from tracefleet.sockets import listening_socket
+    from tracefleet.sockets import listening_socket, write_port_file
 
     from tracefleet.proxy.app import create_app
     from tracefleet.proxy.config import PresetSession, ProxyConfig
@@ -191,9 +191,7 @@ def main(args: argparse.Namespace) -> int:
     sock = listening_socket(args.host, args.port, server.config.backlog)  # before the port file names it
     port = sock.getsockname()[1]
     if args.port_file:
-        tmp = args.port_file.with_suffix(".tmp")
-        tmp.write_text(str(port))
-        tmp.replace(args.port_file)
+        write_port_file(args.port_file, port)
     print(f"tracefleet proxy listening on http://{args.host}:{port} -> engine {args.engine}, capture {args.capture_dir}",
           flush=True)
     # What start-up built (FastAPI, pydantic schemas, the tokenizer) lives as long as the process:

@@ -9,6 +9,8 @@ Deployment. Repeat it for several replicas: they are updated in lockstep. On a c
 (or `--job NS/JOB`: the job's managed inference Service) resolves every ready replica from the Service's
 EndpointSlices with the kubeconfig (or in-cluster) credentials and updates each (tracefleet.trainer.replicas);
 the checkpoint directory is then taken as the pods see it. The report is printed as JSON with `--json`.
+The engine's key is $VLLM_API_KEY; with `--job` and no such variable, the job's own, read from its Secret (the
+engine gate in front of each replica lets nothing else through).
 
     tracefleet policy update --job rl/my-job --weights /ckpt/policy-3 --version 3
 """
@@ -23,7 +25,7 @@ import sys
 from tracefleet.usage import UsageError
 
 from tracefleet.trainer.control import PolicyUpdateFailed, engine_state, update_policy, update_service_policy
-from tracefleet.trainer.replicas import NoReplicas, inference_service_name, split_ref
+from tracefleet.trainer.replicas import NoReplicas, inference_service_name, job_engine_key, split_ref
 
 API_KEY_ENV = "VLLM_API_KEY"  # what vLLM itself reads for --api-key
 
@@ -67,6 +69,11 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.version < 0:
         raise UsageError("--version must be a non-negative integer")
+    try:
+        if api_key is None and args.job:  # the gate in front of the job's engine asks for the job's key
+            api_key = job_engine_key(*split_ref(args.job))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     options = {"mode": args.mode, "api_key": api_key, "reset_cache": not args.no_reset_cache}
     try:
         if args.engine:

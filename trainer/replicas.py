@@ -11,11 +11,13 @@ port named `http` (or the slice's only port).
 
 `tracefleet policy update --service NS/NAME` (or `--job NS/JOB`) does both; the report's per-engine steps and
 in-flight counts are then per replica, and `pods` maps each replica's URL to its pod. The trainer must reach
-the pod IPs (run it in the cluster, or beside it on the pod network).
+the pod IPs (run it in the cluster, or beside it on the pod network). Each replica's port is the engine gate's, which
+lets only the job's engine key through: `job_engine_key` reads it from the job's Secret.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -100,3 +102,33 @@ def service_replicas(namespace: str, service: str, *, api_client: Any = None, po
         why = "no EndpointSlice" if not slices else f"no ready endpoint with a port named {port_name!r}"
         raise NoReplicas(f"service {namespace}/{service}: {why} (is the inference Deployment up?)")
     return [found[u] for u in sorted(found)]
+
+
+def job_engine_key(namespace: str, job: str, *, api_client: Any = None) -> str | None:
+    """The engine key of a RolloutJob's managed inference, which the gate in front of each replica asks for: from the
+    job's apiKeySecretRef, else the Secret the operator made for it. None when there is no such RolloutJob (an engine
+    Service of another making); ValueError, in one line, when the Secret cannot be read."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    from tracefleet.operator import names as n
+    from tracefleet.operator.body import job_of
+    from tracefleet.operator.children.inference import engine_key_ref
+
+    api = api_client or kube_api_client()
+    try:
+        body = client.CustomObjectsApi(api).get_namespaced_custom_object(n.GROUP, n.VERSION, namespace, n.PLURAL, job)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise ValueError(f"cannot read RolloutJob {namespace}/{job} for its engine key: {exc.status} {exc.reason}") from None
+    if (ref := engine_key_ref(job_of(body))) is None:
+        return None
+    try:
+        data = client.CoreV1Api(api).read_namespaced_secret(ref.name, namespace).data or {}
+    except ApiException as exc:
+        raise ValueError(f"cannot read Secret {namespace}/{ref.name} (the engine key of {job}): {exc.status} "
+                         f"{exc.reason}; or set the key in $VLLM_API_KEY") from None
+    if ref.key not in data:
+        raise ValueError(f"Secret {namespace}/{ref.name} has no key {ref.key!r} (the engine key of {job})")
+    return base64.b64decode(data[ref.key]).decode()

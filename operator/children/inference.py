@@ -1,16 +1,29 @@
-"""The managed inference engine: vLLM's OpenAI server as a Deployment behind a Service."""
+"""The managed inference engine: vLLM's OpenAI server as a Deployment behind a Service.
+
+vLLM listens on the pod's loopback only; the pod's port is the engine gate's (`tracefleet engine-gate`, the tracefleet
+image), which lets through only requests with the job's engine key, on every route but /health. The key is the job's
+`apiKeySecretRef`, else a Secret the operator makes per job (owned by it): the gate, vLLM and each proxy sidecar get it
+as `secretKeyRef` on their container alone, never a harness or task container (docs/harbor/cluster-network.md).
+"""
 
 from __future__ import annotations
 
+import base64
+import secrets
 from typing import Any
 
-from tracefleet.contract.job import ManagedInference, RolloutJob
+from tracefleet.contract import podenv
+from tracefleet.contract.job import ManagedInference, RolloutJob, SecretKeyRef
 from tracefleet.operator import names as n
 from tracefleet.operator.children.inputs import env_vars
 from tracefleet.operator.children.metadata import Manifest, child_labels, metadata, namespace_of, priority_class
+from tracefleet.operator.children.security import NON_ROOT_UID, container_security_context
+from tracefleet.operator.config import OperatorConfig
 from tracefleet.vllm import HEALTH_PATH, VLLM_API_KEY_ENV, VllmServer, vllm_server
 
-ENGINE_PORT = 8000
+ENGINE_PORT = 8000  # the pod's, the Service's: the gate's
+VLLM_LOOPBACK_PORT = 8001  # vLLM's, on 127.0.0.1: only the gate (and nothing outside the pod) reaches it
+ENGINE_KEY_BYTES = 32
 # Model download + load can take 10-15 minutes: the startup probe holds liveness off that long.
 ENGINE_STARTUP_TIMEOUT_S = 900
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -32,7 +45,7 @@ def _managed(job: RolloutJob) -> ManagedInference:
 def _vllm(job: RolloutJob) -> VllmServer:
     """The same command line and environment the tests run real vLLM with (tracefleet.vllm.vllm_server)."""
     _managed(job)
-    return vllm_server(job.spec.inference, host="0.0.0.0", port=ENGINE_PORT)
+    return vllm_server(job.spec.inference, host="127.0.0.1", port=VLLM_LOOPBACK_PORT)
 
 
 def vllm_args(job: RolloutJob) -> list[str]:
@@ -46,15 +59,66 @@ def vllm_env(job: RolloutJob) -> list[dict[str, Any]]:
     return env_vars({**_vllm(job).env, **({HF_HOME: cache.mount_path} if cache else {})}) + engine_api_key_env(job, VLLM_API_KEY_ENV)
 
 
+GATE_OWNED_FLAGS = ("--host", "--port", "--api-key")
+
+
+def extra_args_problem(job: RolloutJob) -> str | None:
+    """Why the managed engine's extraArgs cannot run behind the gate, or None: where vLLM listens, and its key, are the
+    operator's (a vLLM on the pod's port would leave the gate nowhere to listen; one on 0.0.0.0 would be open)."""
+    m = job.spec.inference.managed
+    given = sorted({a.split("=", 1)[0] for a in (m.extra_args or []) if a.split("=", 1)[0] in GATE_OWNED_FLAGS}) if m else []
+    if not given:
+        return None
+    return (f"spec.inference.managed.extraArgs: {', '.join(given)} are the operator's (vLLM listens on the pod's "
+            "loopback behind the engine gate, whose key is apiKeySecretRef's or the job's own)")
+
+
+def engine_key_ref(job: RolloutJob) -> SecretKeyRef | None:
+    """Where the engine's key is: the job's apiKeySecretRef, else (managed) the Secret the operator makes for the
+    job; None for an external engine that needs none."""
+    if (ref := job.spec.inference.api_key_secret_ref()) is not None or job.spec.inference.managed is None:
+        return ref
+    return SecretKeyRef(name=n.engine_key_secret_name(job.name), key=n.ENGINE_KEY_SECRET_KEY)
+
+
+def engine_key_secret(job: RolloutJob) -> Manifest | None:
+    """The job's engine key, made once (created, never updated: a later pass's fresh key does not replace it) and
+    deleted with the job; None when the job names its own Secret or runs no engine."""
+    if job.spec.inference.managed is None or job.spec.inference.api_key_secret_ref() is not None:
+        return None
+    key = secrets.token_urlsafe(ENGINE_KEY_BYTES)
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": metadata(job, n.engine_key_secret_name(job.name), n.COMPONENT_INFERENCE),
+            "data": {n.ENGINE_KEY_SECRET_KEY: base64.b64encode(key.encode()).decode()}}
+
+
 def engine_api_key_env(job: RolloutJob, name: str) -> list[dict[str, Any]]:
-    """`name` set from the engine's API-key Secret, or nothing when the engine needs no key."""
-    if (ref := job.spec.inference.api_key_secret_ref()) is None:
+    """`name` set from the engine's key Secret, or nothing when the engine needs no key."""
+    if (ref := engine_key_ref(job)) is None:
         return []
     return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
 
 
-def inference_deployment(job: RolloutJob) -> Manifest:
-    """vLLM's OpenAI server; GPUs by `nvidia.com/gpu` limits; /dev/shm as memory emptyDir."""
+def gate_container(job: RolloutJob, cfg: OperatorConfig) -> dict[str, Any]:
+    """`tracefleet engine-gate` on the pod's port, in front of vLLM on loopback (tracefleet.proxy.engine_gate)."""
+    return {
+        "name": "gate",
+        "image": cfg.proxy_image,
+        "command": ["tracefleet"],
+        "args": ["engine-gate", "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
+                 "--engine", f"http://127.0.0.1:{VLLM_LOOPBACK_PORT}"],
+        "env": engine_api_key_env(job, podenv.ENGINE_API_KEY),
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT}],
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        # the pod runs vLLM's image as it comes (root); the gate need not
+        "securityContext": {**container_security_context(), "runAsUser": NON_ROOT_UID, "runAsGroup": NON_ROOT_UID,
+                            "readOnlyRootFilesystem": True},
+    }
+
+
+def inference_deployment(job: RolloutJob, cfg: OperatorConfig) -> Manifest:
+    """vLLM's OpenAI server on loopback behind the engine gate; GPUs by `nvidia.com/gpu` limits; /dev/shm as memory
+    emptyDir."""
     m = _managed(job)
     name = n.inference_name(job.name)
     labels = child_labels(job, n.COMPONENT_INFERENCE)
@@ -69,13 +133,13 @@ def inference_deployment(job: RolloutJob) -> Manifest:
     if m.model_cache is not None:
         volumes.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": m.model_cache.claim_name}})
         mounts.append({"name": "model-cache", "mountPath": m.model_cache.mount_path})
-    http = lambda path: {"httpGet": {"path": path, "port": "http"}}  # noqa: E731
+    # through the gate (the pod's port; vLLM answers loopback only): /health is the one route it lets through keyless
+    http = lambda path: {"httpGet": {"path": path, "port": ENGINE_PORT}}  # noqa: E731
     container = {
         "name": "vllm",
         "image": m.image,
         "args": vllm_args(job),
         "env": vllm_env(job),
-        "ports": [{"name": "http", "containerPort": ENGINE_PORT}],
         "resources": resources,
         # /health, not /v1/models: only /health answers without the API key (and 503 once the engine died).
         "startupProbe": {**http(HEALTH_PATH), "periodSeconds": 10, "failureThreshold": ENGINE_STARTUP_TIMEOUT_S // 10},
@@ -84,7 +148,7 @@ def inference_deployment(job: RolloutJob) -> Manifest:
         "volumeMounts": mounts,
     }
     pod_spec: dict[str, Any] = {
-        "containers": [container],
+        "containers": [container, gate_container(job, cfg)],
         "volumes": volumes,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,

@@ -9,7 +9,7 @@ from tracefleet.contract.session import SessionPlan
 from tracefleet.operator import names as n
 from tracefleet.operator.children.inputs import bucket_env_from, env_vars
 from tracefleet.operator.children.metadata import Manifest, child_labels, metadata, priority_class
-from tracefleet.operator.children.network_policy import network_labels
+from tracefleet.operator.children.network_policy import evaluator_network_labels, network_labels
 from tracefleet.operator.children.security import container_security_context, pod_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, SealerEnv
@@ -48,6 +48,7 @@ def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbo
     if harbor is not None:
         return _harbor_evaluator_job(job, cfg, session, harbor, {**labels, **network_labels(harbor, "verifier")}, env)
     assert e is not None
+    labels.update(evaluator_network_labels(job))
     container = {
         "name": "evaluator",
         "image": job.spec.evaluator_image() or cfg.evaluator_image,

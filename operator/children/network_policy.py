@@ -1,6 +1,8 @@
-"""The per-job NetworkPolicies that fence harness pods in: the job's (proxy's engine, bucket, DNS) for every harness pod,
-and a second one, the internet, for the pods of Harbor tasks whose agent phase asks for network "public"
-(NetworkPolicies add up: a pod both select may reach what either allows)."""
+"""The per-job NetworkPolicies: the job's (the engine, the bucket, DNS) for every harness pod; DNS and the bucket only for
+its batch pods (evaluators, which run the agent's change set, and sealers); and the internet for the pods whose phase
+asks for network "public" (a Harbor task's agent or verifier, a hook evaluator's judge). NetworkPolicies add up: a pod
+two select may reach what either allows. docs/harbor/cluster-network.md has what they leave.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import ipaddress
 from typing import Any, Literal
 from urllib.parse import urlparse
 
+from tracefleet.contract.harbor import PUBLIC_NETWORK
 from tracefleet.contract.job import RolloutJob
 from tracefleet.operator import names as n
 from tracefleet.operator.children.inference import ENGINE_PORT
@@ -15,7 +18,6 @@ from tracefleet.operator.children.metadata import Manifest, metadata
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.operator.harbor_tasks import HarborSource, ClusterHarborTask
 
-PUBLIC = "public"  # tracefleet.contract.harbor.NetworkMode's
 # Harbor's "public" is the internet, not the cluster: private and shared ranges (pods, Services and nodes on most
 # clusters) and link-local (the cloud's metadata service and the node credentials it hands out) stay out.
 NOT_PUBLIC = {4: ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"],
@@ -44,16 +46,26 @@ def network_labels(task: ClusterHarborTask | None, phase: Literal["agent", "veri
     """The pod label the public policy selects: only for a Harbor task whose phase (the agent's: its harness pod; the
     verifier's: its evaluator Job's pod) has network "public" (task.toml's phase, else [environment]). "allowlist"
     names hosts, which a NetworkPolicy cannot match: it stays without the internet, as locally."""
-    return {n.LABEL_NETWORK: PUBLIC} if task is not None and task.config.network(phase) == PUBLIC else {}
+    return {n.LABEL_NETWORK: PUBLIC_NETWORK} if task is not None and task.config.network(phase) == PUBLIC_NETWORK else {}
+
+
+def evaluator_network_labels(job: RolloutJob) -> dict[str, str]:
+    """A non-Harbor evaluator's pod: the public label for preset hook only. A hook may call a judge model, which no
+    field of the job names: the internet it gets (the cluster's own addresses left out, the engine's included); a
+    judge inside the cluster needs the platform's own policy for the job's evaluator pods. The tests and command
+    presets run the agent's patch and a program: DNS and the bucket only."""
+    e = job.spec.evaluator
+    return {n.LABEL_NETWORK: PUBLIC_NETWORK} if e is not None and e.preset == "hook" else {}
 
 
 def network_policies(job: RolloutJob, cfg: OperatorConfig, harbor: HarborSource | None) -> list[Manifest]:
-    """The job's harness policy; for a Harbor job the verifier's (its evaluator pods run the agent's change set) and
-    the public one where some task's pods carry its label."""
-    if harbor is None:
-        return [harness_network_policy(job, cfg)]
-    public = any(network_labels(t, phase) for t in harbor.tasks for phase in ("agent", "verifier"))
-    return [harness_network_policy(job, cfg), verifier_network_policy(job, cfg),
+    """The harness pods' policy and the sealers'; the evaluators' for a job that has them; the public one where some
+    pod carries its label."""
+    evaluated = harbor is not None or job.spec.evaluator is not None
+    public = (any(network_labels(t, phase) for t in harbor.tasks for phase in ("agent", "verifier")) if harbor is not None
+              else bool(evaluator_network_labels(job)))
+    return [harness_network_policy(job, cfg), batch_network_policy(job, cfg, n.COMPONENT_SEALER),
+            *([batch_network_policy(job, cfg, n.COMPONENT_EVALUATOR)] if evaluated else []),
             *([public_network_policy(job)] if public else [])]
 
 
@@ -73,7 +85,7 @@ def _policy(job: RolloutJob, name: str, component: str, selector: dict[str, str]
 def public_network_policy(job: RolloutJob) -> Manifest:
     """Egress to the internet (NOT_PUBLIC left out) for the job's pods labelled network=public."""
     internet = [{"ipBlock": {"cidr": cidr, "except": NOT_PUBLIC[version]}} for version, cidr in ((4, "0.0.0.0/0"), (6, "::/0"))]
-    return _policy(job, n.public_network_policy_name(job.name), n.COMPONENT_HARNESS, {n.LABEL_NETWORK: PUBLIC},
+    return _policy(job, n.public_network_policy_name(job.name), n.COMPONENT_HARNESS, {n.LABEL_NETWORK: PUBLIC_NETWORK},
                    [{"to": internet}], ingress=False)
 
 
@@ -90,11 +102,15 @@ def _dns_and_bucket(job: RolloutJob, cfg: OperatorConfig) -> list[dict[str, Any]
     return egress
 
 
-def verifier_network_policy(job: RolloutJob, cfg: OperatorConfig) -> Manifest:
-    """A Harbor job's evaluator pods: test.sh runs there with the agent's change set applied, so, as [verifier]
-    network_mode's default says, no ingress and egress only to DNS and the bucket (the fetch and report steps)."""
-    return _policy(job, n.verifier_network_policy_name(job.name), n.COMPONENT_EVALUATOR,
-                   {n.LABEL_COMPONENT: n.COMPONENT_EVALUATOR}, _dns_and_bucket(job, cfg))
+BATCH_POLICY_NAMES = {n.COMPONENT_EVALUATOR: n.evaluator_network_policy_name, n.COMPONENT_SEALER: n.sealer_network_policy_name}
+
+
+def batch_network_policy(job: RolloutJob, cfg: OperatorConfig, component: str) -> Manifest:
+    """The job's evaluator or sealer pods: no ingress, egress only to DNS and the bucket (what their steps read and
+    write). An evaluator runs the agent's change set (a Harbor task's test.sh as root): not the engine, nor anything
+    else of the cluster's."""
+    return _policy(job, BATCH_POLICY_NAMES[component](job.name), component, {n.LABEL_COMPONENT: component},
+                   _dns_and_bucket(job, cfg))
 
 
 def harness_network_policy(job: RolloutJob, cfg: OperatorConfig) -> Manifest:

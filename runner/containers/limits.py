@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from tracefleet.contract.harbor import TaskConfig
+from tracefleet.contract.harbor import PUBLIC_NETWORK, TaskConfig
 
 
 def container_limits(config: TaskConfig, phase: Literal["agent", "verifier"]) -> list[str]:
@@ -14,7 +14,7 @@ def container_limits(config: TaskConfig, phase: Literal["agent", "verifier"]) ->
     none (a loopback only; "allowlist" too: no egress filter by host name here, so it fails closed). What it cannot
     hold: `not_enforced`."""
     env = config.environment
-    flags = ["--network", "bridge" if config.network(phase) == "public" else "none"]
+    flags = ["--network", "bridge" if config.network(phase) == PUBLIC_NETWORK else "none"]
     if env.cpus is not None:
         flags += ["--cpus", f"{env.cpus:g}"]
     if env.memory_mb is not None:

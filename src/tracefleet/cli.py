@@ -43,6 +43,8 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("proxy", "tracefleet.proxy.cli", "run the capture proxy in front of an inference engine", server=True),
     Subcommand("engine", "tracefleet.engine.cli", "serve a small model on CPU with the vLLM API subset the proxy uses",
                server=True),
+    Subcommand("engine-gate", "tracefleet.proxy.engine_gate",
+               "let only the job's engine key through to vLLM (a managed inference pod's port)", server=True),
     Subcommand("operator", "tracefleet.operator.cli", "run the Kubernetes operator for RolloutJob resources", server=True),
     Subcommand("traces", "tracefleet.traces.cli", "list, show and export trace batches in a bucket or directory"),
     Subcommand("diagnose", "tracefleet.diagnostics.cli",

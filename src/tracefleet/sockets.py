@@ -1,8 +1,10 @@
-"""The listening socket the `tracefleet proxy` and `tracefleet engine` servers hand to uvicorn."""
+"""The listening socket the `tracefleet proxy`, `engine` and `engine-gate` servers hand to uvicorn, and the port file
+that announces it."""
 
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 
 def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
@@ -17,3 +19,10 @@ def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
     sock.bind((host, port))
     sock.listen(backlog)
     return sock
+
+
+def write_port_file(path: Path, port: int) -> None:
+    """`port` into `path` whole (written beside it, then renamed): a reader never sees a partial number."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(str(port))
+    tmp.replace(path)

@@ -82,8 +82,13 @@ def test_rbac_is_least_privilege() -> None:
     role = next(d for d in render("--set", "operator.allNamespaces=true") if d["kind"] == "ClusterRole")
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
-    grants = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-    assert grants[("", "secrets")] == {"get"}  # read named Secrets only: never list/watch every secret
+    grants: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for g in rule["apiGroups"]:
+            for r in rule["resources"]:
+                grants.setdefault((g, r), set()).update(rule["verbs"])
+    # read named Secrets, create the jobs' engine keys: never list/watch every secret, never change one
+    assert grants[("", "secrets")] == {"get", "create"}
     assert grants[("tracefleet.io", "rolloutjobs/status")] == {"get", "patch"}
     assert "create" not in grants[("tracefleet.io", "rolloutjobs")]
     assert not any(r in ("roles", "rolebindings", "clusterroles") for _, r in grants)
@@ -106,16 +111,17 @@ def test_namespaced_rbac_servicemonitor_and_schema() -> None:
 
 def test_default_rbac_is_namespaced_and_secrets_are_read_by_name() -> None:
     """Least privilege by default: every grant is a Role in a namespace the operator serves (nothing cluster-wide);
-    Secrets are `get` only (never listed or watched), narrowed to rbac.secretNames when given; all namespaces
-    only when asked, as a ClusterRole."""
+    Secrets are `get` only (never listed or watched), narrowed to rbac.secretNames when given, and `create` for the
+    jobs' engine keys; all namespaces only when asked, as a ClusterRole."""
     docs = render()
     assert not [d for d in docs if d["kind"].startswith("Cluster")]
     (served,) = [d for d in docs if d["kind"] == "Role" and not d["metadata"]["name"].endswith("-leader-election")]
     assert served["metadata"]["namespace"] == "tf-system"
-    (secrets,) = [r for r in served["rules"] if "secrets" in r["resources"]]
+    secrets, made = [r for r in served["rules"] if "secrets" in r["resources"]]
     assert secrets == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
+    assert made == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}  # the jobs' engine keys
     named = render("--set", "rbac.secretNames={bucket-credentials,trainer-webhook}")
-    (secrets,) = [r for d in named if d["kind"] == "Role" for r in d["rules"] if "secrets" in r["resources"]]
+    secrets, _ = [r for d in named if d["kind"] == "Role" for r in d["rules"] if "secrets" in r["resources"]]
     assert secrets["resourceNames"] == ["bucket-credentials", "trainer-webhook"] and secrets["verbs"] == ["get"]
     everywhere = render("--set", "operator.allNamespaces=true")
     assert {d["kind"] for d in everywhere} >= {"ClusterRole", "ClusterRoleBinding"}

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from tracefleet.operator.children.harness import PROXY_PORT, SESSION_DEADLINE_GRACE_S, exact_mode_problem, harness_pod
-from tracefleet.operator.children.inference import ENGINE_PORT, inference_deployment, inference_service
+from tracefleet.operator.children.inference import (ENGINE_PORT, VLLM_LOOPBACK_PORT, extra_args_problem, inference_deployment,
+                                                   inference_service)
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.operator.children.network_policy import harness_network_policy
 from tracefleet.operator import names as n
@@ -79,11 +80,15 @@ def _owner_ok(m: dict, job: RolloutJob) -> None:
 
 
 def test_inference_deployment_has_gpus_probes_shm_and_cache(job: RolloutJob) -> None:
-    d = inference_deployment(job)
+    d = inference_deployment(job, CFG)
     _owner_ok(d, job)
     pod = d["spec"]["template"]["spec"]
-    (ctr,) = pod["containers"]
+    ctr, gate = pod["containers"]
     assert ctr["image"].startswith("vllm/vllm-openai")
+    # vLLM on loopback; the gate (the tracefleet image) on the pod's port, in front of it
+    assert "ports" not in ctr and gate["ports"] == [{"name": "http", "containerPort": ENGINE_PORT}]
+    assert gate["image"] == CFG.proxy_image and gate["args"][:1] == ["engine-gate"]
+    assert gate["args"][gate["args"].index("--engine") + 1] == f"http://127.0.0.1:{VLLM_LOOPBACK_PORT}"
     assert ctr["resources"]["limits"]["nvidia.com/gpu"] == "2"  # defaults to tensorParallelSize
     args = ctr["args"]
     assert args[args.index("--served-model-name") + 1] == "qwen"
@@ -91,13 +96,13 @@ def test_inference_deployment_has_gpus_probes_shm_and_cache(job: RolloutJob) -> 
     assert args[args.index("--model") + 1] == "Qwen/Qwen3-4B"
     assert args[-2:] == ["--max-model-len", "32768"]
     # the one command line the tests run real vLLM with: tools and reasoning parsed for Qwen3, dev mode on
-    assert args == vllm_server(job.spec.inference, host="0.0.0.0", port=ENGINE_PORT).args
+    assert args == vllm_server(job.spec.inference, host="127.0.0.1", port=VLLM_LOOPBACK_PORT).args
     assert "--enable-auto-tool-choice" in args and args[args.index("--tool-call-parser") + 1] == "hermes"
     assert args[args.index("--reasoning-parser") + 1] == "qwen3" and "--enable-prompt-tokens-details" in args
     assert {"name": "VLLM_SERVER_DEV_MODE", "value": "1"} in ctr["env"]
     assert ctr["image"] == DEFAULT_VLLM_IMAGE
-    # /health answers without the API key (/v1/models does not)
-    assert ctr["startupProbe"]["httpGet"]["path"] == "/health"
+    # /health answers without the API key (/v1/models does not), through the gate
+    assert ctr["startupProbe"]["httpGet"] == {"path": "/health", "port": ENGINE_PORT}
     # 10-15 minutes for download + load before liveness may kill it
     assert 600 <= ctr["startupProbe"]["periodSeconds"] * ctr["startupProbe"]["failureThreshold"] <= 900
     assert ctr["readinessProbe"]["httpGet"]["path"] == "/health"
@@ -113,6 +118,14 @@ def test_inference_deployment_has_gpus_probes_shm_and_cache(job: RolloutJob) -> 
     assert svc["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
     assert svc["spec"]["ports"][0]["port"] == ENGINE_PORT
     assert "sessionAffinity" not in svc["spec"]  # one replica
+
+
+def test_extra_args_cannot_move_vllm_off_the_loopback_behind_the_gate(job: RolloutJob) -> None:
+    assert extra_args_problem(job) is None
+    body = yaml.safe_load(MANAGED)
+    body["spec"]["inference"]["managed"]["extraArgs"] = ["--host", "0.0.0.0", "--port=8000", "--max-model-len", "8"]
+    problem = extra_args_problem(RolloutJob.model_validate(body))
+    assert problem is not None and "--host, --port are the operator's" in problem, problem
 
 
 def test_inference_service_keeps_a_session_on_one_replica_when_there_are_several() -> None:
@@ -133,8 +146,9 @@ def test_engine_api_key_reaches_vllm_and_the_proxy_sidecar_from_the_secret(kind:
     harness = pod["spec"]["containers"][0]
     assert not any(e["name"] == podenv.ENGINE_API_KEY for e in harness.get("env", []))  # only the sidecar
     if kind == "managed":
-        (vllm,) = inference_deployment(job)["spec"]["template"]["spec"]["containers"]
+        vllm, gate = inference_deployment(job, CFG)["spec"]["template"]["spec"]["containers"]
         assert {"name": "VLLM_API_KEY", "valueFrom": from_secret} in vllm["env"]
+        assert gate["env"] == [{"name": podenv.ENGINE_API_KEY, "valueFrom": from_secret}]
 
 
 def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: RolloutJob) -> None:
@@ -189,11 +203,11 @@ def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: RolloutJob)
     assert args[args.index("--mode") + 1] == "auto" and args[args.index("--model-path") + 1] == "Qwen/Qwen3-4B"
     assert {"name": "tokenizer-cache", "mountPath": "/root/.cache/huggingface", "readOnly": True} in proxy["volumeMounts"]
     assert {"name": "tokenizer-cache", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in spec["volumes"]
-    env = {e["name"]: e["value"] for e in proxy["env"]}
+    env = {e["name"]: e.get("value") for e in proxy["env"]}
     assert env["HF_HOME"] == "/root/.cache/huggingface" and env["HF_HUB_OFFLINE"] == "1"
     (harness,) = spec["containers"]
     assert not any(m["name"] == "tokenizer-cache" for m in harness["volumeMounts"])  # the sandbox never sees it
-    (vllm,) = inference_deployment(job)["spec"]["template"]["spec"]["containers"]
+    vllm, _gate = inference_deployment(job, CFG)["spec"]["template"]["spec"]["containers"]
     assert {"name": "HF_HOME", "value": "/root/.cache/huggingface"} in vllm["env"]  # where vLLM downloads to
     assert exact_mode_problem(job) is None
 
@@ -236,7 +250,7 @@ def test_external_engine_gets_ip_block_and_no_deployment() -> None:
     job = RolloutJob.model_validate(external_body())
     assert job.spec.inference.managed is None
     with pytest.raises(AssertionError):
-        inference_deployment(job)
+        inference_deployment(job, CFG)
     np = harness_network_policy(job, CFG)
     rule = np["spec"]["egress"][1]
     assert rule == {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}], "ports": [{"protocol": "TCP", "port": 8000}]}
@@ -280,7 +294,7 @@ def test_sealer_job_pins_its_sessions(job: RolloutJob) -> None:
 def test_suspended_job_runs_no_inference(job: RolloutJob) -> None:
     body = yaml.safe_load(MANAGED)
     body["spec"]["suspend"] = True
-    assert inference_deployment(RolloutJob.model_validate(body))["spec"]["replicas"] == 0
+    assert inference_deployment(RolloutJob.model_validate(body), CFG)["spec"]["replicas"] == 0
 
 
 def test_long_names_fit_dns_labels() -> None:

@@ -260,6 +260,16 @@ def play_sealers(env: Env, ns: str, job: str) -> None:
         env.sealed.add(sj.metadata.uid)
 
 
+def key_holders(spec: Any, secret: str) -> set[str]:
+    """The containers of a pod spec that get the Secret `secret` (from env, envFrom or a volume of the pod: all)."""
+    containers = (spec.init_containers or []) + spec.containers
+    if any(v.secret is not None and v.secret.secret_name == secret for v in spec.volumes or []):
+        return {c.name for c in containers}
+    return {c.name for c in containers
+            if any(e.value_from and e.value_from.secret_key_ref and e.value_from.secret_key_ref.name == secret for e in c.env or [])
+            or any(f.secret_ref and f.secret_ref.name == secret for f in c.env_from or [])}
+
+
 def alive(pods: list[Any]) -> list[Any]:
     return [p for p in pods if p.status.phase in (None, "Pending", "Running") and not p.metadata.deletion_timestamp]
 
@@ -304,8 +314,28 @@ def test_rolloutjob_runs_to_complete(env: Env) -> None:
     assert dep.metadata.owner_references[0].kind == "RolloutJob"
     svc = wait_for("inference Service", lambda: _get(env.core.read_namespaced_service, "happy-inference", ns))
     assert svc.spec.ports[0].port == 8000
+    # the engine gate, in the inference pod the Deployment made: vLLM on loopback, the gate alone on the port the
+    # Service targets, with the job's key from a Secret the job owns; in a harness pod only the proxy has the key
+    key = wait_for("engine key Secret", lambda: _get(env.core.read_namespaced_secret, "happy-engine-key", ns))
+    assert [(o.kind, o.name) for o in key.metadata.owner_references] == [("RolloutJob", "happy")]
+    assert len(key.data[n.ENGINE_KEY_SECRET_KEY]) >= 40
+    # the trainer's weight sync (`tracefleet policy update --job`) reads the same key
+    import base64
+
+    from tracefleet.trainer.replicas import job_engine_key
+
+    assert job_engine_key(ns, "happy", api_client=env.api) == base64.b64decode(key.data[n.ENGINE_KEY_SECRET_KEY]).decode()
+    assert job_engine_key(ns, "no-such-job", api_client=env.api) is None
     wait_for("InferenceReady", lambda: any(c["type"] == "InferenceReady" and c["status"] == "True"
                                            for c in env.status(ns, "happy").get("conditions") or []))
+    engine_pod = wait_for("inference pod", lambda: next(iter(env.core.list_namespaced_pod(
+        ns, label_selector=n.job_selector("happy", n.COMPONENT_INFERENCE)).items), None)).spec
+    vllm, gate = engine_pod.containers
+    assert (vllm.name, gate.name) == ("vllm", "gate")
+    assert vllm.args[vllm.args.index("--host") + 1] == "127.0.0.1" and vllm.args[vllm.args.index("--port") + 1] == "8001"
+    assert not vllm.ports and [(p.name, p.container_port) for p in gate.ports] == [(svc.spec.ports[0].target_port, 8000)]
+    assert gate.args[:1] == ["engine-gate"] and gate.image == "reg.local/tracefleet:test"
+    assert key_holders(engine_pod, "happy-engine-key") == {"vllm", "gate"}
     first = wait_for("harness pods", lambda: env.pods(ns, "happy"))[0]
     spec = first.spec
     assert spec.automount_service_account_token is False and spec.runtime_class_name == "gvisor"
@@ -314,6 +344,7 @@ def test_rolloutjob_runs_to_complete(env: Env) -> None:
     assert first.metadata.labels["kueue.x-k8s.io/queue-name"] == "gpu"
     netpol = client.NetworkingV1Api(env.api).read_namespaced_network_policy("happy-harness", ns)
     assert netpol.spec.pod_selector.match_labels[n.LABEL_COMPONENT] == "harness"
+    assert key_holders(spec, "happy-engine-key") == {"proxy"}
 
     # rewards that differ within each task's group (sample 0: 1, sample 1: 0), as a GRPO trainer needs
     max_alive = drive(env, ns, "happy", parallelism=2, reward=lambda p: float(p.metadata.labels[n.LABEL_SAMPLE] == "0"))
@@ -330,6 +361,19 @@ def test_rolloutjob_runs_to_complete(env: Env) -> None:
     # evaluator Jobs: one per session, run to completion by the real Job controller
     evals = env.jobs(ns, "happy", n.COMPONENT_EVALUATOR)
     assert len(evals) == 6 and all(j.status.succeeded == 1 for j in evals)
+    # the batch pods' policies: evaluators (they run the agent's patch) and sealers reach DNS and the bucket only
+    policies = {p.metadata.name: p.spec for p in client.NetworkingV1Api(env.api).list_namespaced_network_policy(ns).items}
+    assert set(policies) == {"happy-harness", "happy-evaluator", "happy-sealer"}
+    batch_pods = {c: [j.spec.template.metadata.labels for j in env.jobs(ns, "happy", c)]
+                  for c in (n.COMPONENT_EVALUATOR, n.COMPONENT_SEALER)}
+    for name, component in (("happy-evaluator", n.COMPONENT_EVALUATOR), ("happy-sealer", n.COMPONENT_SEALER)):
+        chosen = policies[name].pod_selector.match_labels
+        assert all(chosen.items() <= labels.items() for labels in batch_pods[component]) and batch_pods[component]
+        assert not any(chosen.items() <= labels.items() for other, pods in batch_pods.items() if other != component
+                       for labels in pods)
+        assert policies[name].policy_types == ["Ingress", "Egress"] and policies[name].ingress is None
+        assert len(policies[name].egress) == 2 and not any(t.pod_selector and t.namespace_selector is None
+                                                           for r in policies[name].egress for t in r.to or [])
     # batches exist in S3 (manifest last)
     bucket = open_bucket(env.bucket_uri(ns), **env.s3.bucket_options())
     assert sorted(o.key for o in bucket.list("happy/batches/") if o.key.endswith("manifest.json")) == [
@@ -619,6 +663,7 @@ def test_harbor_job_runs_each_session_in_its_task_image(env: Env, tmp_path: Path
         assert harness.security_context.run_as_user == 0 and not harness.security_context.allow_privilege_escalation
         assert {e.name: e.value for e in harness.env or []}.get("TRACEFLEET_TASK_WORKDIR") == workdir
         assert [c.name for c in spec.init_containers] == ["proxy", "bundle"]
+        assert key_holders(spec, "hb-engine-key") == {"proxy"}  # not the task's container, nor the session program
         bundle = spec.init_containers[1]
         assert bundle.image == "reg.local/codex:1" and ti.BUNDLE_SOURCE_DIR in bundle.command[-1]
         shared = next(v for v in spec.volumes if v.name == ti.SHARED_VOLUME)
@@ -636,7 +681,7 @@ def test_harbor_job_runs_each_session_in_its_task_image(env: Env, tmp_path: Path
     # engine, the bucket, DNS); only the pods of the task whose agent asks for "public" also under the public one, which
     # leaves the cluster's own and the metadata service's addresses out
     policies = {p.metadata.name: p.spec for p in client.NetworkingV1Api(env.api).list_namespaced_network_policy(ns).items}
-    assert set(policies) == {"hb-harness", "hb-verifier", "hb-harness-public"}
+    assert set(policies) == {"hb-harness", "hb-evaluator", "hb-sealer", "hb-harness-public"}
 
     def selects(policy: str, pod: Any) -> bool:
         return all(pod.metadata.labels.get(k) == v for k, v in policies[policy].pod_selector.match_labels.items())
@@ -653,9 +698,9 @@ def test_harbor_job_runs_each_session_in_its_task_image(env: Env, tmp_path: Path
     # the verifier's pod (the agent's change set runs there): no ingress, DNS and the bucket only, no engine; greet's
     # verifier has no network of its own, so not the public policy either
     labelled = type("Pod", (), {"metadata": evaluator.spec.template.metadata})
-    assert (selects("hb-verifier", labelled), selects("hb-harness-public", labelled)) == (True, False)
-    assert policies["hb-verifier"].ingress is None and policies["hb-verifier"].policy_types == ["Ingress", "Egress"]
-    assert not any(t.pod_selector for r in policies["hb-verifier"].egress for t in r.to or [] if t.namespace_selector is None)
+    assert (selects("hb-evaluator", labelled), selects("hb-harness-public", labelled)) == (True, False)
+    assert policies["hb-evaluator"].ingress is None and policies["hb-evaluator"].policy_types == ["Ingress", "Egress"]
+    assert not any(t.pod_selector for r in policies["hb-evaluator"].egress for t in r.to or [] if t.namespace_selector is None)
     fetch, verify = pod.init_containers
     assert (fetch.name, verify.name, pod.containers[0].name) == ("fetch", "verify", "evaluator")
     assert (verify.image, verify.command) == (f"reg.local:5000/team/tracefleet-task/greet:{digest}", ["sh", "-c", VERIFIER])

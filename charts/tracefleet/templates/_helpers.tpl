@@ -88,6 +88,10 @@ app.kubernetes.io/component: operator
   {{- with .Values.rbac.secretNames }}
   resourceNames: {{ toJson . }}
   {{- end }}
+# each job's engine key (<job>-engine-key, owned by the job): create only, never read back, listed or changed
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]

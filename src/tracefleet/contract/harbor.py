@@ -58,6 +58,7 @@ HARBOR_NOT_YET = ("spec.tasks.harbor: Harbor task folders do not run in a job ye
                   "come next); `tracefleet validate` checks them and `tracefleet tasks build` builds their images")
 
 NetworkMode = Literal["no-network", "public", "allowlist"]
+PUBLIC_NETWORK: NetworkMode = "public"  # the internet: a runtime's bridge network locally, an egress policy on a cluster
 # What a phase gets when task.toml names no network_mode anywhere: Harbor's default is "public"; tracefleet's is no
 # network (an agent under training reaches the proxy and nothing else unless its task says otherwise).
 DEFAULT_NETWORK: NetworkMode = "no-network"
@@ -132,7 +133,7 @@ class EnvironmentConfig(HarborModel):
     storage_mb: int | None = None
     gpus: int | None = None
     gpu_types: list[str] | None = None
-    network_mode: NetworkMode = "public"
+    network_mode: NetworkMode = PUBLIC_NETWORK
     allowed_hosts: list[str] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
@@ -157,7 +158,7 @@ class EnvironmentConfig(HarborModel):
             data.pop(old, None)
         allow = data.pop("allow_internet", None)
         if allow is not None and "network_mode" not in data and data.get("allowed_hosts") is None:
-            data["network_mode"] = "public" if allow else "no-network"
+            data["network_mode"] = PUBLIC_NETWORK if allow else "no-network"
         return data
 
     @model_validator(mode="after")

@@ -191,8 +191,9 @@ class ManagedInference(WireModel):
         default=None, description="Container resources; GPU limits are added from gpusPerReplica."
     )
     api_key_secret_ref: SecretKeyRef | None = Field(
-        default=None, description="API key vLLM requires on its OpenAI routes (VLLM_API_KEY); the proxy sidecars get "
-        "it too. /health stays open, so probes need none.",
+        default=None, description="The engine's key: the engine gate in front of vLLM lets only requests with it "
+        "through, on every route but /health; the gate, vLLM (VLLM_API_KEY) and the proxy sidecars get it, no harness "
+        "container does. Unset: a Secret <job>-engine-key the operator makes for the job.",
     )
 
     x_rules = (
