@@ -96,11 +96,11 @@ class StepLogger:
 
     def __init__(self, run_dir: Path, err: TextIO = sys.stderr) -> None:
         self.trackers: list[Tracker] = []
+        self.err = err
         try:
             self.trackers.append(TensorBoard(run_dir))
         except ImportError:
             print("(no TensorBoard event files: pip install tensorboardX to have them)", file=err)
-        self.err = err
         if os.environ.get(MLFLOW_TRACKING_URI):
             try:
                 self.trackers.append(MLflow(run_dir))
