@@ -2,7 +2,7 @@
 background reader has them, from batch rows (groups with signal, per task success, fail-closed reasons).
 
 The names of a loop's figures are loop.jsonl's own keys (tracefleet.trainer.loop.step_record), the names the
-TensorBoard logger (tracefleet.dashboard.tensorboard) writes them under.
+trackers (tracefleet.dashboard.trackers: TensorBoard, MLflow) write them under.
 """
 
 from __future__ import annotations

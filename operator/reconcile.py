@@ -50,6 +50,7 @@ from tracefleet.operator.sealing import batches_to_seal, observe_sealers, record
 from tracefleet.operator.session_table import observe, plan
 from tracefleet.operator.status import (
     EVENT_BATCH_SEALED,
+    EVENT_DASHBOARD_URL,
     EVENT_TASK_LEFT_OUT,
     FINISHED_PHASES,
     NORMAL,
@@ -267,6 +268,8 @@ class Reconciler:
             quarantine=quarantine_condition(diagnosed, policy.max_quarantine_rate, policy.min_judged_sessions),
         ), old, now, self.cfg.recent_batches)
         new.dashboard_url = self.cfg.dashboard_page(job)
+        if new.dashboard_url and new.dashboard_url != old.dashboard_url:  # once: the next pass reads it in status
+            res.events.append((NORMAL, EVENT_DASHBOARD_URL, f"the job's dashboard: {new.dashboard_url}"))
         res.events += condition_events(old.conditions, new.conditions or [])
         if status_changed(old, new):
             res.status = new

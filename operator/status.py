@@ -84,6 +84,7 @@ MESSAGE_MAX = 1024
 # Event reasons beside the conditions'.
 EVENT_BATCH_SEALED = "BatchSealed"
 EVENT_TASK_LEFT_OUT = "HarborTaskLeftOut"  # a Harbor task folder with a problem: the job runs the others
+EVENT_DASHBOARD_URL = "DashboardUrl"  # the job's page on the chart's dashboard, when status.dashboardUrl is set
 NORMAL = "Normal"
 WARNING = "Warning"
 

@@ -364,7 +364,7 @@ class Loop:
     def _train(self, job: Any, engine_url: str, model_dir: Path, run_dir: Path, result: LoopResult) -> None:
         import torch
 
-        from tracefleet.dashboard.tensorboard import StepLogger
+        from tracefleet.dashboard.trackers import StepLogger
         from tracefleet.traces import BatchReader
         from tracefleet.trainer.control import update_policy
         from tracefleet.trainer.grpo import grpo_step, load_policy, save_weights, trainable
@@ -392,7 +392,7 @@ class Loop:
         reader = BatchReader(str(bucket), job.name, consumer=CONSUMER)
         hold = GenerationHold(engine_url, reader, o.max_lag)
         log = open(run_dir / "loop.jsonl", "a")  # noqa: SIM115
-        board = StepLogger(run_dir, self.err)  # the same figures as TensorBoard event files (RUN/tensorboard/)
+        board = StepLogger(run_dir, self.err)  # the same figures in TensorBoard event files (RUN/tensorboard/), MLflow
         try:
             for batch in reader.follow(poll_s=POLL_S, timeout_s=None):
                 t_step = time.monotonic()
@@ -650,8 +650,8 @@ def step_record(step: int, version: int, t: dict[str, Any], group_ids: list[str]
         "groups": len(by_group), "groups_with_signal": sum(len(v) > 1 for v in by_group.values()),
         "trainable_tokens": int(on.sum()), "stale_tokens_masked": masked,
         "max_lag_seen": int(version - 1 - int(seen.min())) if seen.numel() else 0,
-        "backlog": backlog, "train_s": round(train_s, 3), "sync_s": round(report.seconds, 3),
-        "paused_s": round(report.paused_seconds, 3), "sync_steps": {k: round(v, 3) for k, v in report.step_seconds().items()},
+        "backlog": backlog, "train_s": round(train_s, 3), **report.loop_figures(),
+        "sync_steps": {k: round(v, 3) for k, v in report.step_seconds().items()},
         "kept": sum(f.kept for f in flight), "aborted": sum(f.aborted for f in flight),
         **{k: v for k, v in stats.items() if k != "tokens"},
         "mismatch_tokens": stats.get("tokens", 0),

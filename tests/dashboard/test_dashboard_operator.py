@@ -8,21 +8,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
+from fixtures.controlplane import host_address
 from fixtures.servers import stop_process_group
 from tracefleet.contract.dashboard import job_page_url
 from tracefleet.contract.job import Counters, RolloutJobStatus
 from tracefleet.contract.progress import JobProgress
 from tracefleet.operator import names as n
+from tracefleet.operator.status import EVENT_DASHBOARD_URL
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "tracefleet"
 NS = "dash-team"
@@ -42,18 +45,32 @@ def rolloutjob(ns: str, name: str, output: str) -> dict[str, Any]:
     }
 
 
+def proxied(core: client.CoreV1Api, service: str, path: str, query_path: str | None = None) -> str:
+    """GET `path` of the Service through the API server's service proxy (to the Service's endpoints)."""
+    kw = {"path2": query_path} if query_path is not None else {}  # path2: the proxied request's `?path=`
+    r = core.connect_get_namespaced_service_proxy_with_path(f"{service}:http", NS, path, _preload_content=False,
+                                                            _request_timeout=30, **kw)
+    return r.data.decode()
+
+
 def test_the_operator_names_the_charts_dashboard_in_status(kube: Any, s3: Any, tmp_path: Path) -> None:
     bucket = s3.create_bucket()
+    # the pod's process runs here, on this machine's address (the pod's IP below) and a port free on it
+    address = host_address()
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        port = sock.getsockname()[1]
     r = kube.helm("install", RELEASE, str(CHART), "--namespace", NS, "--create-namespace", "--set", "image.tag=test",
-                  "--set", "dashboard.enabled=true", "--set", f"dashboard.uri=s3://{bucket}/team")
+                  "--set", "dashboard.enabled=true", "--set", f"dashboard.uri=s3://{bucket}/team", "--set", f"dashboard.port={port}")
     assert r.returncode == 0, r.stdout + r.stderr
     api = kube.api_client()
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    service = f"{RELEASE}-tracefleet-dashboard"
     op = dash = None
     try:
         deployment = client.AppsV1Api(api).read_namespaced_deployment(f"{RELEASE}-tracefleet", NS)
         (ctr,) = deployment.spec.template.spec.containers
-        url = f"http://{RELEASE}-tracefleet-dashboard.{NS}.svc:8090"
+        url = f"http://{service}.{NS}.svc:{port}"
         assert f"--dashboard-url={url}" in ctr.args and f"--dashboard-uri=s3://{bucket}/team" in ctr.args
         kubeconfig = kube.service_account_kubeconfig(NS, f"{RELEASE}-tracefleet", tmp_path / "operator.kubeconfig")
         core.create_namespaced_secret(NS, {"metadata": {"name": "bucket-creds"}, "stringData": {
@@ -73,24 +90,59 @@ def test_the_operator_names_the_charts_dashboard_in_status(kube: Any, s3: Any, t
         while time.monotonic() < deadline and not (status("shown").get("phase") and status("elsewhere").get("phase")):
             time.sleep(0.5)
         assert status("shown").get("phase") and status("elsewhere").get("phase"), log.read_text()[-4000:]
-        assert status("shown")["dashboardUrl"] == f"{url}/job?path={NS}%2Fshown"
+        page = f"{url}/job?path={NS}%2Fshown"
+        assert status("shown")["dashboardUrl"] == page
         assert "dashboardUrl" not in status("elsewhere")
-        # the chart's dashboard, as its own ServiceAccount with its own arguments: the cluster job's running count
-        # and ETA come from its status (nothing of it is in the bucket yet)
-        (dctr,) = client.AppsV1Api(api).read_namespaced_deployment(f"{RELEASE}-tracefleet-dashboard", NS).spec.template.spec.containers
-        dash_kubeconfig = kube.service_account_kubeconfig(NS, f"{RELEASE}-tracefleet-dashboard", tmp_path / "dashboard.kubeconfig")
-        dash = subprocess.Popen([sys.executable, "-m", "tracefleet.cli", "dashboard", *dctr.args, "--host=127.0.0.1", "--port=0"],
+
+        # the chart's dashboard: its pod (KWOK's) given this machine's address, its process run here as the chart's
+        # ServiceAccount with the chart's arguments, listening on that address (the pod's 0.0.0.0)
+        def started() -> list[Any]:  # KWOK's part done (Running, its own IP): nothing of its overwrites the IP after
+            return [p for p in core.list_namespaced_pod(NS, label_selector="app.kubernetes.io/component=dashboard").items
+                    if p.status.phase == "Running" and p.status.pod_ip]
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not started():
+            time.sleep(0.2)
+        (pod,) = started()
+        kube.run_pod_here(NS, pod.metadata.name, address)
+        (dctr,) = client.AppsV1Api(api).read_namespaced_deployment(service, NS).spec.template.spec.containers
+        assert "--host=0.0.0.0" in dctr.args and f"--port={port}" in dctr.args
+        dash_kubeconfig = kube.service_account_kubeconfig(NS, service, tmp_path / "dashboard.kubeconfig")
+        dash = subprocess.Popen([sys.executable, "-m", "tracefleet.cli", *dctr.command[1:],
+                                 *[f"--host={address}" if a == "--host=0.0.0.0" else a for a in dctr.args]],
                                 env={**os.environ, **s3.env(), "KUBECONFIG": str(dash_kubeconfig)}, stdout=subprocess.PIPE,
                                 stderr=open(tmp_path / "dashboard.log", "w"), text=True, start_new_session=True)  # noqa: SIM115
         line = dash.stdout.readline() if dash.stdout else ""
-        assert "http://" in line, (line, (tmp_path / "dashboard.log").read_text())
-        base = line.rsplit(" ", 1)[-1].strip().rstrip("/")
-        got = json.loads(urllib.request.urlopen(f"{base}/api/job?path={NS}/shown", timeout=30).read())
-        progress = got["progress"]
+        assert f"http://{address}:{port}/" in line, (line, (tmp_path / "dashboard.log").read_text())
+
+        def endpoints() -> list[str]:
+            subsets = core.read_namespaced_endpoints(service, NS).subsets or []
+            return [f"{a.ip}:{p.port}" for s in subsets for a in s.addresses or [] for p in s.ports or []]
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and endpoints() != [f"{address}:{port}"]:
+            time.sleep(0.2)
+        assert endpoints() == [f"{address}:{port}"]  # the endpoint controller's, from the pod the chart's Service selects
+
+        # through the Service: the cluster job's running count and ETA come from its status (nothing of it is in
+        # the bucket yet)
+        progress = json.loads(proxied(core, service, "api/job", f"{NS}/shown"))["progress"]
         assert progress["driver"] == "kubernetes" and progress["finished"] is False
         counters = progress["counters"]  # status.counters (the job's one session: waiting for inference, or running)
         assert counters["total"] == 1 and counters["pending"] + counters["running"] == 1 and counters["succeeded"] == 0
-        assert f"/job?path={NS}%2Felsewhere" not in urllib.request.urlopen(f"{base}/", timeout=30).read().decode()
+        html = proxied(core, service, "job", f"{NS}/shown")  # the page status.dashboardUrl names
+        shown = dict(re.findall(r"data-count=.(\w+).>([^<]*)<", html))
+        assert (shown["total"], shown["finished"], int(shown["pending"]) + int(shown["running"])) == ("1", "0", 1), html[-2000:]
+        assert f"{NS}%2Fshown" in proxied(core, service, "") and f"{NS}%2Felsewhere" not in proxied(core, service, "")
+
+        # the URL is named once in an Event on the job too, though the operator has made many passes since
+        def events(job: str) -> list[Any]:
+            return [e for e in core.list_namespaced_event(NS, field_selector=f"involvedObject.name={job}").items
+                    if e.reason == EVENT_DASHBOARD_URL]
+
+        (event,) = events("shown")
+        assert event.type == "Normal" and page in event.message and event.involved_object.kind == n.KIND
+        assert events("elsewhere") == []
     finally:
         if dash is not None:
             stop_process_group(dash)

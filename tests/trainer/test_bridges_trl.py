@@ -28,6 +28,7 @@ from tracefleet.trainer.bridges.trl import ADVANTAGE_KEY, REWARD_KEY, TrlRollout
 
 from fixtures.bridge_batches import close, expected_advantages, expected_response, harness_of, real_run, sealed_batch
 from fixtures.checkpoints import restore_served_weights
+from fixtures.event_files import scalars
 from fixtures.proxy_on_vllm import served_model_dir
 
 JOB = "trl-bridge"
@@ -84,6 +85,7 @@ def test_one_grpo_trainer_step_on_a_real_runs_batch_updates_vllm(vllm_server: An
     import torch
     from transformers import AutoTokenizer
 
+    from tracefleet.dashboard.trackers import TENSORBOARD_DIR, StepLogger
     from tracefleet.trainer.bridges.trl import PolicySync, placeholder_dataset, session_advantage
     from tracefleet.trainer.grpo import load_policy
 
@@ -100,7 +102,8 @@ def test_one_grpo_trainer_step_on_a_real_runs_batch_updates_vllm(vllm_server: An
     model = load_policy(model_dir, train_layers=2)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     rollouts = TrlRollouts(reader, follow_options={"idle_exit": True})
-    sync = PolicySync([vllm_server.url], tmp_path / "ckpt", rollouts, start_version=start)
+    board = StepLogger(tmp_path / "run")
+    sync = PolicySync([vllm_server.url], tmp_path / "ckpt", rollouts, start_version=start, logger=board)
     config = GRPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=SAMPLES,
                         num_generations=SAMPLES, max_steps=1, learning_rate=1e-4, use_cpu=True, bf16=False,
                         report_to="none", logging_steps=1, save_strategy="no", scale_rewards="none", beta=0.0,
@@ -118,5 +121,8 @@ def test_one_grpo_trainer_step_on_a_real_runs_batch_updates_vllm(vllm_server: An
         assert changed, "the step changed no trained tensor"
         assert label_version(engine.label()) == start + 1 and len(sync.reports) == 1
         assert reader.cursor() == 1  # the batch's only group was trained on: committed
+        board.close()  # the update's figures at TRL's step, under the dashboard's names
+        sync_s = sync.reports[0].loop_figures()["sync_s"]
+        assert scalars(tmp_path / "run" / TENSORBOARD_DIR)["loop/sync_s"] == [(1, pytest.approx(sync_s))]
     finally:
         restore_served_weights(engine, model_dir)

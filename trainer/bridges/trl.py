@@ -19,7 +19,9 @@ other key reaches the reward functions as a keyword argument. It computes advant
   0) and `env_mask` all 0 (no token of theirs is in the loss); a group with fewer than two sessions is skipped
 
 `PolicySync` saves the trained tensors after each optimizer step, calls `update_policy` on the job's engines (the
-engines' version label becomes the step's) and commits the batches whose groups were all trained on.
+engines' version label becomes the step's) and commits the batches whose groups were all trained on. Given a
+`logger` (tracefleet.dashboard.trackers.StepLogger), it logs each update's sync and paused seconds at TRL's step
+under the dashboard's names (`loop/sync_s`, `loop/paused_s`); TRL logs its own figures to its `report_to`.
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
 from tracefleet.trainer.bridges.rows import Rollout, groups
+
+if TYPE_CHECKING:
+    from tracefleet.dashboard.trackers import StepLogger
 
 ADVANTAGE_KEY = "tracefleet_advantage"
 REWARD_KEY = "tracefleet_reward"
@@ -122,8 +127,9 @@ class PolicySync(TrainerCallback):
     `rollouts.commit()`. `reports`: each update's PolicyUpdateReport."""
 
     def __init__(self, engines: list[str], out: str | Path, rollouts: TrlRollouts | None = None, *,
-                 start_version: int = 0, **update_options: Any) -> None:
+                 start_version: int = 0, logger: StepLogger | None = None, **update_options: Any) -> None:
         self.engines = engines
+        self.logger = logger
         self.out = Path(out)
         self.rollouts = rollouts
         self.start_version = start_version
@@ -137,5 +143,7 @@ class PolicySync(TrainerCallback):
         version = self.start_version + state.global_step
         path = save_weights(model, self.out / f"policy-{version}")
         self.reports.append(update_policy(self.engines, path, version, **self.update_options))
+        if self.logger is not None:  # at TRL's own step, beside the figures TRL logs to its report_to trackers
+            self.logger.log({"step": state.global_step, **self.reports[-1].loop_figures()})
         if self.rollouts is not None:
             self.rollouts.commit()

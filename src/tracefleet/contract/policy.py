@@ -157,6 +157,10 @@ class PolicyUpdateReport(BaseModel):
             out[s.step] = out.get(s.step, 0.0) + s.seconds
         return out
 
+    def loop_figures(self) -> dict[str, float]:
+        """What a training step's record (loop.jsonl) and its trackers hold of the update: sync and paused seconds."""
+        return {"sync_s": round(self.seconds, 3), "paused_s": round(self.paused_seconds, 3)}
+
     @property
     def ok(self) -> bool:
         return all(s.ok for s in self.steps if s.step != "reset_cache")
