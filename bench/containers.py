@@ -103,7 +103,7 @@ def steps_table(results: list[dict[str, Any]]) -> list[str]:
     for r in results:
         for step in r["podman_steps"]:
             by_step.setdefault(step["step"], []).append(step["s"])
-            for part in ("start", "harness", "stop"):
+            for part in ("up", "start", "harness", "stop"):
                 if step["step"] == "run" and part in step:
                     parts.setdefault(part, []).append(step[part])
     n = len(results) or 1
@@ -111,6 +111,9 @@ def steps_table(results: list[dict[str, Any]]) -> list[str]:
              f"{statistics.mean(v):6.3f} s  total {sum(v):7.1f} s" for name, v in sorted(by_step.items())]
     lines += [f"    run: {part:<11} median {statistics.median(v):6.3f} s  mean {statistics.mean(v):6.3f} s"
               for part, v in parts.items()]
+    ahead = [step.get("ahead", 0.0) for r in results for step in r["podman_steps"] if step["step"] == "run"]
+    if ahead:
+        lines.append(f"    run: started ahead of its session {sum(ahead):.0f} of {len(ahead)}")
     return lines
 
 
