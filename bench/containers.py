@@ -14,9 +14,9 @@ Prints per session (median and mean over every session, from each result.json's 
 (the container's start, the harness, its stop), the evaluate stage (change set + verify vs a host command) and the
 session's total, each as container/host ratio; each job's wall time; the image build cold and the cache hit per
 task; every podman call of the warm job's sessions by step (each session's podman-steps.jsonl: `run` split into
-start / harness / stop as the container saw them,
-`up` its own start and how many were started ahead of their session); the machine's load average while each job ran. With several
---parallelism values (the images built once), one block per value. Images the bench built are removed at the end.
+start / harness / stop as the container saw them, `up` the container's own start, and how many started ahead of their
+session); the machine's load average while each job ran. With several --parallelism values (the images built once),
+one block per value. Images the bench built are removed at the end.
 Not a test.
 """
 
