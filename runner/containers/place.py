@@ -229,7 +229,7 @@ class ContainerPlace(HostPlace):
             self._ahead[artifacts] = self._start(plan, None, ahead=True)
 
     def _start(self, plan: SessionPlan, program: Path | None, *, ahead: bool = False) -> _Container:
-        """`podman run` of the session's container, in a thread; its forwarder waits for the go (`_go`)."""
+        """`podman run` of the session's container, in a thread; its forwarder waits for the spec `run` writes to its FIFO."""
         harbor = plan.task.harbor
         assert harbor is not None and harbor.image, "ContainerPlace runs Harbor tasks with an image"
         folders = self.folders(plan)
@@ -278,6 +278,7 @@ class ContainerPlace(HostPlace):
         if container is not None and (container.program != program or container.process.done()
                                       or stdout_path != artifacts / layout.HARNESS_STDOUT):
             self.runtime.remove(container.name)
+            container.go.unlink(missing_ok=True)
             container = None
         if container is None:
             container = self._start(plan, program)
@@ -298,6 +299,7 @@ class ContainerPlace(HostPlace):
             # podman's container config or in a file
             given = write_fifo(container.go, json.dumps(spec).encode(), alive=lambda: not container.process.done(),
                                wait_s=min(timeout_s, START_WAIT_S))
+            container.go.unlink(missing_ok=True)  # a FIFO left in the session's folder would block whoever reads it
             gone = container.process.done()  # by itself (podman could not start it): its own error says why
             if not given:
                 self.runtime.remove(container.name)
@@ -378,6 +380,8 @@ class ContainerPlace(HostPlace):
             ahead, self._ahead = list(self._ahead.values()), {}
             images, self._images = list(self._images.items()), {}
         self.runtime.remove(*(c.name for c in ahead))
+        for container in ahead:
+            container.go.unlink(missing_ok=True)
         for image, mounted in images:
             if mounted.done() and mounted.exception() is None:
                 unmount_image(self.runtime, image)
@@ -388,6 +392,7 @@ class ContainerPlace(HostPlace):
             unused = self._ahead.pop(folders.artifacts, None)  # the session ended before its harness ran
         if unused is not None:
             self.runtime.remove(unused.name)
+            unused.go.unlink(missing_ok=True)
         shutil.rmtree(folders.artifacts / CHANGE_SET, ignore_errors=True)  # judged by now; it can be large
         record = container_of(folders.artifacts)
         if record is not None:

@@ -16,7 +16,7 @@ from fixtures.harbor_tasks import SOLVE_SH, TASK_TOML, write_task
 from fixtures.harnesses import harness_binary_path
 from fixtures.local_runs import run_local
 from tracefleet.engine.scripted import Script, ScriptRoute
-from tracefleet.runner.containers.place import CONTAINER_RECORD, container_of
+from tracefleet.runner.containers.place import CONTAINER_GO, CONTAINER_RECORD, container_of
 from tracefleet.runner.containers.runtime import BASE_IMAGE, STEPS_FILE, ContainerRuntime
 from tracefleet.traces.reader import BatchReader
 
@@ -137,6 +137,7 @@ def test_the_next_sessions_containers_start_ahead_and_none_is_left(harbor_job: d
     assert any(r["ahead"] == 1 and r["start"] < r["up"] for r in runs), runs
     names = [container_of(f.parent)["name"] for f in tmp.rglob(CONTAINER_RECORD)]
     assert names and not [n for n in names if runtime.run("container", "exists", n, check=False).returncode == 0]
+    assert not list(tmp.rglob(CONTAINER_GO))  # the FIFO the spec went through: gone once read
 
 
 def test_an_agent_that_tampers_with_the_verifier_earns_nothing(harbor_job: dict[str, Any]) -> None:
