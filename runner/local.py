@@ -27,7 +27,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 from urllib.parse import urlsplit
 
 from tracefleet.contract.job import Counters
@@ -50,6 +50,9 @@ from tracefleet.runner.sandbox import netns_available
 from tracefleet.runner.session import HostPlace, Place, SessionPlan, SessionRun
 from tracefleet.runner.session import run as run_in_place
 from tracefleet.runner.task import Task, harbor_tasks, with_image
+
+if TYPE_CHECKING:
+    from tracefleet.runner.containers.place import ContainerPlace
 
 PUBLISH_EVERY_S = 5.0  # <job>/progress.json at least this often while sessions run (and when one finishes)
 
@@ -453,7 +456,8 @@ class LocalRun:
             if engine is not None:
                 engine.stop()
 
-    def _places(self, admin: ProxyAdmin, proxy_url: str, run_id: str, sock: Path) -> tuple[Callable[[SessionPlan], Place], Any]:
+    def _places(self, admin: ProxyAdmin, proxy_url: str, run_id: str,
+                sock: Path) -> tuple[Callable[[SessionPlan], Place], ContainerPlace | None]:
         """Where each session runs: a Harbor task with its image in a container of it, every other on the host; and
         the container place (None without containers), to close once the sessions ran."""
         session_root = self.work_dir / "sessions" / run_id
