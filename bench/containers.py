@@ -14,8 +14,9 @@ Prints per session (median and mean over every session, from each result.json's 
 (the container's start, the harness, its stop), the evaluate stage (change set + verify vs a host command) and the
 session's total, each as container/host ratio; each job's wall time; the image build cold and the cache hit per
 task; every podman call of the warm job's sessions by step (each session's podman-steps.jsonl: `run` split into
-start / harness / stop as the container saw them); the machine's load average while each job ran. With several
---parallelism values (the images built once), one block per value. Images the bench built are removed at the end.
+start / harness / stop as the container saw them, `up` the container's own start, and how many started ahead of their
+session); the machine's load average while each job ran. With several --parallelism values (the images built once),
+one block per value. Images the bench built are removed at the end.
 Not a test.
 """
 
@@ -103,7 +104,7 @@ def steps_table(results: list[dict[str, Any]]) -> list[str]:
     for r in results:
         for step in r["podman_steps"]:
             by_step.setdefault(step["step"], []).append(step["s"])
-            for part in ("start", "harness", "stop"):
+            for part in ("up", "start", "harness", "stop"):
                 if step["step"] == "run" and part in step:
                     parts.setdefault(part, []).append(step[part])
     n = len(results) or 1
@@ -111,6 +112,9 @@ def steps_table(results: list[dict[str, Any]]) -> list[str]:
              f"{statistics.mean(v):6.3f} s  total {sum(v):7.1f} s" for name, v in sorted(by_step.items())]
     lines += [f"    run: {part:<11} median {statistics.median(v):6.3f} s  mean {statistics.mean(v):6.3f} s"
               for part, v in parts.items()]
+    ahead = [step.get("ahead", 0.0) for r in results for step in r["podman_steps"] if step["step"] == "run"]
+    if ahead:
+        lines.append(f"    run: started ahead of its session {sum(ahead):.0f} of {len(ahead)}")
     return lines
 
 

@@ -27,7 +27,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 from urllib.parse import urlsplit
 
 from tracefleet.contract import layout
@@ -52,6 +52,9 @@ from tracefleet.runner.netns import VIEW_DIR
 from tracefleet.runner.session import HostPlace, Place, SessionPlan, SessionRun
 from tracefleet.runner.session import run as run_in_place
 from tracefleet.runner.task import Task, harbor_tasks, with_image
+
+if TYPE_CHECKING:
+    from tracefleet.runner.containers.place import ContainerPlace
 
 PUBLISH_EVERY_S = 5.0  # <job>/progress.json at least this often while sessions run (and when one finishes)
 
@@ -427,7 +430,12 @@ class LocalRun:
                       f"engine {engine_url}, proxy {proxy.url}, sandbox: {self.netns_mode}")
             admin = ProxyAdmin(proxy.url, proxy.admin_token)
             progress_writer = ProgressWriter(sink.bucket, self.job.name, self._say)
-            interrupted = self._schedule(todo, self._places(admin, proxy.url, run_id, sock), sink, progress, progress_writer)
+            place_of, container_place = self._places(admin, proxy.url, run_id, sock)
+            try:
+                interrupted = self._schedule(todo, place_of, sink, progress, progress_writer)
+            finally:
+                if container_place is not None:
+                    container_place.close()
             # Whatever finished is sealed, also after Ctrl-C: a partial batch is still a whole batch.
             for ref in sink.flush():
                 progress.batches.append(ref)
@@ -450,18 +458,20 @@ class LocalRun:
             if engine is not None:
                 engine.stop()
 
-    def _places(self, admin: ProxyAdmin, proxy_url: str, run_id: str, sock: Path) -> Callable[[SessionPlan], Place]:
-        """Where each session runs: a Harbor task with its image in a container of it, every other on the host."""
+    def _places(self, admin: ProxyAdmin, proxy_url: str, run_id: str,
+                sock: Path) -> tuple[Callable[[SessionPlan], Place], ContainerPlace | None]:
+        """Where each session runs: a Harbor task with its image in a container of it, every other on the host; and
+        the container place (None without containers), to close once the sessions ran."""
         session_root = self.work_dir / "sessions" / run_id
         host = HostPlace(admin=admin, proxy_url=proxy_url, session_root=session_root, stop=self.stop)
         if not self._containers:
-            return lambda plan: host
+            return (lambda plan: host), None
         from tracefleet.runner.containers.place import ContainerPlace
 
         container = ContainerPlace(runtime=self._runtime, admin=admin, proxy_url=proxy_url, session_root=session_root,
                                    socket=sock, tools=self.work_dir / "tools" / run_id, stop=self.stop)
-        return lambda plan: container if plan.task.harbor is not None and plan.task.harbor.image \
-            and not plan.task.harbor.refusal else host
+        return (lambda plan: container if plan.task.harbor is not None and plan.task.harbor.image
+                and not plan.task.harbor.refusal else host), container
 
     def _schedule(self, todo: list[SessionPlan], place_of: Callable[[SessionPlan], Place], sink: Any,
                   progress: RunProgress, progress_writer: ProgressWriter) -> bool:
@@ -491,6 +501,11 @@ class LocalRun:
                     while queue and len(running) < parallelism and not self.stop.is_set():
                         plan = queue.pop(0)
                         running[pool.submit(run_in_place, plan, place_of(plan))] = plan
+                    for upcoming in queue[:parallelism] if not self.stop.is_set() else ():
+                        # the next sessions' containers start while these run (ContainerPlace.start_ahead)
+                        ahead = getattr(place_of(upcoming), "start_ahead", None)
+                        if ahead is not None:
+                            ahead(upcoming)
                     if self.stop.is_set():
                         queue.clear()
                     progress.running = len(running)

@@ -1,9 +1,12 @@
 """A session in a container of its task's image: the session program's place for Harbor tasks on this machine.
 
 Everything but the harness process is the host's (`HostPlace`: the in-process proxy, the session folders,
-result.json, judging); `run` starts the harness in `podman run` of the task's image (tracefleet.runner.containers.
-images), and the container is kept, stopped, until the session was judged (the Harbor verifier reads its layer diff),
-then removed (`finish`).
+result.json, judging); the harness runs in `podman run` of the task's image (tracefleet.runner.containers.images),
+and the container is kept, stopped, until the session was judged (the Harbor verifier reads its layer diff), then
+removed (`finish`). The container starts before its session runs where the scheduler says which sessions come next
+(`start_ahead`: its start, 0.14 s alone on these 2 cores and 0.3-0.6 s under load, is then no part of the session's
+time); its forwarder waits, running nothing of the session's, until `run` writes the session's spec (argv,
+environment, user, working directory) to the FIFO it reads, and only then does anything in the working directory.
 
 What the container gets, and why:
   - the harness CLI without being baked into the image: the host's `node` mounted read-only at
@@ -23,24 +26,29 @@ What the container gets, and why:
   - its cpu and memory limits: task.toml's (`container_limits`), as the cgroup of the container;
   - its user: [agent].user (a name or a number, resolved in the image by the forwarder, which then owns the session's
     HOME to it and starts the harness as it), root when the task names none, as Harbor runs agents;
-  - its environment: the session program's (tracefleet.runner.environment) over task.toml's [environment].env, as a
-    JSON file in the session's folder (0600, mounted read-only, removed once the harness ran) that the forwarder
-    hands to the harness as its whole environment. Never on the command line (the session's secret would show in
-    `ps`) and never in podman's own container config (`podman inspect` would show it); and JSON, not podman's
-    --env-file, whose one-line-per-variable format cannot hold a value with a newline (every Harbor instruction,
-    in TRACEFLEET_PROMPT, ends with one): every value reaches the harness byte for byte.
+  - its environment: the session program's (tracefleet.runner.environment) over task.toml's [environment].env, in
+    the JSON spec written to the container's FIFO (CONTAINER_GO in the session's folder, 0600, mounted read-only),
+    that the forwarder hands to the harness as its whole environment. Never on the command line (the session's secret
+    would show in `ps`), in a file, or in podman's own container config (`podman inspect` would show it); and JSON,
+    not podman's --env-file, whose one-line-per-variable format cannot hold a value with a newline (every Harbor
+    instruction, in TRACEFLEET_PROMPT, ends with one): every value reaches the harness byte for byte.
 """
 
 from __future__ import annotations
 
 import contextvars
 import json
+import os
 import shutil
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from tracefleet.contract import layout
 
 from tracefleet.contract.session import SessionPlan, SessionResult
 from tracefleet.contract.task_image import HARBOR_EVALUATOR
@@ -50,7 +58,7 @@ from tracefleet.runner.containers.changes import (layer_diff, mount_container, m
                                                   write_change_set)
 from tracefleet.runner.containers.limits import container_limits
 from tracefleet.runner.containers.runtime import STEPS_FILE, ContainerRuntime, record_step, timed_to
-from tracefleet.runner.containers.verifier import READY_MARGIN_S, Verifier, go_ahead, hold, release
+from tracefleet.runner.containers.verifier import READY_MARGIN_S, Verifier, go_ahead, hold, release, write_fifo
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, base_env, run_sandboxed
 from tracefleet.runner.session import HostPlace, SessionFolders
@@ -59,48 +67,32 @@ from tracefleet.runner.workspace import tree_patch
 TOOLS_DIR = "/opt/tracefleet"  # inside the container: node, the forwarder, the proxy's socket
 NODE_IN_CONTAINER = f"{TOOLS_DIR}/bin/node"
 BRIDGE_IN_CONTAINER = f"{TOOLS_DIR}/bridge.js"
-ENV_IN_CONTAINER = f"{TOOLS_DIR}/env.json"
+GO_IN_CONTAINER = f"{TOOLS_DIR}/go"
 TIMING_IN_CONTAINER = f"{TOOLS_DIR}/timing.json"
 SOCKET_IN_CONTAINER = f"{TOOLS_DIR}/proxy.sock"
 CONTAINER_PATH = f"{TOOLS_DIR}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CONTAINER_RECORD = "container.json"  # in the session's artifacts: which container the session ran in
-CONTAINER_ENV = "container-env.json"  # in the session's artifacts while the harness runs: its environment
+CONTAINER_GO = "container-go"  # in the session's artifacts: the FIFO its container's forwarder reads the spec from
 CHANGE_SET = "change-set"  # in the session's artifacts until it was judged: what the agent changed (changes.py)
 CONTAINER_TIMING = "container-timing.json"  # in the session's artifacts: when the harness started and exited inside
 CONTAINER_PREFIX = "tracefleet-session-"
 STOP_TIMEOUT_S = 60
+START_WAIT_S = 120  # for the container's forwarder to take the session's spec
 VERIFIER_AFTER_S = 30  # the verifier starts once the harness did, or after this long
 
 BRIDGE_JS = r"""'use strict';
 // tracefleet: inside the session's container (loopback only), 127.0.0.1:PORT forwards to the Unix socket the
-// runner serves (its bridge to the proxy); then the harness runs in WORKDIR (made when the image has none yet, as
-// docker does) with exactly the environment ENVFILE holds (a JSON object), and this exits with the harness's status.
+// runner serves (its bridge to the proxy). The container may start before its session runs: this waits for the
+// session's spec ({env, argv, user, workdir}) on the FIFO GO (exiting 0 after WAIT seconds without one), then runs
+// the harness in workdir (made when the image has none yet, as docker does) with exactly that environment, and exits
+// with the harness's status.
 const fs = require('fs');
 const net = require('net');
 const os = require('os');
 const { spawn } = require('child_process');
-const [port, socketPath, envFile, timingFile, user, workdir, ...argv] = process.argv.slice(2);
-const env = JSON.parse(fs.readFileSync(envFile, 'utf8'));
-const timing = {};  // when the harness started and exited (epoch ms): the session's time in podman is the rest
+const [port, socketPath, goFifo, timingFile, waitS] = process.argv.slice(2);
+const timing = {};  // when the container was up, the harness started and exited (epoch ms): podman's share is the rest
 const mark = (key) => { timing[key] = Date.now(); try { fs.writeFileSync(timingFile, JSON.stringify(timing)); } catch (e) {} };
-fs.mkdirSync(workdir, { recursive: true });
-process.chdir(workdir);
-// [agent].user (a name or a number, resolved in the image): the harness runs as it and owns its HOME
-let ids = {};
-if (user) {
-  const found = fs.readFileSync('/etc/passwd', 'utf8').split('\n').map((l) => l.split(':'))
-    .find((f) => f[0] === user || f[2] === user);
-  if (!found && !/^[0-9]+$/.test(user)) {
-    console.error(`tracefleet: [agent].user ${user}: no such user in the task image`); process.exit(125);
-  }
-  ids = found ? { uid: Number(found[2]), gid: Number(found[3]) } : { uid: Number(user), gid: Number(user) };
-  const own = (p) => {
-    fs.lchownSync(p, ids.uid, ids.gid);
-    const st = fs.lstatSync(p);
-    if (st.isDirectory()) for (const name of fs.readdirSync(p)) own(`${p}/${name}`);
-  };
-  if (env.HOME) own(env.HOME);
-}
 const server = net.createServer((client) => {
   const upstream = net.createConnection(socketPath);
   client.pipe(upstream).pipe(client);
@@ -108,31 +100,73 @@ const server = net.createServer((client) => {
   for (const s of [client, upstream]) { s.on('error', end); s.on('close', end); }
 });
 server.on('error', (err) => { console.error(`tracefleet bridge: ${err.message}`); process.exit(125); });
+const unused = setTimeout(() => process.exit(0), Number(waitS) * 1000);
 server.listen(Number(port), '127.0.0.1', () => {
+  mark('up');
+  const chunks = [];
+  fs.createReadStream(goFifo).on('data', (c) => chunks.push(c)).on('error', (err) => {
+    console.error(`tracefleet: ${goFifo}: ${err.message}`); process.exit(125);
+  }).on('end', () => { clearTimeout(unused); run(JSON.parse(Buffer.concat(chunks).toString('utf8'))); });
+});
+function run({ env, argv, user, workdir }) {
+  fs.mkdirSync(workdir, { recursive: true });
+  process.chdir(workdir);
+  // [agent].user (a name or a number, resolved in the image): the harness runs as it and owns its HOME
+  let ids = {};
+  if (user) {
+    const found = fs.readFileSync('/etc/passwd', 'utf8').split('\n').map((l) => l.split(':'))
+      .find((f) => f[0] === user || f[2] === user);
+    if (!found && !/^[0-9]+$/.test(user)) {
+      console.error(`tracefleet: [agent].user ${user}: no such user in the task image`); process.exit(125);
+    }
+    ids = found ? { uid: Number(found[2]), gid: Number(found[3]) } : { uid: Number(user), gid: Number(user) };
+    const own = (p) => {
+      fs.lchownSync(p, ids.uid, ids.gid);
+      const st = fs.lstatSync(p);
+      if (st.isDirectory()) for (const name of fs.readdirSync(p)) own(`${p}/${name}`);
+    };
+    if (env.HOME) own(env.HOME);
+  }
   mark('started');
   const child = spawn(argv[0], argv.slice(1), { stdio: 'inherit', env, ...ids });
   for (const sig of ['SIGTERM', 'SIGINT']) process.on(sig, () => child.kill(sig));
   child.on('error', (err) => { console.error(`tracefleet: cannot start ${argv[0]}: ${err.message}`); process.exit(127); });
   child.on('exit', (code, sig) => { mark('exited'); process.exit(code === null ? 128 + (os.constants.signals[sig] || 0) : code); });
-});
+}
 """
 
 
-def _record_run(started: float, ended: float, timing: Path, rc: int | None) -> None:
-    """The session's `podman run` as a step, split where the harness started and exited inside the container: `start`
-    (the client, image lookup, create, mounts, network, the runtime, the forwarder up: lock waits included), `harness`,
-    `stop` (the harness's exit until the client returned: teardown, cleanup, lock waits)."""
+def _record_run(container: "_Container", went: float, ended: float, rc: int | None) -> None:
+    """The session's `podman run` as a step, from its go (`went`) until the client returned, split where the harness
+    started and exited inside the container: `start` (the go until the harness started: for a container that was not
+    started ahead, the client, image lookup, create, mounts, network, the runtime and the forwarder up too, lock waits
+    included), `harness`, `stop` (the harness's exit until the client returned: teardown, cleanup, lock waits); `up`:
+    the container's own start (`podman run` until the forwarder listened), `ahead` 1 when that was before the go."""
     try:
-        inside = json.loads(timing.read_text() or "{}")
+        inside = json.loads(container.timing.read_text() or "{}")
     except ValueError:
         inside = {}
-    parts = {}
+    parts = {"ahead": float(container.ahead)}
+    if "up" in inside:
+        parts["up"] = inside["up"] / 1000 - container.launched
     if "started" in inside:
-        parts["start"] = inside["started"] / 1000 - started
+        parts["start"] = inside["started"] / 1000 - went
         if "exited" in inside:
             parts["harness"] = (inside["exited"] - inside["started"]) / 1000
             parts["stop"] = ended - inside["exited"] / 1000
-    record_step("run", ended - started, rc, **{k: round(v, 4) for k, v in parts.items()})
+    record_step("run", ended - went, rc, **{k: round(v, 4) for k, v in parts.items()})
+
+
+@dataclass
+class _Container:
+    """A session's container, started (`podman run` in a thread: `process`), its forwarder waiting for the go."""
+    name: str
+    go: Path  # the FIFO the forwarder reads the session's spec from
+    timing: Path
+    program: Path | None  # a harness binary mounted from outside the harness cache
+    launched: float  # time.time() of its `podman run`
+    process: Future[ProcessResult]
+    ahead: bool  # started before its session ran (start_ahead)
 
 
 def container_of(session_dir: Path) -> dict[str, str] | None:
@@ -149,7 +183,9 @@ def image_workdir(runtime: ContainerRuntime, image: str) -> str:
 class ContainerPlace(HostPlace):
     """HostPlace, with the harness in a container of the task's image (see the module's docstring). `socket`: the
     host's Unix socket forwarding to the proxy (a `UnixToTcpBridge` the caller runs); `tools`: a folder this place
-    may write its forwarder to."""
+    may write its forwarder to. `start_ahead(plan)` starts a session's container before the session runs (the
+    scheduler's next plans): its start is then no part of the session's time. `close` when no session runs any more
+    (removes the containers started ahead that no session took, unmounts the images)."""
 
     def __init__(self, *, runtime: ContainerRuntime, admin: ProxyAdmin, proxy_url: str, session_root: Path,
                  socket: Path, tools: Path, stop: threading.Event | None = None) -> None:
@@ -160,65 +196,124 @@ class ContainerPlace(HostPlace):
         self.bridge_js = tools / "bridge.js"
         self.bridge_js.write_text(BRIDGE_JS)
         self.node = Path(shutil.which("node") or "/usr/bin/node").resolve()
-        self._image_mounted: set[Path] = set()  # the sessions (artifacts) whose image workspace_diff mounted
+        self._lock = threading.Lock()
+        self._ahead: dict[Path, _Container] = {}  # by the session's artifacts folder: started, not yet run
+        self._images: dict[str, Future[Path]] = {}  # each image mounted once (workspace_diff), until `close`
 
     def harness_workdir(self, plan: SessionPlan, workspace: Path) -> Path:
         harbor = plan.task.harbor
         return Path(harbor.workdir) if harbor is not None and harbor.workdir else workspace
 
-    def _mounts(self, argv: list[str], home: Path, env_file: Path, timing: Path) -> list[str]:
+    def _mounts(self, home: Path, go: Path, timing: Path, program: Path | None) -> list[str]:
         from tracefleet.runner.presets.base import harness_cache_dir
 
         mounts = [(self.node, NODE_IN_CONTAINER, "ro"), (self.bridge_js, BRIDGE_IN_CONTAINER, "ro"),
-                  (env_file, ENV_IN_CONTAINER, "ro"), (timing, TIMING_IN_CONTAINER, "rw"),
+                  (go, GO_IN_CONTAINER, "ro"), (timing, TIMING_IN_CONTAINER, "rw"),
                   (self.socket, SOCKET_IN_CONTAINER, "rw"), (home, home, "rw")]
         cache = harness_cache_dir()
         if cache.is_dir():
             mounts.append((cache, cache, "ro"))
-        program = Path(argv[0])
-        if program.is_absolute() and program.exists() and not program.resolve().is_relative_to(cache.resolve()):
-            mounts.append((program, program, "ro"))  # a harness binary named outside the cache (TRACEFLEET_*_BIN)
+        if program is not None:
+            mounts.append((program, program, "ro"))
         return [arg for host, inside, mode in mounts for arg in ("-v", f"{host}:{inside}:{mode}")]
+
+    def start_ahead(self, plan: SessionPlan) -> None:
+        """Start the container of a session that runs soon (nothing when it is not a container's, or started)."""
+        harbor = plan.task.harbor
+        artifacts = self.folders(plan).artifacts
+        if harbor is None or not harbor.image or harbor.refusal or (self.stop is not None and self.stop.is_set()):
+            return
+        with self._lock:
+            if artifacts in self._ahead:
+                return
+            self._ahead[artifacts] = self._start(plan, None, ahead=True)
+
+    def _start(self, plan: SessionPlan, program: Path | None, *, ahead: bool = False) -> _Container:
+        """`podman run` of the session's container, in a thread; its forwarder waits for the spec `run` writes to its FIFO."""
+        harbor = plan.task.harbor
+        assert harbor is not None and harbor.image, "ContainerPlace runs Harbor tasks with an image"
+        folders = self.folders(plan)
+        artifacts, home = folders.artifacts, folders.home
+        (home / ".tmp").mkdir(parents=True, exist_ok=True)
+        config = load_task(Path(harbor.folder)).config
+        name = f"{CONTAINER_PREFIX}{repository_name(plan.capture_name)}-{uuid.uuid4().hex[:6]}"
+        go, timing = artifacts / CONTAINER_GO, artifacts / CONTAINER_TIMING
+        go.unlink(missing_ok=True)
+        os.mkfifo(go, 0o600)
+        timing.write_text("{}")
+        wait_s = 2 * plan.harness.timeout_s + READY_MARGIN_S  # its turn (a session's length at most), then a margin
+        podman = self.runtime.command(
+            "run", "--name", name, *self.runtime.run_flags, *container_limits(config, "agent"), "--workdir", "/",
+            *self._mounts(home, go, timing, program), "--entrypoint", NODE_IN_CONTAINER, harbor.image,
+            BRIDGE_IN_CONTAINER, str(self.port), SOCKET_IN_CONTAINER, GO_IN_CONTAINER, TIMING_IN_CONTAINER,
+            f"{wait_s:.0f}")
+        process: Future[ProcessResult] = Future()
+
+        def run() -> None:
+            try:
+                process.set_result(run_sandboxed(
+                    podman, cwd=artifacts, home=artifacts / "podman-home", timeout_s=wait_s + plan.harness.timeout_s,
+                    stdout_path=artifacts / layout.HARNESS_STDOUT, stderr_path=artifacts / layout.HARNESS_STDERR,
+                    options=SandboxOptions(extra_env=self.runtime.env), stop=self.stop))
+            except BaseException as exc:  # noqa: BLE001 - the session's run reports it
+                process.set_exception(exc)
+
+        container = _Container(name, go, timing, program, time.time(), process, ahead)
+        threading.Thread(target=run, name="tracefleet-container", daemon=True).start()
+        return container
 
     def run(self, plan: SessionPlan, argv: list[str], *, cwd: Path, home: Path, env: dict[str, str], timeout_s: float,
             stdout_path: Path, stderr_path: Path) -> ProcessResult:
+        from tracefleet.runner.presets.base import harness_cache_dir
+
         harbor = plan.task.harbor
         assert harbor is not None and harbor.image, "ContainerPlace runs Harbor tasks with an image"
         artifacts = stdout_path.parent
-        name = f"{CONTAINER_PREFIX}{repository_name(plan.capture_name)}-{uuid.uuid4().hex[:6]}"
+        cache, program = harness_cache_dir(), Path(argv[0])
+        # a harness binary named outside the cache (TRACEFLEET_*_BIN) is mounted too: a container started ahead lacks it
+        program = program if program.is_absolute() and program.exists() \
+            and not program.resolve().is_relative_to(cache.resolve()) else None
+        with self._lock:
+            container = self._ahead.pop(artifacts, None)
+        if container is not None and (container.program != program or container.process.done()
+                                      or stdout_path != artifacts / layout.HARNESS_STDOUT):
+            self.runtime.remove(container.name)
+            container.go.unlink(missing_ok=True)
+            container = None
+        if container is None:
+            container = self._start(plan, program)
         workdir = str(self.harness_workdir(plan, cwd))
-        (artifacts / CONTAINER_RECORD).write_text(json.dumps({"name": name, "image": harbor.image, "workdir": workdir,
-                                                              "home": str(home)}))
+        (artifacts / CONTAINER_RECORD).write_text(json.dumps({"name": container.name, "image": harbor.image,
+                                                              "workdir": workdir, "home": str(home)}))
         task = load_task(Path(harbor.folder))
         config = task.config
-        task_env = config.environment.env
-        inside = {**base_env(home, home / ".tmp"), **task_env, **env, "PATH": CONTAINER_PATH, "PWD": workdir}
-        env_file = artifacts / CONTAINER_ENV
-        env_file.touch(mode=0o600)
-        env_file.write_text(json.dumps(inside))
-        (home / ".tmp").mkdir(parents=True, exist_ok=True)
-        timing = artifacts / CONTAINER_TIMING
-        timing.write_text("{}")
-        podman = self.runtime.command(
-            "run", "--name", name, *self.runtime.run_flags, *container_limits(config, "agent"), "--workdir", "/",
-            *self._mounts(argv, home, env_file, timing), "--entrypoint", NODE_IN_CONTAINER, harbor.image,
-            BRIDGE_IN_CONTAINER, str(self.port), SOCKET_IN_CONTAINER, ENV_IN_CONTAINER, TIMING_IN_CONTAINER,
-            "" if config.agent.user is None else str(config.agent.user), workdir,
-            *argv)
+        inside = {**base_env(home, home / ".tmp"), **config.environment.env, **env, "PATH": CONTAINER_PATH,
+                  "PWD": workdir}
+        spec = {"env": inside, "argv": argv, "user": "" if config.agent.user is None else str(config.agent.user),
+                "workdir": workdir}
         if plan.evaluator.type == HARBOR_EVALUATOR:
-            hold(artifacts, lambda: self._verifier(task, harbor.image, workdir, timing, timeout_s))
+            hold(artifacts, lambda: self._verifier(task, harbor.image, workdir, container.timing, timeout_s))
         with timed_to(artifacts / STEPS_FILE):
-            started = time.time()
+            went = time.time()
+            # the spec (the session's secret in its environment) goes through the FIFO: never on a command line, in
+            # podman's container config or in a file
+            given = write_fifo(container.go, json.dumps(spec).encode(), alive=lambda: not container.process.done(),
+                               wait_s=min(timeout_s, START_WAIT_S))
+            container.go.unlink(missing_ok=True)  # a FIFO left in the session's folder would block whoever reads it
+            gone = container.process.done()  # by itself (podman could not start it): its own error says why
+            if not given:
+                self.runtime.remove(container.name)
             try:
-                proc = run_sandboxed(podman, cwd=artifacts, home=artifacts / "podman-home", timeout_s=timeout_s,
-                                     stdout_path=stdout_path, stderr_path=stderr_path,
-                                     options=SandboxOptions(extra_env=self.runtime.env), stop=self.stop)
-            finally:
-                env_file.unlink(missing_ok=True)  # it holds the session's secret
-            _record_run(started, time.time(), timing, proc.exit_code)
+                proc = container.process.result(timeout=timeout_s)
+            except FutureTimeout:  # the session's limit: the container is stopped (kept for the verifier)
+                self.runtime.run("stop", "-t", "0", container.name, check=False, timeout=STOP_TIMEOUT_S)
+                proc = replace(container.process.result(timeout=STOP_TIMEOUT_S), timed_out=True)
+            if not given and not gone:
+                proc = replace(proc, start_error=f"its container did not start within {min(timeout_s, START_WAIT_S):g} s")
+            _record_run(container, went, time.time(), proc.exit_code)
             if proc.timed_out or proc.stopped:
                 # the podman client is gone; the container may still run under conmon: stop it (kept for the verifier)
-                self.runtime.run("stop", "-t", "0", name, check=False, timeout=STOP_TIMEOUT_S)
+                self.runtime.run("stop", "-t", "0", container.name, check=False, timeout=STOP_TIMEOUT_S)
         return proc
 
     def _verifier(self, task: HarborTask, image: str, workdir: str, timing: Path, timeout_s: float) -> Verifier:
@@ -246,16 +341,12 @@ class ContainerPlace(HostPlace):
         scratch.mkdir(parents=True)
         empty = scratch / "empty"  # a working directory the image (or the container) does not have
         empty.mkdir()
-        # three independent calls at once; the mounts stay until `finish` (rm unmounts the container's, the image's
-        # is unmounted there): the verdict does not wait for them
-        def image() -> Path:
-            root = mount_image(self.runtime, record["image"])
-            self._image_mounted.add(folders.artifacts)
-            return root
-
+        # three independent calls at once; the mounts stay (rm unmounts the container's in `finish`, the image's is
+        # every session's of that image until `close`): the verdict does not wait for them
         with ThreadPoolExecutor(3) as pool:
             calls = [pool.submit(contextvars.copy_context().run, *call) for call in (
-                (layer_diff, self.runtime, record["name"]), (mount_container, self.runtime, record["name"]), (image,))]
+                (layer_diff, self.runtime, record["name"]), (mount_container, self.runtime, record["name"]),
+                (self._image_root, record["image"]))]
         diff, after, before = (c.result() for c in calls)
         try:
             # the verifier's input, from the same mount (the harbor evaluator applies it)
@@ -267,14 +358,44 @@ class ContainerPlace(HostPlace):
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
+    def _image_root(self, image: str) -> Path:
+        """The image's filesystem (the working directory as built), mounted by its first session, until `close`."""
+        with self._lock:
+            mounted = self._images.get(image)
+            first = mounted is None
+            if mounted is None:
+                mounted = self._images[image] = Future()
+        if first:
+            try:
+                mounted.set_result(mount_image(self.runtime, image))
+            except BaseException as exc:
+                with self._lock:
+                    self._images.pop(image, None)  # the next session tries again
+                mounted.set_exception(exc)
+        return mounted.result()
+
+    def close(self) -> None:
+        """No session runs any more: remove the containers started ahead that none took, unmount the images."""
+        with self._lock:
+            ahead, self._ahead = list(self._ahead.values()), {}
+            images, self._images = list(self._images.items()), {}
+        self.runtime.remove(*(c.name for c in ahead))
+        for container in ahead:
+            container.go.unlink(missing_ok=True)
+        for image, mounted in images:
+            if mounted.done() and mounted.exception() is None:
+                unmount_image(self.runtime, image)
+
     def finish(self, result: SessionResult, folders: SessionFolders) -> None:
         release(folders.artifacts)  # a verifier no evaluator took (the session failed before its verdict)
+        with self._lock:
+            unused = self._ahead.pop(folders.artifacts, None)  # the session ended before its harness ran
+        if unused is not None:
+            self.runtime.remove(unused.name)
+            unused.go.unlink(missing_ok=True)
         shutil.rmtree(folders.artifacts / CHANGE_SET, ignore_errors=True)  # judged by now; it can be large
         record = container_of(folders.artifacts)
         if record is not None:
             with timed_to(folders.artifacts / STEPS_FILE):
-                if folders.artifacts in self._image_mounted:  # by workspace_diff (counted: only our own mount)
-                    self._image_mounted.discard(folders.artifacts)
-                    unmount_image(self.runtime, record["image"])
                 self.runtime.remove(record["name"])  # unmounts the container too
         super().finish(result, folders)

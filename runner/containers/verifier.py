@@ -92,6 +92,32 @@ READER_WAIT_S = 120
 STOP_WAIT_S = 60  # for a cancelled verifier's container to exit
 
 
+def write_fifo(fifo: Path, data: bytes, *, alive: Callable[[], bool], wait_s: float) -> bool:
+    """Write `data` to a FIFO that a held container reads, once its reader opened it; False when it never did
+    (`alive()` said the container is gone, or `wait_s` passed)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as err:
+            if err.errno != errno.ENXIO:
+                raise
+            if not alive() or time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+    try:
+        os.set_blocking(fd, True)  # all of `data`, however large, while the reader reads it
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BrokenPipeError:  # the reader went away before it read everything
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
 class Verifier:
     """A FRESH container of the task's image, started ahead (while the agent still works, so its start is no part of
     the session's time) and held before test.sh: its shell blocks on a FIFO in its eval folder (a host folder no
@@ -136,24 +162,7 @@ class Verifier:
         self._go_at = 0.0
 
     def _signal(self, word: str, wait_s: float) -> bool:
-        """Write `word` to the held shell's FIFO once it is open; False when it never was (the container exited or did
-        not start within `wait_s`)."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)
-            except OSError as err:
-                if err.errno != errno.ENXIO:
-                    raise
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    return False
-                time.sleep(0.01)
-                continue
-            try:
-                os.write(fd, f"{word}\n".encode())
-            finally:
-                os.close(fd)
-            return True
+        return write_fifo(self.fifo, f"{word}\n".encode(), alive=lambda: self.proc.poll() is None, wait_s=wait_s)
 
     def judge(self, changes: Path | None = None, log_dir: Path | None = None) -> HarborVerdict:
         """The verdict on `changes` (a folder holding tracefleet.runner.containers.changes.change_set's two files;

@@ -16,6 +16,7 @@ from fixtures.harbor_tasks import SOLVE_SH, TASK_TOML, write_task
 from fixtures.harnesses import harness_binary_path
 from fixtures.local_runs import run_local
 from tracefleet.engine.scripted import Script, ScriptRoute
+from tracefleet.runner.containers.place import CONTAINER_GO, CONTAINER_RECORD, container_of
 from tracefleet.runner.containers.runtime import BASE_IMAGE, STEPS_FILE, ContainerRuntime
 from tracefleet.traces.reader import BatchReader
 
@@ -96,7 +97,7 @@ def harbor_job(container_runtime: ContainerRuntime, scripted_engine: Any,
             rows.setdefault(row["task_id"], []).append(row)
     patches = {json.loads((p.parent / "result.json").read_text())["task_id"]: p.read_text()
                for p in (tmp / "work" / "sessions").glob("*/*/session.patch")}
-    return {"done": done, "rows": rows, "tmp": tmp, "patches": patches}
+    return {"done": done, "rows": rows, "tmp": tmp, "patches": patches, "runtime": container_runtime}
 
 
 def test_the_job_runs_every_task_and_goes_on_past_the_bad_ones(harbor_job: dict[str, Any]) -> None:
@@ -126,6 +127,17 @@ def test_the_harness_works_inside_the_tasks_container_and_test_sh_gives_the_rewa
     assert "diff --git a/greet.py b/greet.py" in patch and '+print("hello, harbor")' in patch, patch
     assert "diff --git a/proof.txt b/proof.txt" in patch and "+written-inside" in patch, patch
     assert not [f for r in rows for f in r["diagnostics"] if f["name"] == "success_without_work"], rows
+
+
+def test_the_next_sessions_containers_start_ahead_and_none_is_left(harbor_job: dict[str, Any]) -> None:
+    tmp, runtime = harbor_job["tmp"], harbor_job["runtime"]
+    runs = [json.loads(line) for f in tmp.rglob(STEPS_FILE) for line in f.read_text().splitlines()
+            if json.loads(line)["step"] == "run"]
+    # more sessions than the parallelism of 3: those after the first were waiting in a container started ahead
+    assert any(r["ahead"] == 1 and r["start"] < r["up"] for r in runs), runs
+    names = [container_of(f.parent)["name"] for f in tmp.rglob(CONTAINER_RECORD)]
+    assert names and not [n for n in names if runtime.run("container", "exists", n, check=False).returncode == 0]
+    assert not list(tmp.rglob(CONTAINER_GO))  # the FIFO the spec went through: gone once read
 
 
 def test_an_agent_that_tampers_with_the_verifier_earns_nothing(harbor_job: dict[str, Any]) -> None:
