@@ -47,7 +47,7 @@ from tracefleet.runner.learning_signal import learning_signal_line
 from tracefleet.runner.preflight import PreflightError, preflight
 from tracefleet.runner.progress import ProgressWriter
 from tracefleet.runner.proxy_admin import ProxyAdmin
-from tracefleet.runner.sandbox import netns_available
+from tracefleet.runner.sandbox import netns_available, workdir_view_available
 from tracefleet.runner.netns import VIEW_DIR
 from tracefleet.runner.session import HostPlace, Place, SessionPlan, SessionRun
 from tracefleet.runner.session import run as run_in_place
@@ -377,6 +377,9 @@ class LocalRun:
         if self.options.netns == "on" and not netns_available():
             raise SystemExit("--netns on: unprivileged network namespaces (unshare -rn) are not available here")
         self.netns_mode = "loopback-only network namespace per session (proxy via bridge)" if use_netns else "host network (no namespace)"
+        if use_netns:
+            self.netns_mode += (f", the harness in {self.job.spec.harness.workspace.workdir}" if workdir_view_available()
+                                else ", the harness in its session's folder (no mount namespace here)")
 
         keys = [(t.id, i) for t in tasks for i in range(spec.tasks.samples_per_task)]
         if all(k in sealed for k in keys):

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -89,6 +90,27 @@ def netns_available() -> bool:
         )
     except (OSError, subprocess.TimeoutExpired):
         return False
+    return done.returncode == 0
+
+
+@lru_cache(maxsize=1)
+def workdir_view_available() -> bool:
+    """True when a harness can start in its job's workdir here: `unshare -rm` allows the mounts of
+    tracefleet.runner.netns.workdir_view (tried once, in a folder of its own that is then removed)."""
+    unshare = shutil.which("unshare")
+    if not unshare:
+        return False
+    probe = tempfile.mkdtemp(prefix="tracefleet-view-")
+    try:
+        (Path(probe) / "workdir").mkdir()
+        done = subprocess.run(
+            [unshare, "-rm", sys.executable, "-c", "import os, sys; from tracefleet.runner.netns import workdir_view; "
+             "workdir_view(os.getcwd(), '/workspace'); sys.exit(0 if os.getcwd() == '/workspace' else 1)"],
+            cwd=Path(probe) / "workdir", capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
     return done.returncode == 0
 
 

@@ -57,7 +57,7 @@ from tracefleet.runner.environment import SessionEndpoint, harness_environment
 from tracefleet.runner.evaluators import EvalContext, get_evaluator
 from tracefleet.runner.failures import HARNESS_EXITED, harness_reason
 from tracefleet.runner.proxy_admin import ProxyAdmin
-from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, run_sandboxed
+from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, run_sandboxed, workdir_view_available
 from tracefleet.runner.workspace import WorkspaceError, prepare_workspace, workspace_patch
 
 REJUDGE_PAUSE_S = 1.0  # before judging again a session whose judging was unavailable (a runtime hiccup passes)
@@ -348,19 +348,23 @@ class HostPlace:
         return dict(plan.harness.env)
 
     def harness_workdir(self, plan: SessionPlan, workspace: Path) -> Path:
-        """spec.harness.workspace.workdir, as in a pod, where the harness runs in its own namespaces (the
-        workspace bound there: tracefleet.runner.netns); else the workspace's own folder."""
-        return Path(plan.harness.workdir) if self._namespaced(plan.harness) else workspace
+        """spec.harness.workspace.workdir, as in a pod, where the harness runs in its own namespaces and this
+        machine allows the mounts (the workspace bound there: tracefleet.runner.netns); else the workspace's own
+        folder."""
+        return Path(plan.harness.workdir) if self._viewed(plan.harness) else workspace
 
     @staticmethod
     def _namespaced(harness: HarnessConfig) -> bool:
         return harness.netns and harness.bridge_socket is not None
 
+    def _viewed(self, harness: HarnessConfig) -> bool:
+        return self._namespaced(harness) and workdir_view_available()
+
     def _sandbox(self, harness: HarnessConfig) -> SandboxOptions:
         if self._namespaced(harness):
             port = int(self.proxy_url.rsplit(":", 1)[1].split("/")[0])
             return SandboxOptions(netns=True, bridge_port=port, bridge_socket=Path(str(harness.bridge_socket)),
-                                  workdir=harness.workdir)
+                                  workdir=harness.workdir if self._viewed(harness) else None)
         return SandboxOptions()
 
     def run(self, plan: SessionPlan, argv: list[str], *, cwd: Path, home: Path, env: dict[str, str], timeout_s: float,

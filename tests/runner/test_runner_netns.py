@@ -92,3 +92,21 @@ def test_a_call_abandoned_inside_the_namespace_is_recorded_and_cancelled(
     finally:
         bridge.close()
         proxy.stop()
+
+
+def test_where_no_mount_namespace_is_allowed_the_harness_starts_in_its_own_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's workdir needs a mount namespace beside the network one (runner.netns.workdir_view); where this
+    machine allows only the network one, the harness runs there in its session's folder, the preset told so."""
+    from tracefleet.contract.session import EvaluatorSpec, HarnessConfig, SessionPlan, Task
+    from tracefleet.runner import session
+
+    plan = SessionPlan(index=0, session_id="j-s0", job="j", task=Task(id="t", prompt="p"), group_id="j/t", model="m",
+                       harness=HarnessConfig(netns=True, bridge_socket=str(tmp_path / "s")),
+                       evaluator=EvaluatorSpec(type="command", command="true"))
+    place = session.HostPlace(admin=None, proxy_url="http://127.0.0.1:9", session_root=tmp_path)  # type: ignore[arg-type]
+    assert place.harness_workdir(plan, tmp_path) == Path("/workspace") and place._sandbox(plan.harness).workdir == "/workspace"
+    monkeypatch.setattr(session, "workdir_view_available", lambda: False)
+    assert place.harness_workdir(plan, tmp_path) == tmp_path
+    options = place._sandbox(plan.harness)
+    assert options.netns and options.workdir is None
