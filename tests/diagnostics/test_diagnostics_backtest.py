@@ -51,8 +51,9 @@ HARNESS = MODEL_CALL + textwrap.dedent(
     """
     PLAN = json.loads(%r)
     task = os.environ["TRACEFLEET_PROMPT"].split()[0]
-    # the session folder is <job>-s<index> (index = task index x 4 + sample): the sample picks the behaviour
-    sample = int(re.search(r"-s(\\d+)$", pathlib.Path(os.environ["TRACEFLEET_WORKDIR"]).parent.name).group(1)) %% 4
+    # the session folder (HOME's parent; the workspace is at the job's workdir) is <job>-s<index> (index = task
+    # index x 4 + sample): the sample picks the behaviour
+    sample = int(re.search(r"-s(\\d+)$", pathlib.Path(os.environ["HOME"]).parent.name).group(1)) %% 4
     what = PLAN[task][sample]
     src = pathlib.Path("calc.py")
     if what == "edit":
