@@ -469,12 +469,11 @@ class LocalRun:
         host = HostPlace(admin=admin, proxy_url=proxy_url, session_root=session_root, stop=self.stop)
         if not self._containers:
             return (lambda plan: host), None
-        from tracefleet.runner.containers.place import ContainerPlace
+        from tracefleet.runner.containers.place import ContainerPlace, runs_in_container
 
         container = ContainerPlace(runtime=self._runtime, admin=admin, proxy_url=proxy_url, session_root=session_root,
                                    socket=sock, tools=self.work_dir / "tools" / run_id, stop=self.stop)
-        return (lambda plan: container if plan.task.harbor is not None and plan.task.harbor.image
-                and not plan.task.harbor.refusal else host), container
+        return (lambda plan: container if runs_in_container(plan) else host), container
 
     def _schedule(self, todo: list[SessionPlan], place_of: Callable[[SessionPlan], Place], sink: Any,
                   progress: RunProgress, progress_writer: ProgressWriter) -> bool:

@@ -13,6 +13,7 @@ A `Place` is where the session runs; the program asks it only for:
     folders(plan)            where the workspace, the harness's outputs and its HOME go
     connect(plan)            the proxy session the harness talks to (SessionEndpoint); StageFailed("register")
     user_env(plan)           spec.harness.env as it reaches this place
+    harness_workdir(plan, ws) where the harness works, as its preset is told (the job's workdir, bound there)
     run(plan, argv, ...)     the harness process, to its end, its timeout or the place's stop
     disconnect(plan, result) close the proxy session, record its calls and capture on the result
     judges                   whether evaluate/evidence/build run here, or later where the place's uploads go
@@ -25,7 +26,7 @@ A `Place` is where the session runs; the program asks it only for:
     ContainerPlace                   a Harbor task's own image (runner.containers.place): HostPlace, with
                                      `run` wrapping the argv in `podman run` of the task's image (HOME and
                                      the harness CLI mounted, the proxy the only endpoint it reaches),
-                                     `harness_workdir` the container's working directory and
+                                     its `harness_workdir` the container's working directory and
                                      `workspace_diff` its changes against the image's
 
 The harness's environment follows one rule (tracefleet.runner.environment): sandbox base < preset
@@ -101,19 +102,17 @@ class Place(Protocol):
 
     def user_env(self, plan: SessionPlan) -> dict[str, str]: ...
 
+    def harness_workdir(self, plan: SessionPlan, workspace: Path) -> Path:
+        """Where the harness works, as the preset is told: the job's workdir, where the place binds the prepared
+        `workspace` there; a container's own working directory; else `workspace` itself."""
+        ...
+
     def run(self, plan: SessionPlan, argv: list[str], *, cwd: Path, home: Path, env: dict[str, str], timeout_s: float,
             stdout_path: Path, stderr_path: Path) -> ProcessResult: ...
 
     def disconnect(self, plan: SessionPlan, result: SessionResult) -> None: ...
 
     def finish(self, result: SessionResult, folders: SessionFolders) -> None: ...
-
-
-def harness_workdir(place: Place, plan: SessionPlan, workspace: Path) -> Path:
-    """Where the harness works, as the preset is told: the prepared workspace, unless the place runs the harness
-    somewhere else (a container's working directory: `harness_workdir(plan, workspace)` on the place)."""
-    elsewhere = getattr(place, "harness_workdir", None)
-    return elsewhere(plan, workspace) if elsewhere is not None else workspace
 
 
 @contextmanager
@@ -255,7 +254,7 @@ def run(plan: SessionPlan, place: Place) -> SessionRun:
             endpoint = place.connect(plan, deadline)
             connected = True
         with _timed(timings, "harness"):
-            workdir = harness_workdir(place, plan, workspace.workdir)
+            workdir = place.harness_workdir(plan, workspace.workdir)
             launch = launch_stage(plan, workdir=workdir, home=folders.home, endpoint=endpoint)
             env = harness_environment(launch.env, place.user_env(plan), endpoint, str(folders.home))
             (folders.artifacts / "harness.json").write_text(

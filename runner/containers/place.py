@@ -169,6 +169,12 @@ class _Container:
     ahead: bool  # started before its session ran (start_ahead)
 
 
+def runs_in_container(plan: SessionPlan) -> bool:
+    """A Harbor task with its image, and not refused: its sessions run in a container of that image (this place)."""
+    harbor = plan.task.harbor
+    return harbor is not None and bool(harbor.image) and not harbor.refusal
+
+
 def container_of(session_dir: Path) -> dict[str, str] | None:
     """The container a session ran in ({"name", "image", "workdir", "home"}), as its place recorded it, or None."""
     record = Path(session_dir) / CONTAINER_RECORD
@@ -219,9 +225,8 @@ class ContainerPlace(HostPlace):
 
     def start_ahead(self, plan: SessionPlan) -> None:
         """Start the container of a session that runs soon (nothing when it is not a container's, or started)."""
-        harbor = plan.task.harbor
         artifacts = self.folders(plan).artifacts
-        if harbor is None or not harbor.image or harbor.refusal or (self.stop is not None and self.stop.is_set()):
+        if not runs_in_container(plan) or (self.stop is not None and self.stop.is_set()):
             return
         with self._lock:
             if artifacts in self._ahead:
