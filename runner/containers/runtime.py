@@ -102,8 +102,13 @@ class ContainerRuntime:
             raise ContainerError(f"{self.name} {args[0]} failed: {last_line(proc.stderr or proc.stdout)}")
         return proc
 
+    def image_id(self, image: str) -> str | None:
+        """The id of the image `image` names here, or None when there is none."""
+        proc = self.run("image", "inspect", "--format", "{{.Id}}", image, check=False)
+        return (proc.stdout.strip() or None) if proc.returncode == 0 else None
+
     def image_exists(self, image: str) -> bool:
-        return self.run("image", "inspect", "--format", "{{.Id}}", image, check=False).returncode == 0
+        return self.image_id(image) is not None
 
     def remove(self, *names: str) -> None:
         """Remove containers by name, whatever state they are in (nothing if they are gone)."""

@@ -43,11 +43,16 @@ def tracefleet(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def built(container_runtime) -> list[str]:
+    refs = [f"{REGISTRY}/tracefleet:{TAG}", f"{REGISTRY}/harness-{HARNESS}:{TAG}"]
+    before = {ref: container_runtime.image_id(ref) for ref in refs}  # a rebuild over an earlier run's images
     start = time.monotonic()
     r = tracefleet("images", "build", "--registry", REGISTRY, "--only", images.TRACEFLEET,
                    "--only", images.harness_image_name(HARNESS), timeout=1200)
     assert r.returncode == 0, r.stdout + r.stderr
     print(f"images built in {time.monotonic() - start:.0f} s:\n{r.stdout}")
+    # the images the rebuilt tags named before are gone, not left behind untagged (about 1 GB each)
+    replaced = [old for ref, old in before.items() if old and container_runtime.image_id(ref) != old]
+    assert [old for old in replaced if container_runtime.image_exists(old)] == [], replaced
     return [line.split(":", 2)[0] + ":" + line.split(":", 2)[1] for line in r.stdout.splitlines() if ": built in" in line]
 
 
