@@ -15,7 +15,9 @@ Prints per session (median and mean over every session, from each result.json's 
 session's total, each as container/host ratio; each job's wall time; the image build cold and the cache hit per
 task; every podman call of the warm job's sessions by step (each session's podman-steps.jsonl: `run` split into
 start / harness / stop as the container saw them, `up` the container's own start, and how many started ahead of their
-session); the machine's load average while each job ran. With several --parallelism values (the images built once),
+session); the machine's load average while each job ran, and the machine's busy CPU seconds per session (all of the
+machine's: on a shared one, others' work counts too), as container/host per round: with the CPU saturated (8 sessions
+on 2 cores) that, not waiting, is what a container session costs. With several --parallelism values (the images built once),
 one block per value. Images the bench built are removed at the end.
 Not a test.
 """
@@ -33,6 +35,7 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +65,27 @@ def job(name: str, tasks: dict[str, Any], evaluator: dict[str, Any] | None, samp
     return {"apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name}, "spec": spec}
 
 
-def run_job(body: dict[str, Any], root: Path, engine_url: str) -> tuple[float, list[dict[str, Any]], str, list[float]]:
-    """(wall seconds, every session's result.json, stderr, the 1-minute load average every 2 s) of `tracefleet run`."""
+@dataclass
+class JobRun:
+    wall: float
+    results: list[dict[str, Any]]  # every session's result.json, with its podman steps
+    stderr: str
+    loads: list[float]  # the 1-minute load average every 2 s
+    cpu_s: float  # the whole machine's busy CPU seconds while it ran (its own and anything else running)
+
+
+def machine_cpu_s() -> float:
+    """Busy CPU seconds of the whole machine since boot (/proc/stat: all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def run_job(body: dict[str, Any], root: Path, engine_url: str) -> JobRun:
+    """`tracefleet run` of one job, timed."""
     folder = root / body["metadata"]["name"]
     folder.mkdir()
     (folder / "job.yaml").write_text(yaml.safe_dump(body))
-    started = time.monotonic()
+    started, cpu = time.monotonic(), machine_cpu_s()
     proc = subprocess.Popen([sys.executable, "-m", "tracefleet.cli", "run", str(folder / "job.yaml"), "--work-dir",
                              str(folder / "work"), "--engine-url", engine_url], cwd=folder, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, STEPS_ENV: str(folder / STEPS_FILE)})
@@ -76,7 +94,7 @@ def run_job(body: dict[str, Any], root: Path, engine_url: str) -> tuple[float, l
     sampler.start()
     out, err = proc.communicate()
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    wall = time.monotonic() - started
+    wall, cpu = time.monotonic() - started, machine_cpu_s() - cpu
     if done.returncode != 0:
         raise SystemExit(f"{body['metadata']['name']} exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     results = []
@@ -88,7 +106,7 @@ def run_job(body: dict[str, Any], root: Path, engine_url: str) -> tuple[float, l
     untimed = folder / STEPS_FILE
     if untimed.is_file() and results:
         results[0]["podman_steps"] += [json.loads(line) for line in untimed.read_text().splitlines()]
-    return wall, results, done.stderr, loads
+    return JobRun(wall, results, done.stderr, loads, cpu)
 
 
 def _sample_load(proc: subprocess.Popen[str], loads: list[float]) -> None:
@@ -136,6 +154,9 @@ def main() -> int:
     parser.add_argument("--no-cpu-limit", action="store_true",
                         help="tasks without task.toml's cpus = 1 (the host's sessions have no such cap): what the "
                              "container itself costs, apart from the limit the task asks for")
+    parser.add_argument("--no-memory-limit", action="store_true",
+                        help="tasks without task.toml's memory_mb = 1024: node sizes its heap by the cgroup's memory "
+                             "limit (a 1 GiB limit gives a 0.5 GiB heap, so more collections than on the host)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="warm and host jobs per parallelism, in turn (host first every other round): on a shared "
                              "machine both then see the same load")
@@ -144,20 +165,22 @@ def main() -> int:
     nonce = uuid.uuid4().hex[:8]
     engine, url = start_scripted_engine()
     images: list[str] = []
-    blocks: list[tuple[int, dict[str, Any], dict[str, list[tuple[str, ...]]]]] = []
+    blocks: list[tuple[int, dict[str, list[JobRun]], dict[str, list[tuple[str, ...]]]]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="bench-containers-") as tmp:
             root = Path(tmp)
             ids = [f"bench-{nonce}-{i:02d}" for i in range(args.tasks)]
             for task_id in ids:
-                toml = TASK_TOML.format(verifier_timeout=120).replace("cpus = 1\n", "") if args.no_cpu_limit else None
+                toml = TASK_TOML.format(verifier_timeout=120)
+                toml = toml.replace("cpus = 1\n", "") if args.no_cpu_limit else toml
+                toml = toml.replace("memory_mb = 1024\n", "") if args.no_memory_limit else toml
                 write_task(root / "tasks", task_id, instruction=PROMPT + "\n", toml=toml,
                            dockerfile=f"FROM {BASE_IMAGE}\nRUN echo {task_id} > /etc/bench-task\nWORKDIR /app\n",
                            env_files={}, test_sh=NOTE_TEST_SH, test_files={}, solve_sh=None)
             harbor = {"harbor": {"uri": str(root / "tasks")}}
             inline = {"inline": [{"id": t, "prompt": PROMPT} for t in ids]}  # an empty workspace, as /app is
             for i, parallelism in enumerate(args.parallelism):
-                runs: dict[str, list[tuple[float, list[dict[str, Any]], str, list[float]]]] = {}
+                runs: dict[str, list[JobRun]] = {}
                 jobs = [("harbor-cold", harbor, None)] if i == 0 else []
                 pair = [("harbor-warm", harbor, None),
                         ("host", inline, {"preset": "command", "command": ["sh", "-c", "test -f note.txt"]})]
@@ -166,7 +189,7 @@ def main() -> int:
                 for k, (name, tasks, evaluator) in enumerate(jobs):
                     runs.setdefault(name, []).append(run_job(job(f"bench-{name}-p{parallelism}-{k}", tasks, evaluator,
                                                                  args.samples, parallelism, root / "out"), root, url))
-                builds = {name: [m.groups() for m in IMAGE_LINE.finditer(runs[name][0][2])] for name in runs
+                builds = {name: [m.groups() for m in IMAGE_LINE.finditer(runs[name][0].stderr)] for name in runs
                           if name.startswith("harbor")}
                 images = sorted({image for _, _, image, _ in builds.get("harbor-cold", [])}) or images
                 blocks.append((parallelism, runs, builds))
@@ -180,20 +203,22 @@ def main() -> int:
         print(f"{args.tasks} tasks x {args.samples} samples = {n} sessions per job, parallelism {parallelism}, Pi, "
               f"scripted engine, {os.cpu_count()} cores")
         for name, rounds in runs.items():
-            for wall, results, _, loads in rounds:
-                statuses = sorted({(r["status"], r["reward"]) for r in results})
-                load = f"load {statistics.mean(loads):4.1f} (max {max(loads):4.1f})" if loads else "load -"
-                print(f"  job {name:<12} wall {wall:6.1f} s ({n / wall * 60:5.1f} sessions/min), {load}; "
-                      f"(status, reward): {statuses}")
-        container = [r for _, results, _, _ in runs["harbor-warm"] for r in results]
-        host = [r for _, results, _, _ in runs["host"] for r in results]
+            for run in rounds:
+                statuses = sorted({(r["status"], r["reward"]) for r in run.results})
+                load = f"load {statistics.mean(run.loads):4.1f} (max {max(run.loads):4.1f})" if run.loads else "load -"
+                print(f"  job {name:<12} wall {run.wall:6.1f} s ({n / run.wall * 60:5.1f} sessions/min), "
+                      f"machine CPU {run.cpu_s / n:5.2f} s/session, {load}; (status, reward): {statuses}")
+        container = [r for run in runs["harbor-warm"] for r in run.results]
+        host = [r for run in runs["host"] for r in run.results]
         print(f"  per session, harbor warm (images cached) vs host ({len(runs['host'])} round(s), sessions pooled):")
         for label in ("harness", "collect", "evaluate", "total"):
             print("  " + line(label, stage(container, label), stage(host, label)))
         if len(runs["host"]) > 1:
-            ratios = [statistics.median(stage(c[1], "total")) / statistics.median(stage(h[1], "total"))
+            ratios = [statistics.median(stage(c.results, "total")) / statistics.median(stage(h.results, "total"))
                       for c, h in zip(runs["harbor-warm"], runs["host"])]
             print("    total ratio per round (median/median): " + " ".join(f"{x:.2f}" for x in ratios))
+        cpu = [c.cpu_s / h.cpu_s for c, h in zip(runs["harbor-warm"], runs["host"])]
+        print("    machine CPU per round (container job / host job): " + " ".join(f"{x:.2f}" for x in cpu))
         print("  podman calls of the warm job's sessions, by step:")
         print("\n".join(steps_table(container)))
         for name, rows in builds.items():
