@@ -23,11 +23,11 @@ import os
 import sys
 
 from tracefleet.usage import UsageError
+from tracefleet.vllm import VLLM_API_KEY_ENV
 
 from tracefleet.trainer.control import PolicyUpdateFailed, engine_state, update_policy, update_service_policy
 from tracefleet.trainer.replicas import NoReplicas, inference_service_name, job_engine_key, split_ref
 
-API_KEY_ENV = "VLLM_API_KEY"  # what vLLM itself reads for --api-key
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +62,7 @@ def pod_note(pods: dict[str, str], url: str) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    api_key = os.environ.get(API_KEY_ENV)
+    api_key = os.environ.get(VLLM_API_KEY_ENV)
     if args.action == "show":
         for url in args.engine:
             print(json.dumps(engine_state(url, api_key=api_key)))

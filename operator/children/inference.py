@@ -76,20 +76,25 @@ def extra_args_problem(job: RolloutJob) -> str | None:
 def engine_key_ref(job: RolloutJob) -> SecretKeyRef | None:
     """Where the engine's key is: the job's apiKeySecretRef, else (managed) the Secret the operator makes for the
     job; None for an external engine that needs none."""
-    if (ref := job.spec.inference.api_key_secret_ref()) is not None or job.spec.inference.managed is None:
-        return ref
+    return job.spec.inference.api_key_secret_ref() or own_engine_key_ref(job)
+
+
+def own_engine_key_ref(job: RolloutJob) -> SecretKeyRef | None:
+    """The Secret the operator makes for the job's engine key: a managed engine whose job names no Secret of its own."""
+    if job.spec.inference.managed is None or job.spec.inference.api_key_secret_ref() is not None:
+        return None
     return SecretKeyRef(name=n.engine_key_secret_name(job.name), key=n.ENGINE_KEY_SECRET_KEY)
 
 
 def engine_key_secret(job: RolloutJob) -> Manifest | None:
     """The job's engine key, made once (created, never updated: a later pass's fresh key does not replace it) and
     deleted with the job; None when the job names its own Secret or runs no engine."""
-    if job.spec.inference.managed is None or job.spec.inference.api_key_secret_ref() is not None:
+    if (ref := own_engine_key_ref(job)) is None:
         return None
     key = secrets.token_urlsafe(ENGINE_KEY_BYTES)
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": metadata(job, n.engine_key_secret_name(job.name), n.COMPONENT_INFERENCE),
-            "data": {n.ENGINE_KEY_SECRET_KEY: base64.b64encode(key.encode()).decode()}}
+            "metadata": metadata(job, ref.name, n.COMPONENT_INFERENCE),
+            "data": {ref.key: base64.b64encode(key.encode()).decode()}}
 
 
 def engine_api_key_env(job: RolloutJob, name: str) -> list[dict[str, Any]]:
