@@ -1,6 +1,6 @@
 """Bench: training through a real harness (Pi) with `tracefleet train`, the whole recipe over seeds.
 
-    .venv/bin/python bench/harness_loop.py [--seeds 0 1 2] [--minutes 40] [--demos 32] [--warm-epochs 3]
+    .venv/bin/python bench/harness_loop.py [--seeds 0 1 2] [--minutes 20] [--demos 64] [--warm-epochs 3]
         [--score-limit 50] [--score-train 24] [--base-sample 8] [--base-models gemma3-270m]
         [--base-presets codex] [--base-context 8192] [--train-flat]
         [--job examples/harness-train/job.yaml] [--held-out examples/harness-train/held-out.yaml]
@@ -115,9 +115,9 @@ def seed_row(seed: int, r: LoopResult) -> dict[str, object]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--minutes", type=float, default=40.0, help="GRPO minutes per seed")
+    p.add_argument("--minutes", type=float, default=20.0, help="GRPO minutes per seed")
     p.add_argument("--iterations", type=int, default=1000)
-    p.add_argument("--demos", type=int, default=32)
+    p.add_argument("--demos", type=int, default=64)
     p.add_argument("--warm-epochs", type=int, default=DEFAULT_WARM_EPOCHS)
     p.add_argument("--warm-lr", type=float, default=DEFAULT_WARM_LR)
     p.add_argument("--lr", type=float, default=DEFAULT_LR)
