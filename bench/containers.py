@@ -17,8 +17,8 @@ task; every podman call of the warm job's sessions by step (each session's podma
 start / harness / stop as the container saw them, `up` the container's own start, and how many started ahead of their
 session); the machine's load average while each job ran, and the machine's busy CPU seconds per session (all of the
 machine's: on a shared one, others' work counts too), as container/host per round: with the CPU saturated (8 sessions
-on 2 cores) that, not waiting, is what a container session costs. With several --parallelism values (the images built once),
-one block per value. Images the bench built are removed at the end.
+on 2 cores) that, not waiting, is what a container session costs. With several --parallelism values (the images built
+once), one block per value. Images the bench built are removed at the end.
 Not a test.
 """
 

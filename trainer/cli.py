@@ -29,7 +29,6 @@ from tracefleet.trainer.control import PolicyUpdateFailed, engine_state, update_
 from tracefleet.trainer.replicas import NoReplicas, inference_service_name, job_engine_key, split_ref
 
 
-
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     up = sub.add_parser("update", help="pause the engine(s), load new weights, set the policy version, resume")

@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 REGISTRY = "localhost/tracefleet-test"
 TAG = images.release_tag()
 HARNESS = "qwen-code"  # the smallest CLI (55 MB)
+REFS = [f"{REGISTRY}/tracefleet:{TAG}", f"{REGISTRY}/harness-{HARNESS}:{TAG}"]  # what the build tags
 NAMESPACE = "tf-images"
 RELEASE = "img"
 CHART_MEMORY_REQUEST_MIB = 288  # charts/tracefleet/values.yaml resources.requests.memory
@@ -43,8 +44,7 @@ def tracefleet(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def built(container_runtime) -> list[str]:
-    refs = [f"{REGISTRY}/tracefleet:{TAG}", f"{REGISTRY}/harness-{HARNESS}:{TAG}"]
-    before = {ref: container_runtime.image_id(ref) for ref in refs}  # a rebuild over an earlier run's images
+    before = {ref: container_runtime.image_id(ref) for ref in REFS}  # a rebuild over an earlier run's images
     start = time.monotonic()
     r = tracefleet("images", "build", "--registry", REGISTRY, "--only", images.TRACEFLEET,
                    "--only", images.harness_image_name(HARNESS), timeout=1200)
@@ -59,7 +59,7 @@ def built(container_runtime) -> list[str]:
 def test_build_tags_what_list_names_and_the_images_run(built: list[str], container_runtime) -> None:
     listed = tracefleet("images", "list", "--registry", REGISTRY, "--only", images.TRACEFLEET,
                         "--only", images.harness_image_name(HARNESS), timeout=60).stdout.split()
-    assert built == listed == [f"{REGISTRY}/tracefleet:{TAG}", f"{REGISTRY}/harness-{HARNESS}:{TAG}"]
+    assert built == listed == REFS
     # non-root, the operator's and the runner's dependencies, git for the workspace, pytest for `tests` evaluators
     r = container_runtime.run("run", "--rm", built[0], "sh", "-c",
                               "id -u && git --version && python -c 'import kopf, kubernetes, pytest, "
