@@ -7,9 +7,12 @@ import gc
 import os
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from tracefleet.contract import environment, podenv
 from tracefleet.contract.engine_limits import (CONNECT_FLAG, FIRST_TOKEN_FLAG, INTER_TOKEN_FLAG, LOGPROBS_MODE_FLAG,
                                                LOGPROBS_MODES, TOTAL_FLAG, EngineLimits)
+from tracefleet.contract.sampling import TEMPERATURE_FLAG, TOP_K_FLAG, TOP_P_FLAG, SamplingOverride
 
 ENGINE_API_KEY_ENV = podenv.ENGINE_API_KEY
 
@@ -129,6 +132,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="send the key in FILE as 'Authorization: Bearer' to the engine (vLLM --api-key); "
                              f"default: ${ENGINE_API_KEY_ENV} when set")
     add_engine_arguments(parser, defaults=True)
+    parser.add_argument(TEMPERATURE_FLAG, type=float, default=None, metavar="T",
+                        help="sample every call at T, whatever the harness asks (a job's spec.inference.sampling; "
+                             "recorded with source 'job'); default: the harness's, else the engine's")
+    parser.add_argument(TOP_P_FLAG, type=float, default=None, metavar="P", help="top_p for every call, as --temperature")
+    parser.add_argument(TOP_K_FLAG, type=int, default=None, metavar="K",
+                        help="top_k for every call, as --temperature (-1: no cutoff)")
     parser.add_argument("--policy-version", type=int, default=0, help="initial policy version recorded on calls")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     parser.add_argument("--upload-to", metavar="PREFIX",
@@ -163,6 +172,12 @@ def main(args: argparse.Namespace) -> int:
             return 2
         sessions.append(PresetSession(session_id=sid, secret=secret))
     try:
+        sampling = SamplingOverride(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        print(f"tracefleet proxy: --{str(error['loc'][0]).replace('_', '-')}: {error['msg']}")
+        return 2
+    try:
         key = engine_api_key(args.engine_api_key_file)
     except OSError as exc:
         print(f"tracefleet proxy: --engine-api-key-file: {exc}")
@@ -172,7 +187,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"tracefleet proxy: {problem}", flush=True)
         return 2
     config = ProxyConfig(
-        engine_url=args.engine, engine_api_key=key, capture_dir=args.capture_dir, admin_token=args.admin_token, mode=args.mode,
+        sampling=sampling, engine_url=args.engine, engine_api_key=key, capture_dir=args.capture_dir, admin_token=args.admin_token, mode=args.mode,
         model_path=args.model_path, model_family=args.model_family, tool_parser=args.tool_parser,
         served_model=args.served_model, max_body_bytes=int(args.max_body_mb * 1024 * 1024), keepalive_s=args.keepalive_s,
         pause_max_wait_s=args.pause_max_wait_s, engine_limits=engine_limits(args), logprobs_mode=args.logprobs_mode,

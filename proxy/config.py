@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from tracefleet.contract.engine_limits import EngineLimits, StatedLogprobsMode
+from tracefleet.contract.sampling import SamplingOverride
 
 
 class PresetSession(BaseModel):
@@ -41,6 +42,8 @@ class ProxyConfig(BaseModel):
     # what kind of logprobs the engine reports, as stated (a managed engine's from its args, an external one's by
     # the user); None: asked of the engine (its /v1/models card), else recorded as unknown
     logprobs_mode: StatedLogprobsMode | None = None
+    # the job's sampling: each parameter set replaces the harness's on every call (spec.inference.sampling)
+    sampling: SamplingOverride = Field(default_factory=SamplingOverride)
     keepalive_s: float = 10.0  # ping the harness when the engine is silent this long
     pause_max_wait_s: float = 30.0  # paused: a new call waits this long for resume, then 429
     retry_after_s: int = 5

@@ -26,6 +26,7 @@ import orjson
 
 from tracefleet.contract.capture import SpliceInfo
 from tracefleet.contract.engine_limits import LOGPROBS_MODES, UNKNOWN_LOGPROBS
+from tracefleet.contract.sampling import JOB_SOURCE, SamplingOverride
 from tracefleet.vllm import version_tuple
 
 from tracefleet.proxy.canonical import Conversation, Message, Sampling, ToolCall
@@ -228,17 +229,20 @@ def canonical_finish(reason: str | None) -> str:
     return "stop"
 
 
-def sampling_record(conv: Conversation, body: dict[str, Any]) -> dict[str, Any]:
-    """The sampling parameters as sent to the engine (`body`) and where each came from: `request` (the
-    harness set it), `proxy` (the proxy chose it: a max_tokens clamped to the context's room) or
-    `engine_default` (not sent: vLLM fills it from the model's generation_config.json, the tracefleet engine
-    from its flags). With the call's logprobs_mode they say which distribution sampled and what its logprobs
-    are (vLLM's raw logprobs are taken before temperature/top-p/top-k)."""
+def sampling_record(conv: Conversation, body: dict[str, Any], job: SamplingOverride | None = None) -> dict[str, Any]:
+    """The sampling parameters as sent to the engine (`body`) and where each came from: `job` (the job's
+    spec.inference.sampling replaced the harness's), `request` (the harness set it), `proxy` (the proxy chose
+    it: a max_tokens clamped to the context's room) or `engine_default` (not sent: vLLM fills it from the
+    model's generation_config.json, the tracefleet engine from its flags). With the call's logprobs_mode they
+    say which distribution sampled and what its logprobs are (vLLM's raw logprobs are taken before
+    temperature/top-p/top-k)."""
     s = conv.sampling
+    stated = job.fields() if job is not None else {}
     out: dict[str, Any] = {}
     for key in (*SAMPLING_KEYS, "seed", "max_tokens"):
         value = body.get(key)
-        source = "engine_default" if value is None else "request" if value == getattr(s, key) else "proxy"
+        source = ("engine_default" if value is None else JOB_SOURCE if key in stated
+                  else "request" if value == getattr(s, key) else "proxy")
         out[key] = {"value": value, "source": source}
     return out
 
@@ -300,12 +304,15 @@ class ServedModelName:
     # vLLM v0.33 reports which weights sampled which tokens (`return_weight_versions`); earlier releases and
     # other engines are not asked (an unknown field costs a warning per request in vLLM's log)
     reports_weight_versions: bool = False
+    job_sampling: SamplingOverride = SamplingOverride()  # the job's, replacing the harness's (contract.sampling)
 
     def sampling_fields(self, s: Sampling, policy_version: int) -> dict[str, Any]:
-        """What either capture mode asks the engine about sampling and the policy: the harness's sampling keys and
-        stop strings, the prefix cache salted by the policy version, per-token weight versions where reported."""
+        """What either capture mode asks the engine about sampling and the policy: the harness's sampling keys
+        (each the job states replaced) and stop strings, the prefix cache salted by the policy version, per-token
+        weight versions where reported."""
         fields: dict[str, Any] = {key: getattr(s, key) for key in (*SAMPLING_KEYS, "seed")
                                   if getattr(s, key) is not None}
+        fields.update(self.job_sampling.fields())
         if s.stop:
             fields["stop"] = s.stop
         fields["cache_salt"] = cache_salt(policy_version)
@@ -345,9 +352,11 @@ class ServerTokenEngine(ServedModelName):
 
     mode = "server"
 
-    def __init__(self, client: EngineClient, served_model: str | None = None) -> None:
+    def __init__(self, client: EngineClient, served_model: str | None = None,
+                 job_sampling: SamplingOverride | None = None) -> None:
         self.client = client
         self._model = served_model
+        self.job_sampling = job_sampling or SamplingOverride()
 
     def splice_info(self, call_id: str) -> SpliceInfo | None:
         return None  # the engine renders the prompt; drift is found when traces are built
@@ -405,7 +414,7 @@ class ServerTokenEngine(ServedModelName):
     async def generate(self, conv: Conversation, state: CallState) -> AsyncIterator[Event]:
         body = await self._body(conv, conv.stream, state.policy_version)
         state.engine_model = body["model"]
-        state.sampling = sampling_record(conv, body)
+        state.sampling = sampling_record(conv, body, self.job_sampling)
         state.logprobs_mode = self.logprobs_mode
         state.engine_sent_at = time.time()
         kinds = {t.name: t.kind for t in conv.tools}
@@ -416,7 +425,7 @@ class ServerTokenEngine(ServedModelName):
                 if not is_max_tokens_error(err):
                     raise
                 body = await self._clamped(conv, body)
-                state.sampling = sampling_record(conv, body)
+                state.sampling = sampling_record(conv, body, self.job_sampling)
                 data = await self.client.chat(body)
             async for ev in self._from_response(data, state, kinds):
                 yield ev
@@ -428,7 +437,7 @@ class ServerTokenEngine(ServedModelName):
             if not is_max_tokens_error(err) or state.completion_ids:
                 raise
             body = await self._clamped(conv, body)
-            state.sampling = sampling_record(conv, body)
+            state.sampling = sampling_record(conv, body, self.job_sampling)
             async for ev in self._stream(body, state, kinds):
                 yield ev
 

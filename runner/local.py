@@ -410,6 +410,7 @@ class LocalRun:
                 policy_version=spec.inference.policy_version,
                 engine_limits=spec.inference.engine_timeouts.limits().model_copy(update=self.options.engine_timeouts),
                 logprobs_mode=self._logprobs_mode(),
+                sampling=spec.inference.sampling.override(),
             ).start()
             decision = proxy.mode_decision
             self._say(f"capture mode {decision.mode} ({decision.reason})")

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from tracefleet.contract.engine_limits import EngineLimits
+from tracefleet.contract.sampling import SamplingOverride
 
 
 def free_port() -> int:
@@ -118,7 +119,7 @@ class InProcessProxy:
     def __init__(self, *, engine_url: str, capture_dir: Path, mode: str, served_model: str | None,
                  policy_version: int = 0, model_path: str | None = None, model_family: str | None = None,
                  tool_parser: str | None = None, engine_limits: EngineLimits | None = None,
-                 logprobs_mode: str | None = None) -> None:
+                 logprobs_mode: str | None = None, sampling: SamplingOverride | None = None) -> None:
         from tracefleet.proxy.app import create_app
         from tracefleet.proxy.config import ProxyConfig
         from tracefleet.proxy.server import proxy_server
@@ -135,6 +136,7 @@ class InProcessProxy:
             tool_parser=tool_parser,
             policy_version=policy_version,
             logprobs_mode=logprobs_mode,
+            **({"sampling": sampling} if sampling is not None else {}),
             **({"engine_limits": engine_limits} if engine_limits is not None else {}),
         )
         self.port = free_port()

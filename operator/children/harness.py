@@ -187,9 +187,11 @@ def _sidecar_tokenizer_cache(job: RolloutJob) -> ModelCache | None:
 
 
 def _engine_args(job: RolloutJob) -> list[str]:
-    """The proxy's engine time limits and the kind of logprobs the engine reports (spec.inference)."""
+    """The proxy's engine time limits, the kind of logprobs the engine reports and the job's sampling
+    (spec.inference)."""
     inference = job.spec.inference
-    return inference.engine_timeouts.limits().flags() + logprobs_mode_flags(inference.logprobs_mode())
+    return (inference.engine_timeouts.limits().flags() + logprobs_mode_flags(inference.logprobs_mode())
+            + inference.sampling.override().flags())
 
 
 def _exact_mode_args(job: RolloutJob) -> list[str]:

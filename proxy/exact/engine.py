@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from tracefleet.contract.capture import SpliceInfo
+from tracefleet.contract.sampling import SamplingOverride
 from tracefleet.formats.families import ModelFormat
 from tracefleet.formats.parsers import make_parser
 
@@ -39,8 +40,10 @@ class ExactTokenEngine(ServedModelName):
     mode = "exact"
 
     def __init__(self, client: EngineClient, fmt: ModelFormat, served_model: str | None = None,
-                 max_sessions: int = 4096, verify_full: bool = False) -> None:
+                 max_sessions: int = 4096, verify_full: bool = False,
+                 job_sampling: SamplingOverride | None = None) -> None:
         self.verify_full = verify_full
+        self.job_sampling = job_sampling or SamplingOverride()
         self.client = client
         self.fmt = fmt
         self._model = served_model
@@ -106,7 +109,7 @@ class ExactTokenEngine(ServedModelName):
         if limit is not None and len(plan.prompt_ids) >= limit:
             raise context_overflow(len(plan.prompt_ids), limit)
         body = self._body(conv, model, plan.prompt_ids, limit, state.policy_version)
-        state.sampling = sampling_record(conv, body)
+        state.sampling = sampling_record(conv, body, self.job_sampling)
         state.logprobs_mode = self.logprobs_mode
         kinds = {t.name: t.kind for t in conv.tools}
         parser = make_parser(self.fmt.parser_name, plan.rendered.tools, prompt_text=plan.rendered.tail)

@@ -1,6 +1,7 @@
 """The proxy sidecar is told the job's engine time limits and the kind of logprobs its engine reports: a managed
 vLLM's from the arguments it runs with (tracefleet's processed_logprobs unless extraArgs override them), an
-external engine's as the job states it, nothing when it does not (the proxy then asks the engine)."""
+external engine's as the job states it, nothing when it does not (the proxy then asks the engine); and the job's
+sampling (spec.inference.sampling), which replaces the harness's on every call."""
 
 from __future__ import annotations
 
@@ -40,3 +41,10 @@ def test_sidecar_gets_the_jobs_engine_limits_and_logprobs_kind() -> None:
     assert sidecar_args(external).logprobs_mode is None  # unstated: the proxy asks the engine
     external["external"]["logprobsMode"] = "processed_logprobs"
     assert sidecar_args(external).logprobs_mode == "processed_logprobs"
+
+
+def test_sidecar_samples_as_the_job_says() -> None:
+    args = sidecar_args()
+    assert (args.temperature, args.top_p, args.top_k) == (None, None, None)  # the harness's own, else the engine's
+    args = sidecar_args({"sampling": {"temperature": 0.7, "topP": 0.95, "topK": 20}})
+    assert (args.temperature, args.top_p, args.top_k) == (0.7, 0.95, 20)

@@ -41,14 +41,15 @@ HARNESS = textwrap.dedent(
 
 
 def write_job(tmp_path: Path, *, name: str, tasks: int, samples: int, parallelism: int, sleep_s: float,
-              per_batch: int = 1) -> Path:
+              per_batch: int = 1, sampling: dict[str, Any] | None = None) -> Path:
     (tmp_path / "harness.py").write_text(HARNESS)
     job = {
         "apiVersion": "tracefleet.io/v1alpha1",
         "kind": "RolloutJob",
         "metadata": {"name": name},
         "spec": {
-            "inference": {"external": {"baseUrl": "http://127.0.0.1:1"}, "capture": {"mode": "server"}},
+            "inference": {"external": {"baseUrl": "http://127.0.0.1:1"}, "capture": {"mode": "server"},
+                          **({"sampling": sampling} if sampling else {})},
             "harness": {"preset": "command", "command": ["python", "{job_dir}/harness.py", str(sleep_s)],
                         "sessionTimeoutSeconds": 120},
             "tasks": {
@@ -114,7 +115,9 @@ def engine_url_of(engine: Any) -> str:
 
 
 def test_local_run_seals_batches_with_rewards(scripted_engine: Any, tmp_path: Path) -> None:
-    job = write_job(tmp_path, name="local-basic", tasks=2, samples=2, parallelism=2, sleep_s=0, per_batch=3)
+    # the job's sampling replaces the harness's (it sends none) on every call
+    job = write_job(tmp_path, name="local-basic", tasks=2, samples=2, parallelism=2, sleep_s=0, per_batch=3,
+                    sampling={"temperature": 0.6})
     # the engine's logprobs kind and a time limit stated on the command line (an external engine says neither)
     proc = tracefleet_run(job, engine_url_of(scripted_engine), tmp_path, "--logprobs-mode", "processed_logprobs",
                           "--engine-inter-token-timeout-s", "90")
@@ -129,6 +132,10 @@ def test_local_run_seals_batches_with_rewards(scripted_engine: Any, tmp_path: Pa
     records = [r for log in (tmp_path / "work" / "capture").rglob("*.jsonl") for r in read_capture_log(log).records]
     assert {r.requested_model for r in records} == {scripted_engine.model}
     assert {r.logprobs_mode for r in records} == {"processed_logprobs"}
+    assert all(r.sampling["temperature"] == {"value": 0.6, "source": "job"} for r in records)
+    spans = [span for batch in (tmp_path / "out" / "local-basic" / "batches").glob("*/*.parquet")
+             for row in pq.read_table(batch, columns=["spans"]).to_pylist() for span in row["spans"]]
+    assert spans and {(span["temperature"], span["top_p"]) for span in spans} == {(0.6, None)}
 
 
 def test_sigint_keeps_sealed_batches_and_rerun_completes_without_duplicates(scripted_engine: Any, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from tracefleet.contract.diagnostics import BUILTIN_DIAGNOSTICS as BUILTINS
 from tracefleet.contract.engine_limits import CONNECT_S, FIRST_TOKEN_S, INTER_TOKEN_S, EngineLimits, StatedLogprobsMode, logprobs_mode_of
+from tracefleet.contract.sampling import SamplingOverride
 from tracefleet.contract.rules import BUCKET_URI_MESSAGE, Rule, bucket_uri_cel, bucket_uri_ok, exactly_one, has
 from tracefleet.contract.sidecar_resources import PROXY_RESOURCES
 from tracefleet.contract.semantics import (
@@ -252,6 +253,34 @@ class EngineTimeouts(WireModel):
                             inter_token_s=self.inter_token_seconds, total_s=self.total_seconds)
 
 
+class Sampling(WireModel):
+    """The rollout's sampling: what every call of the job's sessions is sampled with (tracefleet.contract.sampling)."""
+
+    temperature: float | None = Field(
+        default=None, ge=0, le=100,
+        description="Replaces the harness's temperature on every call (unset: the harness's own, else the engine's "
+        "default). Recorded with every call and trace span, so a trainer scores each token at the temperature that "
+        "sampled it.",
+    )
+    top_p: float | None = Field(default=None, ge=0, le=1, description="Replaces the harness's top_p on every call, "
+                                "above 0 (unset: as for temperature).")
+    top_k: int | None = Field(default=None, ge=-1,
+                              description="Replaces the harness's top_k on every call; -1: no cutoff (unset: as for "
+                              "temperature).")
+
+    x_rules = (
+        Rule(
+            cel="!has(self.topP) || self.topP > 0.0",
+            message="topP must be above 0",
+            check=lambda m: m.top_p is None or m.top_p > 0,
+            field_path=".topP",
+        ),
+    )
+
+    def override(self) -> SamplingOverride:
+        return SamplingOverride(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+
+
 class Capture(WireModel):
     mode: Literal["auto", "exact", "server"] = Field(
         default="auto",
@@ -292,6 +321,9 @@ class Inference(WireModel):
     capture: Capture = _object(Capture, "How token ids are captured.")
     engine_timeouts: EngineTimeouts = _object(
         EngineTimeouts, "How long the proxy waits for the engine; a call cut by a limit is recorded with it.")
+    sampling: Sampling = _object(
+        Sampling, "The rollout's sampling (the behaviour policy a trainer learns from): each parameter set replaces "
+        "the harness's on every call, recorded with source `job`.")
     policy_version: int = Field(
         default=0, ge=0, description="Policy version recorded with every sampled token until the trainer changes it."
     )
