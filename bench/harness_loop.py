@@ -7,7 +7,7 @@
         [--vllm-url URL] [--out DIR]
 
 First, before anything is trained, the base rate of shipped models on the held-out tasks at the loop's sampling
-settings (the engine's defaults: temperature 1), `--base-sample` held-out tasks, one session each: through the
+settings (the job's spec.inference.sampling: temperature 0.7 in the example), `--base-sample` held-out tasks, one session each: through the
 job's harness for each of `--base-models` on the CPU engine (`tracefleet run`'s own; SmolLM2's is the first seed's
 policy-0 score on vLLM), and SmolLM2 through each of `--base-presets` (a second CLI) on a vLLM started with the
 job's arguments but a context of `--base-context` tokens (Codex's first prompt is ~6.6k tokens; the loop's 2,560
@@ -48,12 +48,12 @@ from tracefleet.trainer.loop import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "harness-train"
 
 
 def load() -> str:
     """The machine's load averages (1, 5, 15 min): the numbers are only comparable at a like load."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
-EXAMPLE = REPO / "examples" / "harness-train"
 
 
 def with_context(args: list[str], context: int | None) -> list[str]:
@@ -91,6 +91,14 @@ def base_rate(held_out: Path, model: str, sample: int, out: Path, preset: str | 
         run.run()
     rewards = [r.result.reward for r in run.results]
     return (statistics.fmean(rewards) if rewards else None), len(rewards)
+
+
+def sampling(job_path: Path) -> str:
+    """The sampling a job's sessions run at, as the proxy applies it (spec.inference.sampling)."""
+    from tracefleet.api.manifest import load_job
+
+    stated = load_job(job_path).spec.inference.sampling.override().fields()
+    return ", ".join(f"{k} {v:g}" for k, v in stated.items()) or "the engine's defaults"
 
 
 def seed_row(seed: int, r: LoopResult) -> dict[str, object]:
@@ -191,7 +199,8 @@ def main() -> int:
     finally:
         if engine is not None:
             engine.stop()
-    print("\nbase rate on the held-out tasks (temperature 1, before anything is trained):")
+    print(f"\nbase rate on the held-out tasks (the job's sampling: {sampling(a.held_out)}; before anything is "
+          "trained):")
     for key, (mean, n) in base.items():
         print(f"  {key}: {fmt(mean)} over {n} sessions")
     print("\nseed  steps  wall min  held-out base/warm/RL    train base/warm/RL    syncs (mean/max s)  "

@@ -77,6 +77,8 @@ def test_a_warm_started_policy_samples_two_pi_tool_rounds_on_vllm_and_its_trace_
         assert all(r.engine_url.startswith(vllm_server.url) for r in records.values())  # real vLLM sampled them
         assert trace_problems(row, records) == []  # mask = exactly the sampled tokens, in one exact chain
         assert len(row["spans"]) == len(records) and {s["policy_version"] for s in row["spans"]} == {1}
+        # sampled at the job's temperature (spec.inference.sampling), not Pi's (it sends none), as the spans say
+        assert {s["temperature"] for s in row["spans"]} == {job.spec.inference.sampling.temperature} != {None}
 
         t = reader.read(reader.batches()[0]).tensors()
         on = t["loss_mask"] > 0
