@@ -32,7 +32,8 @@ examples:
 Needs the vLLM CPU build (`bash hack/setup.d/45-vllm.sh`) and torch (`pip install -e '.[trainer]'`).
 Output: one line per step on stdout (batch reward, groups with signal, loss, train/inference mismatch,
 weight-sync seconds, requests kept/aborted by the sync, stale tokens masked), then a summary; progress on
-stderr; every step as JSON in RUN/loop.jsonl. Exit status: 0 done, 1 failed, 2 usage error, 130 interrupted.
+stderr; every step as JSON in RUN/loop.jsonl. Exit status: 0 done, 1 failed (nothing trained: no step and no
+warm start), 2 usage error, 130 interrupted.
 """
 
 
@@ -99,4 +100,5 @@ def main(args: argparse.Namespace) -> int:
                           score_limit=args.score_limit, score_train=max(0, args.score_train),
                           train_flat=args.train_flat)
     result = run_loop(options)
-    return 0 if result.steps else 1
+    # a warm start is an update too: a run whose GRPO batches all lacked reward spread still trained
+    return 0 if result.steps or result.warm else 1
