@@ -204,6 +204,16 @@ def trained_model(job: Any) -> str:
     return name
 
 
+def check_sampling(job: Any, what: str) -> None:
+    """The trainer scores each token at the temperature its span records, nothing else: a job whose sampling cuts
+    the distribution (spec.inference.sampling topP/topK) would be trained against logprobs it does not compute."""
+    sampling = job.spec.inference.sampling
+    cut = [name for name, value in (("topP", sampling.top_p), ("topK", sampling.top_k)) if value is not None]
+    if cut:
+        raise UsageError(f"{what}: spec.inference.sampling.{' and '.join(cut)}: tracefleet train scores tokens at "
+                         "their temperature only (the full distribution); set temperature alone")
+
+
 class Rollouts:
     """The job's sessions against the loop's engine, in a background thread (LocalRun, as `tracefleet run`)."""
 
@@ -312,6 +322,7 @@ class Loop:
 
         job = load_job(o.job_path)
         model = trained_model(job)
+        check_sampling(job, str(o.job_path))
         if o.demos or o.warm_start:
             from tracefleet.trainer import demos
 

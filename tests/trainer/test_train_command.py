@@ -42,8 +42,12 @@ def test_train_says_what_is_wrong_in_one_line(tmp_path: Path, capsys: Any) -> No
     other = tmp_path / "job.yaml"
     other.write_text(LOOP_JOB.read_text().replace("model: smollm2", "model: Qwen/Qwen3-8B")
                      .replace("../quickstart/", f"{LOOP_JOB.parent.parent}/quickstart/"))
+    top_k = tmp_path / "top-k.yaml"
+    top_k.write_text(HARNESS_JOB.read_text().replace("temperature: 0.7", "temperature: 0.7\n      topK: 20")
+                     .replace("uri: train.jsonl", f"uri: {HARNESS_JOB.parent / 'train.jsonl'}"))
     cases = [
         (["train", str(tmp_path / "missing.yaml")], "missing.yaml: no such file"),
+        (["train", str(top_k)], "spec.inference.sampling.topK: tracefleet train scores tokens at their temperature only"),
         (["train", str(LOOP_JOB), "--max-lag", "-1"], "--max-lag must be 0 or more"),
         (["train", str(LOOP_JOB), "--minutes", "0"], "--minutes must be more than 0"),
         (["train", str(other)], "trains a shipped model on this machine (smollm2); the job serves 'Qwen/Qwen3-8B'"),
