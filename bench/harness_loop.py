@@ -7,11 +7,11 @@
         [--vllm-url URL] [--out DIR]
 
 First, before anything is trained, the base rate of shipped models on the held-out tasks at the loop's sampling
-settings (the job's spec.inference.sampling: temperature 0.7 in the example), `--base-sample` held-out tasks, one session each: through the
-job's harness for each of `--base-models` on the CPU engine (`tracefleet run`'s own; SmolLM2's is the first seed's
-policy-0 score on vLLM), and SmolLM2 through each of `--base-presets` (a second CLI) on a vLLM started with the
-job's arguments but a context of `--base-context` tokens (Codex's first prompt is ~6.6k tokens; the loop's 2,560
-holds Pi's 1.5k), for the base rate only.
+settings (the job's spec.inference.sampling: temperature 1 in the example), `--base-sample` held-out tasks, one
+session each: through the job's harness for each of `--base-models` on the CPU engine (`tracefleet run`'s own;
+SmolLM2's is the first seed's policy-0 score on vLLM), and SmolLM2 through each of `--base-presets` (a second CLI)
+on a vLLM started with the job's arguments but a context of `--base-context` tokens (Codex's first prompt is ~6.6k
+tokens; the loop's 2,560 holds Pi's 1.5k), for the base rate only.
 
 Then per seed, on one real vLLM (CPU build, SmolLM2-135M-Instruct, started with the job's extraArgs, or
 `--vllm-url`), `tracefleet train JOB --demos N --held-out HELD --score-train M` from the base weights: N

@@ -42,8 +42,9 @@ def test_train_says_what_is_wrong_in_one_line(tmp_path: Path, capsys: Any) -> No
     other = tmp_path / "job.yaml"
     other.write_text(LOOP_JOB.read_text().replace("model: smollm2", "model: Qwen/Qwen3-8B")
                      .replace("../quickstart/", f"{LOOP_JOB.parent.parent}/quickstart/"))
-    top_k = tmp_path / "top-k.yaml"
-    top_k.write_text(HARNESS_JOB.read_text().replace("temperature: 0.7", "temperature: 0.7\n      topK: 20")
+    top_k, text = tmp_path / "top-k.yaml", HARNESS_JOB.read_text()
+    assert "temperature: 1.0\n" in text  # the line topK is added after
+    top_k.write_text(text.replace("temperature: 1.0", "temperature: 1.0\n      topK: 20")
                      .replace("uri: train.jsonl", f"uri: {HARNESS_JOB.parent / 'train.jsonl'}"))
     cases = [
         (["train", str(tmp_path / "missing.yaml")], "missing.yaml: no such file"),
