@@ -187,12 +187,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"tracefleet proxy: {problem}", flush=True)
         return 2
     config = ProxyConfig(
-        sampling=sampling, engine_url=args.engine, engine_api_key=key, capture_dir=args.capture_dir, admin_token=args.admin_token, mode=args.mode,
+        engine_url=args.engine, engine_api_key=key, capture_dir=args.capture_dir, admin_token=args.admin_token, mode=args.mode,
         model_path=args.model_path, model_family=args.model_family, tool_parser=args.tool_parser,
         served_model=args.served_model, max_body_bytes=int(args.max_body_mb * 1024 * 1024), keepalive_s=args.keepalive_s,
         pause_max_wait_s=args.pause_max_wait_s, engine_limits=engine_limits(args), logprobs_mode=args.logprobs_mode,
         policy_version=args.policy_version, sessions=sessions,
-        upload_to=args.upload_to, artifacts_dir=args.artifacts_dir,
+        upload_to=args.upload_to, artifacts_dir=args.artifacts_dir, sampling=sampling,
     )
     try:
         app = create_app(config)

@@ -107,14 +107,15 @@ def select_token_engine(config: ProxyConfig, client: EngineClient) -> tuple[Toke
     requested = config.mode
     config = engine_named_model(config)
     if requested == "server":
-        return ServerTokenEngine(client, config.served_model, config.sampling), ModeDecision(requested, "server", "asked for")
+        engine = ServerTokenEngine(client, config.served_model, job_sampling=config.sampling)
+        return engine, ModeDecision(requested, "server", "asked for")
     try:
         fmt = _exact_format(config)
     except ExactModeUnavailable as exc:
         if requested == "exact":
             raise
         decision = ModeDecision(requested, "server", f"exact mode unavailable: {exc}", model=_model_ref(config))
-        return ServerTokenEngine(client, config.served_model, config.sampling), decision
+        return ServerTokenEngine(client, config.served_model, job_sampling=config.sampling), decision
     reason = "asked for" if requested == "exact" else "the model's family is supported"
     decision = ModeDecision(requested, "exact", reason, model=_model_ref(config), family=fmt.family.name)
     return ExactTokenEngine(client, fmt, config.served_model, job_sampling=config.sampling), decision

@@ -18,8 +18,8 @@ from pydantic_core import PydanticCustomError
 
 from tracefleet.contract.diagnostics import BUILTIN_DIAGNOSTICS as BUILTINS
 from tracefleet.contract.engine_limits import CONNECT_S, FIRST_TOKEN_S, INTER_TOKEN_S, EngineLimits, StatedLogprobsMode, logprobs_mode_of
-from tracefleet.contract.sampling import SamplingOverride
 from tracefleet.contract.rules import BUCKET_URI_MESSAGE, Rule, bucket_uri_cel, bucket_uri_ok, exactly_one, has
+from tracefleet.contract.sampling import SamplingOverride
 from tracefleet.contract.sidecar_resources import PROXY_RESOURCES
 from tracefleet.contract.semantics import (
     DEFAULT_MAX_QUARANTINE_RATE,
@@ -253,7 +253,7 @@ class EngineTimeouts(WireModel):
                             inter_token_s=self.inter_token_seconds, total_s=self.total_seconds)
 
 
-class Sampling(WireModel):
+class RolloutSampling(WireModel):
     """The rollout's sampling: what every call of the job's sessions is sampled with (tracefleet.contract.sampling)."""
 
     temperature: float | None = Field(
@@ -321,8 +321,8 @@ class Inference(WireModel):
     capture: Capture = _object(Capture, "How token ids are captured.")
     engine_timeouts: EngineTimeouts = _object(
         EngineTimeouts, "How long the proxy waits for the engine; a call cut by a limit is recorded with it.")
-    sampling: Sampling = _object(
-        Sampling, "The rollout's sampling (the behaviour policy a trainer learns from): each parameter set replaces "
+    sampling: RolloutSampling = _object(
+        RolloutSampling, "The rollout's sampling (the behaviour policy a trainer learns from): each parameter set replaces "
         "the harness's on every call, recorded with source `job`.")
     policy_version: int = Field(
         default=0, ge=0, description="Policy version recorded with every sampled token until the trainer changes it."
