@@ -322,8 +322,8 @@ class Inference(WireModel):
     engine_timeouts: EngineTimeouts = _object(
         EngineTimeouts, "How long the proxy waits for the engine; a call cut by a limit is recorded with it.")
     sampling: RolloutSampling = _object(
-        RolloutSampling, "The rollout's sampling (the behaviour policy a trainer learns from): each parameter set replaces "
-        "the harness's on every call, recorded with source `job`.")
+        RolloutSampling, "The rollout's sampling (the behaviour policy a trainer learns from): each parameter set "
+        "replaces the harness's on every call, recorded with source `job`.")
     policy_version: int = Field(
         default=0, ge=0, description="Policy version recorded with every sampled token until the trainer changes it."
     )
