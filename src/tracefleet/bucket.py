@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -165,6 +165,16 @@ class LocalBucket:
         self._path(key).unlink(missing_ok=True)
 
 
+# botocore's own service-specific variable: it names the endpoint when no endpoint_url is passed.
+AWS_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+
+
+def endpoint_from_env(env: Mapping[str, str]) -> str | None:
+    """The S3 endpoint a process with environment `env` reaches its bucket at (None: AWS's), by the one precedence
+    every program of a job uses: TRACEFLEET_S3_ENDPOINT, then AWS_ENDPOINT_URL, then AWS_ENDPOINT_URL_S3."""
+    return next((env[name] for name in (environment.S3_ENDPOINT, *AWS_ENDPOINT_VARIABLES) if env.get(name)), None)
+
+
 class S3Bucket:
     """An S3 (or S3-compatible) bucket through boto3, optionally under a key prefix."""
 
@@ -187,7 +197,7 @@ class S3Bucket:
     ) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self.endpoint_url = endpoint_url or os.environ.get(environment.S3_ENDPOINT) or os.environ.get("AWS_ENDPOINT_URL")
+        self.endpoint_url = endpoint_url or endpoint_from_env(os.environ)
         self.uri = f"s3://{_join(bucket, self.prefix)}"
         if client is None:
             import boto3

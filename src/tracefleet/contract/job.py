@@ -68,7 +68,9 @@ Quantity = Annotated[
     PlainValidator(_quantity),
     WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True, "pattern": QUANTITY_RE}),
 ]
-Name = Annotated[str, StringConstraints(min_length=1, max_length=253)]
+# A Kubernetes object's name (Secret, ConfigMap, PersistentVolumeClaim): a DNS-1123 subdomain, as the API server checks it.
+OBJECT_NAME_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+Name = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=OBJECT_NAME_RE)]
 
 # What the job's name must be, as the cluster requires it: the kube-apiserver takes any RFC 1123 subdomain
 # (253 characters), but the operator puts the name into the `tracefleet.io/job` label of every child (a label value:
@@ -670,6 +672,12 @@ class RolloutJobSpec(WireModel):
     )
     diagnostics_policy: DiagnosticsPolicy = _object(
         DiagnosticsPolicy, "When the share of sessions the diagnostics quarantine is worth a warning.")
+    image_pull_secrets: Annotated[list[SecretRef], Field(max_length=16)] | None = Field(
+        default=None,
+        description="Secrets (kubernetes.io/dockerconfigjson, in the RolloutJob's namespace) every pod of the job pulls "
+        "its images with: harness, evaluator, sealer and engine pods, added to the operator's own "
+        "(--image-pull-secret, the chart's jobImagePullSecrets). Kubernetes only; `tracefleet run` pulls nothing.",
+    )
     parallelism: int = Field(default=1, ge=1, le=10000, description="Sessions running at once.")
     max_retries: int = Field(default=2, ge=0, le=100, description="Retries of a session that failed before its first model call (an infrastructure failure). A "
         "session that failed after a model call is not retried: it is sealed fail-closed, as the policy's outcome.")
