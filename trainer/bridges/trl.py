@@ -11,8 +11,8 @@ other key reaches the reward functions as a keyword argument. It computes advant
 - a trace's prompt is its first call's prompt; its completion is every token after it, `env_mask` 0 on the tool
   results and harness text between the calls, `logprobs` the engine's on the sampled tokens (0.0 elsewhere)
 - the dataset's prompts are placeholders (`placeholder_dataset`): what a group was asked is in its tokens
-- `tracefleet_advantage` (the reader's group advantage) and `tracefleet_reward` (the session's reward) are
-  passed to the reward functions: `session_advantage` with `GRPOConfig(scale_rewards="none")` makes TRL's
+- `tracefleet_advantage` (the reader's group advantage), `tracefleet_reward` (the session's reward) and
+  `tracefleet_session` (its id) are passed to the reward functions: `session_advantage` with `GRPOConfig(scale_rewards="none")` makes TRL's
   advantages tracefleet's (a block's mean is then 0: one trace per session), `session_reward` lets TRL normalise
 - a group with fewer traces than `num_generations` (an infrastructure failure left out by the reader) is filled
   with unscorable rows: every reward None (TRL leaves them out of the block's statistics and gives them advantage
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 ADVANTAGE_KEY = "tracefleet_advantage"
 REWARD_KEY = "tracefleet_reward"
 GROUP_KEY = "tracefleet_group"
+SESSION_KEY = "tracefleet_session"  # the row's identity, None on filler rows
 PLACEHOLDER_PROMPT = "tracefleet"
 
 
@@ -91,6 +92,7 @@ class TrlRollouts:
             ADVANTAGE_KEY: [r.advantage if real else None for r, real in rows],
             REWARD_KEY: [r.reward if real else None for r, real in rows],
             GROUP_KEY: [r.group_id for r, _ in rows],
+            SESSION_KEY: [r.session_id if real else None for r, real in rows],
         }
 
     def commit(self) -> list[int]:
