@@ -90,7 +90,7 @@ def test_a_tinker_api_server_trains_on_a_sealed_batch_and_vllm_gets_the_update(v
     engine = EngineControl(vllm_server.url)
     start = label_version(engine.label()) or 0
     service = tinker.ServiceClient(base_url=skyrl_server, api_key="tml-local")
-    training = service.create_lora_training_client(base_model=str(model_dir), rank=4)
+    training = bridge.training_client(service, str(model_dir), rank=4)  # the bridge's defaults: a mergeable adapter
     try:
         log = bridge.train(service, training, reader, [vllm_server.url], model_dir, tmp_path / "ckpt",
                            learning_rate=1e-4, steps=1, start_version=start, follow_options={"idle_exit": True})
