@@ -124,7 +124,8 @@ def test_every_view_and_every_bridge_names_the_same_session_with_the_same_advant
         assert datum.loss_fn_inputs["target_tokens"].data == r.tokens[1:]
         on = [a for a, m in zip(datum.loss_fn_inputs["advantages"].data, r.loss_mask[1:], strict=True) if m]
         assert on and on == pytest.approx([r.advantage] * len(on))
-    trainer = SimpleNamespace(num_generations=4, num_generations_eval=4, model=SimpleNamespace(training=True))
+    trainer = SimpleNamespace(num_generations=4, num_generations_eval=4, model=SimpleNamespace(training=True),
+                              eos_token_ids=[2], processing_class=SimpleNamespace(pad_token_id=2))
     given = TrlRollouts(reader)(["p"] * 8, trainer)  # g0 and g2, in the table's order, fillers None
     ids = [s for s in given[SESSION_KEY] if s is not None]
     assert ids == [r.session_id for r in found]

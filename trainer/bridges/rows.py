@@ -29,6 +29,7 @@ class Rollout:
     trace_id: str
     policy_versions: list[int]  # the version that sampled each span
     finish_reason: str | None  # the last call's
+    token_versions: list[int]  # the version that sampled each token, -1 on context (tracefleet.traces.versions)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -45,6 +46,13 @@ class Rollout:
     @property
     def response_logprobs(self) -> list[float]:
         return self.logprobs[self.prompt_length :]
+
+    def response_mask_from(self, version: int | None) -> list[int]:
+        """`response_mask` without the tokens a version older than `version` sampled (all of it for None)."""
+        if version is None:
+            return self.response_mask
+        versions = self.token_versions[self.prompt_length :]
+        return [m if v >= version else 0 for m, v in zip(self.response_mask, versions, strict=True)]
 
     @property
     def calls(self) -> int:
@@ -77,6 +85,7 @@ def rollouts(batch: Any, *, include_auxiliary: bool = False, include_quarantined
             group_id=row["group_id"], session_id=row["session_id"], trace_id=row["trace_id"],
             policy_versions=[s["policy_version"] for s in spans],
             finish_reason=spans[-1]["finish_reason"] if spans else None,
+            token_versions=t["token_versions"][i, :n].tolist(),
         ))
     return out
 

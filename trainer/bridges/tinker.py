@@ -176,13 +176,14 @@ def export_weights(service_client: Any, training_client: Any, name: str, base_di
 
 def train(service_client: Any, training_client: Any, reader: Any, engines: list[str], base_dir: str | Path,
           out: str | Path, *, loss_fn: str = "importance_sampling", learning_rate: float = 1e-5,
-          steps: int | None = None, start_version: int = 0, follow_options: dict[str, Any] | None = None,
+          steps: int | None = None, start_version: int | None = None, follow_options: dict[str, Any] | None = None,
           **options: Any) -> list[dict[str, Any]]:
     """Follow the job's batches: a train_step per batch with data, its weights into the engines as the next
-    version, the batch committed. One record per step."""
-    from tracefleet.trainer.control import update_policy
+    version (after `start_version`; None: the engines' own, control.engine_version), the batch committed. One
+    record per step."""
+    from tracefleet.trainer.control import engine_version, update_policy
 
-    version, log = start_version, []
+    version, log = engine_version(engines) if start_version is None else start_version, []
     for batch in reader.follow(**(follow_options or {})):
         data = datums(batch, **options)
         if data:
