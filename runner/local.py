@@ -42,7 +42,7 @@ from tracefleet.contract.semantics import (
     should_retry,
 )
 from tracefleet.contract.plan import job_tasks_of, plan_sessions, read_tasks
-from tracefleet.runner.failures import outcomes_line, run_verdict
+from tracefleet.runner.failures import failure_line, outcomes_line, run_verdict, status_line
 from tracefleet.runner.learning_signal import learning_signal_line
 from tracefleet.runner.preflight import PreflightError, preflight
 from tracefleet.runner.progress import ProgressWriter
@@ -134,7 +134,6 @@ class RunProgress:
     traces: int = 0
     rewards: list[float] = field(default_factory=list)
     batches: list[str] = field(default_factory=list)
-    statuses: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
@@ -553,7 +552,6 @@ class LocalRun:
     def _record(self, run: SessionRun, sink: Any, progress: RunProgress) -> None:
         result = run.result
         self.results.append(run)
-        progress.statuses[result.status] = progress.statuses.get(result.status, 0) + 1
         progress.calls += result.calls
         progress.abandoned += result.abandoned_calls
         if result.status == "stopped":
@@ -565,7 +563,7 @@ class LocalRun:
             progress.rewards.append(result.reward)
         else:
             progress.failed += 1
-            self._say(f"session {result.session_id}: {result.status} at {result.stage}: {result.error}")
+            self._say(f"session {result.session_id}: {failure_line(result)}")
         accepted = self.acceptance is None or (result.status == "completed" and self.acceptance.accepts(result.reward))
         if accepted:
             progress.accepted += 1
@@ -599,7 +597,7 @@ class LocalRun:
             ("job", self.job.name),
             ("sessions", f"{attempted} run now, {p.skipped} already sealed earlier, {p.total} in the job"
                          + (" (interrupted)" if interrupted else "")),
-            ("status", ", ".join(f"{k} {v}" for k, v in sorted(p.statuses.items())) or "-"),
+            ("status", status_line([r.result for r in self.results])),
             ("mean reward", "-" if p.mean_reward is None else f"{p.mean_reward:.3f} over {len(p.rewards)} completed"),
             ("reward spread", learning_signal_line([r.result for r in self.results])),
             ("model calls", str(p.calls) + (f" ({p.abandoned} abandoned in flight: recorded, engine requests cancelled)"
