@@ -15,12 +15,14 @@ mkdir -p "$root"
 
 if ! command -v containerd >/dev/null || ! command -v ctr >/dev/null || [ ! -x /usr/lib/cni/bridge ]; then
   command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] \
-    || { echo "56-node: containerd or the CNI plugins missing: install them as root (apt-get install -y containerd containernetworking-plugins)" >&2; exit 1; }
+    || { echo "56-node: containerd or the CNI plugins missing: install them as root" \
+              "(apt-get install -y containerd containernetworking-plugins)" >&2; exit 1; }
   echo "    installing containerd containernetworking-plugins (apt)"
   start=$SECONDS
   apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd containernetworking-plugins \
-    >"$root/apt.log" 2>&1 || { tail -5 "$root/apt.log" >&2; echo "56-node: apt-get install containerd failed" >&2; exit 1; }
+    >"$root/apt.log" 2>&1 \
+    || { tail -5 "$root/apt.log" >&2; echo "56-node: apt-get install containerd failed" >&2; exit 1; }
   echo "    apt: $((SECONDS - start)) s"
 fi
 
@@ -29,7 +31,8 @@ key=$(cat "$src/main.go" "$src/go.mod" | sha256sum | cut -c1-12)
 image="localhost/tracefleet/pause:$key"
 archive="$root/pause-$key.tar"
 if [ ! -f "$archive" ]; then
-  command -v go >/dev/null || { echo "56-node: go toolchain not found (the pause image is built from hack/node/pause)" >&2; exit 1; }
+  command -v go >/dev/null \
+    || { echo "56-node: go toolchain not found (the pause image is built from hack/node/pause)" >&2; exit 1; }
   export CONTAINERS_CONF="$TRACEFLEET_CACHE/containers/containers.conf"  # 55-containers.sh writes it
   tmp=$(mktemp -d "$root/.pause.XXXXXX")
   trap 'rm -rf "$tmp"' EXIT
