@@ -45,7 +45,7 @@ from tracefleet.contract.plan import job_tasks_of, plan_sessions, read_tasks
 from tracefleet.runner.failures import outcomes_line, run_verdict
 from tracefleet.runner.learning_signal import learning_signal_line
 from tracefleet.runner.preflight import PreflightError, preflight
-from tracefleet.runner.progress import ProgressWriter
+from tracefleet.runner.progress import ProgressWriter, previous_run
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import netns_available, workdir_view_available
 from tracefleet.runner.netns import VIEW_DIR
@@ -368,6 +368,8 @@ class LocalRun:
         sink = BatchSink(self.output_uri, self.job.name,
                          groups_per_batch=groups_per_batch(spec.output.traces_per_batch, spec.tasks.samples_per_task))
         sealed = sink.sealed_keys()
+        if (line := previous_run(sink.bucket, self.job.name)) is not None:
+            self._say(line)
         if self.options.fresh:
             self._say(f"--fresh: every session of job {self.job.name!r} runs again; its {sink.sealed_batches} sealed "
                       f"batch(es) at {sink.job_uri} stay as they are (nothing is deleted: a trainer that read them "

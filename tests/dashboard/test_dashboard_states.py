@@ -30,9 +30,10 @@ STATE = "(document.querySelector('tr:has(a[href=\"/job?path={0}\"]) [data-state]
 STATE_WORDS = "document.querySelector('tr:has(a[href=\"/job?path={0}\"]) [data-state]')?.textContent ?? null"
 
 
-def start_run(tmp: Path, name: str, engine_url: str, out: Path) -> subprocess.Popen[str]:
-    """`tracefleet run` of 8 sessions, one at a time, each a model call then 3 s of work."""
-    folder = tmp / name
+def start_run(tmp: Path, name: str, engine_url: str, out: Path, where: str = "") -> subprocess.Popen[str]:
+    """`tracefleet run` of job `name` (in tmp/`where`, default its name): 8 sessions, one at a time, each a model call
+    then 3 s of work."""
+    folder = tmp / (where or name)
     folder.mkdir()
     (folder / "harness.py").write_text(MODEL_CALL + "\nimport time\ntime.sleep(3)\n")
     job = {"apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name}, "spec": {
@@ -113,6 +114,14 @@ def test_killed_interrupted_and_stale_runs_and_a_bad_loop_log(scripted_engine: A
             page.wait_for(f"{ago} !== {json.dumps(first)}", timeout_s=5)
             assert page.eval("document.body.dataset.updates ?? '0'") == updates  # the clock, not a refresh
             page.screenshot(tmp_path / "killed.png")
+        # run again, the killed job's run says what became of the last one before it continues it
+        again = start_run(tmp_path, "killed", str(scripted_engine.url), out, where="killed-again")
+        runs["again"] = again
+        assert again.stdout is not None
+        said = ""
+        while "did not finish" not in said and len(said.splitlines()) < 10:
+            said += again.stdout.readline()
+        assert "the last run of job 'killed' did not finish (its process is gone; last written" in said, said
     finally:
         dash.close()
         for proc in runs.values():
