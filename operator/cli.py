@@ -81,7 +81,9 @@ def main(args: argparse.Namespace) -> int:
               "'-' and '.')", file=sys.stderr)
         return 2
     import kopf
-    from kubernetes import client, config
+    from kubernetes import client
+
+    from tracefleet.cluster_config import load_cluster_config
 
     from tracefleet.operator import metrics
     from tracefleet.operator.handlers import OperatorState, build_registry
@@ -94,10 +96,7 @@ def main(args: argparse.Namespace) -> int:
     if args.log_level != "debug":
         # kopf logs every successful timer run at INFO: once per job per interval is noise.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
+    load_cluster_config()
     cfg = client.Configuration.get_default_copy()
     cfg.connection_pool_maxsize = 32
     kube = Kube(client.ApiClient(cfg))

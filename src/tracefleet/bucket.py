@@ -64,6 +64,7 @@ class Bucket(Protocol):
     def put_file(self, key: str, path: Path) -> None: ...
     def create_exclusive(self, key: str, data: bytes) -> bool: ...
     def get(self, key: str) -> bytes: ...
+    def get_if_changed(self, key: str, stamp: str | None) -> tuple[bytes, str] | None: ...
     def exists(self, key: str) -> bool: ...
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]: ...
     def list_dirs(self, prefix: str = "") -> list[str]: ...
@@ -132,6 +133,16 @@ class LocalBucket:
         except (FileNotFoundError, IsADirectoryError):
             self.check()
             raise ObjectNotFound(f"{self.root}/{key.strip('/')} does not exist") from None
+
+    def get_if_changed(self, key: str, stamp: str | None) -> tuple[bytes, str] | None:
+        """The object and its stamp, or None when its stamp is still `stamp` (nothing read): a reader that polls."""
+        try:
+            st = os.stat(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            self.check()
+            raise ObjectNotFound(f"{self.root}/{key.strip('/')} does not exist") from None
+        now = f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+        return None if now == stamp else (self.get(key), now)
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
@@ -292,6 +303,20 @@ class S3Bucket:
 
     def get(self, key: str) -> bytes:
         return self._call("get_object", key, Key=self._key(key))["Body"].read()
+
+    def get_if_changed(self, key: str, stamp: str | None) -> tuple[bytes, str] | None:
+        """The object and its ETag, or None when its ETag is still `stamp` (a conditional GET: 304, no body)."""
+        import botocore.exceptions as bx
+
+        try:
+            found = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **({"IfNoneMatch": stamp} if stamp else {}))
+        except bx.ClientError as exc:
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 304:
+                return None
+            raise self._translate(exc, key) from exc
+        except bx.BotoCoreError as exc:
+            raise self._translate(exc, key) from exc
+        return found["Body"].read(), found["ETag"]
 
     def exists(self, key: str) -> bool:
         try:
