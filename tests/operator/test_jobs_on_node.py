@@ -147,7 +147,8 @@ def installed(node, node_images, host_s3, tmp_path_factory: pytest.TempPathFacto
     t0 = time.monotonic()
     # no operator replica in a pod: it would reach the API server only through the `kubernetes` Service
     r = kube.helm("install", RELEASE, str(REPO / "charts" / "tracefleet"), "--namespace", NAMESPACE,
-                  "--create-namespace", "--set", "operator.replicas=0", "--wait", "--timeout", "120s")
+                  "--create-namespace", "--set", f"image.registry={images.DEFAULT_REGISTRY}", "--set", "operator.replicas=0",
+                  "--wait", "--timeout", "120s")
     assert r.returncode == 0, r.stdout + r.stderr
     bucket = host_s3.create_bucket("tracefleet")
     creds = {"AWS_ACCESS_KEY_ID": host_s3.access_key, "AWS_SECRET_ACCESS_KEY": host_s3.secret_key,
