@@ -41,6 +41,7 @@ def test_the_demonstrated_tasks_come_last_in_each_round() -> None:
 def test_train_says_what_is_wrong_in_one_line(tmp_path: Path, capsys: Any) -> None:
     other = tmp_path / "job.yaml"
     other.write_text(LOOP_JOB.read_text().replace("model: smollm2", "model: Qwen/Qwen3-8B")
+                     .replace("{job_dir}/../quickstart/", "../quickstart/")
                      .replace("../quickstart/", f"{LOOP_JOB.parent.parent}/quickstart/"))
     top_k, text = tmp_path / "top-k.yaml", HARNESS_JOB.read_text()
     assert "temperature: 1.0\n" in text  # the line topK is added after
