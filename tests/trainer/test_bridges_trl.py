@@ -13,6 +13,7 @@ group left with one session not given to TRL at all."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -104,8 +105,6 @@ def test_tokens_an_older_policy_sampled_are_masked_unless_trl_corrects_for_them(
 
     assert all(set(m) == {0} for m in env_masks())  # TRL would train them as the current policy's: masked
     assert all(1 in m for m in env_masks(off_policy_mask_threshold=0.5))  # TRL weighs them by the engine's logprobs
-    with pytest.raises(RuntimeError, match="runs in one process"):
-        env_masks(accelerator=SimpleNamespace(num_processes=2))
 
 
 def test_the_docs_trl_snippet_trains_a_real_runs_batch_and_updates_vllm(vllm_server: Any, tmp_path: Path) -> None:
@@ -146,5 +145,54 @@ def test_the_docs_trl_snippet_trains_a_real_runs_batch_and_updates_vllm(vllm_ser
         sync.logger.close()  # the update's figures at TRL's step, under the dashboard's names
         sync_s = sync.reports[0].loop_figures()["sync_s"]
         assert scalars(tmp_path / "run" / TENSORBOARD_DIR)["loop/sync_s"] == [(1, pytest.approx(sync_s))]
+    finally:
+        restore_served_weights(engine, model_dir)
+
+
+def test_two_accelerate_processes_train_each_group_once_whole_with_one_sync_per_step(vllm_server: Any,
+                                                                                      tmp_path: Path) -> None:
+    """Two accelerate processes on CPU over a job's two batches of two groups (short synthetic sessions):
+    each step's two groups go one to each rank, each trained once and whole; the main rank alone syncs vLLM, once per
+    step, and moves the cursor."""
+    import json
+    import subprocess
+
+    from tracefleet.bucket import LocalBucket
+    from tracefleet.traces import Sealer, SessionInfo, build_traces
+    from tracefleet.traces.synthetic import SyntheticSession
+
+    job, steps = "trl-ranks", 2
+    sealer = Sealer(LocalBucket(tmp_path / "bucket"), job, spool=tmp_path / "spool")
+    for batch in ((0, 1), (2, 3)):
+        traces = []
+        for g in batch:
+            for i, reward in enumerate((1.0, 0.0, 0.5, 0.25)):
+                with SyntheticSession(tmp_path / f"g{g}-s{i}.jsonl", f"g{g}-s{i}", seed=4 * g + i) as sess:
+                    sess.call(sess.tokens(24), n_completion=8)
+                info = SessionInfo(job=job, session_id=f"g{g}-s{i}", group_id=f"g{g}", task_id=f"g{g}", reward=reward)
+                traces += build_traces(tmp_path / f"g{g}-s{i}.jsonl", session=info).traces
+        sealer.seal(traces)
+    model_dir = Path(served_model_dir(vllm_server.url))
+    engine = EngineControl(vllm_server.url)
+    start = label_version(engine.label()) or 0
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # tests/ holds a folder named vllm
+    try:
+        done = subprocess.run(
+            # torchrun, as `accelerate launch` does for several processes (its own multi-CPU launch needs mpirun):
+            # accelerate finds the ranks in the environment, gloo on CPU (GRPOConfig use_cpu)
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+             str(Path(__file__).with_name("trl_ranks.py")), str(tmp_path / "bucket"), job, vllm_server.url,
+             str(model_dir), str(tmp_path), str(steps)],
+            capture_output=True, text=True, timeout=900, env=env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+        ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+        # step by step: rank 0 the first group of the step, rank 1 the second; each whole, none twice
+        assert [[g["groups"] for g in r["given"]] for r in ranks] == [[["g0"] * 4, ["g2"] * 4], [["g1"] * 4, ["g3"] * 4]]
+        for r in ranks:
+            for g in r["given"]:
+                assert sorted(g["sessions"]) == [f"{g['groups'][0]}-s{i}" for i in range(4)]
+        assert ranks[0]["syncs"] == [start + 1, start + 2] and ranks[1]["syncs"] == []  # one sync per step
+        assert label_version(engine.label()) == start + steps
+        assert BatchReader(tmp_path / "bucket", job, consumer="trl").cursor() == 2
     finally:
         restore_served_weights(engine, model_dir)
