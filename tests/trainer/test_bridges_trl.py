@@ -6,9 +6,13 @@ of four samples, each scored by how much code it wrote (a reward that differs be
 an advantage to follow). The trained tensors change, the loss is finite, and `PolicySync` puts the step's weights
 into vLLM and advances its version label. The server is shared: its weights and label are put back at the end.
 
+Two processes on CPU (torchrun, accelerate's way of starting several; trl_ranks.py is one rank) over a job's two
+batches: each step's groups shared out whole between the ranks, each trained once, one vLLM update per step.
+
 Without an engine: `TrlRollouts` on a sealed batch of recorded multi-call sessions (fixtures.bridge_batches):
 `env_mask` 0 on the tool results inside a trace, a group short of a sample filled with an unscorable row, a
-group left with one session not given to TRL at all."""
+group left with one session not given to TRL at all, a completion ended by a stop marked as ended, tokens an older
+policy sampled masked unless TRL corrects for them."""
 
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from tracefleet.traces import BatchReader
 from tracefleet.trainer import EngineControl
 from tracefleet.trainer.bridges.trl import ADVANTAGE_KEY, REWARD_KEY, TrlRollouts
 
+from fixtures.bridge_batches import JOB as BRIDGES_JOB
 from fixtures.bridge_batches import close, expected_advantages, expected_response, harness_of, real_run, sealed_batch
 from fixtures.checkpoints import restore_served_weights
 from fixtures.doc_snippets import run_snippet, snippet
@@ -53,18 +58,14 @@ def without_tests_on_path() -> Iterator[None]:
         sys.path[:] = saved
 
 
-class Reader:
-    """A BatchReader stand-in over one batch already read (what TrlRollouts needs of it)."""
-
-    def __init__(self, batch: Any) -> None:
-        self.batch, self.job, self.consumer = batch, "bridges", None
-
-    def follow(self, **_: Any) -> Any:
-        yield self.batch
+def sealed_reader(tmp: Path) -> BatchReader:
+    """A BatchReader (with a consumer) over fixtures.bridge_batches' sealed batch."""
+    sealed_batch(tmp)
+    return BatchReader(tmp / "bucket", BRIDGES_JOB, consumer="trl")
 
 
 def test_rollouts_are_whole_groups_with_env_mask_and_fillers(tmp_path: Path) -> None:
-    rollouts = TrlRollouts(Reader(sealed_batch(tmp_path)))
+    rollouts = TrlRollouts(sealed_reader(tmp_path), follow_options={"idle_exit": True})
     trainer = SimpleNamespace(num_generations=4, num_generations_eval=4, model=SimpleNamespace(training=True),
                               eos_token_ids=[2], processing_class=SimpleNamespace(pad_token_id=2))
     out = rollouts(["tracefleet"] * 8, trainer)  # two groups: g0 (four sessions), g1 (two of three kept)
@@ -83,23 +84,24 @@ def test_rollouts_are_whole_groups_with_env_mask_and_fillers(tmp_path: Path) -> 
     # a tokenizer whose end is not the traces' last token: each ended on a stop (not its length limit), so it gets
     # the pad id after it, never trained, and TRL does not count it truncated
     other = SimpleNamespace(**{**vars(trainer), "eos_token_ids": [7], "processing_class": SimpleNamespace(pad_token_id=9)})
-    marked = TrlRollouts(Reader(sealed_batch(tmp_path / "again")))(["tracefleet"] * 4, other)
+    again = TrlRollouts(sealed_reader(tmp_path / "again"), follow_options={"idle_exit": True})
+    marked = again(["tracefleet"] * 4, other)
     for i, session in enumerate(sessions[:4]):
         assert marked["completion_ids"][i] == [*expected_response(harness_of(session))[1], 9]
         assert marked["env_mask"][i][-1] == 0 and marked["logprobs"][i][-1] == 0.0
-    assert rollouts.commit() == [0]  # every group of the batch given: g2 (one session left) trains nothing
+    assert rollouts.commit() == [0] and rollouts.reader.cursor() == 1  # every group of the batch given: g2 (one session left) trains nothing
     with pytest.raises(RuntimeError, match="no more sealed batches"):
         rollouts(["tracefleet"] * 4, trainer)
 
 
 def test_tokens_an_older_policy_sampled_are_masked_unless_trl_corrects_for_them(tmp_path: Path) -> None:
-    batch = sealed_batch(tmp_path)
-    newest = max(v for s in batch.table.column("spans").to_pylist() for v in (span["policy_version"] for span in s))
+    reader = sealed_reader(tmp_path)
+    newest = max(span["policy_version"] for s in reader.read(0).table.column("spans").to_pylist() for span in s)
 
     def env_masks(**trainer_options: Any) -> list[list[int]]:
         trainer = SimpleNamespace(num_generations=4, num_generations_eval=4, model=SimpleNamespace(training=True),
                                   eos_token_ids=[2], processing_class=SimpleNamespace(pad_token_id=2), **trainer_options)
-        rollouts = TrlRollouts(Reader(batch))
+        rollouts = TrlRollouts(BatchReader(reader.bucket, BRIDGES_JOB), follow_options={"idle_exit": True})
         rollouts.policy_version = newest + 1  # the weights moved on since these calls were sampled
         return rollouts(["tracefleet"] * 4, trainer)["env_mask"]
 
