@@ -15,8 +15,12 @@ other key reaches the reward functions as a keyword argument. It computes advant
   `mask_truncated_completions`)
 - the dataset's prompts are placeholders (`placeholder_dataset`): what a group was asked is in its tokens
 - `tracefleet_advantage` (the reader's group advantage), `tracefleet_reward` (the session's reward) and
-  `tracefleet_session` (its id) are passed to the reward functions: `session_advantage` with `GRPOConfig(scale_rewards="none")` makes TRL's
-  advantages tracefleet's (a block's mean is then 0: one trace per session), `session_reward` lets TRL normalise
+  `tracefleet_session` (its id) are passed to the reward functions: `session_advantage` with
+  `GRPOConfig(scale_rewards="none")` makes TRL's advantages tracefleet's (a block's mean is then 0: one trace per
+  session), `session_reward` lets TRL normalise
+- tokens an older policy sampled than the one trained are masked out unless TRL weighs them (`stale_tokens`); under
+  several accelerate processes each rank takes its share of each step's whole groups, and only the main rank syncs
+  the engines and moves the cursor
 - a group with fewer traces than `num_generations` (an infrastructure failure left out by the reader) is filled
   with unscorable rows: every reward None (TRL leaves them out of the block's statistics and gives them advantage
   0) and `env_mask` all 0 (no token of theirs is in the loss); a group with fewer than two sessions is skipped
