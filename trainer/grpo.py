@@ -43,7 +43,7 @@ import torch
 from tracefleet.traces import BatchReader
 from tracefleet.traces.reader import take_rows
 
-from tracefleet.trainer.control import update_policy
+from tracefleet.trainer.control import engine_version, update_policy
 
 DEFAULT_CLIP = 0.2
 DEFAULT_TIS_CAP = 2.0
@@ -306,13 +306,14 @@ def save_weights(model: Any, out: Path) -> Path:
 
 def train(bucket: str, job: str, engines: list[str], model_dir: str, out: Path, *, lr: float = 1e-5,
           max_lag: int = 1, steps: int | None = None, poll_s: float = 2.0, idle_exit: bool = False,
-          start_version: int = 0) -> list[dict[str, Any]]:
+          start_version: int | None = None) -> list[dict[str, Any]]:
     """Follow the job's batches: one GRPO step per batch, new weights into the engines, the batch committed.
     One JSON-able record per step (its mismatch figures and the weight sync's seconds per step)."""
     model = load_policy(model_dir)
     optimizer = torch.optim.AdamW(trainable(model), lr=lr)
     reader = BatchReader(bucket, job, consumer="reference-trainer")
-    version, log = start_version, []
+    # None: on from the engines' own label (control.engine_version), never back to 1 against an engine at N
+    version, log = engine_version(engines) if start_version is None else start_version, []
     for batch in reader.follow(poll_s=poll_s, idle_exit=idle_exit):
         t0 = time.monotonic()
         tensors = batch.tensors(max_lag=max_lag)

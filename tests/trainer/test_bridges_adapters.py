@@ -23,6 +23,7 @@ from tracefleet.trainer.bridges import miles, prime_rl, verl
 from tracefleet.trainer.bridges.rows import groups
 
 from fixtures.bridge_batches import TRAINED, close, expected_advantages, expected_response, harness_of, sealed_batch
+from fixtures.doc_snippets import snippet
 
 TYPES_VENV = Path(os.environ.get("TRACEFLEET_CACHE", Path.home() / ".cache" / "tracefleet")) / "trainer-types" / "venv"
 
@@ -57,18 +58,10 @@ def test_verl_agent_loop_outputs(batch: Any) -> None:
     assert {o["extra_fields"]["uid"] for o in outputs} == {"g0", "g1"}
 
 
-# Run in the trainer-types venv (hack/setup.d/48-trainer-types.sh) on the sealed batch: the adapters build each
-# project's own class; every field comes back as JSON.
-REAL_CLASSES = """
-import dataclasses, json, sys
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
-from miles.utils.types import Sample
-from tracefleet.traces import BatchReader
-from tracefleet.trainer.bridges import miles, verl
-
-batch = BatchReader(sys.argv[1], sys.argv[2]).read(0)
-outputs = verl.to_verl(batch, AgentLoopOutput)
-samples = miles.to_miles(batch, Sample)
+# The verl and Miles block of docs/training/trainers.md, as written but for its bucket and job, run in the
+# trainer-types venv (hack/setup.d/48-trainer-types.sh) on the sealed batch; every field comes back as JSON.
+DUMP = """
+import dataclasses, json
 assert all(type(o) is AgentLoopOutput for o in outputs) and all(type(s) is Sample for s in samples)
 print(json.dumps({
     "verl": [o.model_dump(mode="json") for o in outputs],
@@ -100,7 +93,9 @@ def real(batch: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
                     pytrace=False)
     tmp = tmp_path_factory.mktemp("real-classes")
     bucket = sealed_batch(tmp)
-    done = subprocess.run([str(TYPES_VENV / "bin" / "python"), "-c", REAL_CLASSES, str(tmp / "bucket"), bucket.manifest.job],
+    code = "import sys\n" + snippet("training/trainers.md", 2, {'"s3://bucket/rollouts"': "sys.argv[1]",
+                                                                  '"my-job"': "sys.argv[2]"}) + DUMP
+    done = subprocess.run([str(TYPES_VENV / "bin" / "python"), "-c", code, str(tmp / "bucket"), bucket.manifest.job],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(source_tree(tmp))})
     assert done.returncode == 0, done.stderr[-3000:]

@@ -6,13 +6,18 @@ of four samples, each scored by how much code it wrote (a reward that differs be
 an advantage to follow). The trained tensors change, the loss is finite, and `PolicySync` puts the step's weights
 into vLLM and advances its version label. The server is shared: its weights and label are put back at the end.
 
+Two processes on CPU (torchrun, accelerate's way of starting several; trl_ranks.py is one rank) over a job's two
+batches: each step's groups shared out whole between the ranks, each trained once, one vLLM update per step.
+
 Without an engine: `TrlRollouts` on a sealed batch of recorded multi-call sessions (fixtures.bridge_batches):
 `env_mask` 0 on the tool results inside a trace, a group short of a sample filled with an unscorable row, a
-group left with one session not given to TRL at all."""
+group left with one session not given to TRL at all, a completion ended by a stop marked as ended, tokens an older
+policy sampled masked unless TRL corrects for them."""
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +32,7 @@ from tracefleet.traces import BatchReader
 from tracefleet.trainer import EngineControl
 from tracefleet.trainer.bridges.trl import ADVANTAGE_KEY, REWARD_KEY, TrlRollouts
 
+from fixtures.bridge_batches import JOB as BRIDGES_JOB
 from fixtures.bridge_batches import close, expected_advantages, expected_response, harness_of, real_run, sealed_batch
 from fixtures.checkpoints import restore_served_weights
 from fixtures.doc_snippets import run_snippet, snippet
@@ -52,18 +58,14 @@ def without_tests_on_path() -> Iterator[None]:
         sys.path[:] = saved
 
 
-class Reader:
-    """A BatchReader stand-in over one batch already read (what TrlRollouts needs of it)."""
-
-    def __init__(self, batch: Any) -> None:
-        self.batch, self.job, self.consumer = batch, "bridges", None
-
-    def follow(self, **_: Any) -> Any:
-        yield self.batch
+def sealed_reader(tmp: Path) -> BatchReader:
+    """A BatchReader (with a consumer) over fixtures.bridge_batches' sealed batch."""
+    sealed_batch(tmp)
+    return BatchReader(tmp / "bucket", BRIDGES_JOB, consumer="trl")
 
 
 def test_rollouts_are_whole_groups_with_env_mask_and_fillers(tmp_path: Path) -> None:
-    rollouts = TrlRollouts(Reader(sealed_batch(tmp_path)))
+    rollouts = TrlRollouts(sealed_reader(tmp_path), follow_options={"idle_exit": True})
     trainer = SimpleNamespace(num_generations=4, num_generations_eval=4, model=SimpleNamespace(training=True),
                               eos_token_ids=[2], processing_class=SimpleNamespace(pad_token_id=2))
     out = rollouts(["tracefleet"] * 8, trainer)  # two groups: g0 (four sessions), g1 (two of three kept)
@@ -82,30 +84,29 @@ def test_rollouts_are_whole_groups_with_env_mask_and_fillers(tmp_path: Path) -> 
     # a tokenizer whose end is not the traces' last token: each ended on a stop (not its length limit), so it gets
     # the pad id after it, never trained, and TRL does not count it truncated
     other = SimpleNamespace(**{**vars(trainer), "eos_token_ids": [7], "processing_class": SimpleNamespace(pad_token_id=9)})
-    marked = TrlRollouts(Reader(sealed_batch(tmp_path / "again")))(["tracefleet"] * 4, other)
+    again = TrlRollouts(sealed_reader(tmp_path / "again"), follow_options={"idle_exit": True})
+    marked = again(["tracefleet"] * 4, other)
     for i, session in enumerate(sessions[:4]):
         assert marked["completion_ids"][i] == [*expected_response(harness_of(session))[1], 9]
         assert marked["env_mask"][i][-1] == 0 and marked["logprobs"][i][-1] == 0.0
-    assert rollouts.commit() == [0]  # every group of the batch given: g2 (one session left) trains nothing
+    assert rollouts.commit() == [0] and rollouts.reader.cursor() == 1  # every group of the batch given: g2 (one session left) trains nothing
     with pytest.raises(RuntimeError, match="no more sealed batches"):
         rollouts(["tracefleet"] * 4, trainer)
 
 
 def test_tokens_an_older_policy_sampled_are_masked_unless_trl_corrects_for_them(tmp_path: Path) -> None:
-    batch = sealed_batch(tmp_path)
-    newest = max(v for s in batch.table.column("spans").to_pylist() for v in (span["policy_version"] for span in s))
+    reader = sealed_reader(tmp_path)
+    newest = max(span["policy_version"] for s in reader.read(0).table.column("spans").to_pylist() for span in s)
 
     def env_masks(**trainer_options: Any) -> list[list[int]]:
         trainer = SimpleNamespace(num_generations=4, num_generations_eval=4, model=SimpleNamespace(training=True),
                                   eos_token_ids=[2], processing_class=SimpleNamespace(pad_token_id=2), **trainer_options)
-        rollouts = TrlRollouts(Reader(batch))
+        rollouts = TrlRollouts(BatchReader(reader.bucket, BRIDGES_JOB), follow_options={"idle_exit": True})
         rollouts.policy_version = newest + 1  # the weights moved on since these calls were sampled
         return rollouts(["tracefleet"] * 4, trainer)["env_mask"]
 
     assert all(set(m) == {0} for m in env_masks())  # TRL would train them as the current policy's: masked
     assert all(1 in m for m in env_masks(off_policy_mask_threshold=0.5))  # TRL weighs them by the engine's logprobs
-    with pytest.raises(RuntimeError, match="runs in one process"):
-        env_masks(accelerator=SimpleNamespace(num_processes=2))
 
 
 def test_the_docs_trl_snippet_trains_a_real_runs_batch_and_updates_vllm(vllm_server: Any, tmp_path: Path) -> None:
@@ -146,5 +147,54 @@ def test_the_docs_trl_snippet_trains_a_real_runs_batch_and_updates_vllm(vllm_ser
         sync.logger.close()  # the update's figures at TRL's step, under the dashboard's names
         sync_s = sync.reports[0].loop_figures()["sync_s"]
         assert scalars(tmp_path / "run" / TENSORBOARD_DIR)["loop/sync_s"] == [(1, pytest.approx(sync_s))]
+    finally:
+        restore_served_weights(engine, model_dir)
+
+
+def test_two_accelerate_processes_train_each_group_once_whole_with_one_sync_per_step(vllm_server: Any,
+                                                                                      tmp_path: Path) -> None:
+    """Two accelerate processes on CPU over a job's two batches of two groups (short synthetic sessions):
+    each step's two groups go one to each rank, each trained once and whole; the main rank alone syncs vLLM, once per
+    step, and moves the cursor."""
+    import json
+    import subprocess
+
+    from tracefleet.bucket import LocalBucket
+    from tracefleet.traces import Sealer, SessionInfo, build_traces
+    from tracefleet.traces.synthetic import SyntheticSession
+
+    job, steps = "trl-ranks", 2
+    sealer = Sealer(LocalBucket(tmp_path / "bucket"), job, spool=tmp_path / "spool")
+    for batch in ((0, 1), (2, 3)):
+        traces = []
+        for g in batch:
+            for i, reward in enumerate((1.0, 0.0, 0.5, 0.25)):
+                with SyntheticSession(tmp_path / f"g{g}-s{i}.jsonl", f"g{g}-s{i}", seed=4 * g + i) as sess:
+                    sess.call(sess.tokens(24), n_completion=8)
+                info = SessionInfo(job=job, session_id=f"g{g}-s{i}", group_id=f"g{g}", task_id=f"g{g}", reward=reward)
+                traces += build_traces(tmp_path / f"g{g}-s{i}.jsonl", session=info).traces
+        sealer.seal(traces)
+    model_dir = Path(served_model_dir(vllm_server.url))
+    engine = EngineControl(vllm_server.url)
+    start = label_version(engine.label()) or 0
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # tests/ holds a folder named vllm
+    try:
+        done = subprocess.run(
+            # torchrun, as `accelerate launch` does for several processes (its own multi-CPU launch needs mpirun):
+            # accelerate finds the ranks in the environment, gloo on CPU (GRPOConfig use_cpu)
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+             str(Path(__file__).with_name("trl_ranks.py")), str(tmp_path / "bucket"), job, vllm_server.url,
+             str(model_dir), str(tmp_path), str(steps)],
+            capture_output=True, text=True, timeout=900, env=env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+        ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+        # step by step: rank 0 the first group of the step, rank 1 the second; each whole, none twice
+        assert [[g["groups"] for g in r["given"]] for r in ranks] == [[["g0"] * 4, ["g2"] * 4], [["g1"] * 4, ["g3"] * 4]]
+        for r in ranks:
+            for g in r["given"]:
+                assert sorted(g["sessions"]) == [f"{g['groups'][0]}-s{i}" for i in range(4)]
+        assert ranks[0]["syncs"] == [start + 1, start + 2] and ranks[1]["syncs"] == []  # one sync per step
+        assert label_version(engine.label()) == start + steps
+        assert BatchReader(tmp_path / "bucket", job, consumer="trl").cursor() == 2
     finally:
         restore_served_weights(engine, model_dir)

@@ -15,8 +15,12 @@ other key reaches the reward functions as a keyword argument. It computes advant
   `mask_truncated_completions`)
 - the dataset's prompts are placeholders (`placeholder_dataset`): what a group was asked is in its tokens
 - `tracefleet_advantage` (the reader's group advantage), `tracefleet_reward` (the session's reward) and
-  `tracefleet_session` (its id) are passed to the reward functions: `session_advantage` with `GRPOConfig(scale_rewards="none")` makes TRL's
-  advantages tracefleet's (a block's mean is then 0: one trace per session), `session_reward` lets TRL normalise
+  `tracefleet_session` (its id) are passed to the reward functions: `session_advantage` with
+  `GRPOConfig(scale_rewards="none")` makes TRL's advantages tracefleet's (a block's mean is then 0: one trace per
+  session), `session_reward` lets TRL normalise
+- tokens an older policy sampled than the one trained are masked out unless TRL weighs them (`stale_tokens`); under
+  several accelerate processes each rank takes its share of each step's whole groups, and only the main rank syncs
+  the engines and moves the cursor
 - a group with fewer traces than `num_generations` (an infrastructure failure left out by the reader) is filled
   with unscorable rows: every reward None (TRL leaves them out of the block's statistics and gives them advantage
   0) and `env_mask` all 0 (no token of theirs is in the loss); a group with fewer than two sessions is skipped
@@ -94,21 +98,23 @@ class TrlRollouts:
         return not corrected and getattr(trainer, "off_policy_mask_threshold", None) is None
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
-        accelerator = getattr(trainer, "accelerator", None)
-        if accelerator is not None and accelerator.num_processes > 1:
-            # every rank would read the same cursor (each group trained once per rank) and sync the engines
-            raise RuntimeError(f"TrlRollouts runs in one process; this trainer has {accelerator.num_processes} "
-                               "(accelerate): train with one process per job")
         size = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
         if len(prompts) % size:
-            raise ValueError(f"{len(prompts)} prompts are not whole groups of num_generations={size}")
+            raise ValueError(f"{len(prompts)} prompts are not whole groups of num_generations={size}: make "
+                             "per_device_train_batch_size a multiple of num_generations")
+        # Under accelerate every rank reads the same batches in the same order and takes its own share of the step's
+        # groups (rank r the r-th run of them), so each group is trained once, whole, by one rank.
+        accelerator = getattr(trainer, "accelerator", None)
+        ranks, rank = (accelerator.num_processes, accelerator.process_index) if accelerator is not None else (1, 0)
+        mine = len(prompts) // size
         rows: list[tuple[Rollout, bool]] = []
-        for _ in range(len(prompts) // size):
+        for i in range(mine * ranks):
             group = self._next_group()
             if len(group) > size:
                 raise ValueError(f"group {group[0].group_id} has {len(group)} traces, more than num_generations={size}:"
                                  " raise num_generations to the job's samplesPerTask")
-            rows += [(r, True) for r in group] + [(group[0], False)] * (size - len(group))
+            if i // mine == rank:
+                rows += [(r, True) for r in group] + [(group[0], False)] * (size - len(group))
         end = ended_marker(trainer)
         since = self.policy_version if self.masks_stale(trainer) else None
         completions = [ended(r, end, since) for r, _ in rows]
@@ -123,12 +129,13 @@ class TrlRollouts:
             SESSION_KEY: [r.session_id if real else None for r, real in rows],
         }
 
-    def commit(self) -> list[int]:
-        """Commit every batch read whose groups were all handed out (in seq order); their seqs."""
+    def commit(self, *, write: bool = True) -> list[int]:
+        """Commit every batch read whose groups were all handed out (in seq order); their seqs. `write` False: only
+        forget them (a rank other than the main one: the cursor is written once)."""
         done = []
         while self._read and self._left[self._read[0].seq] == 0:
             batch = self._read.pop(0)
-            if self.reader.consumer is not None:
+            if write and self.reader.consumer is not None:
                 self.reader.commit(batch)
             done.append(batch.seq)
         return done
@@ -202,10 +209,12 @@ class PolicySync(TrainerCallback):
         from tracefleet.trainer.grpo import save_weights
 
         version = (self.start_version or 0) + state.global_step
-        path = save_weights(model, self.out / f"policy-{version}")
-        self.reports.append(update_policy(self.engines, path, version, **self.update_options))
-        if self.logger is not None:  # at TRL's own step, beside the figures TRL logs to its report_to trackers
-            self.logger.log({"step": state.global_step, **self.reports[-1].loop_figures()})
+        main = state.is_world_process_zero  # under accelerate: one save and one sync per step, by the main rank
+        if main:
+            path = save_weights(model, self.out / f"policy-{version}")
+            self.reports.append(update_policy(self.engines, path, version, **self.update_options))
+            if self.logger is not None:  # at TRL's own step, beside the figures TRL logs to its report_to trackers
+                self.logger.log({"step": state.global_step, **self.reports[-1].loop_figures()})
         if self.rollouts is not None:
             self.rollouts.policy_version = version
-            self.rollouts.commit()
+            self.rollouts.commit(write=main)
