@@ -10,12 +10,14 @@ manifests, serve the overview and the job's page (counts and the reward curve fr
 during the measurement as it does in the command; the bench counts the objects read to show the first view
 reads manifests, not batches, and then says how long the rows of every batch took to read. Then what a manifest
 costs to read there: the bucket client's setup, the one listing, one GET at a time and MANIFEST_READERS at a time.
+With --s3, last, the first view of a dashboard started again over the bucket, its manifests kept on this machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import re
 import sys
 import tempfile
@@ -30,7 +32,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from fixtures.sealed_jobs import synthetic_traces, write_batches  # noqa: E402
 from tracefleet.bucket import open_bucket  # noqa: E402
 from tracefleet.dashboard.app import MANIFEST_BUDGET_S, REFRESH_EVERY_S, create_app  # noqa: E402
-from tracefleet.contract import layout  # noqa: E402
+from tracefleet.contract import environment, layout  # noqa: E402
 from tracefleet.dashboard.source import MANIFEST_READERS, Source, open_view  # noqa: E402
 
 JOB = "big"
@@ -155,6 +157,7 @@ def main() -> int:
     parser.add_argument("--s3", action="store_true", help="also in a SeaweedFS bucket")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-dashboard-") as tmp:
+        os.environ[environment.CACHE] = str(Path(tmp) / "cache")  # the manifests kept: this bench's own
         root = Path(tmp) / "out"
         t = time.perf_counter()
         write(open_bucket(root), args.sessions, args.per_batch)
@@ -173,6 +176,8 @@ def main() -> int:
                 print(f"written to SeaweedFS in {time.perf_counter() - t:.0f} s")
                 print("== SeaweedFS")
                 side_by_side(folder, first_view(f"s3://{name}/bench", creds) | read_costs(f"s3://{name}/bench", creds))
+                print("== SeaweedFS, the dashboard started again (its manifests kept: tracefleet.dashboard.manifest_cache)")
+                first_view(f"s3://{name}/bench", creds)
             finally:
                 server.stop()
     return 0

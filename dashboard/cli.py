@@ -51,8 +51,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         sock.bind((args.host, args.port))
         sock.listen(128)  # before the line that names the address: a client reading it may connect at once
-    except OSError as exc:
-        raise SystemExit(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    except (OSError, OverflowError) as exc:  # OverflowError: a port past 65535
+        raise SystemExit(f"cannot listen on {args.host}:{args.port}: {getattr(exc, 'strerror', None) or exc}") from None
     host, port = sock.getsockname()[:2]
     jobs, loops = len(source.jobs), len(source.loops)
     print(f"dashboard of {source.uri} ({jobs} job(s), {loops} loop(s) so far): http://{host}:{port}/", flush=True)

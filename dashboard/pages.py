@@ -56,7 +56,9 @@ function duration(s) {
 // relative times tick between refreshes: the server wrote their instants (epoch seconds), not their text
 function clock() {
   const now = Date.now() / 1000;
-  for (const e of document.querySelectorAll("[data-ago]")) e.textContent = duration(Math.max(0, now - Number(e.dataset.ago))) + " ago";
+  for (const e of document.querySelectorAll("[data-ago]")) {
+    e.textContent = duration(Math.max(0, now - Number(e.dataset.ago))) + " ago";
+  }
   for (const e of document.querySelectorAll("[data-until]")) {
     const left = duration(Math.max(0, Number(e.dataset.until) - now));
     e.textContent = left;
@@ -113,7 +115,8 @@ def overview(source: Source, *, fragment: bool = False) -> str:
         try:
             rows.append(_job_row(path, job))
         except Exception as exc:  # noqa: BLE001 - what one job holds never takes the page of every job down
-            rows.append([link("/job", path, path=path), f"<span class='bad' data-unreadable='1'>unreadable: {esc(exc)}</span>"])
+            rows.append([link("/job", path, path=path),
+                         f"<span class='bad' data-unreadable='1'>unreadable: {esc(exc)}</span>"])
     body = "<h2>Jobs</h2>" + table(["job", "sessions finished", "state", "running", "ETA", "batches", "sessions", "ok",
                                     "the policy's failures", "the infrastructure's", "quarantined", "mean reward",
                                     "success rate", "traces", "tokens", "trainable", "last sealed"], rows, "jobs")
@@ -126,7 +129,8 @@ def overview(source: Source, *, fragment: bool = False) -> str:
             steps = loop.steps()
             last = steps[-1] if steps else {}
             lrows.append([link("/loop", path or ".", path=path), f"<span class='num'>{len(steps)}</span>"
-                          + _bad_lines(loop), *(esc(num(fig.figure(last.get(k)))) for k in ("reward_mean", "mean_abs_dlogprob", "sync_s"))])
+                          + _bad_lines(loop),
+                          *(esc(num(fig.figure(last.get(k)))) for k in ("reward_mean", "mean_abs_dlogprob", "sync_s"))])
             series[path or "."] = fig.loop_series(steps)["reward_mean"]
             longest = max(longest, len(steps))
         body += "<h2>Training loops</h2>" + table(["run", "steps", "last reward", "last mismatch", "last sync s"], lrows)
@@ -137,10 +141,12 @@ def overview(source: Source, *, fragment: bool = False) -> str:
             a, b = loops[-2][0], loops[-1][0]
             body += f"<p>{link('/compare', 'compare two runs', a=a, b=b)}</p>"
     if source.problem:
-        body = f"<p class='bad' data-problem='1'>cannot read {esc(source.uri)} now ({esc(source.problem)}): showing what was read before</p>" + body
+        body = (f"<p class='bad' data-problem='1'>cannot read {esc(source.uri)} now ({esc(source.problem)}): showing "
+                "what was read before</p>" + body)
     if not source.jobs and not source.loops:
         why = f" ({esc(source.missing)})" if source.missing else ""
-        body += f"<p class='muted' data-empty='1'>nothing sealed under {esc(source.uri)} yet{why}: this page fills in as batches land</p>"
+        body += (f"<p class='muted' data-empty='1'>nothing sealed under {esc(source.uri)} yet{why}: this page fills in "
+                 "as batches land</p>")
     return page("tracefleet dashboard", source, body, fragment=fragment)
 
 
@@ -156,7 +162,8 @@ def _job_row(path: str, job: JobSource) -> list[str]:
     return [link("/job", path, path=path), _finished(p), cell, f"<span class='num'>{num(_running(p, state))}</span>",
             _eta(p, state), *(f"<span class='num'>{num(v)}</span>" for v in (
                 f.batches, f.sessions, o.ok if o else None, o.policy if o else None, o.infrastructure if o else None,
-                f.quarantined, f.mean_reward, f.success_rate, f.traces, f.tokens, f.trainable_tokens)), _ago(f.last_sealed_at)]
+                f.quarantined, f.mean_reward, f.success_rate, f.traces, f.tokens, f.trainable_tokens)),
+            _ago(f.last_sealed_at)]
 
 
 def _finished(p: JobProgress | None) -> str:
@@ -246,7 +253,8 @@ def job_page(source: Source, job: JobSource, *, fragment: bool = False) -> str:
         ("quarantined", "sessions quarantined", f.quarantined), ("rows-read", "batches' rows read", len(rows_by_seq))])
     reading = job.listed - f.batches - len(job.bad_manifests)
     if reading > 0:
-        body += f"<p class='muted' data-reading='1'>reading manifests: {f.batches:,} of {job.listed - len(job.bad_manifests):,} batches so far</p>"
+        body += (f"<p class='muted' data-reading='1'>reading manifests: {f.batches:,} of "
+                 f"{job.listed - len(job.bad_manifests):,} batches so far</p>")
     for seq, why in sorted(job.bad_manifests.items()):
         body += f"<p class='bad' data-unreadable='manifest'>batch {seq}: manifest unreadable, left out: {esc(why)}</p>"
     for seq, why in sorted(job.bad_rows.items()):
@@ -325,7 +333,8 @@ def session_page(source: Source, job: JobSource, session_id: str, *, fragment: b
     body = table(["", ""], [[esc(k), esc(v)] for k, v in (
         ("job", job.path), ("batch", first["seq"]), ("task", first.get("task_id")), ("group", first.get("group_id")),
         ("reward", first.get("reward")), ("evaluator reward", first.get("evaluator_reward")),
-        ("outcome", first.get("outcome")), ("whose outcome", _kind(first)), ("fail-closed", ", ".join(first.get("fail_closed_reasons") or ()) or "–"),
+        ("outcome", first.get("outcome")), ("whose outcome", _kind(first)),
+        ("fail-closed", ", ".join(first.get("fail_closed_reasons") or ()) or "–"),
         ("quarantined", first.get("quarantined")))])
     body += "<h2>Traces</h2>" + table(["trace", "tokens", "trainable", "new root"], [
         [link("/trace", r["trace_id"], path=job.path, seq=r["seq"], trace=r["trace_id"]), num(r.get("num_tokens")),

@@ -34,6 +34,7 @@ from tracefleet.bucket import BucketError, BucketNotFound, ObjectInfo, ObjectNot
 from tracefleet.contract import layout
 from tracefleet.contract.batch import BatchManifest
 from tracefleet.contract.progress import JobProgress, progress_state
+from tracefleet.dashboard.manifest_cache import ManifestCache
 
 LOOP_LOG = "loop.jsonl"  # a `tracefleet train` run's per-step records (tracefleet.trainer.loop)
 LOOP_BATCHES = "batches"  # a loop's own bucket folder inside its run folder
@@ -96,7 +97,7 @@ class ReadOnlyView:
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         cut = len(self.prefix) + 1 if self.prefix else 0
         for obj in self.inner.list(self._k(prefix)):
-            yield ObjectInfo(key=obj.key[cut:], size=obj.size)
+            yield ObjectInfo(key=obj.key[cut:], size=obj.size, stamp=obj.stamp)
 
     def list_dirs(self, prefix: str = "") -> list[str]:
         return self.inner.list_dirs(self._k(prefix))
@@ -136,6 +137,7 @@ class JobSource:
     bad_rows: dict[int, str] = field(default_factory=dict)  # seq: why its rows do not read
     _reading: set[int] = field(default_factory=set)  # seqs whose manifest is being read
     _progress_stamp: str | None = None
+    cache: ManifestCache | None = None  # manifests kept between starts (a bucket where each read is a round trip)
 
     def refresh(self, pool: ThreadPoolExecutor, deadline: float | None = None,
                 rendering: Callable[[], bool] = lambda: False) -> None:
@@ -145,13 +147,20 @@ class JobSource:
         is being made (`rendering`: the GIL is one, the person's page goes first). A seq folder without its
         manifest is a batch being sealed: not there yet."""
         self.read_progress()
-        seqs = sorted(int(d) for d in self.view.list_dirs(layout.batches_prefix(self.name)) if _SEQ.match(d))
+        stamps = self._listed_manifests() if self.cache is not None else {}
+        seqs = sorted(stamps) if self.cache is not None else sorted(
+            int(d) for d in self.view.list_dirs(layout.batches_prefix(self.name)) if _SEQ.match(d))
         self.listed = len(seqs)
         futures = []
         for seq in seqs:
-            if seq not in self.manifests and seq not in self._reading and seq not in self.bad_manifests:
-                self._reading.add(seq)
-                futures.append(pool.submit(self._read_manifest, seq, rendering))
+            if seq in self.manifests or seq in self._reading or seq in self.bad_manifests:
+                continue
+            kept = self.cache.get(self._cache_key(seq), stamps[seq]) if self.cache is not None else None
+            if kept is not None:
+                self.manifests[seq] = kept
+                continue
+            self._reading.add(seq)
+            futures.append(pool.submit(self._read_manifest, seq, rendering, stamps.get(seq, "")))
         if futures:
             wait(futures, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
 
@@ -172,12 +181,27 @@ class JobSource:
             self.progress, self.progress_error = None, _validation_line(exc)
             say_once(f"{self.path}: progress unreadable: {self.progress_error}")
 
-    def _read_manifest(self, seq: int, rendering: Callable[[], bool]) -> None:
+    def _listed_manifests(self) -> dict[int, str]:
+        """{seq: its manifest's stamp} from one listing of the job's batches (every object: a page holds 1,000, two
+        objects a batch), where only sealed batches have a manifest."""
+        found = {}
+        for obj in self.view.list(layout.batches_prefix(self.name)):
+            parts = obj.key.rsplit("/", 2)
+            if len(parts) == 3 and parts[2] == layout.MANIFEST and _SEQ.match(parts[1]):
+                found[int(parts[1])] = obj.stamp
+        return found
+
+    def _cache_key(self, seq: int) -> str:
+        return f"{self.view.uri}/{layout.manifest_key(self.name, seq)}"
+
+    def _read_manifest(self, seq: int, rendering: Callable[[], bool], stamp: str = "") -> None:
         while rendering():
             time.sleep(0.005)
         try:
             data = self.view.get(layout.manifest_key(self.name, seq))
             self.manifests[seq] = BatchManifest.model_validate_json(data)
+            if self.cache is not None:
+                self.cache.put(self._cache_key(seq), stamp, data)
         except (ObjectNotFound, BucketError):
             pass  # not there yet (a batch being sealed), or the bucket hiccuped: the next refresh tries again
         except ValueError as exc:  # written once, never rewritten (a conditional create): it stays unreadable
@@ -283,6 +307,8 @@ class Source:
         self._progress_from = progress_from
         self._options = bucket_options
         self.view = open_view(uri, **bucket_options)
+        # manifests kept between starts where each read is a round trip; a folder's are read faster than a cache's
+        self._cache = ManifestCache(self.uri) if self.uri.startswith("s3://") else None
         self._root = ""  # the folder discovery starts in
         self.jobs: dict[str, JobSource] = {}
         self.loops: dict[str, LoopSource] = {}
@@ -335,7 +361,7 @@ class Source:
         with self._lock:
             for path, (parent, name) in found_jobs.items():
                 if path not in self.jobs:
-                    self.jobs[path] = JobSource(self.view.scoped(parent), name, path)
+                    self.jobs[path] = JobSource(self.view.scoped(parent), name, path, cache=self._cache)
             for path, jobs in found_loops.items():
                 loop = self.loops.setdefault(path, LoopSource(self.view.scoped(path), path))
                 loop.jobs = jobs
@@ -372,7 +398,7 @@ class Source:
             for path, progress in found.items():
                 if path not in self.jobs:
                     parent, _, name = path.rpartition("/")
-                    self.jobs[path] = JobSource(self.view.scoped(parent), name, path)
+                    self.jobs[path] = JobSource(self.view.scoped(parent), name, path, cache=self._cache)
                 self.jobs[path].progress = progress
 
     def refresh(self, budget_s: float | None = None, *, strict: bool = False) -> None:

@@ -26,7 +26,7 @@ import httpx
 
 from tracefleet.contract.job import Capture, Inference, ManagedInference
 from tracefleet.formats.models import MODELS, cache_dir, ensure_tokenizer_json, trained_context
-from tracefleet.process_group import stop_group
+from tracefleet.process_group import die_with_parent, stop_group
 from tracefleet.vllm import HEALTH_PATH, SERVER_MODULE, VLLM_VERSION, VllmServer, vllm_server
 
 SETUP_HINT = "run `bash hack/setup.d/45-vllm.sh`"
@@ -151,10 +151,12 @@ def command(server: VllmServer) -> list[str]:
 
 
 def start(server: VllmServer, *, log: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """vLLM in its own session (stop it by process group: it forks an engine core process)."""
+    """vLLM in its own session (stop it by process group: it forks an engine core process), ended with the thread
+    that starts it however that ends (a `tracefleet train` stopped by SIGTERM left it running, holding its memory):
+    SIGTERM stops its engine core too."""
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the child keeps it
     return subprocess.Popen(command(server), stdout=out, stderr=subprocess.STDOUT, env=process_env(server, env),
-                            start_new_session=True, stdin=subprocess.DEVNULL)
+                            start_new_session=True, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent())
 
 
 @dataclass

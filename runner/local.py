@@ -231,6 +231,8 @@ class LocalRun:
         self.base_dir = options.job_path.resolve().parent
         self.acceptance = Acceptance.parse(options.accept) if options.accept else None
         self.output_uri = options.output or self.job.spec.output.uri
+        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:/?(?!/)", self.output_uri):  # s3:/b, s3:b: a folder named `s3:` else
+            raise SystemExit(f"output {self.output_uri!r}: a bucket URI is s3://BUCKET/PREFIX (a folder: a path)")
         if "://" not in self.output_uri and not Path(self.output_uri).is_absolute():
             # A relative output path is relative to where the command runs, like any CLI path.
             self.output_uri = str(Path.cwd() / self.output_uri)

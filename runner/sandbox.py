@@ -39,6 +39,7 @@ class ProcessResult:
     start_error: str | None = None
     stdout_path: Path | None = None
     stderr_path: Path | None = None
+    timeout_s: float | None = None  # its limit, as configured (duration_s: until it was gone, the kill's grace too)
 
 
 @dataclass
@@ -239,4 +240,5 @@ def run_sandboxed(
         duration_s=time.monotonic() - started,
         stdout_path=stdout_path,
         stderr_path=stderr_path,
+        timeout_s=timeout_s,
     )

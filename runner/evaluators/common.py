@@ -137,7 +137,8 @@ def process_failure(result: ProcessResult, what: str, argv: list[str] | None = N
         ours = argv is not None and cwd is not None and not in_judged_copy(argv[0], cwd)
         return EvalOutcome(status="unavailable" if ours else "error", message=f"{what} did not start: {result.start_error}")
     if result.timed_out:
-        return EvalOutcome(status="timeout", message=f"{what} timed out after {result.duration_s:.1f}s")
+        limit = f"its limit of {result.timeout_s:g} s" if result.timeout_s is not None else "its limit"
+        return EvalOutcome(status="timeout", message=f"{what} ran past {limit} (stopped after {result.duration_s:.1f} s)")
     if result.stopped:
         return EvalOutcome(status="unavailable", message=f"{what} was interrupted")
     return None

@@ -55,6 +55,7 @@ class ObjectNotFound(BucketError, KeyError):
 class ObjectInfo:
     key: str  # relative to the bucket root (the URI's prefix is not part of it)
     size: int
+    stamp: str = ""  # changes when the object does (its ETag on S3; inode, time and size in a folder)
 
 
 class Bucket(Protocol):
@@ -74,6 +75,11 @@ class Bucket(Protocol):
 
 def _join(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+def _stamp(st: os.stat_result) -> str:
+    """A file's stamp: a rename puts another inode there, a write changes its time or size."""
+    return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
 
 
 class LocalBucket:
@@ -141,7 +147,7 @@ class LocalBucket:
         except (FileNotFoundError, NotADirectoryError):
             self.check()
             raise ObjectNotFound(f"{self.root}/{key.strip('/')} does not exist") from None
-        now = f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+        now = _stamp(st)
         return None if now == stamp else (self.get(key), now)
 
     def exists(self, key: str) -> bool:
@@ -160,10 +166,10 @@ class LocalBucket:
                     continue
                 key = name if rel == "." else f"{rel}/{name}"
                 try:
-                    size = os.stat(os.path.join(dirpath, name)).st_size
+                    st = os.stat(os.path.join(dirpath, name))
                 except FileNotFoundError:
                     continue
-                yield ObjectInfo(key=key, size=size)
+                yield ObjectInfo(key=key, size=st.st_size, stamp=_stamp(st))
 
     def list_dirs(self, prefix: str = "") -> list[str]:
         self.check()
@@ -336,7 +342,7 @@ class S3Bucket:
                 kwargs["ContinuationToken"] = token
             page = self._call("list_objects_v2", **kwargs)
             for obj in page.get("Contents", []):
-                yield ObjectInfo(key=self._rel(obj["Key"]), size=int(obj["Size"]))
+                yield ObjectInfo(key=self._rel(obj["Key"]), size=int(obj["Size"]), stamp=obj.get("ETag", ""))
             if not page.get("IsTruncated"):
                 return
             token = page.get("NextContinuationToken")

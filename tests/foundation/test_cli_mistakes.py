@@ -127,6 +127,8 @@ MISTAKES: list[Mistake] = [
             lambda w: ["run", str(w.file("two.yaml", w.job.read_text() + "---\n" + w.job.read_text()))],
             ["holds 2 YAML documents"]),
     Mistake("run-bad-accept", lambda w: ["run", str(w.job), "--accept", "rewrd>=1"], ["--accept 'rewrd>=1'", "reward>=1"]),
+    Mistake("run-a-bad-s3-output", lambda w: ["run", str(w.job), "--output", "s3:/bad"],
+            ["output 's3:/bad'", "s3://BUCKET/PREFIX"]),
     Mistake("run-zero-parallelism", lambda w: ["run", str(w.job), "-j", "0"], ["-j", "at least 1", "got 0"]),
     Mistake("run-not-a-number", lambda w: ["run", str(w.job), "-j", "two"], ["-j", "'two'"]),
     Mistake("run-a-gpu-model-here",
@@ -163,6 +165,8 @@ MISTAKES: list[Mistake] = [
     Mistake("dashboard-kubernetes-without-a-cluster", lambda w: ["dashboard", str(w.bucket), "--kubernetes", "--port", "0"],
             ["no Kubernetes cluster to talk to"], env=NO_CLUSTER),
     Mistake("dashboard-a-bad-s3-uri", lambda w: ["dashboard", "s3:/bad", "--port", "0"], ["s3://bucket/prefix"]),
+    Mistake("dashboard-a-port-past-65535", lambda w: ["dashboard", str(w.bucket), "--port", "99999"],
+            ["cannot listen on 127.0.0.1:99999", "0-65535"]),
     # ---- tracefleet validate: a file with problems is its result, exit status 1 (documented)
     Mistake("validate-missing-task-repo",
             lambda w: ["validate", str(w.job_with(_set("spec.tasks.inline", [

@@ -119,6 +119,7 @@ def test_evaluator_timeout_and_crash_fail_closed(tmp_path: Path) -> None:
     started = time.monotonic()
     outcome = slow.evaluate(ctx)
     assert outcome.status == "timeout" and outcome.reward == 0.0
+    assert "ran past its limit of 1 s (stopped after " in outcome.message, outcome.message  # as configured
     assert time.monotonic() - started < 10
     bad_json = get_evaluator(EvaluatorSpec(type="command", command="echo '{\"reward\": \"NaN\"}'")).evaluate(ctx)
     assert bad_json.status == "error" and bad_json.reward == 0.0
