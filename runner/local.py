@@ -36,12 +36,12 @@ from tracefleet.contract.progress import LOCAL, JobProgress, eta_seconds
 from tracefleet.contract.semantics import (
     QUARANTINE_RATE_EXCEEDED,
     QuarantineVerdict,
-    evaluator_type,
     groups_per_batch,
     quarantine_verdict,
     should_retry,
 )
-from tracefleet.contract.plan import job_tasks_of, plan_sessions, read_tasks
+from tracefleet.contract.plan import job_tasks_of, plan_proxy, plan_sessions, task_specs
+from tracefleet.contract.proxy_plan import ProxyPlan
 from tracefleet.runner.failures import outcomes_line, run_verdict
 from tracefleet.runner.learning_signal import learning_signal_line
 from tracefleet.runner.preflight import PreflightError, preflight
@@ -173,11 +173,7 @@ def job_tasks(job: Any, base_dir: Path, source_root: Path | None = None) -> list
     an s3:// source is unpacked into a new folder under `source_root`, default the system's temporary folder);
     ConfigMaps need a cluster."""
     spec = job.spec
-    if spec.tasks.inline:
-        api_tasks = list(spec.tasks.inline)
-    elif spec.tasks.uri:
-        api_tasks = read_tasks(_read_uri(spec.tasks.uri, base_dir), f"spec.tasks.uri {spec.tasks.uri}")
-    elif spec.tasks.harbor:
+    if spec.tasks.harbor:
         from tracefleet.harbor.sources import open_source
 
         source = spec.tasks.harbor
@@ -192,9 +188,10 @@ def job_tasks(job: Any, base_dir: Path, source_root: Path | None = None) -> list
             raise ValueError(f"spec.tasks.harbor.uri: {source.uri}: no Harbor task folder"
                              + (f" matching {', '.join(source.include)}" if source.include else ""))
         return tasks
-    else:
+    if spec.tasks.config_map_ref:
         raise ValueError("spec.tasks.configMapRef needs a cluster; in local mode use tasks.inline or tasks.uri")
-    return [t.resolved(base_dir) for t in job_tasks_of(job, api_tasks)]
+    text = _read_uri(spec.tasks.uri, base_dir) if spec.tasks.uri else None
+    return [t.resolved(base_dir) for t in job_tasks_of(job, task_specs(job, text))]
 
 
 def _read_uri(uri: str, base_dir: Path) -> str:
@@ -312,14 +309,19 @@ class LocalRun:
                                   max_model_len=context)
         return engine.url, engine, local
 
-    def _logprobs_mode(self) -> str | None:
-        """What kind of logprobs the engine reports, where this run knows it: stated on the command line, or by
-        the job for its external engine. None: the proxy asks the engine (the CPU engine this run starts says
-        processed_logprobs on /v1/models: tracefleet.engine.llama)."""
+    def proxy_plan(self, engine_url: str, model: str | None) -> ProxyPlan:
+        """The job's proxy, planned by the contract's one planner (tracefleet.contract.plan.plan_proxy, as the operator
+        plans it), with what this command line overrides: the engine limits and the logprobs kind it states. An engine
+        other than the job's (the CPU engine in place of a managed one, --engine-url) is not the one the job states
+        things of: its logprobs kind is asked of it (the CPU engine says processed_logprobs on /v1/models:
+        tracefleet.engine.llama), its tokenizer is the served model's or the engine's own `root`."""
+        plan = plan_proxy(self.job, model, engine_url)
+        update: dict[str, Any] = {"engine_limits": plan.engine_limits.model_copy(update=self.options.engine_timeouts)}
+        if self.options.engine_url or self.job.spec.inference.managed is not None:
+            update.update(logprobs_mode=None, tokenizer=self.job.spec.inference.capture.tokenizer)
         if self.options.logprobs_mode:
-            return self.options.logprobs_mode
-        external = self.job.spec.inference.external
-        return external.logprobs_mode if external is not None and not self.options.engine_url else None
+            update["logprobs_mode"] = self.options.logprobs_mode
+        return ProxyPlan.model_validate({**plan.model_dump(), **update})
 
     def _check_diagnostics(self) -> None:
         """spec.diagnostics' hooks import and their names resolve before any session runs (a mistake there
@@ -392,26 +394,12 @@ class LocalRun:
         if problems:
             raise PreflightError(problems)
         engine_url, engine, model_hint = self._engine()
-        capture = spec.inference.capture
         proxy = bridge = None
         try:
             tasks = self._task_images(tasks)  # after the engine answered: a job that cannot run builds nothing
             self._containers = sum(1 for t in tasks if t.harbor is not None and t.harbor.image and not t.harbor.refusal)
-            proxy = InProcessProxy(
-                engine_url=engine_url,
-                capture_dir=self.work_dir / "capture" / run_id,
-                mode=capture.mode,
-                served_model=model_hint,
-                # None: the served name when it names a tokenizer here, else the engine's own `root`
-                # (tracefleet.proxy.mode.engine_named_model)
-                model_path=capture.tokenizer,
-                model_family=capture.model_family,
-                tool_parser=capture.tool_parser,
-                policy_version=spec.inference.policy_version,
-                engine_limits=spec.inference.engine_timeouts.limits().model_copy(update=self.options.engine_timeouts),
-                logprobs_mode=self._logprobs_mode(),
-                sampling=spec.inference.sampling.override(),
-            ).start()
+            proxy = InProcessProxy(self.proxy_plan(engine_url, model_hint),
+                                   capture_dir=self.work_dir / "capture" / run_id).start()
             decision = proxy.mode_decision
             self._say(f"capture mode {decision.mode} ({decision.reason})")
             sock = self.work_dir / f"proxy-{run_id}.sock"
