@@ -23,7 +23,8 @@ class OperatorConfig:
     evaluator_image: str = DEFAULT_IMAGE  # when neither spec.evaluator.image nor spec.harness.image is set
     # spec.harness.image when the job names none ({preset} is replaced); "" keeps spec.harness.image required
     harness_image: str = ""
-    # Most child creations one reconcile may issue: bounds API calls per event at any scale.
+    # Most child creations one reconcile may issue: bounds API calls per event at any scale (a child's plan ConfigMaps,
+    # usually one, are created with it: children.plan_volume).
     max_creates_per_reconcile: int = 100
     # Base of the exponential backoff before a failed session's next attempt.
     retry_backoff_s: float = 10.0

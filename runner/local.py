@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, TextIO
 from urllib.parse import urlsplit
 
 from tracefleet.contract import layout
-from tracefleet.contract.job import Counters
+from tracefleet.contract.job import Counters, RolloutJob
 from tracefleet.contract.progress import LOCAL, JobProgress, eta_seconds
 from tracefleet.contract.semantics import (
     QUARANTINE_RATE_EXCEEDED,
@@ -55,6 +55,9 @@ from tracefleet.runner.task import Task, harbor_tasks, with_image
 
 if TYPE_CHECKING:
     from tracefleet.runner.containers.place import ContainerPlace
+    from tracefleet.runner.containers.runtime import ContainerRuntime
+    from tracefleet.runner.services import EngineProcess
+    from tracefleet.runner.sink import BatchSink
 
 PUBLISH_EVERY_S = 5.0  # <job>/progress.json at least this often while sessions run (and when one finishes)
 
@@ -168,7 +171,7 @@ class RunProgress:
         )
 
 
-def job_tasks(job: Any, base_dir: Path, source_root: Path | None = None) -> list[Task]:
+def job_tasks(job: RolloutJob, base_dir: Path, source_root: Path | None = None) -> list[Task]:
     """The job's tasks as runner tasks. Inline tasks, a local/s3 JSONL file, or Harbor task folders (a tarball or
     an s3:// source is unpacked into a new folder under `source_root`, default the system's temporary folder);
     ConfigMaps need a cluster."""
@@ -232,7 +235,7 @@ class LocalRun:
         self.netns_mode = "off"
         self._tty = bool(getattr(out, "isatty", lambda: False)())
         self._quarantine_exceeded = False  # the QuarantineRateExceeded condition, as last reported
-        self._runtime: Any = None  # the container runtime, when a Harbor task runs in its image
+        self._runtime: ContainerRuntime | None = None  # the container runtime, when a Harbor task runs in its image
         self._containers = 0  # sessions that run in their task's container
 
     # ------------------------------------------------------------------ Harbor tasks' images
@@ -274,7 +277,7 @@ class LocalRun:
 
     # ------------------------------------------------------------------ pieces
 
-    def _engine(self) -> tuple[str, Any, str | None]:
+    def _engine(self) -> tuple[str, EngineProcess | None, str | None]:
         """(engine url, engine process or None, model name to request)."""
         inference = self.job.spec.inference
         external = self.options.engine_url or (inference.external.base_url if inference.external else None)
@@ -333,7 +336,7 @@ class LocalRun:
         except (ImportError, AttributeError, ValueError) as exc:
             raise SystemExit(f"spec.diagnostics: {type(exc).__name__}: {exc}") from None
 
-    def _quarantine(self, sink: Any) -> QuarantineVerdict:
+    def _quarantine(self, sink: BatchSink) -> QuarantineVerdict:
         """The job's QuarantineRateExceeded condition over its sealed batches (tracefleet.contract.semantics, as
         the operator decides it); one WARNING line when it becomes true, as the operator's Warning Event."""
         policy = self.job.spec.diagnostics_policy
@@ -464,7 +467,7 @@ class LocalRun:
                                    socket=sock, tools=self.work_dir / "tools" / run_id, stop=self.stop)
         return (lambda plan: container if runs_in_container(plan) else host), container
 
-    def _schedule(self, todo: list[SessionPlan], place_of: Callable[[SessionPlan], Place], sink: Any,
+    def _schedule(self, todo: list[SessionPlan], place_of: Callable[[SessionPlan], Place], sink: BatchSink,
                   progress: RunProgress, progress_writer: ProgressWriter) -> bool:
         parallelism = max(1, self.options.parallelism or self.job.spec.parallelism)
         interrupted = False
@@ -538,7 +541,7 @@ class LocalRun:
         queue.append(plan.model_copy(update={"attempt": plan.attempt + 1}))
         return True
 
-    def _record(self, run: SessionRun, sink: Any, progress: RunProgress) -> None:
+    def _record(self, run: SessionRun, sink: BatchSink, progress: RunProgress) -> None:
         result = run.result
         self.results.append(run)
         progress.statuses[result.status] = progress.statuses.get(result.status, 0) + 1
@@ -576,7 +579,7 @@ class LocalRun:
         else:
             print(f"tracefleet: {progress.line()}", file=self.out, flush=True)
 
-    def _summary(self, progress: RunProgress, sink: Any, interrupted: bool) -> None:
+    def _summary(self, progress: RunProgress, sink: BatchSink, interrupted: bool) -> None:
         p = progress
         if self._tty:
             print(file=self.out)
