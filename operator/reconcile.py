@@ -37,7 +37,7 @@ from tracefleet.operator.children.inference import (engine_key_secret, extra_arg
                                                    inference_service)
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.operator.children.metadata import namespace_of
-from tracefleet.operator.children.network_policy import network_policies
+from tracefleet.operator.children.network_policy import job_reach, network_policies
 from tracefleet.operator.children.plan_volume import Child
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.operator.harbor_tasks import HarborSource, HarborSourceError, ClusterHarborTask, read_source
@@ -271,10 +271,12 @@ class Reconciler:
         return True
 
     def network_policies(self, ps: Pass) -> bool:
-        """The job's NetworkPolicies, once per job (per operator process)."""
+        """The job's NetworkPolicies, once per job (per operator process): the bucket reached where the pods are
+        told it is (network_policy.job_reach)."""
         ensured = self._ensured.setdefault(self._uid(ps.job), set())  # one reference (see _after_finish)
         if "netpol" not in ensured and ps.budget > 0:
-            for policy in network_policies(ps.job, self.cfg, ps.harbor):
+            reach = job_reach(ps.job, self.cfg, self._bucket_creds(ps.job), self.kube.get_service)
+            for policy in network_policies(ps.job, reach, ps.harbor):
                 self.kube.create(policy)
                 ps.budget -= 1
             ensured.add("netpol")

@@ -148,8 +148,19 @@ def prepare_workspace(task: Task, session_dir: Path, *, setup_timeout_s: float =
     git(original, "add", "-A")
     git(original, "commit", "-q", "--allow-empty", "-m", f"tracefleet base for task {task.id}")
     base = git(original, "rev-parse", "HEAD").strip()
-    shutil.copytree(original, workdir, symlinks=True, dirs_exist_ok=True)
+    _copy_into(original, workdir)
     return PreparedWorkspace(original=original, workdir=workdir, base_commit=base)
+
+
+def _copy_into(src: Path, dest: Path) -> None:
+    """What `src` holds, copied into the folder `dest`, whose own owner, mode and times stay: in a pod it is a volume's
+    subPath that the kubelet made as root, which the non-root session program may fill but not chmod or utime
+    (copytree's copystat of it fails with EPERM on a real node)."""
+    for entry in src.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.copytree(entry, dest / entry.name, symlinks=True)
+        else:
+            shutil.copy2(entry, dest / entry.name, follow_symlinks=False)
 
 
 def _emptied(path: Path) -> None:

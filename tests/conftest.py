@@ -8,4 +8,5 @@ pytest_plugins = [
     "fixtures.vllm",
     "fixtures.drivers",
     "fixtures.containers",
+    "fixtures.node",
 ]

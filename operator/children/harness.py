@@ -17,7 +17,7 @@ from tracefleet.contract.sidecar_resources import proxy_resources
 from tracefleet.operator import names as n
 from tracefleet.operator.children.inference import engine_api_key_env
 from tracefleet.operator.children.inputs import bucket_env_from, env_vars
-from tracefleet.operator.children.metadata import metadata, priority_class
+from tracefleet.operator.children.metadata import metadata, pod_fields
 from tracefleet.operator.children.network_policy import network_labels
 from tracefleet.operator.children.plan_volume import PLAN_MOUNT, Child, plan_config_maps, plan_volume
 from tracefleet.operator.children.security import container_security_context, pod_security_context
@@ -97,7 +97,7 @@ def harness_pod(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, attempt
         "containers": containers,
         "volumes": volumes,
         **({"runtimeClassName": job.spec.harness.runtime_class_name} if job.spec.harness.runtime_class_name else {}),
-        **({"priorityClassName": pc} if (pc := priority_class(job)) else {}),
+        **pod_fields(job, cfg.image_pull_secrets),
     }
     task, sample = n.task_sample_of(plan.index, job.spec.tasks.samples_per_task)
     labels = {n.LABEL_SESSION: str(plan.index), n.LABEL_TASK: str(task), n.LABEL_SAMPLE: str(sample),

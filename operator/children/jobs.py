@@ -9,7 +9,7 @@ from tracefleet.contract.job import RolloutJob
 from tracefleet.contract.session import SessionPlan
 from tracefleet.operator import names as n
 from tracefleet.operator.children.inputs import bucket_env_from, env_vars
-from tracefleet.operator.children.metadata import Manifest, child_labels, metadata, priority_class
+from tracefleet.operator.children.metadata import Manifest, child_labels, metadata, pod_fields
 from tracefleet.operator.children.network_policy import evaluator_network_labels, network_labels
 from tracefleet.operator.children.plan_volume import PLAN_MOUNT, Child, plan_config_maps, plan_volume
 from tracefleet.contract.plan_files import PLAN_FOLDER, SESSION_PLAN, SESSION_PLANS
@@ -25,10 +25,10 @@ EVALUATOR_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits":
 HARBOR_STEPS_S = 300
 
 
-def _batch_pod_spec(job: RolloutJob, container: dict[str, Any], config_maps: list[Manifest], document: str
-                    ) -> dict[str, Any]:
+def _batch_pod_spec(job: RolloutJob, cfg: OperatorConfig, container: dict[str, Any], config_maps: list[Manifest],
+                    document: str) -> dict[str, Any]:
     """A Job's pod: `container` and its plan, `document` of `config_maps` (children.plan_volume)."""
-    spec: dict[str, Any] = {
+    return {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -36,10 +36,8 @@ def _batch_pod_spec(job: RolloutJob, container: dict[str, Any], config_maps: lis
         "containers": [{**container, "securityContext": container_security_context(),
                         "volumeMounts": [*container.get("volumeMounts", []), PLAN_MOUNT]}],
         "volumes": [plan_volume(config_maps, document)],
+        **pod_fields(job, cfg.image_pull_secrets),
     }
-    if pc := priority_class(job):
-        spec["priorityClassName"] = pc
-    return spec
 
 
 def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbor: ClusterHarborTask | None = None) -> Child:
@@ -66,7 +64,8 @@ def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbo
         "envFrom": bucket_env_from(job),
         "resources": EVALUATOR_RESOURCES,
     }
-    return Child(_evaluator_manifest(job, session, labels, _batch_pod_spec(job, container, config_maps, SESSION_PLAN),
+    return Child(_evaluator_manifest(job, session, labels,
+                                     _batch_pod_spec(job, cfg, container, config_maps, SESSION_PLAN),
                                      math.ceil(plan.evaluator.timeout_s)),
                  config_maps)
 
@@ -76,7 +75,7 @@ def _harbor_evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int, ha
     h = job.spec.harness
     fallback = h.resources.model_dump(mode="json", exclude_none=True) if h.resources else EVALUATOR_RESOURCES
     init, report, volumes = verifier_steps(cfg, harbor, env.to_env(), bucket_env_from(job), fallback)
-    pod_spec = _batch_pod_spec(job, report, config_maps, SESSION_PLAN)
+    pod_spec = _batch_pod_spec(job, cfg, report, config_maps, SESSION_PLAN)
     pod_spec["initContainers"] = init
     pod_spec["volumes"] += volumes
     if h.runtime_class_name:  # the agent's changes run again here
@@ -141,7 +140,7 @@ def sealer_job(job: RolloutJob, cfg: OperatorConfig, seq: int, plans: list[Sessi
             "activeDeadlineSeconds": 3600,
             "template": {
                 "metadata": {"labels": child_labels(job, n.COMPONENT_SEALER, **{n.LABEL_BATCH: str(seq)})},
-                "spec": _batch_pod_spec(job, container, config_maps, SESSION_PLANS),
+                "spec": _batch_pod_spec(job, cfg, container, config_maps, SESSION_PLANS),
             },
         },
     }

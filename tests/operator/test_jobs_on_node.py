@@ -1,0 +1,268 @@
+"""RolloutJobs on a real node (tests/fixtures/node.py): a kubelet, containerd and runc run every pod the operator
+creates, from the images `tracefleet images build` makes, named as the chart names them for users.
+
+The chart is `helm install`ed (CRD, RBAC, ServiceAccount; no operator replica, see below); the operator runs on this
+machine with the chart Deployment's own arguments and a token of the chart's ServiceAccount. The engine (the scripted
+`tracefleet engine`) and the S3 server (SeaweedFS on its own port, plain HTTP) run on this machine, on its address,
+where the pods reach them. Two jobs: examples/k8s/first-job.yaml with the one line a user edits (the engine's URL),
+a `command` harness in the tracefleet image; and Qwen Code from its harness image, whose own shell tool writes the
+file a command evaluator judges. For each, the test watches every child pod (harness pods with the proxy as a native
+sidecar, evaluator and sealer Jobs) and asks the kubelet's own reports: Running, then Succeeded, every container
+terminated with exit code 0, each pod with its own address; then reads the sealed batches through BatchReader.
+
+Measured (2 cores, shared with other sessions): the node Ready in 5-6 s; `kubectl apply` to the first sealed batch
+24-41 s; the two images rebuilt from the layer cache in 5-12 s, loaded into containerd in 19-25 s each when they
+changed (never when the image id is the same).
+
+Not yet on the node: the operator as the chart's Deployment (a pod reaches the API server only through the
+`kubernetes` Service, and no kube-proxy runs here), an in-cluster bucket, cluster DNS and the NetworkPolicy enforcer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, watch
+
+from fixtures.controlplane import free_port
+from fixtures.engines import EngineProcess
+from fixtures.harness_runs import EXPECTED_NOTE, PROMPT, harness_script
+from fixtures.s3 import S3Server, start_seaweedfs
+from tracefleet.bucket import open_bucket
+from tracefleet.contract import images
+from tracefleet.operator import names as n
+from tracefleet.traces.reader import BatchReader
+
+REPO = Path(__file__).resolve().parents[2]
+NAMESPACE = "tracefleet"
+RELEASE = "tf"
+CLI = "qwen-code"  # the smallest CLI (55 MB)
+REFS = [images.image_ref(images.DEFAULT_REGISTRY, name, images.release_tag())
+        for name in (images.TRACEFLEET, images.harness_image_name(CLI))]  # as the chart names them
+
+
+def tracefleet(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tracefleet.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def node_images(node, container_runtime) -> list[str]:
+    """The images the chart names by default, built (cached by layer) and loaded into the node (once per id)."""
+    start = time.monotonic()
+    r = tracefleet("images", "build", "--only", images.TRACEFLEET, "--only", images.harness_image_name(CLI),
+                   timeout=1800)
+    assert r.returncode == 0, r.stdout + r.stderr
+    built = time.monotonic()
+    loaded = [ref for ref in REFS if node.load_image(container_runtime, ref)]
+    print(f"images built in {built - start:.0f} s, {loaded or 'none'} loaded into the node "
+          f"in {time.monotonic() - built:.0f} s")
+    return REFS
+
+
+@pytest.fixture(scope="module")
+def host_engine(node) -> Iterator[EngineProcess]:
+    engine = EngineProcess(["--backend", "scripted", "--model", "smollm2"], host=node.host)
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def host_s3(node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = start_seaweedfs(tmp_path_factory.mktemp("node-seaweedfs"), host=node.host)
+    yield server
+    server.stop()
+
+
+class PodWatch:
+    """Every phase and container state the kubelet reports for the namespace's pods, from a watch."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.phases: dict[str, list[str]] = {}
+        self.last: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._core = client.CoreV1Api(api)
+        self._namespace = namespace
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            w = watch.Watch()
+            for event in w.stream(self._core.list_namespaced_pod, self._namespace, timeout_seconds=5):
+                pod = event["object"]
+                seen = self.phases.setdefault(pod.metadata.name, [])
+                if not seen or seen[-1] != pod.status.phase:
+                    seen.append(pod.status.phase)
+                self.last[pod.metadata.name] = pod
+                if self._stop.is_set():
+                    w.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+
+def operator_process(kube, tmp: Path) -> subprocess.Popen[bytes]:
+    """`tracefleet operator` with the chart Deployment's arguments, as the chart's ServiceAccount."""
+    dep = json.loads(kube.kubectl("-n", NAMESPACE, "get", "deploy", f"{RELEASE}-tracefleet", "-o", "json").stdout)
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == REFS[0]
+    kubeconfig = kube.service_account_kubeconfig(NAMESPACE, f"{RELEASE}-tracefleet", tmp / "operator.kubeconfig")
+    args = [a for a in container["args"] if not a.startswith(("--metrics-port=", "--liveness-port="))]
+    args += [f"--metrics-port={free_port()}", f"--liveness-port={free_port()}", "--bind-address=127.0.0.1"]
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": NAMESPACE, "POD_NAME": "operator-here"}
+    log = open(tmp / "operator.log", "wb")  # noqa: SIM115 - lives as long as the process
+    return subprocess.Popen([sys.executable, "-m", "tracefleet.cli", "operator", *args], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@dataclass
+class Installed:
+    """The chart installed, its operator running here, the bucket and its Secret in the chart's namespace."""
+
+    kube: Any
+    custom: client.CustomObjectsApi
+    pods: PodWatch
+    bucket: str
+    log: Path
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def installed(node, node_images, host_s3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    kube = node.kube
+    tmp = tmp_path_factory.mktemp("node-operator")
+    t0 = time.monotonic()
+    # no operator replica in a pod: it would reach the API server only through the `kubernetes` Service
+    r = kube.helm("install", RELEASE, str(REPO / "charts" / "tracefleet"), "--namespace", NAMESPACE,
+                  "--create-namespace", "--set", f"image.registry={images.DEFAULT_REGISTRY}", "--set", "operator.replicas=0",
+                  "--wait", "--timeout", "120s")
+    assert r.returncode == 0, r.stdout + r.stderr
+    bucket = host_s3.create_bucket("tracefleet")
+    creds = {"AWS_ACCESS_KEY_ID": host_s3.access_key, "AWS_SECRET_ACCESS_KEY": host_s3.secret_key,
+             "AWS_ENDPOINT_URL": host_s3.endpoint, "AWS_DEFAULT_REGION": host_s3.region}
+    assert kube.kubectl("-n", NAMESPACE, "create", "secret", "generic", "bucket-credentials",
+                        *(f"--from-literal={k}={v}" for k, v in creds.items())).returncode == 0
+    operator = operator_process(kube, tmp)
+    api = kube.api_client()
+    pods = PodWatch(api, NAMESPACE)
+    try:
+        yield Installed(kube, client.CustomObjectsApi(api), pods, bucket, tmp / "operator.log", time.monotonic() - t0)
+    finally:
+        pods.stop()
+        operator.terminate()
+        operator.wait(timeout=30)
+        kube.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+
+
+def run_job(node, cluster: Installed, s3: S3Server, manifest: dict[str, Any]) -> tuple[dict[str, Any], BatchReader]:
+    """Apply the job, wait for its final phase, and check every child pod as the kubelet reported it: Running, then
+    Succeeded, every container terminated with exit code 0, on the node with an address of its own."""
+    job = manifest["metadata"]["name"]
+    kube = node.kube
+    applied = time.monotonic()
+    r = kube.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(manifest))
+    assert r.returncode == 0, r.stderr
+    reader = BatchReader(open_bucket(manifest["spec"]["output"]["uri"], **s3.bucket_options()), job)
+    first_batch = None
+    status: dict[str, Any] = {}
+    deadline = applied + 420
+    try:
+        while time.monotonic() < deadline and status.get("phase") not in ("Succeeded", "Failed"):
+            time.sleep(1)
+            if first_batch is None and reader.seqs():
+                first_batch = time.monotonic() - applied
+            rj = cluster.custom.get_namespaced_custom_object(n.GROUP, n.VERSION, NAMESPACE, n.PLURAL, job)
+            status = rj.get("status") or {}
+        print(f"{job}: node started in {node.start_seconds:.1f} s; chart + operator in {cluster.seconds:.1f} s; "
+              f"apply -> first sealed batch {first_batch} s; apply -> {status.get('phase')} "
+              f"{time.monotonic() - applied:.1f} s")
+        time.sleep(2)  # the watch's last events
+        if status.get("phase") != "Succeeded":  # printed whole: pytest shortens a long assertion message
+            print(json.dumps(status, indent=1), _log_tail(cluster.log), _pod_report(kube, cluster.pods), sep="\n")
+        assert status.get("phase") == "Succeeded", status.get("conditions")
+        pods = cluster.pods
+        children = {name: pod for name, pod in pods.last.items() if pod.metadata.labels.get(n.LABEL_JOB) == job}
+        components = sorted({pod.metadata.labels[n.LABEL_COMPONENT] for pod in children.values()})
+        assert components == sorted([n.COMPONENT_HARNESS, n.COMPONENT_EVALUATOR, n.COMPONENT_SEALER]), components
+        for name, pod in children.items():
+            assert pods.phases[name][-2:] == ["Running", "Succeeded"], (name, pods.phases[name])
+            assert pod.spec.node_name == node.name and pod.status.pod_ip and pod.status.pod_ip != node.host
+            statuses = (pod.status.init_container_statuses or []) + (pod.status.container_statuses or [])
+            assert statuses and all(s.state.terminated and s.state.terminated.exit_code == 0 for s in statuses), (
+                name, statuses)
+        harness = [p for p in children.values() if p.metadata.labels[n.LABEL_COMPONENT] == n.COMPONENT_HARNESS]
+        assert len({p.status.pod_ip for p in harness}) == len(harness) == status["counters"]["total"]
+        return status, reader
+    finally:
+        cluster.custom.delete_namespaced_custom_object(n.GROUP, n.VERSION, NAMESPACE, n.PLURAL, job)
+
+
+def test_first_job_runs_on_the_real_node(node, installed: Installed, host_engine, host_s3) -> None:
+    manifest = yaml.safe_load((REPO / "examples" / "k8s" / "first-job.yaml").read_text())
+    manifest["spec"]["inference"]["external"]["baseUrl"] = host_engine.url  # the one line a user edits
+    manifest["spec"]["output"]["uri"] = f"s3://{installed.bucket}/rollouts"
+    status, reader = run_job(node, installed, host_s3, manifest)
+    # the batches a trainer reads
+    seqs = reader.seqs()
+    assert len(seqs) == 2 and status["batchesCompleted"] == 2
+    traces = [t for seq in seqs for t in reader.read(seq).traces()]
+    assert len(traces) == 4 and all(int(t.loss_mask.sum()) > 0 for t in traces)
+
+
+def test_a_real_cli_preset_runs_on_the_real_node(node, installed: Installed, host_engine, host_s3) -> None:
+    """Qwen Code from its harness image (the chart's default for the preset): two shell rounds through its own
+    tool, judged by a command evaluator on the file they wrote."""
+    host_engine.configure(**harness_script(CLI))
+    try:
+        manifest = {
+            "apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": "cli-job"},
+            "spec": {
+                "inference": {"external": {"baseUrl": host_engine.url}, "capture": {"mode": "server"}},
+                "harness": {"preset": CLI, "sessionTimeoutSeconds": 240},
+                "tasks": {"inline": [{"id": "note", "prompt": PROMPT}], "samplesPerTask": 2},
+                "evaluator": {"preset": "command", "timeoutSeconds": 60,
+                              "command": ["sh", "-c", f"printf '{EXPECTED_NOTE}' | cmp -s - note.txt"]},
+                "output": {"uri": f"s3://{installed.bucket}/cli", "tracesPerBatch": 2,
+                           "credentialsSecretRef": {"name": "bucket-credentials"}},
+                "parallelism": 2,
+            },
+        }
+        status, reader = run_job(node, installed, host_s3, manifest)
+    finally:
+        host_engine.reset()
+    (seq,) = reader.seqs()
+    traces = reader.read(seq).traces()
+    assert len(traces) >= 2 and all(t.meta.harness == CLI for t in traces)
+    assert {t.meta.reward for t in traces} == {1.0}  # the CLI's shell tool wrote note.txt in the harness container
+    assert sum(int(t.loss_mask.sum()) for t in traces) > 0
+    assert status["counters"]["succeeded"] == 2
+
+
+def _log_tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-4000:]
+
+
+def _pod_report(kube, pods: PodWatch) -> str:
+    """Each pod's phases and container states, and the logs of those that did not succeed."""
+    lines = []
+    for name, pod in pods.last.items():
+        statuses = (pod.status.init_container_statuses or []) + (pod.status.container_statuses or [])
+        lines.append(f"{name}: {pods.phases.get(name)} {[(s.name, s.state.to_dict()) for s in statuses]}")
+        for s in statuses:
+            if s.state.terminated and s.state.terminated.exit_code != 0:
+                logs = kube.kubectl("-n", NAMESPACE, "logs", name, "-c", s.name).stdout
+                lines.append(f"----- {name}/{s.name} log\n{logs[-3000:]}")
+    return "\n".join(lines)
