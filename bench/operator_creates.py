@@ -66,7 +66,9 @@ def main() -> int:
         for run, workers in enumerate(int(w) for w in args.workers.split(",")):
             k = Kube(api)
             t_cpu = time.process_time()
-            manifests = [harness_pod(job, op_cfg, plans[s], run) for s in range(args.pods)]
+            # each pod with the ConfigMap of its plans (children.plan_volume), as the reconcile creates them
+            manifests = [m for s in range(args.pods) for child in [harness_pod(job, op_cfg, plans[s], run)]
+                         for m in (*child.config_maps, child.manifest)]
             for m in manifests:
                 m["metadata"].pop("ownerReferences")  # no RolloutJob exists here: nothing for the GC to collect
             build_ms = (time.process_time() - t_cpu) * 1e3 / args.pods

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from tracefleet.contract import images
 from tracefleet.contract.dashboard import job_page_url
 from tracefleet.contract.job import RolloutJob
+from tracefleet.contract.semantics import DEFAULT_PRESET, harness_preset
 
 DEFAULT_IMAGE = images.image_ref(images.DEFAULT_REGISTRY, images.TRACEFLEET, images.release_tag())
 # spec.harness.image of a job that names none: the harness image `tracefleet images build` makes for its preset
@@ -22,7 +23,8 @@ class OperatorConfig:
     evaluator_image: str = DEFAULT_IMAGE  # when neither spec.evaluator.image nor spec.harness.image is set
     # spec.harness.image when the job names none ({preset} is replaced); "" keeps spec.harness.image required
     harness_image: str = ""
-    # Most child creations one reconcile may issue: bounds API calls per event at any scale.
+    # Most child creations one reconcile may issue: bounds API calls per event at any scale (a child's plan ConfigMaps,
+    # usually one, are created with it: children.plan_volume).
     max_creates_per_reconcile: int = 100
     # Base of the exponential backoff before a failed session's next attempt.
     retry_backoff_s: float = 10.0
@@ -44,9 +46,8 @@ class OperatorConfig:
         """The default harness image for a preset (None: no default configured)."""
         if not self.harness_image:
             return None
-        if preset in (None, images.COMMAND_PRESET):
-            return self.proxy_image
-        return self.harness_image.replace(PRESET_PLACEHOLDER, preset)
+        name = harness_preset(preset)  # the one rule: no preset is the command preset
+        return self.proxy_image if name == DEFAULT_PRESET else self.harness_image.replace(PRESET_PLACEHOLDER, name)
 
     def with_default_images(self, job: RolloutJob) -> RolloutJob:
         """The job with spec.harness.image filled in from `harness_image` when it names none (the job's evaluator

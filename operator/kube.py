@@ -154,10 +154,6 @@ class Kube:
         """Create a child; False when it already exists (deterministic names make this the dedupe)."""
         return self.create_object(manifest) is not None
 
-    def create_many(self, manifests: list[dict[str, Any]], workers: int = CREATE_WORKERS) -> list[bool]:
-        """Creates in parallel (bounded pool): at parallelism 500 one-by-one creates dominate start-up time."""
-        return [body is not None for body in self.create_all(manifests, workers)]
-
     def create_object(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Create a child and return it as the API server stored it; None when it already exists."""
         kind = manifest["kind"]
@@ -166,6 +162,7 @@ class Kube:
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
             "Secret": self.core.create_namespaced_secret,
+            "ConfigMap": self.core.create_namespaced_config_map,
             "Deployment": self.apps.create_namespaced_deployment,
             "Job": self.batch.create_namespaced_job,
             "NetworkPolicy": self.net.create_namespaced_network_policy,

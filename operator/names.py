@@ -95,6 +95,12 @@ def sealer_job_name(job: str, seq: int) -> str:
     return _fit(f"{job}-seal-{seq:06d}")
 
 
+def plan_config_map_name(child: str, part: int) -> str:
+    """The ConfigMap holding part `part` of a child's plan files (a child's name fits in 63 characters, this in
+    a ConfigMap's 253)."""
+    return f"{child}-plan-{part}"
+
+
 def job_selector(job: str, component: str | None = None) -> str:
     parts = [f"{LABEL_JOB}={job}"]
     if component:

@@ -38,16 +38,17 @@ from tracefleet.operator.children.inference import (engine_key_secret, extra_arg
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.operator.children.metadata import namespace_of
 from tracefleet.operator.children.network_policy import job_reach, network_policies
+from tracefleet.operator.children.plan_volume import Child
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.operator.harbor_tasks import HarborSource, HarborSourceError, ClusterHarborTask, read_source
-from tracefleet.operator.immutable_spec import check_spec
+from tracefleet.operator.immutable_spec import SpecCheck, check_spec
 from tracefleet.operator.events import batch_key, event_manifest
 from tracefleet.operator.harness_watch import HarnessWatch
 from tracefleet.operator.inference_ready import CREATED, EndpointProbe, deployment_condition
 from tracefleet.operator.kube import Kube
 from tracefleet.operator.plans import job_plans, job_tasks
 from tracefleet.operator.sealing import batches_to_seal, observe_sealers, record_annotation, recorded_batch
-from tracefleet.operator.session_table import observe, plan
+from tracefleet.operator.session_table import Decisions, SessionTable, decide, observe
 from tracefleet.operator.status import (
     EVENT_BATCH_SEALED,
     EVENT_DASHBOARD_URL,
@@ -79,6 +80,45 @@ class Result:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     delete: bool = False
     api_calls: int = 0
+
+
+@dataclass
+class Pass:
+    """What one reconcile pass has found so far: each step reads what the steps before it set."""
+
+    body: Any
+    now: datetime
+    old: RolloutJobStatus
+    res: Result = field(default_factory=Result)
+    job: RolloutJob = field(init=False)  # read_job
+    checked: SpecCheck = field(init=False)  # check_immutable
+    harbor: HarborSource | None = None  # validate
+    plans: list[SessionPlan] = field(default_factory=list)  # read_plans: every session's, by index
+    budget: int = 0  # creates and deletes left to this pass
+    inference: Condition = field(init=False)  # observe_inference
+    table: SessionTable = field(init=False)  # observe_sessions
+    decided: Decisions = field(init=False)  # observe_sessions: what the session table asks for
+    sealers: list[dict[str, Any]] = field(default_factory=list)
+    created_pods: int = 0  # start_sessions
+    batches: list[SealedBatch] = field(default_factory=list)  # seal: recorded batches, by seq
+    seal_failed: str = ""
+    unsealed: bool = False
+
+
+# The steps of a pass, in order: Reconciler methods taking the Pass, False ending the pass.
+STEPS = ("read_job", "check_immutable", "validate", "read_plans", "observe_inference", "observe_sessions", "suspend",
+         "network_policies", "start_sessions", "seal", "report")
+
+
+def _image_problems(job: RolloutJob) -> list[str]:
+    """What a cluster needs of the job's images and the job does not say."""
+    problems = []
+    if not job.spec.harness.image:
+        problems.append("spec.harness.image is required on Kubernetes (or the operator's --harness-image: the chart's "
+                        "operator.defaultHarnessImages)")
+    if job.spec.evaluator is not None and not job.spec.evaluator_image():
+        problems.append("spec.evaluator.image (or spec.harness.image) is required on Kubernetes")
+    return problems
 
 
 def _task_of(harbor: HarborSource | None, job: RolloutJob, session: int) -> ClusterHarborTask | None:
@@ -136,146 +176,165 @@ class Reconciler:
     # ------------------------------------------------------------------ the pass
 
     def _reconcile(self, body: Any, now: datetime) -> Result:
-        res = Result()
-        meta = body["metadata"]
-        old = status_of(body)
+        """The pass: each step in STEPS in turn, until one ends it (a step returns False)."""
+        ps = Pass(body=body, now=now, old=status_of(body))
+        for step in STEPS:
+            if not getattr(self, step)(ps):
+                break
+        return ps.res
+
+    # ------------------------------------------------------------------ the steps, in order (STEPS)
+
+    def read_job(self, ps: Pass) -> bool:
+        """The job, its default images filled in; a spec the CRD should have refused fails the job (reported, not
+        crash-looped); a job another controller manages (spec.managedBy, e.g. MultiKueue) is left alone."""
         try:
-            job = self.cfg.with_default_images(job_of(body))
-        except ValidationError as e:  # the CRD should have refused it; report instead of crash-looping
-            res.status = self._fail_status(old, int(meta.get("generation") or 0), REASON_INVALID_SPEC, str(e)[:1000], now)
-            return res
-        spec = job.spec
-        if spec.managed_by and spec.managed_by != MANAGED_BY_OPERATOR:
-            return res  # another controller (e.g. MultiKueue) owns it
+            ps.job = self.cfg.with_default_images(job_of(ps.body))
+        except ValidationError as e:
+            generation = int(ps.body["metadata"].get("generation") or 0)
+            ps.res.status = self._fail_status(ps.old, generation, REASON_INVALID_SPEC, str(e)[:1000], ps.now)
+            return False
+        managed_by = ps.job.spec.managed_by
+        return not managed_by or managed_by == MANAGED_BY_OPERATOR
 
-        # Immutable fields: remember what the job started with; refuse later changes by condition.
-        checked = check_spec(plain(body["spec"]), job.metadata.annotations)
-        res.annotations.update(checked.record)
+    def check_immutable(self, ps: Pass) -> bool:
+        """Remember what the job started with (refusing later changes by condition); a finished job only scales its
+        engine down and waits for its TTL."""
+        ps.checked = check_spec(plain(ps.body["spec"]), ps.job.metadata.annotations)
+        ps.res.annotations.update(ps.checked.record)
+        if ps.old.phase in FINISHED_PHASES:
+            self._after_finish(ps.job, ps.old, ps.now, ps.res)
+            return False
+        return True
 
-        if old.phase in FINISHED_PHASES:
-            return self._after_finish(job, old, now, res)
-
-        problems: list[str] = []
-        if not spec.harness.image:
-            problems.append("spec.harness.image is required on Kubernetes (or the operator's --harness-image: the "
-                            "chart's operator.defaultHarnessImages)")
-        if spec.evaluator is not None and not spec.evaluator_image():
-            problems.append("spec.evaluator.image (or spec.harness.image) is required on Kubernetes")
-        for problem in (exact_mode_problem(job), extra_args_problem(job)):
-            if problem is not None:
-                problems.append(problem)
-        harbor: HarborSource | None = None
+    def validate(self, ps: Pass) -> bool:
+        """What a cluster needs that the schema cannot say (images, a tokenizer for exact mode, Harbor tasks' judge
+        and source): every problem in one InvalidSpec condition."""
+        job, spec = ps.job, ps.job.spec
+        problems = [*_image_problems(job), *(p for p in (exact_mode_problem(job), extra_args_problem(job)) if p)]
         if spec.tasks.harbor is not None:
             if spec.evaluator is not None and spec.evaluator.preset not in (None, HARBOR_EVALUATOR):
                 problems.append(f"spec.evaluator.preset {spec.evaluator.preset}: Harbor tasks are judged by their own "
                                 f"tests/test.sh (preset {HARBOR_EVALUATOR}, or no spec.evaluator)")
             else:
                 try:
-                    harbor = self._harbor_source(job, res)
+                    ps.harbor = self._harbor_source(job, ps.res)
                 except HarborSourceError as exc:
                     problems.append(str(exc))
         if problems:
-            res.status = self._fail_status(old, job.metadata.generation or 0, REASON_INVALID_SPEC, "; ".join(problems), now)
-            return res
+            ps.res.status = self._fail_status(ps.old, job.metadata.generation or 0, REASON_INVALID_SPEC,
+                                              "; ".join(problems), ps.now)
+            return False
+        return True
 
+    def read_plans(self, ps: Pass) -> bool:
+        """Every session's plan (planned once per generation of the job), and this pass's budget of creates."""
+        ps.plans = self._plans_of(ps.job, ps.harbor)
+        ps.budget = self.cfg.max_creates_per_reconcile
+        return True
+
+    def observe_inference(self, ps: Pass) -> bool:
+        """InferenceReady, creating and scaling the managed engine on the way."""
+        ps.inference, ps.budget = self._inference(ps.job, ps.budget)
+        return True
+
+    def observe_sessions(self, ps: Pass) -> bool:
+        """The harness pods and Jobs as they are, and what the session table decides from them."""
+        job, spec = ps.job, ps.job.spec
         ns = namespace_of(job)
-        plans = self._plans_of(job, harbor)
-        task_ids = [t.id for t in self._tasks_of(job, harbor)]
-        total = len(plans)
-        budget = self.cfg.max_creates_per_reconcile
-
-        # --- inference
-        inference, budget = self._inference(job, budget)
-
-        # --- observe sessions
         pods, succeeded = self._harness_pods(ns, job.name)
         jobs = self.kube.list_jobs(ns, n.job_selector(job.name))
-        evals = [j for j in jobs if (j["metadata"].get("labels") or {}).get(n.LABEL_COMPONENT) == n.COMPONENT_EVALUATOR]
-        sealers = [j for j in jobs if (j["metadata"].get("labels") or {}).get(n.LABEL_COMPONENT) == n.COMPONENT_SEALER]
-        table = observe(total, pods, evals, succeeded)
-        may_start = inference.status == "True" and not spec.suspend and not checked.refused
-        p = plan(
+        by_component = {c: [j for j in jobs if (j["metadata"].get("labels") or {}).get(n.LABEL_COMPONENT) == c]
+                        for c in (n.COMPONENT_EVALUATOR, n.COMPONENT_SEALER)}
+        ps.sealers = by_component[n.COMPONENT_SEALER]
+        table = ps.table = observe(len(ps.plans), pods, by_component[n.COMPONENT_EVALUATOR], succeeded)
+        ps.decided = decide(
             table,
-            has_evaluator=spec.evaluator is not None or harbor is not None,
+            has_evaluator=spec.evaluator is not None or ps.harbor is not None,
             parallelism=spec.parallelism,
             max_retries=spec.max_retries,
-            now=now.timestamp(),
+            now=ps.now.timestamp(),
             backoff_base_s=self.cfg.retry_backoff_s,
             backoff_cap_s=self.cfg.retry_backoff_max_s,
-            may_start=may_start,
+            may_start=ps.inference.status == "True" and not spec.suspend and not ps.checked.refused,
             made_calls=lambda s: self._session_made_calls(job, s, table.failures.get(s, 0)),
         )
+        return True
 
-        # --- suspend: running sessions go away (Kueue preemption semantics); they rerun on resume
-        if spec.suspend:
-            for plist in table.alive.values():
-                for pod in plist:
-                    if budget <= 0:
-                        break
-                    self.kube.delete_pod(ns, pod["metadata"]["name"])
-                    budget -= 1
+    def suspend(self, ps: Pass) -> bool:
+        """A suspended job's running sessions go away (Kueue preemption semantics); they run again on resume."""
+        if not ps.job.spec.suspend:
+            return True
+        for pod in [p for plist in ps.table.alive.values() for p in plist][: max(0, ps.budget)]:
+            self.kube.delete_pod(namespace_of(ps.job), pod["metadata"]["name"])
+            ps.budget -= 1
+        return True
 
-        # --- network policies once per job (per operator process)
-        ensured = self._ensured.setdefault(self._uid(job), set())  # one reference (see _after_finish)
-        if "netpol" not in ensured and budget > 0:
-            reach = job_reach(job, self.cfg, self._bucket_creds(job), self.kube.get_service)
-            for policy in network_policies(job, reach, harbor):
+    def network_policies(self, ps: Pass) -> bool:
+        """The job's NetworkPolicies, once per job (per operator process): the bucket reached where the pods are
+        told it is (network_policy.job_reach)."""
+        ensured = self._ensured.setdefault(self._uid(ps.job), set())  # one reference (see _after_finish)
+        if "netpol" not in ensured and ps.budget > 0:
+            reach = job_reach(ps.job, self.cfg, self._bucket_creds(ps.job), self.kube.get_service)
+            for policy in network_policies(ps.job, reach, ps.harbor):
                 self.kube.create(policy)
-                budget -= 1
+                ps.budget -= 1
             ensured.add("netpol")
+        return True
 
-        # --- harness pods and evaluator Jobs
-        batch_pods = [harness_pod(job, self.cfg, plans[s], a, harbor=_task_of(harbor, job, s)) for s, a in p.need_pod[: max(0, budget)]]
-        budget -= len(batch_pods)
-        created_pods = self._create_harness_pods(batch_pods)
-        metrics.CHILDREN_CREATED.labels(n.COMPONENT_HARNESS).inc(created_pods)
-        if spec.evaluator is not None or harbor is not None:
-            evals_new = [evaluator_job(job, self.cfg, plans[s], harbor=_task_of(harbor, job, s)) for s in p.need_eval[: max(0, budget)]]
-            budget -= len(evals_new)
-            metrics.CHILDREN_CREATED.labels(n.COMPONENT_EVALUATOR).inc(sum(self.kube.create_many(evals_new)))
+    def start_sessions(self, ps: Pass) -> bool:
+        """The harness pods and evaluator Jobs the table asks for, each with its plan's ConfigMaps, within the
+        budget."""
+        job, plans, harbor = ps.job, ps.plans, ps.harbor
+        pods = [harness_pod(job, self.cfg, plans[s], a, harbor=_task_of(harbor, job, s))
+                for s, a in ps.decided.need_pod[: max(0, ps.budget)]]
+        ps.budget -= len(pods)
+        ps.created_pods = self._create_harness_pods(pods)
+        metrics.CHILDREN_CREATED.labels(n.COMPONENT_HARNESS).inc(ps.created_pods)
+        if job.spec.evaluator is not None or harbor is not None:
+            evals = [evaluator_job(job, self.cfg, plans[s], harbor=_task_of(harbor, job, s))
+                     for s in ps.decided.need_eval[: max(0, ps.budget)]]
+            ps.budget -= len(evals)
+            metrics.CHILDREN_CREATED.labels(n.COMPONENT_EVALUATOR).inc(
+                sum(body is not None for body in self._create_children(evals)))
+        return True
 
-        # --- sealing: fixed session sets per batch, recorded on the sealer Job itself
-        batches, seal_failed, unsealed, budget = self._batches(job, task_ids, plans, sealers, set(p.succeeded) | set(p.failed), budget,
-                                                             res)
+    def seal(self, ps: Pass) -> bool:
+        """Fixed session sets per batch, recorded on the sealer Job itself (sealing)."""
+        finished = set(ps.decided.succeeded) | set(ps.decided.failed)
+        task_ids = [t.id for t in self._tasks_of(ps.job, ps.harbor)]
+        ps.batches, ps.seal_failed, ps.unsealed, ps.budget = self._batches(ps.job, task_ids, ps.plans, ps.sealers,
+                                                                         finished, ps.budget, ps.res)
+        return True
 
-        # --- counters, phase, conditions
+    def report(self, ps: Pass) -> bool:
+        """Counters, phase and conditions (status.calculate_status), their Events, the job's metrics."""
+        job, p = ps.job, ps.decided
         # what the diagnostics made of the sealed sessions, from the recorded manifests (as `tracefleet run` counts)
-        diagnosed = sum((DiagnosticsCounts.from_json(b.diagnostics) for b in batches), DiagnosticsCounts())
-        outcomes = sum((OutcomeCounts.from_json(b.outcomes) for b in batches), OutcomeCounts())
+        diagnosed = sum((DiagnosticsCounts.from_json(b.diagnostics) for b in ps.batches), DiagnosticsCounts())
+        outcomes = sum((OutcomeCounts.from_json(b.outcomes) for b in ps.batches), OutcomeCounts())
         counts = Counters(
-            total=total,
-            running=p.running + created_pods,
-            succeeded=len(p.succeeded),
-            failed=len(p.failed),
-            traces=sum(b.traces for b in batches),
-            tokens=sum(b.tokens for b in batches),
-            judged=diagnosed.judged,
-            quarantined=diagnosed.quarantined,
-            dropped=diagnosed.dropped,
+            total=len(ps.plans), running=p.running + ps.created_pods, succeeded=len(p.succeeded), failed=len(p.failed),
+            traces=sum(b.traces for b in ps.batches), tokens=sum(b.tokens for b in ps.batches),
+            judged=diagnosed.judged, quarantined=diagnosed.quarantined, dropped=diagnosed.dropped,
             infrastructure=outcomes.infrastructure,
         )
-        counts.pending = max(0, total - counts.running - counts.succeeded - counts.failed)
-        policy = spec.diagnostics_policy
+        counts.pending = max(0, counts.total - counts.running - counts.succeeded - counts.failed)
+        policy = job.spec.diagnostics_policy
         new = calculate_status(Progress(
-            generation=job.metadata.generation or 0,
-            counts=counts,
-            inference=inference,
-            batches=batches,
-            spec_rejected=checked.refused,
-            seal_failed=seal_failed,
-            unsealed=unsealed,
-            suspended=spec.suspend,
-            terminating=table.terminating,
+            generation=job.metadata.generation or 0, counts=counts, inference=ps.inference, batches=ps.batches,
+            spec_rejected=ps.checked.refused, seal_failed=ps.seal_failed, unsealed=ps.unsealed,
+            suspended=job.spec.suspend, terminating=ps.table.terminating,
             quarantine=quarantine_condition(diagnosed, policy.max_quarantine_rate, policy.min_judged_sessions),
-        ), old, now, self.cfg.recent_batches)
+        ), ps.old, ps.now, self.cfg.recent_batches)
         new.dashboard_url = self.cfg.dashboard_page(job)
-        if new.dashboard_url and new.dashboard_url != old.dashboard_url:  # once: the next pass reads it in status
-            res.events.append((NORMAL, EVENT_DASHBOARD_URL, f"the job's dashboard: {new.dashboard_url}"))
-        res.events += condition_events(old.conditions, new.conditions or [])
-        if status_changed(old, new):
-            res.status = new
-        metrics.record_job(ns, job.name, new.phase or "", counts, diagnosed)
-        return res
+        if new.dashboard_url and new.dashboard_url != ps.old.dashboard_url:  # once: the next pass reads it in status
+            ps.res.events.append((NORMAL, EVENT_DASHBOARD_URL, f"the job's dashboard: {new.dashboard_url}"))
+        ps.res.events += condition_events(ps.old.conditions, new.conditions or [])
+        if status_changed(ps.old, new):
+            ps.res.status = new
+        metrics.record_job(namespace_of(job), job.name, new.phase or "", counts, diagnosed)
+        return True
 
     # ------------------------------------------------------------------ pieces
 
@@ -287,8 +346,14 @@ class Reconciler:
         view = self.harness.view(ns, job)
         return view.pods, view.succeeded
 
-    def _create_harness_pods(self, manifests: list[dict[str, Any]]) -> int:
-        created = [p for p in self.kube.create_all(manifests) if p is not None]
+    def _create_children(self, children: list[Child]) -> list[dict[str, Any] | None]:
+        """Create each child after the ConfigMaps holding its plan files (a ConfigMap already there is kept: its
+        child's name says which session and attempt, whose plan it holds)."""
+        self.kube.create_all([cm for child in children for cm in child.config_maps])
+        return self.kube.create_all([child.manifest for child in children])
+
+    def _create_harness_pods(self, children: list[Child]) -> int:
+        created = [p for p in self._create_children(children) if p is not None]
         if self.harness is not None:
             for pod in created:
                 self.harness.created(pod)
@@ -432,7 +497,7 @@ class Reconciler:
         for sessions in batches_to_seal(job, task_ids, finished, seen.assigned):
             if budget <= 0:
                 break
-            if self.kube.create(sealer_job(job, self.cfg, nxt, [plans[s.index] for s in sessions])):
+            if self._create_children([sealer_job(job, self.cfg, nxt, [plans[s.index] for s in sessions])])[0]:
                 metrics.CHILDREN_CREATED.labels(n.COMPONENT_SEALER).inc()
             budget -= 1
             nxt += 1

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracefleet.contract.job import RolloutJob
-from tracefleet.contract.semantics import PlannedSession, groups_per_batch, next_batches, session_plan
+from tracefleet.contract.semantics import SessionSlot, groups_per_batch, next_batches, session_slots
 from tracefleet.contract.sealed_batch import SealedBatch
 from tracefleet.operator import names as n
 from tracefleet.operator.session_table import job_condition
@@ -63,12 +63,12 @@ def observe_sealers(sealers: list[dict[str, Any]]) -> Sealers:
     return out
 
 
-def batches_to_seal(job: RolloutJob, task_ids: list[str], finished: set[int], assigned: set[int]) -> list[list[PlannedSession]]:
+def batches_to_seal(job: RolloutJob, task_ids: list[str], finished: set[int], assigned: set[int]) -> list[list[SessionSlot]]:
     """The sessions of each new batch: whole groups whose sessions all finished and none is assigned, in
     task order; the last, smaller batch once every session finished."""
     samples = job.spec.tasks.samples_per_task
-    plan = session_plan(job.name, task_ids, samples)
-    groups = [plan[t * samples : (t + 1) * samples] for t in range(len(task_ids))]
+    slots = session_slots(job.name, task_ids, samples)
+    groups = [slots[t * samples : (t + 1) * samples] for t in range(len(task_ids))]
     ready = [t for t, g in enumerate(groups) if all(p.index in finished and p.index not in assigned for p in g)]
     per_batch = groups_per_batch(job.spec.output.traces_per_batch, samples)
-    return [[p for t in batch for p in groups[t]] for batch in next_batches(ready, per_batch, final=len(finished) == len(plan))]
+    return [[p for t in batch for p in groups[t]] for batch in next_batches(ready, per_batch, final=len(finished) == len(slots))]

@@ -90,7 +90,9 @@ def backoff_s(failures: int, base: float, cap: float) -> float:
 
 
 @dataclass
-class Plan:
+class Decisions:
+    """What the table decides this pass: which sessions are done, which need a pod or an evaluator Job."""
+
     succeeded: list[int]
     failed: list[int]
     running: int
@@ -99,7 +101,7 @@ class Plan:
     waiting_retry: int
 
 
-def plan(
+def decide(
     t: SessionTable,
     *,
     has_evaluator: bool,
@@ -110,7 +112,7 @@ def plan(
     backoff_cap_s: float,
     may_start: bool,
     made_calls: Callable[[int], bool] = lambda s: False,
-) -> Plan:
+) -> Decisions:
     """`made_calls(s)`: whether session s's latest failed attempt made a model call; such a failure is
     data and is not retried (tracefleet.contract.semantics.should_retry)."""
     succeeded: list[int] = []
@@ -144,4 +146,4 @@ def plan(
         if may_start and slots > 0:
             need_pod.append((s, t.next_attempt.get(s, 0)))
             slots -= 1
-    return Plan(succeeded, failed, running, need_eval, need_pod, waiting)
+    return Decisions(succeeded, failed, running, need_eval, need_pod, waiting)

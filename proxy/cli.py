@@ -12,6 +12,8 @@ from pydantic import ValidationError
 from tracefleet.contract import environment, podenv
 from tracefleet.contract.engine_limits import (CONNECT_FLAG, FIRST_TOKEN_FLAG, INTER_TOKEN_FLAG, LOGPROBS_MODE_FLAG,
                                                LOGPROBS_MODES, TOTAL_FLAG, EngineLimits)
+from tracefleet.contract.podenv import PodEnvError, ProxySidecarEnv
+from tracefleet.contract.proxy_plan import ProxyPlan
 from tracefleet.contract.sampling import TEMPERATURE_FLAG, TOP_K_FLAG, TOP_P_FLAG, SamplingOverride
 
 ENGINE_API_KEY_ENV = podenv.ENGINE_API_KEY
@@ -101,7 +103,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "         curl -XPOST -H 'authorization: Bearer '$TOKEN localhost:4000/admin/sessions"
     )
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--engine", required=True, metavar="URL", help="engine base URL, e.g. http://127.0.0.1:8000 (no /v1)")
+    parser.add_argument("--engine", metavar="URL", help="engine base URL, e.g. http://127.0.0.1:8000 (no /v1); required "
+                        "unless --in-pod")
+    parser.add_argument("--in-pod", action="store_true",
+                        help="a harness pod's sidecar: the job's settings and the session come whole from the pod's plan "
+                             "(tracefleet.contract.podenv.ProxySidecarEnv, as the operator writes it), not from flags")
     parser.add_argument("--capture-dir", required=True, type=Path, metavar="DIR", help="where <session_id>.jsonl capture logs go")
     parser.add_argument("--admin-token", default=os.environ.get(environment.ADMIN_TOKEN), metavar="T",
                         help="bearer token for /admin/* (default: $TRACEFLEET_ADMIN_TOKEN; sidecar mode with --session and "
@@ -148,6 +154,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the harness's artifacts folder uploaded with --upload-to (default /artifacts; skipped if absent)")
 
 
+def _planned(args: argparse.Namespace) -> tuple[ProxyPlan, list[str], str | None]:
+    """(the proxy's plan, its --session ID:SECRET arguments, where it uploads): in a pod, whole from the pod's plan and
+    its secret variable; else from the flags. ValueError or PodEnvError: one line saying what is wrong."""
+    if args.in_pod:
+        if args.engine or args.session or args.upload_to:
+            raise ValueError("--in-pod takes the engine, the session and the upload folder from the pod's plan: "
+                             "drop --engine, --session and --upload-to")
+        pod = ProxySidecarEnv.from_env()
+        return pod.plan.proxy, [f"{pod.plan.session_id}:{pod.session_secret}"], pod.plan.upload_to
+    if not args.engine:
+        raise ValueError("--engine URL is required (or --in-pod, in a harness pod)")
+    try:
+        plan = ProxyPlan(engine_url=args.engine, mode=args.mode, served_model=args.served_model,
+                         tokenizer=args.model_path, model_family=args.model_family, tool_parser=args.tool_parser,
+                         engine_limits=engine_limits(args), logprobs_mode=args.logprobs_mode,
+                         sampling=SamplingOverride(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k),
+                         policy_version=args.policy_version)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise ValueError(f"--{str(error['loc'][-1]).replace('_', '-')}: {error['msg']}") from None
+    return plan, args.session, args.upload_to
+
+
 def main(args: argparse.Namespace) -> int:
     from tracefleet.sockets import listening_socket, write_port_file
 
@@ -155,6 +184,12 @@ def main(args: argparse.Namespace) -> int:
     from tracefleet.proxy.config import PresetSession, ProxyConfig
     from tracefleet.proxy.server import proxy_server
 
+    try:
+        plan, session_args, upload_to = _planned(args)
+    except (PodEnvError, ValueError) as exc:
+        print(f"tracefleet proxy: {exc}")
+        return 2
+    args.session = session_args
     if not args.admin_token and args.session:
         # Sidecar mode: its sessions are given on the command line; nobody needs the admin API, so it
         # gets a token no one knows instead of being open.
@@ -172,27 +207,18 @@ def main(args: argparse.Namespace) -> int:
             return 2
         sessions.append(PresetSession(session_id=sid, secret=secret))
     try:
-        sampling = SamplingOverride(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        print(f"tracefleet proxy: --{str(error['loc'][0]).replace('_', '-')}: {error['msg']}")
-        return 2
-    try:
         key = engine_api_key(args.engine_api_key_file)
     except OSError as exc:
         print(f"tracefleet proxy: --engine-api-key-file: {exc}")
         return 2
-    problem = engine_version_problem(args.engine, key)
+    problem = engine_version_problem(plan.engine_url, key)
     if problem:
         print(f"tracefleet proxy: {problem}", flush=True)
         return 2
-    config = ProxyConfig(
-        engine_url=args.engine, engine_api_key=key, capture_dir=args.capture_dir, admin_token=args.admin_token, mode=args.mode,
-        model_path=args.model_path, model_family=args.model_family, tool_parser=args.tool_parser,
-        served_model=args.served_model, max_body_bytes=int(args.max_body_mb * 1024 * 1024), keepalive_s=args.keepalive_s,
-        pause_max_wait_s=args.pause_max_wait_s, engine_limits=engine_limits(args), logprobs_mode=args.logprobs_mode,
-        policy_version=args.policy_version, sessions=sessions,
-        upload_to=args.upload_to, artifacts_dir=args.artifacts_dir, sampling=sampling,
+    config = ProxyConfig.from_plan(
+        plan, engine_api_key=key, capture_dir=args.capture_dir, admin_token=args.admin_token,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024), keepalive_s=args.keepalive_s,
+        pause_max_wait_s=args.pause_max_wait_s, sessions=sessions, upload_to=upload_to, artifacts_dir=args.artifacts_dir,
     )
     try:
         app = create_app(config)
@@ -207,7 +233,7 @@ def main(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     if args.port_file:
         write_port_file(args.port_file, port)
-    print(f"tracefleet proxy listening on http://{args.host}:{port} -> engine {args.engine}, capture {args.capture_dir}",
+    print(f"tracefleet proxy listening on http://{args.host}:{port} -> engine {plan.engine_url}, capture {args.capture_dir}",
           flush=True)
     # What start-up built (FastAPI, pydantic schemas, the tokenizer) lives as long as the process:
     # frozen out of the collector, so periodic full collections stop walking it on the call path

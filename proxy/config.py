@@ -1,13 +1,16 @@
-"""Proxy configuration (`tracefleet proxy` flags map 1:1 onto these fields)."""
+"""Proxy configuration: what the job planned (tracefleet.contract.proxy_plan.ProxyPlan) and the place's own inputs
+(where it keeps captures, its admin token, its sessions). `tracefleet proxy` makes the plan from its flags, or takes
+it whole in a pod (`--in-pod`); `tracefleet run` takes it from the planner."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from tracefleet.contract.engine_limits import EngineLimits, StatedLogprobsMode
+from tracefleet.contract.proxy_plan import ProxyPlan
 from tracefleet.contract.sampling import SamplingOverride
 
 
@@ -51,3 +54,12 @@ class ProxyConfig(BaseModel):
     sessions: list[PresetSession] = Field(default_factory=list)
     upload_to: str | None = None  # sidecar: bucket prefix (s3://... or a directory) for capture + artifacts on stop
     artifacts_dir: Path | None = None  # uploaded under <upload_to>/artifacts/
+
+    @classmethod
+    def from_plan(cls, plan: ProxyPlan, **place: Any) -> ProxyConfig:
+        """The configuration of a proxy that runs `plan`; `place`: this proxy's own fields (capture_dir, admin_token,
+        sessions, upload_to, ...)."""
+        return cls(engine_url=plan.engine_url, mode=plan.mode, served_model=plan.served_model, model_path=plan.tokenizer,
+                   model_family=plan.model_family, tool_parser=plan.tool_parser, engine_limits=plan.engine_limits,
+                   logprobs_mode=plan.logprobs_mode, sampling=plan.sampling, policy_version=plan.policy_version,
+                   **place)

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi.responses import Response
 
-from tracefleet.proxy.call import CallContext, Flight, call_error
-from tracefleet.proxy.dialects import StreamWriter
+from tracefleet.proxy.call import CallContext, Flight, Flights, call_error
+from tracefleet.proxy.config import ProxyConfig
+from tracefleet.proxy.dialects import DialectCodec, StreamWriter
 from tracefleet.proxy.errors import ProxyError
 
-if TYPE_CHECKING:
-    from tracefleet.proxy.pipeline import Proxy
+
+class Streaming(Protocol):
+    """What a stream needs of the proxy (tracefleet.proxy.pipeline.Proxy, which makes the streams)."""
+
+    flights: Flights
+    config: ProxyConfig
+
+    def error_response(self, dialect: DialectCodec, err: ProxyError, count: bool = True) -> Response: ...
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -33,7 +40,7 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, proxy: Proxy, ctx: CallContext) -> None:
+    def __init__(self, proxy: Streaming, ctx: CallContext) -> None:
         self.status_code = 200
         self.background = None
         self.init_headers(_SSE_HEADERS)

@@ -43,7 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--in-pod", action="store_true",
                         help="run ONE session inside a harness pod the operator created (no JOB.yaml: task, preset, "
                         "proxy URL and secret come from the TRACEFLEET_* env it sets; artifacts go to "
-                        "$TRACEFLEET_ARTIFACTS_DIR for the proxy sidecar to upload); see tracefleet.runner.pod.harness_pod")
+                        "$TRACEFLEET_ARTIFACTS_DIR for the proxy sidecar to upload); see tracefleet.runner.pod.in_pod")
     parser.add_argument("--output", "-o", metavar="URI",
                         help="where batches go: a local directory or s3://BUCKET/PREFIX (default: spec.output.uri)")
     parser.add_argument("--engine-url", metavar="URL",
@@ -91,7 +91,7 @@ def check_job_file(job: Path | None) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     if args.in_pod:
-        from tracefleet.runner.pod.harness_pod import main as pod_main
+        from tracefleet.runner.pod.in_pod import main as pod_main
 
         return pod_main()
     from tracefleet.runner.local import Acceptance, LocalOptions, run_local

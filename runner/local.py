@@ -31,17 +31,17 @@ from typing import TYPE_CHECKING, Any, Callable, TextIO
 from urllib.parse import urlsplit
 
 from tracefleet.contract import layout
-from tracefleet.contract.job import Counters
+from tracefleet.contract.job import Counters, RolloutJob
 from tracefleet.contract.progress import LOCAL, DriverProcess, JobProgress, eta_seconds
 from tracefleet.contract.semantics import (
     QUARANTINE_RATE_EXCEEDED,
     QuarantineVerdict,
-    evaluator_type,
     groups_per_batch,
     quarantine_verdict,
     should_retry,
 )
-from tracefleet.contract.plan import job_tasks_of, plan_sessions, read_tasks
+from tracefleet.contract.plan import job_tasks_of, plan_proxy, plan_sessions, task_specs
+from tracefleet.contract.proxy_plan import ProxyPlan
 from tracefleet.runner.failures import failure_line, outcomes_line, run_verdict, status_line
 from tracefleet.runner.learning_signal import learning_signal_line
 from tracefleet.runner.preflight import PreflightError, preflight
@@ -55,6 +55,9 @@ from tracefleet.runner.task import Task, harbor_tasks, with_image
 
 if TYPE_CHECKING:
     from tracefleet.runner.containers.place import ContainerPlace
+    from tracefleet.runner.containers.runtime import ContainerRuntime
+    from tracefleet.runner.services import EngineProcess
+    from tracefleet.runner.sink import BatchSink
 
 # <job>/progress.json at least this often while sessions run (and when one finishes): its heartbeat
 PUBLISH_EVERY_S = 5.0
@@ -172,16 +175,12 @@ class RunProgress:
         )
 
 
-def job_tasks(job: Any, base_dir: Path, source_root: Path | None = None) -> list[Task]:
+def job_tasks(job: RolloutJob, base_dir: Path, source_root: Path | None = None) -> list[Task]:
     """The job's tasks as runner tasks. Inline tasks, a local/s3 JSONL file, or Harbor task folders (a tarball or
     an s3:// source is unpacked into a new folder under `source_root`, default the system's temporary folder);
     ConfigMaps need a cluster."""
     spec = job.spec
-    if spec.tasks.inline:
-        api_tasks = list(spec.tasks.inline)
-    elif spec.tasks.uri:
-        api_tasks = read_tasks(_read_uri(spec.tasks.uri, base_dir), f"spec.tasks.uri {spec.tasks.uri}")
-    elif spec.tasks.harbor:
+    if spec.tasks.harbor:
         from tracefleet.harbor.sources import open_source
 
         source = spec.tasks.harbor
@@ -196,9 +195,10 @@ def job_tasks(job: Any, base_dir: Path, source_root: Path | None = None) -> list
             raise ValueError(f"spec.tasks.harbor.uri: {source.uri}: no Harbor task folder"
                              + (f" matching {', '.join(source.include)}" if source.include else ""))
         return tasks
-    else:
+    if spec.tasks.config_map_ref:
         raise ValueError("spec.tasks.configMapRef needs a cluster; in local mode use tasks.inline or tasks.uri")
-    return [t.resolved(base_dir) for t in job_tasks_of(job, api_tasks)]
+    text = _read_uri(spec.tasks.uri, base_dir) if spec.tasks.uri else None
+    return [t.resolved(base_dir) for t in job_tasks_of(job, task_specs(job, text))]
 
 
 def _read_uri(uri: str, base_dir: Path) -> str:
@@ -241,7 +241,7 @@ class LocalRun:
         self.netns_mode = "off"
         self._tty = bool(getattr(out, "isatty", lambda: False)())
         self._quarantine_exceeded = False  # the QuarantineRateExceeded condition, as last reported
-        self._runtime: Any = None  # the container runtime, when a Harbor task runs in its image
+        self._runtime: ContainerRuntime | None = None  # the container runtime, when a Harbor task runs in its image
         self._containers = 0  # sessions that run in their task's container
 
     # ------------------------------------------------------------------ Harbor tasks' images
@@ -283,7 +283,7 @@ class LocalRun:
 
     # ------------------------------------------------------------------ pieces
 
-    def _engine(self) -> tuple[str, Any, str | None]:
+    def _engine(self) -> tuple[str, EngineProcess | None, str | None]:
         """(engine url, engine process or None, model name to request)."""
         inference = self.job.spec.inference
         external = self.options.engine_url or (inference.external.base_url if inference.external else None)
@@ -318,14 +318,19 @@ class LocalRun:
                                   max_model_len=context)
         return engine.url, engine, local
 
-    def _logprobs_mode(self) -> str | None:
-        """What kind of logprobs the engine reports, where this run knows it: stated on the command line, or by
-        the job for its external engine. None: the proxy asks the engine (the CPU engine this run starts says
-        processed_logprobs on /v1/models: tracefleet.engine.llama)."""
+    def proxy_plan(self, engine_url: str, model: str | None) -> ProxyPlan:
+        """The job's proxy, planned by the contract's one planner (tracefleet.contract.plan.plan_proxy, as the operator
+        plans it), with what this command line overrides: the engine limits and the logprobs kind it states. An engine
+        other than the job's (the CPU engine in place of a managed one, --engine-url) is not the one the job states
+        things of: its logprobs kind is asked of it (the CPU engine says processed_logprobs on /v1/models:
+        tracefleet.engine.llama), its tokenizer is the served model's or the engine's own `root`."""
+        plan = plan_proxy(self.job, model, engine_url)
+        update: dict[str, Any] = {"engine_limits": plan.engine_limits.model_copy(update=self.options.engine_timeouts)}
+        if self.options.engine_url or self.job.spec.inference.managed is not None:
+            update.update(logprobs_mode=None, tokenizer=self.job.spec.inference.capture.tokenizer)
         if self.options.logprobs_mode:
-            return self.options.logprobs_mode
-        external = self.job.spec.inference.external
-        return external.logprobs_mode if external is not None and not self.options.engine_url else None
+            update["logprobs_mode"] = self.options.logprobs_mode
+        return ProxyPlan.model_validate({**plan.model_dump(), **update})
 
     def _check_diagnostics(self) -> None:
         """spec.diagnostics' hooks import and their names resolve before any session runs (a mistake there
@@ -337,7 +342,7 @@ class LocalRun:
         except (ImportError, AttributeError, ValueError) as exc:
             raise SystemExit(f"spec.diagnostics: {type(exc).__name__}: {exc}") from None
 
-    def _quarantine(self, sink: Any) -> QuarantineVerdict:
+    def _quarantine(self, sink: BatchSink) -> QuarantineVerdict:
         """The job's QuarantineRateExceeded condition over its sealed batches (tracefleet.contract.semantics, as
         the operator decides it); one WARNING line when it becomes true, as the operator's Warning Event."""
         policy = self.job.spec.diagnostics_policy
@@ -400,26 +405,12 @@ class LocalRun:
         if problems:
             raise PreflightError(problems)
         engine_url, engine, model_hint = self._engine()
-        capture = spec.inference.capture
         proxy = bridge = None
         try:
             tasks = self._task_images(tasks)  # after the engine answered: a job that cannot run builds nothing
             self._containers = sum(1 for t in tasks if t.harbor is not None and t.harbor.image and not t.harbor.refusal)
-            proxy = InProcessProxy(
-                engine_url=engine_url,
-                capture_dir=self.work_dir / "capture" / run_id,
-                mode=capture.mode,
-                served_model=model_hint,
-                # None: the served name when it names a tokenizer here, else the engine's own `root`
-                # (tracefleet.proxy.mode.engine_named_model)
-                model_path=capture.tokenizer,
-                model_family=capture.model_family,
-                tool_parser=capture.tool_parser,
-                policy_version=spec.inference.policy_version,
-                engine_limits=spec.inference.engine_timeouts.limits().model_copy(update=self.options.engine_timeouts),
-                logprobs_mode=self._logprobs_mode(),
-                sampling=spec.inference.sampling.override(),
-            ).start()
+            proxy = InProcessProxy(self.proxy_plan(engine_url, model_hint),
+                                   capture_dir=self.work_dir / "capture" / run_id).start()
             decision = proxy.mode_decision
             self._say(f"capture mode {decision.mode} ({decision.reason})")
             sock = self.work_dir / f"proxy-{run_id}.sock"
@@ -484,7 +475,7 @@ class LocalRun:
                                    socket=sock, tools=self.work_dir / "tools" / run_id, stop=self.stop)
         return (lambda plan: container if runs_in_container(plan) else host), container
 
-    def _schedule(self, todo: list[SessionPlan], place_of: Callable[[SessionPlan], Place], sink: Any,
+    def _schedule(self, todo: list[SessionPlan], place_of: Callable[[SessionPlan], Place], sink: BatchSink,
                   progress: RunProgress, progress_writer: ProgressWriter) -> bool:
         parallelism = max(1, self.options.parallelism or self.job.spec.parallelism)
         interrupted = False
@@ -558,7 +549,7 @@ class LocalRun:
         queue.append(plan.model_copy(update={"attempt": plan.attempt + 1}))
         return True
 
-    def _record(self, run: SessionRun, sink: Any, progress: RunProgress) -> None:
+    def _record(self, run: SessionRun, sink: BatchSink, progress: RunProgress) -> None:
         result = run.result
         self.results.append(run)
         progress.calls += result.calls
@@ -596,7 +587,7 @@ class LocalRun:
         else:
             print(f"tracefleet: {progress.line()}", file=self.out, flush=True)
 
-    def _summary(self, progress: RunProgress, sink: Any, interrupted: bool) -> None:
+    def _summary(self, progress: RunProgress, sink: BatchSink, interrupted: bool) -> None:
         p = progress
         if self._tty:
             print(file=self.out)

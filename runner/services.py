@@ -17,8 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from tracefleet.contract.engine_limits import EngineLimits
-from tracefleet.contract.sampling import SamplingOverride
+from tracefleet.contract.proxy_plan import ProxyPlan
 from tracefleet.process_group import die_with_parent
 
 
@@ -117,31 +116,16 @@ def start_cpu_engine(model: str, log: Path, *, threads: int = 1, timeout_s: floa
 
 
 class InProcessProxy:
-    """The capture proxy (`tracefleet.proxy.app.create_app`) served by uvicorn on a thread."""
+    """The capture proxy (`tracefleet.proxy.app.create_app`) served by uvicorn on a thread, running the job's
+    ProxyPlan (tracefleet.contract.plan.plan_proxy)."""
 
-    def __init__(self, *, engine_url: str, capture_dir: Path, mode: str, served_model: str | None,
-                 policy_version: int = 0, model_path: str | None = None, model_family: str | None = None,
-                 tool_parser: str | None = None, engine_limits: EngineLimits | None = None,
-                 logprobs_mode: str | None = None, sampling: SamplingOverride | None = None) -> None:
+    def __init__(self, plan: ProxyPlan, *, capture_dir: Path) -> None:
         from tracefleet.proxy.app import create_app
         from tracefleet.proxy.config import ProxyConfig
         from tracefleet.proxy.server import proxy_server
 
         self.admin_token = secrets.token_urlsafe(24)
-        self.config = ProxyConfig(
-            engine_url=engine_url,
-            capture_dir=capture_dir,
-            admin_token=self.admin_token,
-            mode=mode,  # type: ignore[arg-type]
-            served_model=served_model,
-            model_path=model_path,
-            model_family=model_family,
-            tool_parser=tool_parser,
-            policy_version=policy_version,
-            logprobs_mode=logprobs_mode,
-            **({"sampling": sampling} if sampling is not None else {}),
-            **({"engine_limits": engine_limits} if engine_limits is not None else {}),
-        )
+        self.config = ProxyConfig.from_plan(plan, capture_dir=capture_dir, admin_token=self.admin_token)
         self.port = free_port()
         app = create_app(self.config)
         self.mode_decision = app.state.proxy.mode_decision

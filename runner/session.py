@@ -20,8 +20,8 @@ A `Place` is where the session runs; the program asks it only for:
     finish(result, folders)  write result.json where this place's readers look
 
     HostPlace (here)                 the in-process proxy, an optional loopback-only net namespace; judges
-    PodPlace (runner.pod.harness)    the proxy sidecar, artifacts uploaded by it; the evaluator Job judges
-                                     (runner.pod.evaluate) and the sealer builds (runner.pod.seal), with
+    PodPlace (runner.pod.harness_pod) the proxy sidecar, artifacts uploaded by it; the evaluator Job judges
+                                     (runner.pod.evaluator_job) and the sealer builds (runner.pod.sealer_job), with
                                      `judge` / `evidence_of` / tracing.outcome_of below, as here
     ContainerPlace                   a Harbor task's own image (runner.containers.place): HostPlace, with
                                      `run` wrapping the argv in `podman run` of the task's image (HOME and
@@ -41,7 +41,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 from tracefleet.contract import layout
 from tracefleet.contract.session import (
@@ -51,6 +52,7 @@ from tracefleet.contract.session import (
     SessionResult,
     SessionStatus,
     Stage,
+    Task,
 )
 from tracefleet.contract.semantics import JUDGE_ATTEMPTS
 from tracefleet.diagnostics.evidence import HarnessEvidence, SessionEvidence, read_tail, session_evidence
@@ -59,7 +61,11 @@ from tracefleet.runner.evaluators import EvalContext, get_evaluator
 from tracefleet.runner.failures import HARNESS_EXITED, harness_reason
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, run_sandboxed, workdir_view_available
-from tracefleet.runner.workspace import WorkspaceError, prepare_workspace, workspace_patch
+from tracefleet.runner.presets.base import HarnessLaunch
+from tracefleet.runner.workspace import PreparedWorkspace, WorkspaceError, prepare_workspace, workspace_patch
+
+if TYPE_CHECKING:
+    from tracefleet.traces.schema import Trace
 
 REJUDGE_PAUSE_S = 1.0  # before judging again a session whose judging was unavailable (a runtime hiccup passes)
 
@@ -70,7 +76,7 @@ __all__ = ["HarnessConfig", "SessionPlan", "SessionResult", "SessionRun", "Place
 @dataclass
 class SessionRun:
     result: SessionResult
-    traces: list[Any] = field(default_factory=list)  # built traces, ready for sealing
+    traces: list[Trace] = field(default_factory=list)  # built traces, ready for sealing
     evidence: SessionEvidence | None = None  # what the diagnostics read (tracefleet.diagnostics)
 
 
@@ -124,23 +130,22 @@ def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
         timings[stage] = round(time.monotonic() - started, 4)
 
 
-def harness_launch(plan: SessionPlan, *, workdir: Path, home: Path, base_url: str, api_key: str) -> Any:
+def harness_launch(plan: SessionPlan, *, workdir: Path, home: Path, base_url: str, api_key: str) -> HarnessLaunch:
     """The preset's HarnessLaunch (argv, env, files) for this session."""
     from tracefleet.runner.presets import get_preset
 
     preset = get_preset(plan.harness.preset)
-    kwargs: dict[str, Any] = dict(
-        prompt=plan.task.prompt, workdir=workdir, home=home, base_url=base_url, api_key=api_key, model=plan.model
-    )
+    endpoint = {"prompt": plan.task.prompt, "workdir": workdir, "home": home, "base_url": base_url, "api_key": api_key,
+                "model": plan.model}
     if plan.harness.command:
-        kwargs["command"] = list(plan.harness.command)
-    return preset.launch(**kwargs)
+        return preset.launch(**endpoint, command=list(plan.harness.command))  # type: ignore[call-arg]  # command preset
+    return preset.launch(**endpoint)
 
 
 # ---- the stages
 
 
-def prepare_stage(plan: SessionPlan, work: Path) -> Any:
+def prepare_stage(plan: SessionPlan, work: Path) -> PreparedWorkspace:
     """The session's workspace (the task's repository, set up). A task refused before the run (a Harbor folder with
     a problem, an image that did not build) fails here with its one line."""
     if plan.task.harbor is not None and plan.task.harbor.refusal:
@@ -151,7 +156,7 @@ def prepare_stage(plan: SessionPlan, work: Path) -> Any:
         raise StageFailed("prepare", "timeout" if "timed out" in str(exc) else "error", str(exc)) from exc
 
 
-def launch_stage(plan: SessionPlan, *, workdir: Path, home: Path, endpoint: SessionEndpoint) -> Any:
+def launch_stage(plan: SessionPlan, *, workdir: Path, home: Path, endpoint: SessionEndpoint) -> HarnessLaunch:
     """The preset's launch, its HOME files written."""
     try:
         launch = harness_launch(plan, workdir=workdir, home=home, base_url=endpoint.base_url, api_key=endpoint.api_key)
@@ -180,7 +185,8 @@ def wait_stage(proc: ProcessResult, plan: SessionPlan, result: SessionResult, *,
         raise StageFailed("harness", "error", f"{HARNESS_EXITED}{proc.exit_code}" + (f": {reason}" if reason else ""))
 
 
-def collect_stage(workspace: Any, dest: Path, result: SessionResult, diff: Any = None) -> str:
+def collect_stage(workspace: PreparedWorkspace, dest: Path, result: SessionResult,
+                  diff: Callable[[], str] | None = None) -> str:
     """The workspace's diff against its base commit, written to dest/session.patch (after any outcome:
     nothing the harness did is lost). `diff`: the place's own (a container's working directory against its
     image's), when the harness worked elsewhere than in `workspace`."""
@@ -212,14 +218,14 @@ def judge(plan: SessionPlan, ctx: EvalContext) -> EvalOutcome:
     return outcome
 
 
-def eval_context(plan: SessionPlan, workspace: Any, patch: str, session_dir: Path, result: SessionResult,
+def eval_context(plan: SessionPlan, workspace: PreparedWorkspace, patch: str, session_dir: Path, result: SessionResult,
                  harness_stdout: Path) -> EvalContext:
     return EvalContext(task=plan.task, workspace=workspace, patch=patch, session_dir=session_dir,
                        harness_exit_code=result.harness_exit_code, harness_stdout=harness_stdout,
                        metadata={"session_id": plan.session_id, "sample_index": plan.sample_index})
 
 
-def evidence_of(result: SessionResult, *, task: Any, capture: str | Path | None, patch: str, stderr: Path,
+def evidence_of(result: SessionResult, *, task: Task | dict[str, str], capture: str | Path | None, patch: str, stderr: Path,
                 policy_version: int | None) -> SessionEvidence:
     """The session's evidence for the diagnostics, from its judged result (here, in the evaluator Job,
     and in the sealer for a session that was never judged)."""
@@ -245,7 +251,7 @@ def run(plan: SessionPlan, place: Place) -> SessionRun:
     started = time.monotonic()
     deadline = started + plan.harness.timeout_s
     connected = False
-    workspace = None
+    workspace: PreparedWorkspace | None = None
     stdout, stderr = folders.artifacts / layout.HARNESS_STDOUT, folders.artifacts / layout.HARNESS_STDERR
     try:
         with _timed(timings, "prepare"):
@@ -286,7 +292,8 @@ def run(plan: SessionPlan, place: Place) -> SessionRun:
     return done
 
 
-def _judge_here(plan: SessionPlan, result: SessionResult, workspace: Any, patch: str, folders: SessionFolders) -> SessionRun:
+def _judge_here(plan: SessionPlan, result: SessionResult, workspace: PreparedWorkspace | None, patch: str,
+                folders: SessionFolders) -> SessionRun:
     """evaluate → evidence → traces, where the session ran."""
     if result.status == "completed" and workspace is not None:
         with _timed(result.timings, "evaluate"):
@@ -303,7 +310,7 @@ def _judge_here(plan: SessionPlan, result: SessionResult, workspace: Any, patch:
     except Exception as exc:  # noqa: BLE001 - the build below reads the same capture and fails closed
         result.error = f"{result.error + '; ' if result.error else ''}evidence: {type(exc).__name__}: {exc}"
     # Every finished session is sealed, with or without a capture (tracefleet.contract.semantics).
-    traces: list[Any] = []
+    traces: list[Trace] = []
     with _timed(result.timings, "build"):
         try:
             from tracefleet.runner.tracing import build_session_traces

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tracefleet.contract import environment, layout
 from tracefleet.contract.job import is_remote
+from tracefleet.contract.semantics import SETUP_TIMEOUT_S
 from tracefleet.runner.task import Task
 
 GIT_IDENTITY = {
@@ -124,7 +125,7 @@ def _run_setup(task: Task, cwd: Path, timeout_s: float, log: Path) -> None:
                 raise WorkspaceError(f"task {task.id}: setup command exited {done.returncode}: {command} (see {log})")
 
 
-def prepare_workspace(task: Task, session_dir: Path, *, setup_timeout_s: float = 600) -> PreparedWorkspace:
+def prepare_workspace(task: Task, session_dir: Path, *, setup_timeout_s: float = SETUP_TIMEOUT_S) -> PreparedWorkspace:
     """Build original/ (source + setup, committed as base) and workdir/ (the harness's copy)."""
     session_dir.mkdir(parents=True, exist_ok=True)
     original = session_dir / layout.ORIGINAL

@@ -41,7 +41,7 @@ class DemoSet:
 def demo_tasks(job: Any, base_dir: Path, count: int) -> list[Any]:
     """The first `count` of the job's tasks (TaskSpec), each a generated task a script can solve."""
     from tracefleet.trainer.filetasks import FAMILY
-    from tracefleet.trainer.loop import job_tasks
+    from tracefleet.trainer.jobs import job_tasks
 
     tasks = job_tasks(job, base_dir)[:count]
     plain = [t.id for t in tasks if (t.metadata or {}).get("family") != FAMILY]
@@ -59,7 +59,7 @@ def record(job_path: Path, out: Path, count: int, *, parallelism: int | None = N
     from tracefleet.runner.local import LocalOptions, LocalRun
     from tracefleet.runner.services import start_cpu_engine
     from tracefleet.trainer.filetasks import demo_script, task_of
-    from tracefleet.trainer.loop import trained_model, with_tasks
+    from tracefleet.trainer.jobs import trained_model, with_tasks
 
     job = load_job(job_path)
     base_dir = job_path.resolve().parent

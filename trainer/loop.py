@@ -38,12 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from tracefleet.trainer.jobs import TRAIN_MODELS, job_tasks, trained_model, with_tasks
 from tracefleet.usage import UsageError
 
 CONSUMER = "tracefleet-train"
 ROUND_SEP = "-r"  # a repeated task's id: <task id>-r<round>
 KEEP_CHECKPOINTS = 2  # the newest checkpoints kept on disk (each is the whole model: ~0.5 GB for SmolLM2)
-TRAIN_MODELS = ("smollm2",)  # shipped models the trainer can load from vLLM's converted directory
 POLL_S = 1.0
 # the top decoder layers trained by default: a step's backward pass and the checkpoint a sync reloads stay
 # small enough for 2 CPU cores (SmolLM2 has 30)
@@ -157,32 +157,6 @@ def repeated_job(job: Any, base_dir: Path, rounds: int, traces_per_step: int | N
     return with_tasks(job, repeated, spec.tasks.samples_per_task, traces_per_step or spec.output.traces_per_batch)
 
 
-def job_tasks(job: Any, base_dir: Path) -> list[Any]:
-    """The job's tasks (TaskSpec), inline or from a local spec.tasks.uri file (relative to `base_dir`)."""
-    from tracefleet.contract.plan import read_tasks
-
-    spec = job.spec
-    if spec.tasks.inline:
-        return list(spec.tasks.inline)
-    if spec.tasks.uri and "://" not in spec.tasks.uri:
-        path = Path(spec.tasks.uri)
-        return read_tasks((path if path.is_absolute() else base_dir / path).read_text(), f"spec.tasks.uri {spec.tasks.uri}")
-    raise UsageError("tracefleet train reads the job's tasks: give them as spec.tasks.inline or a local "
-                     "spec.tasks.uri file")
-
-
-def with_tasks(job: Any, tasks: list[Any], samples_per_task: int, traces_per_batch: int, name: str | None = None) -> Any:
-    """`job` running `tasks` inline, `samples_per_task` each, sealed `traces_per_batch` per batch (renamed `name`)."""
-    from tracefleet.contract.job import Tasks
-
-    spec = job.spec
-    output = spec.output.model_copy(update={"traces_per_batch": traces_per_batch})
-    new_spec = spec.model_copy(update={"tasks": Tasks(inline=tasks, samples_per_task=samples_per_task), "output": output})
-    update: dict[str, Any] = {"spec": new_spec}
-    if name is not None:
-        update["metadata"] = job.metadata.model_copy(update={"name": name})
-    return job.model_copy(update=update)
-
 
 def check_job(path: Path, what: str) -> None:
     from tracefleet.runner.cli import check_job_file
@@ -190,18 +164,6 @@ def check_job(path: Path, what: str) -> None:
     problems = check_job_file(path)
     if problems:
         raise UsageError(f"{what}: " + "; ".join(problems))
-
-
-def trained_model(job: Any) -> str:
-    from tracefleet.runner.local import LOCAL_MODEL_ALIASES
-
-    managed = job.spec.inference.managed
-    name = LOCAL_MODEL_ALIASES.get(managed.model) if managed is not None else None
-    if name not in TRAIN_MODELS:
-        model = managed.model if managed is not None else "an external engine"
-        raise UsageError(f"tracefleet train trains a shipped model on this machine ({', '.join(TRAIN_MODELS)}); "
-                         f"the job serves {model!r}")
-    return name
 
 
 def check_sampling(job: Any, what: str) -> None:

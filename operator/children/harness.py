@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 from typing import Any
 
 from tracefleet.contract import layout, podenv
-from tracefleet.contract.engine_limits import logprobs_mode_flags
+from tracefleet.contract import task_image as ti
 from tracefleet.contract.job import ModelCache, RolloutJob
+from tracefleet.contract.plan_files import PLAN_FOLDER, SESSION_PLAN, SIDECAR_PLAN
+from tracefleet.contract.podenv import HarnessEnv, ProxySidecarEnv
+from tracefleet.contract.proxy_plan import SidecarPlan
 from tracefleet.contract.session import SessionPlan
 from tracefleet.contract.sidecar_resources import proxy_resources
 from tracefleet.operator import names as n
-from tracefleet.operator.children.inference import engine_api_key_env, inference_service_url
-from tracefleet.operator.children.inputs import bucket_env_from, env_ref, env_vars
-from tracefleet.operator.children.metadata import Manifest, metadata, pod_fields
+from tracefleet.operator.children.inference import engine_api_key_env
+from tracefleet.operator.children.inputs import bucket_env_from, env_vars
+from tracefleet.operator.children.metadata import metadata, pod_fields
 from tracefleet.operator.children.network_policy import network_labels
+from tracefleet.operator.children.plan_volume import PLAN_MOUNT, Child, plan_config_maps, plan_volume
 from tracefleet.operator.children.security import container_security_context, pod_security_context
 from tracefleet.operator.config import OperatorConfig
-from tracefleet.contract.podenv import HarnessEnv, ProxySidecarEnv
-from tracefleet.contract import task_image as ti
 from tracefleet.operator.children.task_image import (
     bundle_init_container,
     session_container,
@@ -26,6 +29,7 @@ from tracefleet.operator.children.task_image import (
     task_harness_container,
 )
 from tracefleet.operator.harbor_tasks import ClusterHarborTask
+from tracefleet.operator.plans import proxy_plan
 
 PROXY_PORT = 8100
 # Where the containers of a harness pod meet: the harness writes ARTIFACTS_DIR, which the sidecar
@@ -40,6 +44,8 @@ SESSION_DIR = "/tracefleet/session"
 HOME_DIR = "/home/harness"
 # Proxy needs a moment after the harness exits to flush and upload the capture.
 SESSION_DEADLINE_GRACE_S = 120
+HARNESS_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
+SIDECAR_PLAN_VOLUME = "proxy-plan"  # the sidecar's own plan: the harness container does not mount it
 
 
 def session_secret() -> str:
@@ -47,135 +53,115 @@ def session_secret() -> str:
 
 
 def harness_pod(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, attempt: int, secret: str | None = None,
-                harbor: ClusterHarborTask | None = None) -> Manifest:
+                harbor: ClusterHarborTask | None = None) -> Child:
     """One session = one pod: the harness container plus the proxy as a native sidecar. The session's `plan`
-    (tracefleet.operator.plans) goes to the session program whole.
+    (tracefleet.operator.plans) goes to the session program whole, the job's proxy plan to the sidecar whole, both as
+    files (children.plan_volume).
 
     The sidecar is an init container with `restartPolicy: Always`: it starts (and is probed ready)
     before the harness, and the pod still completes when the harness exits. A Harbor task (`harbor`) runs
     its harness in the task's own image, the session program beside it (tracefleet.operator.children.task_image).
     """
-    session = plan.index
-    task, sample = n.task_sample_of(session, job.spec.tasks.samples_per_task)
-    name = n.harness_pod_name(job.name, session, attempt)
+    name = n.harness_pod_name(job.name, plan.index, attempt)
     secret = secret or session_secret()
-    session_id = plan.session_id
-    h = job.spec.harness
-    capture_mode = job.spec.inference.capture.mode
-    served_model = job.spec.inference.served_model()
-    proxy_args = [
-        "proxy",
-        "--host", "0.0.0.0",
-        "--port", str(PROXY_PORT),
-        "--engine", inference_service_url(job),
-        "--capture-dir", CAPTURE_DIR,
-        "--mode", capture_mode,
-        *_exact_mode_args(job),
-        *(["--served-model", served_model] if served_model else []),
-        "--policy-version", str(job.spec.inference.policy_version),
-        *_engine_args(job),
-        "--session", f"{session_id}:{env_ref(podenv.SESSION_SECRET)}",
-        # on SIGTERM (the pod stopping after the harness exits) upload capture.jsonl + the harness's
-        # artifacts to the session's prefix (tracefleet.proxy.upload)
-        "--upload-to", layout.session_uri(job.spec.output.uri, job.name, session),
-        "--artifacts-dir", ARTIFACTS_DIR,
-    ]
-    proxy = {
-        "name": "proxy",
-        "image": cfg.proxy_image,
-        "command": ["tracefleet"],
-        "args": proxy_args,
-        "restartPolicy": "Always",
-        "env": env_vars({**ProxySidecarEnv(session_secret=secret, endpoint=cfg.bucket_endpoint).to_env(), **_tokenizer_env(job)})
-        + engine_api_key_env(job, podenv.ENGINE_API_KEY),
-        "envFrom": bucket_env_from(job),
-        "ports": [{"name": "proxy", "containerPort": PROXY_PORT}],
-        "startupProbe": {"httpGet": {"path": "/health", "port": "proxy"}, "periodSeconds": 1, "failureThreshold": 60},
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "proxy"}, "periodSeconds": 5},
-        "resources": proxy_resources(capture_mode, job.spec.inference.capture.proxy_resources),
-        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
-        "volumeMounts": [
-            {"name": "capture", "mountPath": CAPTURE_DIR},
-            {"name": "artifacts", "mountPath": ARTIFACTS_DIR, "readOnly": True},
-            {"name": "proxy-tmp", "mountPath": "/tmp"},
-        ],
-    }
-    if (cache := _sidecar_tokenizer_cache(job)) is not None:
-        proxy["volumeMounts"].append({"name": "tokenizer-cache", "mountPath": cache.mount_path, "readOnly": True})
-    volumes: list[dict[str, Any]] = [
-        {"name": "capture", "emptyDir": {}},
-        {"name": "artifacts", "emptyDir": {}},
-        {"name": "workspace", "emptyDir": {}},
-        {"name": "home", "emptyDir": {}},
-        {"name": "proxy-tmp", "emptyDir": {}},
-    ]
-    mounts = [
-        {"name": "workspace", "mountPath": WORKSPACE_DIR},
-        {"name": "home", "mountPath": HOME_DIR},
-        {"name": "artifacts", "mountPath": ARTIFACTS_DIR},
-    ]
-    harness_mounts = [
-        {"name": "workspace", "mountPath": SESSION_DIR},
-        {"name": "workspace", "mountPath": plan.harness.workdir, "subPath": layout.WORKDIR},
-        *mounts[1:],
-    ]
+    sidecar_env = ProxySidecarEnv(plan=sidecar_plan(job, plan), session_secret=secret, endpoint=cfg.bucket_endpoint,
+                                  plan_dir=PLAN_FOLDER)
+    pod_env = HarnessEnv(plan=plan.model_copy(update={"attempt": attempt}), base_url=f"http://127.0.0.1:{PROXY_PORT}",
+                         api_key=secret, artifacts_dir=ARTIFACTS_DIR, plan_dir=PLAN_FOLDER,
+                         launch_dir=ti.LAUNCH_DIR if harbor is not None else None,
+                         work_dir=SESSION_DIR if harbor is None else None)
+    config_maps = plan_config_maps(job, name, n.COMPONENT_HARNESS, pod_env, sidecar_env)
+    volumes = [*(_volume(v) for v in ("capture", "artifacts", "workspace", "home", "proxy-tmp")),
+               plan_volume(config_maps, SESSION_PLAN), plan_volume(config_maps, SIDECAR_PLAN, SIDECAR_PLAN_VOLUME)]
     if (cache := _sidecar_tokenizer_cache(job)) is not None:
         volumes.append({"name": "tokenizer-cache",
                         "persistentVolumeClaim": {"claimName": cache.claim_name, "readOnly": True}})
-    pod_env = HarnessEnv(plan=plan.model_copy(update={"attempt": attempt}), base_url=f"http://127.0.0.1:{PROXY_PORT}", api_key=secret,
-                         artifacts_dir=ARTIFACTS_DIR, launch_dir=ti.LAUNCH_DIR if harbor is not None else None,
-                         work_dir=SESSION_DIR if harbor is None else None)
-    # The harness process takes spec.harness.env from the plan (tracefleet.runner.environment: over the preset's
-    # variables); the container has it too, for the pod program's own steps (workspace setup), as before. First:
-    # the pod program's own inputs (TRACEFLEET_*, HOME) are not the job's to change.
-    harness_env = {**{k: str(v) for k, v in (h.env or {}).items()}, **pod_env.to_env(), "HOME": HOME_DIR}
-    resources = h.resources.model_dump(mode="json", exclude_none=True) if h.resources else {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
-    harness = {
-        "name": "harness",
-        "image": h.image,
-        # The runner's in-pod entrypoint: prepares the workspace, launches the preset's CLI against
-        # the sidecar proxy, and writes artifacts (e.g. git diff) to /artifacts.
-        "command": ["tracefleet", "run", "--in-pod"],
-        "workingDir": plan.harness.workdir,
-        "env": env_vars(harness_env),
-        "resources": resources,
-        "securityContext": container_security_context(),
-        "volumeMounts": harness_mounts,
-    }
-    init_containers, containers = [proxy], [harness]
+    mounts = [{"name": "workspace", "mountPath": WORKSPACE_DIR}, {"name": "home", "mountPath": HOME_DIR},
+              {"name": "artifacts", "mountPath": ARTIFACTS_DIR}, PLAN_MOUNT]
+    harness = _harness_container(job, plan, pod_env, mounts[1:])
+    init_containers, containers = [_sidecar(job, cfg, sidecar_env)], [harness]
     if harbor is not None:
         # the task's image runs the harness; the session program runs beside it, on the pod's own inputs only
-        session_env = {**pod_env.to_env(), "HOME": HOME_DIR}
         init_containers.append(bundle_init_container(job))
-        containers = [task_harness_container(harbor, resources, ("home", HOME_DIR)),
-                      session_container(cfg, session_env, mounts, WORKSPACE_DIR)]
+        containers = [task_harness_container(harbor, harness["resources"], ("home", HOME_DIR)),
+                      session_container(cfg, {**pod_env.to_env(), "HOME": HOME_DIR}, mounts, WORKSPACE_DIR)]
         volumes.append(shared_volume())
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": pod_security_context(),
-        "activeDeadlineSeconds": h.session_timeout_seconds + SESSION_DEADLINE_GRACE_S,
+        "activeDeadlineSeconds": math.ceil(plan.harness.timeout_s) + SESSION_DEADLINE_GRACE_S,
         "terminationGracePeriodSeconds": 30,
         "initContainers": init_containers,
         "containers": containers,
         "volumes": volumes,
+        **({"runtimeClassName": job.spec.harness.runtime_class_name} if job.spec.harness.runtime_class_name else {}),
         **pod_fields(job, cfg.image_pull_secrets),
     }
-    if h.runtime_class_name:
-        spec["runtimeClassName"] = h.runtime_class_name
-    labels = {
-        n.LABEL_SESSION: str(session),
-        n.LABEL_TASK: str(task),
-        n.LABEL_SAMPLE: str(sample),
-        n.LABEL_ATTEMPT: str(attempt),
-        **network_labels(harbor, "agent"),
-    }
+    task, sample = n.task_sample_of(plan.index, job.spec.tasks.samples_per_task)
+    labels = {n.LABEL_SESSION: str(plan.index), n.LABEL_TASK: str(task), n.LABEL_SAMPLE: str(sample),
+              n.LABEL_ATTEMPT: str(attempt), **network_labels(harbor, "agent")}
+    return Child({"apiVersion": "v1", "kind": "Pod", "metadata": metadata(job, name, n.COMPONENT_HARNESS, **labels),
+                  "spec": spec}, config_maps)
+
+
+def sidecar_plan(job: RolloutJob, plan: SessionPlan) -> SidecarPlan:
+    """The sidecar's plan: the job's proxy (tracefleet.operator.plans.proxy_plan) for this session, whose capture
+    and artifacts it uploads to the session's folder in the bucket when the pod stops (tracefleet.proxy.upload)."""
+    return SidecarPlan(proxy=proxy_plan(job), session_id=plan.session_id,
+                       upload_to=layout.session_uri(job.spec.output.uri, job.name, plan.index))
+
+
+def _volume(name: str) -> dict[str, Any]:
+    return {"name": name, "emptyDir": {}}
+
+
+def _sidecar(job: RolloutJob, cfg: OperatorConfig, env: ProxySidecarEnv) -> dict[str, Any]:
+    """The proxy: its plan from files, its flags its place's own (where it listens, its folders)."""
+    mounts = [{"name": "capture", "mountPath": CAPTURE_DIR},
+              {"name": "artifacts", "mountPath": ARTIFACTS_DIR, "readOnly": True},
+              {"name": "proxy-tmp", "mountPath": "/tmp"},
+              {**PLAN_MOUNT, "name": SIDECAR_PLAN_VOLUME}]
+    if (cache := _sidecar_tokenizer_cache(job)) is not None:
+        mounts.append({"name": "tokenizer-cache", "mountPath": cache.mount_path, "readOnly": True})
     return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": metadata(job, name, n.COMPONENT_HARNESS, **labels),
-        "spec": spec,
+        "name": "proxy",
+        "image": cfg.proxy_image,
+        "command": ["tracefleet"],
+        "args": ["proxy", "--in-pod", "--host", "0.0.0.0", "--port", str(PROXY_PORT), "--capture-dir", CAPTURE_DIR,
+                 "--artifacts-dir", ARTIFACTS_DIR],
+        "restartPolicy": "Always",
+        "env": env_vars({**env.to_env(), **_tokenizer_env(job)}) + engine_api_key_env(job, podenv.ENGINE_API_KEY),
+        "envFrom": bucket_env_from(job),
+        "ports": [{"name": "proxy", "containerPort": PROXY_PORT}],
+        "startupProbe": {"httpGet": {"path": "/health", "port": "proxy"}, "periodSeconds": 1, "failureThreshold": 60},
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "proxy"}, "periodSeconds": 5},
+        "resources": proxy_resources(env.plan.proxy.mode, job.spec.inference.capture.proxy_resources),
+        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
+        "volumeMounts": mounts,
+    }
+
+
+def _harness_container(job: RolloutJob, plan: SessionPlan, env: HarnessEnv, mounts: list[dict[str, Any]]
+                       ) -> dict[str, Any]:
+    """The runner's in-pod entrypoint (`tracefleet run --in-pod`): prepares the workspace, launches the preset's CLI
+    against the sidecar and writes the artifacts the sidecar uploads."""
+    h = job.spec.harness
+    # The harness process takes spec.harness.env from the plan (tracefleet.runner.environment: over the preset's
+    # variables); the container has it too, for the pod program's own steps (workspace setup), as before. First:
+    # the pod program's own inputs (TRACEFLEET_*, HOME) are not the job's to change.
+    harness_env = {**{k: str(v) for k, v in (h.env or {}).items()}, **env.to_env(), "HOME": HOME_DIR}
+    return {
+        "name": "harness",
+        "image": h.image,
+        "command": ["tracefleet", "run", "--in-pod"],
+        "workingDir": plan.harness.workdir,
+        "env": env_vars(harness_env),
+        "resources": h.resources.model_dump(mode="json", exclude_none=True) if h.resources else HARNESS_RESOURCES,
+        "securityContext": container_security_context(),
+        "volumeMounts": [{"name": "workspace", "mountPath": SESSION_DIR},
+                         {"name": "workspace", "mountPath": plan.harness.workdir, "subPath": layout.WORKDIR}, *mounts],
     }
 
 
@@ -183,27 +169,6 @@ def _sidecar_tokenizer_cache(job: RolloutJob) -> ModelCache | None:
     """The volume the proxy sidecar mounts read-only to read the tokenizer; None in server mode."""
     inference = job.spec.inference
     return None if inference.capture.mode == "server" else inference.capture_tokenizer_cache()
-
-
-def _engine_args(job: RolloutJob) -> list[str]:
-    """The proxy's engine time limits, the kind of logprobs the engine reports and the job's sampling
-    (spec.inference)."""
-    inference = job.spec.inference
-    return (inference.engine_timeouts.limits().flags() + logprobs_mode_flags(inference.logprobs_mode())
-            + inference.sampling.override().flags())
-
-
-def _exact_mode_args(job: RolloutJob) -> list[str]:
-    """The proxy's exact-mode flags: where to read the tokenizer (a hub id resolves in the mounted
-    model cache, the layout vLLM downloads into) and the family/parser overrides."""
-    inference = job.spec.inference
-    cap = inference.capture
-    if cap.mode == "server":
-        return []
-    tokenizer = inference.capture_tokenizer()
-    return [*(["--model-path", tokenizer] if tokenizer else []),
-            *(["--model-family", cap.model_family] if cap.model_family else []),
-            *(["--tool-parser", cap.tool_parser] if cap.tool_parser else [])]
 
 
 def _tokenizer_env(job: RolloutJob) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from tracefleet.contract.job import RolloutJob
@@ -10,30 +11,36 @@ from tracefleet.operator import names as n
 from tracefleet.operator.children.inputs import bucket_env_from, env_vars
 from tracefleet.operator.children.metadata import Manifest, child_labels, metadata, pod_fields
 from tracefleet.operator.children.network_policy import evaluator_network_labels, network_labels
+from tracefleet.operator.children.plan_volume import PLAN_MOUNT, Child, plan_config_maps, plan_volume
+from tracefleet.contract.plan_files import PLAN_FOLDER, SESSION_PLAN, SESSION_PLANS
 from tracefleet.operator.children.security import container_security_context, pod_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, SealerEnv
 from tracefleet.operator.children.task_image import verifier_steps
 from tracefleet.operator.harbor_tasks import ClusterHarborTask
-from tracefleet.operator.plans import sealing_plan
+from tracefleet.operator.plans import for_sealer
 
 
 EVALUATOR_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
 HARBOR_STEPS_S = 300
 
 
-def _batch_pod_spec(job: RolloutJob, cfg: OperatorConfig, container: dict[str, Any]) -> dict[str, Any]:
+def _batch_pod_spec(job: RolloutJob, cfg: OperatorConfig, container: dict[str, Any], config_maps: list[Manifest],
+                    document: str) -> dict[str, Any]:
+    """A Job's pod: `container` and its plan, `document` of `config_maps` (children.plan_volume)."""
     return {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": pod_security_context(),
-        "containers": [{**container, "securityContext": container_security_context()}],
+        "containers": [{**container, "securityContext": container_security_context(),
+                        "volumeMounts": [*container.get("volumeMounts", []), PLAN_MOUNT]}],
+        "volumes": [plan_volume(config_maps, document)],
         **pod_fields(job, cfg.image_pull_secrets),
     }
 
 
-def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbor: ClusterHarborTask | None = None) -> Manifest:
+def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbor: ClusterHarborTask | None = None) -> Child:
     """Scores one finished session in a fresh pod: reads `sessions/<s>/` and writes `reward.json`. The session's `plan`
     goes whole: the evaluator judges against the task the operator planned, never one the harness could rewrite. A
     Harbor task (`harbor`) is judged by its own tests/test.sh in a fresh container of its image (children.task_image)."""
@@ -42,9 +49,11 @@ def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbo
     session = plan.index
     task, sample = n.task_sample_of(session, job.spec.tasks.samples_per_task)
     labels = {n.LABEL_SESSION: str(session), n.LABEL_TASK: str(task), n.LABEL_SAMPLE: str(sample)}
-    env = EvaluatorEnv(bucket=job.spec.output.uri, endpoint=cfg.bucket_endpoint, plan=plan)
+    env = EvaluatorEnv(bucket=job.spec.output.uri, endpoint=cfg.bucket_endpoint, plan=plan, plan_dir=PLAN_FOLDER)
+    config_maps = plan_config_maps(job, n.evaluator_job_name(job.name, session), n.COMPONENT_EVALUATOR, env)
     if harbor is not None:
-        return _harbor_evaluator_job(job, cfg, session, harbor, {**labels, **network_labels(harbor, "verifier")}, env)
+        labels.update(network_labels(harbor, "verifier"))
+        return Child(_harbor_evaluator_job(job, cfg, session, harbor, labels, env, config_maps), config_maps)
     assert e is not None
     labels.update(evaluator_network_labels(job))
     container = {
@@ -55,17 +64,20 @@ def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbo
         "envFrom": bucket_env_from(job),
         "resources": EVALUATOR_RESOURCES,
     }
-    return _evaluator_manifest(job, session, labels, _batch_pod_spec(job, cfg, container), e.timeout_seconds)
+    return Child(_evaluator_manifest(job, session, labels,
+                                     _batch_pod_spec(job, cfg, container, config_maps, SESSION_PLAN),
+                                     math.ceil(plan.evaluator.timeout_s)),
+                 config_maps)
 
 
 def _harbor_evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int, harbor: ClusterHarborTask,
-                          labels: dict[str, str], env: EvaluatorEnv) -> Manifest:
+                          labels: dict[str, str], env: EvaluatorEnv, config_maps: list[Manifest]) -> Manifest:
     h = job.spec.harness
     fallback = h.resources.model_dump(mode="json", exclude_none=True) if h.resources else EVALUATOR_RESOURCES
     init, report, volumes = verifier_steps(cfg, harbor, env.to_env(), bucket_env_from(job), fallback)
-    pod_spec = _batch_pod_spec(job, cfg, report)
+    pod_spec = _batch_pod_spec(job, cfg, report, config_maps, SESSION_PLAN)
     pod_spec["initContainers"] = init
-    pod_spec["volumes"] = volumes
+    pod_spec["volumes"] += volumes
     if h.runtime_class_name:  # the agent's changes run again here
         pod_spec["runtimeClassName"] = h.runtime_class_name
     # the fetch and report steps' time on top of test.sh's
@@ -99,16 +111,18 @@ def _evaluator_manifest(job: RolloutJob, session: int, labels: dict[str, str], p
     }
 
 
-def sealer_job(job: RolloutJob, cfg: OperatorConfig, seq: int, plans: list[SessionPlan]) -> Manifest:
+def sealer_job(job: RolloutJob, cfg: OperatorConfig, seq: int, plans: list[SessionPlan]) -> Child:
     """Builds and seals batch `seq` from exactly the sessions of `plans` (whole groups, fixed at creation: Jobs
     are immutable, so a restarted operator sees the same assignment and never seals a session twice). The
-    Job is given the sessions' plans (tracefleet.operator.plans.sealing_plan): it seals failed sessions too,
+    Job is given the sessions' plans (tracefleet.operator.plans.for_sealer): it seals failed sessions too,
     whose pods may have left nothing that says which task they ran."""
     indices = [p.index for p in plans]
     ranges = n.encode_ranges(indices)
     spec = job.spec
     env = SealerEnv(bucket=spec.output.uri, endpoint=cfg.bucket_endpoint, job=job.name, batch_seq=seq, sessions=indices,
-                    plans=[sealing_plan(p) for p in plans])
+                    plans=[for_sealer(p) for p in plans], plan_dir=PLAN_FOLDER)
+    name = n.sealer_job_name(job.name, seq)
+    config_maps = plan_config_maps(job, name, n.COMPONENT_SEALER, env)
     container = {
         "name": "sealer",
         "image": cfg.proxy_image,
@@ -120,15 +134,15 @@ def sealer_job(job: RolloutJob, cfg: OperatorConfig, seq: int, plans: list[Sessi
     manifest = {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": metadata(job, n.sealer_job_name(job.name, seq), n.COMPONENT_SEALER, **{n.LABEL_BATCH: str(seq)}),
+        "metadata": metadata(job, name, n.COMPONENT_SEALER, **{n.LABEL_BATCH: str(seq)}),
         "spec": {
             "backoffLimit": 4,
             "activeDeadlineSeconds": 3600,
             "template": {
                 "metadata": {"labels": child_labels(job, n.COMPONENT_SEALER, **{n.LABEL_BATCH: str(seq)})},
-                "spec": _batch_pod_spec(job, cfg, container),
+                "spec": _batch_pod_spec(job, cfg, container, config_maps, SESSION_PLANS),
             },
         },
     }
     manifest["metadata"]["annotations"] = {n.ANNOTATION_SESSIONS: ranges}
-    return manifest
+    return Child(manifest, config_maps)

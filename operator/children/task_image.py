@@ -29,6 +29,7 @@ from tracefleet.contract.harbor import CONTAINER_TESTS_DIR, CONTAINER_VERIFIER_L
 from tracefleet.contract.job import RolloutJob
 from tracefleet.operator import names as n
 from tracefleet.operator.children.inputs import env_vars
+from tracefleet.operator.children.plan_volume import PLAN_MOUNT
 from tracefleet.operator.children.security import container_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.operator.harbor_tasks import ClusterHarborTask
@@ -112,7 +113,7 @@ def verifier_steps(cfg: OperatorConfig, task: ClusterHarborTask, eval_env: dict[
                    bucket_env_from: list[dict[str, Any]], fallback_resources: dict[str, Any]
                    ) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
     """(init containers: fetch then verify, the report container, volumes) of a Harbor task's evaluator Job
-    (tracefleet.runner.pod.harbor_verifier). /tests and /logs/verifier are emptyDirs of their own: fresh for every
+    (tracefleet.runner.pod.harbor_verifier); the fetch and report steps read the plan (children.plan_volume). /tests and /logs/verifier are emptyDirs of their own: fresh for every
     run, whatever the change set holds there."""
     steps_security = container_security_context()
     fetch = {
@@ -123,7 +124,7 @@ def verifier_steps(cfg: OperatorConfig, task: ClusterHarborTask, eval_env: dict[
         "envFrom": bucket_env_from,
         "resources": SESSION_RESOURCES,
         "securityContext": steps_security,
-        "volumeMounts": [SHARED_MOUNT],
+        "volumeMounts": [SHARED_MOUNT, PLAN_MOUNT],
     }
     verifier = task.config.verifier
     env = {**task.config.environment.env, **verifier.env, **HARDENED_PYTHON_ENV, **_workdir_env(task),
@@ -147,6 +148,7 @@ def verifier_steps(cfg: OperatorConfig, task: ClusterHarborTask, eval_env: dict[
         "env": env_vars(eval_env),
         "envFrom": bucket_env_from,
         "resources": SESSION_RESOURCES,
+        # and the plan, as every Job's container (children.jobs)
         "volumeMounts": [SHARED_MOUNT, {"name": VERIFIER_LOGS_VOLUME, "mountPath": ti.VERIFIER_LOGS_DIR,
                                         "readOnly": True}],
     }

@@ -59,22 +59,20 @@ from tracefleet.runner.containers.changes import (layer_diff, mount_container, m
 from tracefleet.runner.containers.limits import container_limits
 from tracefleet.runner.containers.reaper import RUN_LABEL, Reaper
 from tracefleet.runner.containers.runtime import STEPS_FILE, ContainerRuntime, record_step, timed_to
+from tracefleet.runner.containers.session_record import CHANGE_SET, CONTAINER_RECORD, TOOLS_DIR, container_of
 from tracefleet.runner.containers.verifier import READY_MARGIN_S, Verifier, go_ahead, hold, release, write_fifo
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, base_env, run_sandboxed
 from tracefleet.runner.session import HostPlace, SessionFolders
 from tracefleet.runner.workspace import tree_patch
 
-TOOLS_DIR = "/opt/tracefleet"  # inside the container: node, the forwarder, the proxy's socket
 NODE_IN_CONTAINER = f"{TOOLS_DIR}/bin/node"
 BRIDGE_IN_CONTAINER = f"{TOOLS_DIR}/bridge.js"
 GO_IN_CONTAINER = f"{TOOLS_DIR}/go"
 TIMING_IN_CONTAINER = f"{TOOLS_DIR}/timing.json"
 SOCKET_IN_CONTAINER = f"{TOOLS_DIR}/proxy.sock"
 CONTAINER_PATH = f"{TOOLS_DIR}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-CONTAINER_RECORD = "container.json"  # in the session's artifacts: which container the session ran in
 CONTAINER_GO = "container-go"  # in the session's artifacts: the FIFO its container's forwarder reads the spec from
-CHANGE_SET = "change-set"  # in the session's artifacts until it was judged: what the agent changed (changes.py)
 CONTAINER_TIMING = "container-timing.json"  # in the session's artifacts: when the harness started and exited inside
 CONTAINER_PREFIX = "tracefleet-session-"
 STOP_TIMEOUT_S = 60
@@ -176,12 +174,6 @@ def runs_in_container(plan: SessionPlan) -> bool:
     """A Harbor task with its image, and not refused: its sessions run in a container of that image (this place)."""
     harbor = plan.task.harbor
     return harbor is not None and bool(harbor.image) and not harbor.refusal
-
-
-def container_of(session_dir: Path) -> dict[str, str] | None:
-    """The container a session ran in ({"name", "image", "workdir", "home"}), as its place recorded it, or None."""
-    record = Path(session_dir) / CONTAINER_RECORD
-    return json.loads(record.read_text()) if record.is_file() else None
 
 
 def image_workdir(runtime: ContainerRuntime, image: str) -> str:

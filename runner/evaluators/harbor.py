@@ -35,7 +35,7 @@ class HarborEvaluator:
         from tracefleet.harbor.folders import TaskFolderError, load_task
         from tracefleet.contract.task_image import CHANGES
         from tracefleet.runner.containers.changes import change_set
-        from tracefleet.runner.containers.place import CHANGE_SET, TOOLS_DIR, container_of
+        from tracefleet.runner.containers.session_record import CHANGE_SET, TOOLS_DIR, container_of
         from tracefleet.runner.containers.runtime import STEPS_FILE, ContainerError, require_runtime, timed_to
         from tracefleet.runner.containers.verifier import Verifier, take
 

@@ -1,40 +1,36 @@
-"""`tracefleet run --in-pod`: one session inside a harness pod the operator created.
+"""The place of one session inside a harness pod the operator created (`tracefleet run --in-pod`:
+tracefleet.runner.pod.in_pod).
 
-The operator (tracefleet.operator.children.harness.harness_pod) starts this as the harness container,
-next to the proxy sidecar that already holds the session (`--session ID:SECRET`). Everything comes from
-the environment it sets, read as tracefleet.contract.podenv.HarnessEnv: the session's plan, whole (as the operator
-planned it with tracefleet.contract.plan.plan_sessions, settled here at TRACEFLEET_JOB_DIR), and the place's own
-inputs: the sidecar's URL, the session secret, where the artifacts go.
+The operator (tracefleet.operator.children.harness.harness_pod) starts the program as the harness container,
+next to the proxy sidecar that already holds the session (its plan names it). Everything comes from what the
+operator gives the container, read as tracefleet.contract.podenv.HarnessEnv: the session's plan, whole (as the
+operator planned it with tracefleet.contract.plan.plan_sessions, in files; settled here at TRACEFLEET_JOB_DIR), and
+the place's own inputs: the sidecar's URL, the session secret, where the artifacts go.
 
 The session program (tracefleet.runner.session.run) in the place `PodPlace`: the workspace prepared under
 the working directory, the proxy sidecar as the endpoint (connect waits for it), the harness in its own
 process group under the session timeout, its outputs in the artifacts folder the sidecar uploads when the
 pod stops: session.patch, harness.stdout / harness.stderr, setup.log, exit_code and result.json (written
 last; tracefleet.contract.layout names them). The evaluator Job judges them later; this process never sees bucket
-credentials. Exit status: 0 completed, 1 error, 124 timeout, 2 bad configuration.
+credentials.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
-import sys
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from tracefleet.contract import layout
-from tracefleet.contract.podenv import HarnessEnv, PodEnvError
+from tracefleet.contract.podenv import HarnessEnv
 from tracefleet.contract.session import SessionPlan, SessionResult
 from tracefleet.runner.environment import SessionEndpoint, user_env
 from tracefleet.runner.sandbox import ProcessResult, run_sandboxed
-from tracefleet.runner.session import SessionFolders, StageFailed, run
+from tracefleet.runner.session import SessionFolders, StageFailed
 
-EXIT_CODES = {"completed": 0, "error": 1, "timeout": 124, "stopped": 143}
-EXIT_CONFIG = 2
 PROXY_WAIT_S = 60.0
 
 
@@ -115,29 +111,3 @@ class PodPlace:
         tmp = folders.artifacts / f".{layout.RESULT}.tmp"
         tmp.write_text(result.model_dump_json(indent=1))
         tmp.replace(folders.artifacts / layout.RESULT)
-
-
-def run_in_pod(env: Mapping[str, str], *, stop: threading.Event | None = None) -> SessionResult:
-    place = PodPlace(env, stop)
-    if place.pod.launch_dir is not None:  # a task's own image: the harness runs in the task container
-        from tracefleet.runner.pod.task_image import TaskImagePlace
-
-        place = TaskImagePlace(env, stop)
-    return run(place.plan, place).result
-
-
-def main(env: Mapping[str, str] | None = None) -> int:
-    env = dict(os.environ if env is None else env)
-    stop = threading.Event()
-    # Pod deletion / activeDeadlineSeconds: kill the harness group, still write the artifacts.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        result = run_in_pod(env, stop=stop)
-    except (PodEnvError, ValueError, OSError) as exc:
-        print(f"tracefleet run --in-pod: {exc}", file=sys.stderr, flush=True)
-        return EXIT_CONFIG
-    summary = {"session": result.session_id, "task": result.task_id, "status": result.status, "stage": result.stage,
-               "error": result.error, "harness_exit_code": result.harness_exit_code, "patch_bytes": result.patch_bytes}
-    print(json.dumps(summary), flush=True)
-    return EXIT_CODES.get(result.status, 1)

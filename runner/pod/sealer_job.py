@@ -1,6 +1,6 @@
 """The sealer Job's program: seal whole groups of finished sessions as one batch.
 
-`python -m tracefleet.runner.pod seal`. The operator gives the sessions' plans (tracefleet.contract.podenv.PLANS:
+`python -m tracefleet.runner.pod seal`. The operator gives the sessions' plans (files: tracefleet.contract.plan_files,
 each with its task's id and metadata, the builder, the diagnostics, the policy version) and the batch's job seq;
 each session's rows are built from
 what its pods uploaded, read typed (tracefleet.runner.pod.evidence): the harness pod's result.json judged
@@ -70,12 +70,12 @@ def seal(bucket: Bucket, seq: int, plans: list[SessionPlan]) -> dict[str, Any]:
     from tracefleet.traces.seal import Sealer
 
     if not plans:
-        raise PodEnvError(f"{podenv.PLANS}: no session to seal")
+        raise PodEnvError("the plans name no session to seal")
     job, builder, policy_version = plans[0].job, plans[0].builder, plans[0].policy_version
     try:
         resolved = configured(plans[0].diagnostics)
     except (ImportError, AttributeError, ValueError) as exc:  # a hook the image cannot import: the manifest's problem
-        raise PodEnvError(f"{podenv.PLANS}: diagnostics: {type(exc).__name__}: {exc}") from None
+        raise PodEnvError(f"the plans' diagnostics: {type(exc).__name__}: {exc}") from None
     traces: list[Any] = []
     with tempfile.TemporaryDirectory() as tmp:
         for plan in plans:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fixtures.pods import pod_inputs
 from tracefleet.contract import layout
 from tracefleet.contract.job import RolloutJob
 from fixtures.plans import inline_job
@@ -19,7 +20,7 @@ from tracefleet.bucket import LocalBucket
 from tracefleet.contract.session import SessionResult
 from tracefleet.diagnostics.evidence import SessionEvidence
 from tracefleet.contract.podenv import EvaluatorEnv, SealerEnv
-from tracefleet.operator.plans import job_plans, job_tasks, sealing_plan
+from tracefleet.operator.plans import for_sealer, job_plans, job_tasks
 from tracefleet.runner.pod import sealer_job as pod_seal
 from tracefleet.runner.pod.evaluator_job import evaluate_session
 from tracefleet.traces.reader import BatchReader
@@ -69,7 +70,8 @@ def judged_sessions(tmp_path: Path, monkeypatch) -> tuple[LocalBucket, str, list
     # session 2's harness pod failed after its model call: never judged, the policy's failure (trained on, reward 0)
     _upload(bucket, job, 2, FIX, tmp_path, status="error", stage="harness", error="harness exited 1")
     for session in (0, 1):
-        env = EvaluatorEnv.from_env(EvaluatorEnv(bucket=str(tmp_path / "bucket"), plan=plan[session]).to_env())
+        env = EvaluatorEnv.from_env(pod_inputs(EvaluatorEnv(bucket=str(tmp_path / "bucket"), plan=plan[session]),
+                                               tmp_path / f"plan-{session}"))
         body, code = evaluate_session(bucket, env)
         assert code == 0 and body.reward == 1.0, body  # unprotected: the hack passes too
     return bucket, job, plan
@@ -89,9 +91,9 @@ def test_evaluator_job_builds_evidence_and_the_sealer_quarantines(tmp_path: Path
         "spec": {"inference": {"external": {"baseUrl": "http://e"}}, "harness": {"command": ["true"]},
                  "tasks": {"inline": [json.loads((tmp_path / "task.json").read_text())], "samplesPerTask": 3}, "output": {"uri": "s3://bucket/prefix"},
                  "diagnostics": [{"name": "protected_files", "action": "quarantine"}]}})
-    plans = [sealing_plan(p) for p in job_plans(manifest, job_tasks(manifest))]
-    sealer = SealerEnv.from_env(SealerEnv(bucket=str(tmp_path / "bucket"), job=job, batch_seq=0, sessions=[0, 1, 2],
-                                          plans=plans).to_env())
+    plans = [for_sealer(p) for p in job_plans(manifest, job_tasks(manifest))]
+    sealer = SealerEnv.from_env(pod_inputs(SealerEnv(bucket=str(tmp_path / "bucket"), job=job, batch_seq=0,
+                                                     sessions=[0, 1, 2], plans=plans), tmp_path / "plans"))
     out = pod_seal.seal(bucket, 0, sealer.plans)
     assert out["quarantined_sessions"] == 1 and out["diagnostics"]["protected_files"]["quarantined"] == 1
 

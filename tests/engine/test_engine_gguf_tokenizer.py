@@ -96,7 +96,7 @@ def test_vocabularies_without_a_pinned_pre_tokenizer_go_through_transformers(smo
     path, _, reference = smollm2
     meta = gguf_metadata(path, gguf_tokenizer._VOCAB_KEYS)
     called = []
-    monkeypatch.setattr("tracefleet.formats.models.gguf_metadata", lambda p, keys: {**meta, "tokenizer.ggml.pre": "gpt-2"})
+    monkeypatch.setattr(gguf_tokenizer, "gguf_metadata", lambda p, keys: {**meta, "tokenizer.ggml.pre": "gpt-2"})
     monkeypatch.setattr(gguf_tokenizer, "transformers_tokenizer", lambda p, pre: called.append(pre) or reference)
     assert converted_tokenizer(path) is reference and called == ["gpt-2"]
 

@@ -1,6 +1,7 @@
 """The layering rules, read from the source: the contract floor (tracefleet.contract) imports only the standard
 library, pydantic and itself; every package imports only packages of its own layer or below (LAYERS, the order
-docs/index.md states); no two packages of tracefleet import each other, directly or around a cycle.
+docs/index.md states); no two packages of tracefleet import each other, directly or around a cycle; nor do two
+files (a cycle closed by a lazy import is still one: the two files cannot be read apart).
 
 Every import counts, also one inside a function or under TYPE_CHECKING: a lazy import is still a dependency."""
 
@@ -53,9 +54,11 @@ def _imports(module: str, path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[: len(package) - node.level + 1]
-                found.add(".".join(base + ([node.module] if node.module else [])))
+                source = ".".join(base + ([node.module] if node.module else []))
             else:
-                found.add(node.module or "")
+                source = node.module or ""
+            found.add(source)
+            found.update(f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in MODULES)  # `from p import m`
     return found
 
 
@@ -64,7 +67,8 @@ def _package(module: str) -> str:
     return module.split(".")[1] if "." in module else module
 
 
-GRAPH = {m: _imports(m, p) for m, p in _modules().items()}
+MODULES = _modules()
+GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
 
 
 def test_the_floor_imports_nothing_above_it() -> None:
@@ -104,6 +108,45 @@ def test_no_cycle_between_packages() -> None:
 
     cycles = [f"{a} -> {b} ({witness[a, b]}) and back" for a in sorted(edges) for b in sorted(edges[a]) if reaches(b, a)]
     assert not cycles, "\n".join(cycles)
+
+
+def _module_of(imported: str) -> str | None:
+    """The file an import names: the longest prefix of it that is a module of ours."""
+    parts = imported.split(".")
+    while parts and ".".join(parts) not in GRAPH:
+        parts.pop()
+    return ".".join(parts) or None
+
+
+def test_no_cycle_between_files() -> None:
+    """Strongly connected files (Tarjan), each cycle named by its files."""
+    edges = {m: sorted({f for i in imports for f in [_module_of(i)] if f and f != m}) for m, imports in GRAPH.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                cycles.append(sorted([v, *component]))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(edges)))
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    assert not cycles, "files that import each other:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
 def _layer(package: str) -> int:

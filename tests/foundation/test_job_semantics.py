@@ -7,13 +7,13 @@ import pytest
 from tracefleet.contract import semantics as sem
 
 
-def test_session_plan_numbers_sessions_by_task_then_sample_and_names_groups() -> None:
-    plan = sem.session_plan("j", ["a", "b"], 3)
-    assert [(p.index, p.task_index, p.task_id, p.sample_index, p.group_id) for p in plan] == [
+def test_session_slots_number_sessions_by_task_then_sample_and_names_groups() -> None:
+    slots = sem.session_slots("j", ["a", "b"], 3)
+    assert [(p.index, p.task_index, p.task_id, p.sample_index, p.group_id) for p in slots] == [
         (0, 0, "a", 0, "j/a"), (1, 0, "a", 1, "j/a"), (2, 0, "a", 2, "j/a"),
         (3, 1, "b", 0, "j/b"), (4, 1, "b", 1, "j/b"), (5, 1, "b", 2, "j/b"),
     ]
-    assert all(sem.task_and_sample(p.index, 3) == (p.task_index, p.sample_index) for p in plan)
+    assert all(sem.task_and_sample(p.index, 3) == (p.task_index, p.sample_index) for p in slots)
 
 
 def test_retry_only_failures_before_the_first_model_call() -> None:

@@ -34,7 +34,7 @@ def test_a_preset_gets_its_harness_image_and_the_evaluator_follows() -> None:
     filled = CFG.with_default_images(job(preset="codex"))
     assert filled.spec.harness.image == "reg.example/team/harness-codex:1.2"
     assert filled.spec.evaluator_image() == "reg.example/team/harness-codex:1.2"
-    pod = harness_pod(filled, CFG, plan_of(filled, 0), 0)
+    pod = harness_pod(filled, CFG, plan_of(filled, 0), 0).manifest
     assert pod["spec"]["containers"][0]["image"] == "reg.example/team/harness-codex:1.2"
 
 

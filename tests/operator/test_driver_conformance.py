@@ -25,9 +25,11 @@ per group as multisets, and every column a trainer reads must agree except timin
 
 Before the rows, the plans: each driver plans every session with the one planner on the contract floor
 (tracefleet.contract.plan.plan_sessions), and the SessionPlan each first-attempt harness pod was given (its one
-TRACEFLEET_PLAN variable, read as the pod program reads it) equals, field by field, the one `tracefleet run` builds
+plan files, mounted from its ConfigMaps and read as the pod program reads them) equals, field by field, the one `tracefleet run` builds
 for that session (LocalRun.plans), for the inline job and the Harbor job; only a Harbor task's folder differs (a
-folder here, the task source on the cluster: where its tests are read again).
+folder here, the task source on the cluster: where its tests are read again). So does the proxy's: the ProxyPlan each
+pod's sidecar was given (tracefleet.contract.plan.plan_proxy in both) equals the one `tracefleet run`'s in-process
+proxy ran (LocalRun.proxy_plan), field by field.
 
 The harness reports the environment it saw (every variable but the machine's PATH/locale, with this
 session's own proxy address, secret, HOME and workspace named instead of spelled out): a digest of it is
@@ -61,11 +63,13 @@ from typing import Any
 import numpy as np
 
 from fixtures.drivers import CREDENTIALS_SECRET, PlayedCluster, submit
+from fixtures.pods import cluster_config_maps, reads
 from fixtures.harbor_tasks import ANSWER_AGENT_JS, ANSWER_TEST_SH, answer_task_toml
 from fixtures.local_runs import run_local
 from tracefleet.bucket import open_bucket
-from tracefleet.contract import layout, podenv, semantics
-from tracefleet.contract.podenv import HarnessEnv
+from tracefleet.contract import layout, semantics
+from tracefleet.contract.podenv import HarnessEnv, ProxySidecarEnv
+from tracefleet.contract.proxy_plan import ProxyPlan
 from tracefleet.contract.session import SessionPlan
 from tracefleet.operator import names as n
 from tracefleet.traces.reader import BatchReader
@@ -147,7 +151,9 @@ def manifest(engine: Any, tmp: Path, output: str, ns: str | None = None) -> dict
         "kind": "RolloutJob",
         "metadata": meta,
         "spec": {
-            "inference": {"external": {"baseUrl": engine.url, "model": engine.model}, "capture": {"mode": "server"}},
+            "inference": {"external": {"baseUrl": engine.url, "model": engine.model}, "capture": {"mode": "server"},
+                          # stated, so both drivers' proxies are compared on more than defaults
+                          "sampling": {"temperature": 1.0}, "engineTimeouts": {"interTokenSeconds": 120}},
             "harness": {"preset": "command", "image": "reg.local/tracefleet:test",
                         "command": ["python", str(tmp / "harness.py"), str(tmp / "counters"), "{prompt}"],
                         "env": {"CONFORM_DRAWS": json.dumps(DRAWS), **USER_ENV}, "sessionTimeoutSeconds": 120},
@@ -312,27 +318,37 @@ def assert_expected_semantics(batches: list[dict[str, Any]], driver: str) -> Non
 PLACE_FIELDS = {"task": {"harbor": {"folder"}}}
 
 
-def local_plans(job_file: Path, tmp: Path, model: str) -> list[SessionPlan]:
-    """The plans `tracefleet run` builds for the job file: its own planning (LocalRun.plans over its tasks), before
-    this machine's sandbox options and a Harbor task's image are added."""
+def local_plans(job_file: Path, tmp: Path, engine: Any) -> tuple[list[SessionPlan], ProxyPlan]:
+    """The plans `tracefleet run` builds for the job file: its own planning (LocalRun.plans over its tasks, before this
+    machine's sandbox options and a Harbor task's image are added; LocalRun.proxy_plan for its engine)."""
     from tracefleet.runner.local import LocalOptions, LocalRun, job_tasks
 
     run = LocalRun(LocalOptions(job_path=job_file))
-    return run.plans(job_tasks(run.job, run.base_dir, tmp / "plan-sources"), model)
+    return (run.plans(job_tasks(run.job, run.base_dir, tmp / "plan-sources"), engine.model),
+            run.proxy_plan(engine.url, engine.model))
 
 
-def assert_same_plans(local: list[SessionPlan], pods: list[Any]) -> None:
-    """The SessionPlan each first-attempt harness pod was given (tracefleet.contract.podenv.PLAN, read as the pod
-    program reads it) equals the one `tracefleet run` built for that session, field by field."""
+def assert_same_plans(local: tuple[list[SessionPlan], ProxyPlan], played: PlayedCluster, ns: str, job: str,
+                      tmp: Path) -> None:
+    """The SessionPlan each first-attempt harness pod was given (its plan files, mounted from its ConfigMaps, read as
+    the pod program reads them) equals the one `tracefleet run` built for that session, field by field; and so does
+    the ProxyPlan its sidecar was given to the one `tracefleet run`'s in-process proxy ran."""
+    local, proxy = local
+    pods = played.core.list_namespaced_pod(ns, label_selector=n.job_selector(job, n.COMPONENT_HARNESS)).items
+    config_maps = cluster_config_maps(played.core, ns)
     shipped: dict[int, SessionPlan] = {}
     for pod in pods:
         if pod.metadata.labels[n.LABEL_ATTEMPT] != "0":
             continue
-        for container in pod.spec.containers:
-            env = {e.name: e.value for e in container.env or [] if e.value is not None}
-            if podenv.PLAN in env:
-                plan = HarnessEnv.from_env(env).plan
-                shipped[plan.index] = plan
+        spec = played.api.sanitize_for_serialization(pod)["spec"]
+        program = "session" if len(spec["containers"]) > 1 else "harness"  # a Harbor task's pod: the session program
+        plan = reads(HarnessEnv, spec, program, config_maps, tmp / pod.metadata.name).plan
+        shipped[plan.index] = plan
+        sidecar = reads(ProxySidecarEnv, spec, "proxy", config_maps, tmp / pod.metadata.name / "proxy").plan
+        assert sidecar.session_id == plan.session_id
+        here, there = flat(proxy.model_dump(mode="json")), flat(sidecar.proxy.model_dump(mode="json"))
+        assert here == there, [f"{plan.session_id} proxy{k}: {here.get(k)!r} != {there.get(k)!r}"
+                               for k in sorted({*here, *there}) if here.get(k) != there.get(k)]
     assert sorted(shipped) == [p.index for p in local]
     for plan in local:
         here = flat(plan.model_dump(mode="json", exclude=PLACE_FIELDS))
@@ -394,7 +410,8 @@ def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: A
     assert attempts == {0: 9, 1: 1}, attempts
 
     # ---- the plans: each session's, as each driver built it (tracefleet.contract.plan.plan_sessions in both)
-    assert_same_plans(local_plans(tmp_path / "job.yaml", tmp_path, scripted_engine.model), pods)
+    assert_same_plans(local_plans(tmp_path / "job.yaml", tmp_path, scripted_engine), played, ns, JOB,
+                      tmp_path / "shipped")
 
     # ---- what a trainer reads from either bucket
     local_batches = read_batches(BatchReader(f"s3://{bucket_name}/local", JOB, **s3.bucket_options()))
@@ -479,11 +496,10 @@ def test_a_harbor_job_gives_a_trainer_the_same_batches_from_both_drivers(kube: A
     assert status["phase"] == "Succeeded", status
     for key, value in creds.items():  # the local planner reads the task source as `tracefleet run` did
         monkeypatch.setenv(key, value)
-    plans = local_plans(tmp_path / "job.yaml", tmp_path, scripted_engine.model)
-    assert [(p.task.id, p.harness.timeout_s, p.evaluator.type) for p in plans] == [
+    plans = local_plans(tmp_path / "job.yaml", tmp_path, scripted_engine)
+    assert [(p.task.id, p.harness.timeout_s, p.evaluator.type) for p in plans[0]] == [
         ("answer", 120, "harbor"), ("answer", 120, "harbor"), ("metrics", 120, "harbor"), ("metrics", 120, "harbor")]
-    assert_same_plans(plans, played.core.list_namespaced_pod(
-        ns, label_selector=n.job_selector(HARBOR_JOB, n.COMPONENT_HARNESS)).items)
+    assert_same_plans(plans, played, ns, HARBOR_JOB, tmp_path / "shipped")
 
     local_batches = read_batches(BatchReader(f"s3://{bucket_name}/local", HARBOR_JOB, **s3.bucket_options()))
     cluster_batches = read_batches(BatchReader(f"s3://{bucket_name}/cluster", HARBOR_JOB, **s3.bucket_options()))

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from fixtures.harbor_tasks import ANSWER_AGENT_JS, ANSWER_TEST_SH, INSTRUCTION, MULTI, REPORT_JS, answer_task_toml
-from fixtures.pods import Kubelet, run_job_container, run_task_image_job, run_task_image_pod
+from fixtures.pods import child_kubelet, run_job_container, run_task_image_job, run_task_image_pod
 from fixtures.plans import plan_of
 from tracefleet.bucket import open_bucket
 from tracefleet.contract import task_image as ti
@@ -58,10 +58,11 @@ def test_harbor_session_runs_in_its_task_image_and_is_judged_by_its_tests(script
     assert task.image == BASE_IMAGE and task.resources == {"cpu": 1, "memory": "512Mi"}
 
     # ---- the harness pod (the bundle init container's copy: Node.js alone)
-    pod = harness_pod(job, cfg, plan_of(job, 0, harbor=source), attempt=0, harbor=task)
+    child = harness_pod(job, cfg, plan_of(job, 0, harbor=source), attempt=0, harbor=task)
+    pod = child.manifest
     _, bundle_c = pod["spec"]["initContainers"]
     assert ti.BUNDLE_SOURCE_DIR in bundle_c["command"][-1]
-    session, proxy_rc, proxy_out = run_task_image_pod(pod, Kubelet(tmp_path / "pod", creds, pod["spec"]["volumes"]),
+    session, proxy_rc, proxy_out = run_task_image_pod(pod, child_kubelet(child, tmp_path / "pod", creds),
                                                       container_runtime, timeout_s=180)
     assert session.returncode == 0, session.stdout + session.stderr
     assert json.loads(session.stdout.strip().splitlines()[-1])["status"] == "completed"
@@ -75,15 +76,14 @@ def test_harbor_session_runs_in_its_task_image_and_is_judged_by_its_tests(script
 
     # ---- the evaluator Job: fetch (here), verify (podman, a fresh container of the task image), report (here)
     ev = evaluator_job(job, cfg, plan_of(job, 0, harbor=source), harbor=task)
-    done = run_task_image_job(ev, Kubelet(tmp_path / "eval", creds, ev["spec"]["template"]["spec"]["volumes"]),
-                              container_runtime, tmp_path)
+    done = run_task_image_job(ev.manifest, child_kubelet(ev, tmp_path / "eval", creds), container_runtime, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     reward = json.loads(bucket.get(prefix + "reward.json"))
     assert (reward["reward"], reward["status"], reward["evaluator"], reward["task_id"]) == (1.0, "ok", "harbor", "answer")
 
     # ---- the sealer Job, then what a trainer reads
-    done = run_job_container(sealer_job(job, cfg, 1, [plan_of(job, 0, harbor=source)]),
-                             Kubelet(tmp_path / "seal", creds, []), tmp_path)
+    seal = sealer_job(job, cfg, 1, [plan_of(job, 0, harbor=source)])
+    done = run_job_container(seal.manifest, child_kubelet(seal, tmp_path / "seal", creds), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     reader = BatchReader(open_bucket(f"s3://{bucket_name}/runs", **s3.bucket_options()), "hbpath")
     (trace,) = reader.read(reader.seqs()[-1]).traces()
@@ -105,9 +105,9 @@ def test_harness_env_and_the_instruction_reach_the_operator_built_task_container
     secret = {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}
     source = read_source(job.spec.tasks.harbor, secret, s3.endpoint)
     (task,) = source.tasks
-    pod = harness_pod(job, cfg, plan_of(job, 0, harbor=source), attempt=0, harbor=task)
+    child = harness_pod(job, cfg, plan_of(job, 0, harbor=source), attempt=0, harbor=task)
     session, _, proxy_out = run_task_image_pod(
-        pod, Kubelet(tmp_path / "pod", {"bucket-credentials": secret}, pod["spec"]["volumes"]), container_runtime,
+        child.manifest, child_kubelet(child, tmp_path / "pod", {"bucket-credentials": secret}), container_runtime,
         timeout_s=180)
     assert session.returncode == 0, session.stdout + session.stderr + proxy_out
     bucket = open_bucket(f"s3://{bucket_name}/runs", **s3.bucket_options())

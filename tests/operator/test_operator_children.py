@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -16,7 +17,9 @@ from tracefleet.operator import names as n
 from tracefleet.contract import podenv
 from tracefleet.api import DEFAULT_VLLM_IMAGE
 from fixtures.plans import plan_of
-from tracefleet.contract.podenv import EvaluatorEnv, HarnessEnv
+from fixtures.pods import child_reads
+from tracefleet.contract.podenv import EvaluatorEnv, HarnessEnv, ProxySidecarEnv
+from tracefleet.contract.proxy_plan import ProxyPlan
 from tracefleet.vllm import vllm_server
 from tracefleet.contract.job import RolloutJob
 from tracefleet.operator.config import OperatorConfig
@@ -140,7 +143,7 @@ def test_engine_api_key_reaches_vllm_and_the_proxy_sidecar_from_the_secret(kind:
     body["spec"]["inference"][kind]["apiKeySecretRef"] = {"name": "engine-key", "key": "token"}
     job = RolloutJob.model_validate(body)
     from_secret = {"secretKeyRef": {"name": "engine-key", "key": "token"}}
-    pod = harness_pod(job, CFG, plan_of(job, 0), attempt=1, secret="tfs_secret")
+    pod = harness_pod(job, CFG, plan_of(job, 0), attempt=1, secret="tfs_secret").manifest
     proxy = pod["spec"]["initContainers"][0]
     assert {"name": podenv.ENGINE_API_KEY, "valueFrom": from_secret} in proxy["env"]
     harness = pod["spec"]["containers"][0]
@@ -151,8 +154,9 @@ def test_engine_api_key_reaches_vllm_and_the_proxy_sidecar_from_the_secret(kind:
         assert gate["env"] == [{"name": podenv.ENGINE_API_KEY, "valueFrom": from_secret}]
 
 
-def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: RolloutJob) -> None:
-    pod = harness_pod(job, CFG, plan_of(job, 5), attempt=1, secret="tfs_secret")
+def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: RolloutJob, tmp_path) -> None:
+    child = harness_pod(job, CFG, plan_of(job, 5), attempt=1, secret="tfs_secret")
+    pod = child.manifest
     _owner_ok(pod, job)
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["name"] == "demo-s5-a1"
@@ -168,19 +172,22 @@ def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: RolloutJob) -> 
     assert proxy["name"] == "proxy" and proxy["restartPolicy"] == "Always"  # native sidecar
     assert proxy["image"] == "reg/tracefleet:test"
     assert proxy["startupProbe"]["httpGet"]["path"] == "/health"
-    args = proxy["args"]
-    assert args[args.index("--engine") + 1] == "http://demo-inference.team.svc:8000"
-    assert args[args.index("--upload-to") + 1] == "s3://traces/runs/demo/sessions/5/"
+    sidecar = child_reads(ProxySidecarEnv, child, "proxy", tmp_path / "proxy")
+    assert sidecar.plan.proxy.engine_url == "http://demo-inference.team.svc:8000"
+    assert sidecar.plan.upload_to == "s3://traces/runs/demo/sessions/5/"
     assert proxy["envFrom"] == [{"secretRef": {"name": "bucket-creds"}}]
-    assert args[args.index("--session") + 1] == "demo-s5:$(TRACEFLEET_SESSION_SECRET)"
-    assert {"name": "TRACEFLEET_SESSION_SECRET", "value": "tfs_secret"} in proxy["env"]
+    assert (sidecar.plan.session_id, sidecar.session_secret) == ("demo-s5", "tfs_secret")
     (harness,) = spec["containers"]
     assert harness["image"] == "ghcr.io/acme/codex:1"
     env = {e["name"]: e["value"] for e in harness["env"]}
     assert env["TRACEFLEET_BASE_URL"] == f"http://127.0.0.1:{PROXY_PORT}"
     assert env["TRACEFLEET_API_KEY"] == "tfs_secret"
-    plan = HarnessEnv.from_env(env).plan
+    plan = child_reads(HarnessEnv, child, "harness", tmp_path).plan
     assert (plan.harness.preset, plan.task.id) == ("codex", "t2")
+    # the plan's files: a ConfigMap of the job's, named for the pod
+    (cm,) = child.config_maps
+    assert cm["metadata"]["name"] == "demo-s5-a1-plan-0"
+    _owner_ok(cm, job)
     # the harness container holds no bucket credentials: only the proxy uploads
     assert "envFrom" not in harness and not any(k.startswith("AWS_") for k in env)
     for ctr in (proxy, harness):
@@ -194,13 +201,18 @@ def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: RolloutJob) -> 
     assert {"name": "workspace", "mountPath": "/workspace", "subPath": "workdir"} in harness["volumeMounts"]
 
 
-def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: RolloutJob) -> None:
+def proxy_plan_of(job: RolloutJob, tmp: Path) -> ProxyPlan:
+    """The proxy plan the job's first harness pod's sidecar reads."""
+    return child_reads(ProxySidecarEnv, harness_pod(job, CFG, plan_of(job, 0), 0), "proxy", tmp).plan.proxy
+
+
+def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: RolloutJob, tmp_path: Path) -> None:
     """Default capture mode (auto) on a managed model with a cache claim: the sidecar mounts the claim
     read-only where vLLM has it ($HF_HOME), offline, and is told the hub id to resolve there."""
-    spec = harness_pod(job, CFG, plan_of(job, 0), attempt=0)["spec"]
+    spec = harness_pod(job, CFG, plan_of(job, 0), attempt=0).manifest["spec"]
     (proxy,) = spec["initContainers"]
-    args = proxy["args"]
-    assert args[args.index("--mode") + 1] == "auto" and args[args.index("--model-path") + 1] == "Qwen/Qwen3-4B"
+    planned = proxy_plan_of(job, tmp_path / "a")
+    assert (planned.mode, planned.tokenizer) == ("auto", "Qwen/Qwen3-4B")
     assert {"name": "tokenizer-cache", "mountPath": "/root/.cache/huggingface", "readOnly": True} in proxy["volumeMounts"]
     assert {"name": "tokenizer-cache", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in spec["volumes"]
     env = {e["name"]: e.get("value") for e in proxy["env"]}
@@ -213,8 +225,8 @@ def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: RolloutJob)
 
     body = yaml.safe_load(MANAGED)
     body["spec"]["inference"]["capture"] = {"mode": "server"}
-    server = harness_pod(RolloutJob.model_validate(body), CFG, plan_of(RolloutJob.model_validate(body), 0), 0)["spec"]
-    assert "--model-path" not in server["initContainers"][0]["args"]
+    server = harness_pod(RolloutJob.model_validate(body), CFG, plan_of(RolloutJob.model_validate(body), 0), 0).manifest["spec"]
+    assert proxy_plan_of(RolloutJob.model_validate(body), tmp_path / "b").mode == "server"
     assert not any(v["name"] == "tokenizer-cache" for v in server["volumes"])
 
     # external engine: the tokenizer comes from a claim named in capture, with overrides passed through
@@ -222,9 +234,9 @@ def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: RolloutJob)
     body["spec"]["inference"]["capture"] = {"mode": "exact", "tokenizer": "/models/qwen3", "toolParser": "qwen3_coder",
                                             "tokenizerCache": {"claimName": "tok", "mountPath": "/models"}}
     ext = RolloutJob.model_validate(body)
-    spec = harness_pod(ext, CFG, plan_of(ext, 0), 0)["spec"]
-    args = spec["initContainers"][0]["args"]
-    assert args[args.index("--model-path") + 1] == "/models/qwen3" and args[args.index("--tool-parser") + 1] == "qwen3_coder"
+    spec = harness_pod(ext, CFG, plan_of(ext, 0), 0).manifest["spec"]
+    planned = proxy_plan_of(ext, tmp_path / "c")
+    assert (planned.tokenizer, planned.tool_parser) == ("/models/qwen3", "qwen3_coder")
     assert {"name": "tokenizer-cache", "persistentVolumeClaim": {"claimName": "tok", "readOnly": True}} in spec["volumes"]
     assert exact_mode_problem(ext) is None
     # exact asked for with nothing to read a tokenizer from: refused up front, with what to set
@@ -295,20 +307,20 @@ def test_pods_pull_with_the_operators_and_the_jobs_secrets() -> None:
     job = RolloutJob.model_validate(body)
     cfg = OperatorConfig(proxy_image="reg/tracefleet:test", image_pull_secrets=("shared-registry",))
     want = [{"name": "shared-registry"}, {"name": "team-registry"}]
-    assert harness_pod(job, cfg, plan_of(job, 0), 0)["spec"]["imagePullSecrets"] == want
-    assert evaluator_job(job, cfg, plan_of(job, 0))["spec"]["template"]["spec"]["imagePullSecrets"] == want
-    assert sealer_job(job, cfg, 0, [plan_of(job, 0)])["spec"]["template"]["spec"]["imagePullSecrets"] == want
+    assert harness_pod(job, cfg, plan_of(job, 0), 0).manifest["spec"]["imagePullSecrets"] == want
+    assert evaluator_job(job, cfg, plan_of(job, 0)).manifest["spec"]["template"]["spec"]["imagePullSecrets"] == want
+    assert sealer_job(job, cfg, 0, [plan_of(job, 0)]).manifest["spec"]["template"]["spec"]["imagePullSecrets"] == want
     assert inference_deployment(job, cfg)["spec"]["template"]["spec"]["imagePullSecrets"] == want
     # none asked for: no field at all
     plain = RolloutJob.model_validate(yaml.safe_load(MANAGED))
-    assert "imagePullSecrets" not in harness_pod(plain, CFG, plan_of(plain, 0), 0)["spec"]
+    assert "imagePullSecrets" not in harness_pod(plain, CFG, plan_of(plain, 0), 0).manifest["spec"]
     # a name the API server would refuse is refused by the model
     body["spec"]["imagePullSecrets"] = [{"name": "Team_Registry"}]
     with pytest.raises(ValueError, match="imagePullSecrets"):
         RolloutJob.model_validate(body)
 
 
-def test_external_engine_gets_ip_block_and_no_deployment() -> None:
+def test_external_engine_gets_ip_block_and_no_deployment(tmp_path: Path) -> None:
     job = RolloutJob.model_validate(external_body())
     assert job.spec.inference.managed is None
     with pytest.raises(AssertionError):
@@ -316,13 +328,12 @@ def test_external_engine_gets_ip_block_and_no_deployment() -> None:
     np = harness_network_policy(job, job_reach(job, CFG, None, no_services))
     rule = np["spec"]["egress"][1]
     assert rule == {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}], "ports": [{"protocol": "TCP", "port": 8000}]}
-    pod = harness_pod(job, CFG, plan_of(job, 0), 0)
-    args = pod["spec"]["initContainers"][0]["args"]
-    assert args[args.index("--engine") + 1] == "http://10.1.2.3:8000"
+    assert proxy_plan_of(job, tmp_path).engine_url == "http://10.1.2.3:8000"
 
 
-def test_evaluator_job_has_failure_policy_and_deadline(job: RolloutJob) -> None:
-    j = evaluator_job(job, CFG, plan_of(job, 6))
+def test_evaluator_job_has_failure_policy_and_deadline(job: RolloutJob, tmp_path) -> None:
+    child = evaluator_job(job, CFG, plan_of(job, 6))
+    j = child.manifest
     _owner_ok(j, job)
     assert j["metadata"]["name"] == "demo-eval-s6"
     spec = j["spec"]
@@ -334,19 +345,19 @@ def test_evaluator_job_has_failure_policy_and_deadline(job: RolloutJob) -> None:
     assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
     (ctr,) = pod["containers"]
     assert ctr["image"] == "ghcr.io/acme/eval:1"
-    env = EvaluatorEnv.from_env({e["name"]: e.get("value") for e in ctr["env"]})
+    env = child_reads(EvaluatorEnv, child, "evaluator", tmp_path / "a")
     assert env.session_uri == "s3://traces/runs/demo/sessions/6/"
     # the lag reference of the session's evidence, as local mode keeps it
     body = yaml.safe_load(MANAGED)
     body["spec"]["inference"]["policyVersion"] = 7
     versioned = RolloutJob.model_validate(body)
-    (ctr,) = evaluator_job(versioned, CFG, plan_of(versioned, 6))["spec"]["template"]["spec"]["containers"]
-    assert EvaluatorEnv.from_env({e["name"]: e.get("value") for e in ctr["env"]}).plan.policy_version == 7
+    child = evaluator_job(versioned, CFG, plan_of(versioned, 6))
+    assert child_reads(EvaluatorEnv, child, "evaluator", tmp_path / "b").plan.policy_version == 7
     assert spec["template"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
 
 
 def test_sealer_job_pins_its_sessions(job: RolloutJob) -> None:
-    j = sealer_job(job, CFG, seq=3, plans=[plan_of(job, i) for i in (7, 1, 2, 3, 6)])
+    j = sealer_job(job, CFG, seq=3, plans=[plan_of(job, i) for i in (7, 1, 2, 3, 6)]).manifest
     _owner_ok(j, job)
     assert j["metadata"]["name"] == "demo-seal-000003"
     assert j["metadata"]["annotations"][n.ANNOTATION_SESSIONS] == "1-3,6-7"

@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -31,13 +32,14 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from fixtures.controlplane import free_port
+from fixtures.pods import cluster_config_maps, reads
 from tracefleet.contract import layout
 from tracefleet.contract import semantics
 from tracefleet.bucket import open_bucket
 from tracefleet.operator import metrics
 from tracefleet.operator import names as n
 from tracefleet.operator.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, verify_signature
-from tracefleet.contract.podenv import HarnessEnv, SealerEnv
+from tracefleet.contract.podenv import HarnessEnv, ProxySidecarEnv, SealerEnv
 from tracefleet.runner.pod.sealer_job import seal
 from tracefleet.traces.reader import BatchReader
 from tracefleet.traces.synthetic import SyntheticSession
@@ -254,7 +256,8 @@ def play_sealers(env: Env, ns: str, job: str) -> None:
     for sj in env.jobs(ns, job, n.COMPONENT_SEALER):
         if sj.metadata.uid in env.sealed:
             continue
-        cenv = SealerEnv.from_env({e.name: e.value for e in sj.spec.template.spec.containers[0].env if e.value is not None})
+        cenv = reads(SealerEnv, env.api.sanitize_for_serialization(sj.spec.template.spec), "sealer",
+                     cluster_config_maps(env.core, ns), Path(tempfile.mkdtemp(prefix=f"{sj.metadata.name}-")))
         bucket = open_bucket(cenv.bucket, **env.s3.bucket_options())
         seal(bucket, cenv.batch_seq, cenv.plans)
         env.sealed.add(sj.metadata.uid)
@@ -591,8 +594,10 @@ def test_external_engine_reachability_gates_sessions(env: Env) -> None:
         st = env.status(ns, "up")
         assert st["phase"] == "Succeeded" and st["counters"]["succeeded"] == 2
         assert not env.apps.list_namespaced_deployment(ns).items  # no managed inference
-        proxy = env.pods(ns, "up")[0].spec.init_containers[0]
-        assert proxy.args[proxy.args.index("--engine") + 1] == url
+        pod = env.pods(ns, "up")[0]
+        sidecar = reads(ProxySidecarEnv, env.api.sanitize_for_serialization(pod)["spec"], "proxy",
+                        cluster_config_maps(env.core, ns), Path(tempfile.mkdtemp(prefix="up-proxy-")))
+        assert sidecar.plan.proxy.engine_url == url
         assert not env.pods(ns, "down")  # unreachable engine: no session was started
     finally:
         srv.shutdown()
@@ -673,9 +678,11 @@ def test_harbor_job_runs_each_session_in_its_task_image(env: Env, tmp_path: Path
         session_env = {e.name: e.value for e in session.env}
         assert session.command == ["tracefleet", "run", "--in-pod"] and session.security_context.run_as_non_root
         assert session_env["TRACEFLEET_LAUNCH_DIR"] == ti.LAUNCH_DIR
-        assert HarnessEnv.from_env(session_env).plan.task.id == ("greet", "prebuilt")[int(task)]
-    assert HarnessEnv.from_env({e.name: e.value for e in pods["0"].spec.containers[1].env}).plan.task.prompt \
-        == "Make greet.py greet harbor.\n"
+        shipped = reads(HarnessEnv, env.api.sanitize_for_serialization(pods[task])["spec"], "session",
+                        cluster_config_maps(env.core, ns), tmp_path / f"plan-{task}").plan
+        assert shipped.task.id == ("greet", "prebuilt")[int(task)]
+        if task == "0":
+            assert shipped.task.prompt == "Make greet.py greet harbor.\n"
 
     # the network each task.toml asks for, as the platform team sees it: every harness pod under the job's policy (the
     # engine, the bucket, DNS); only the pods of the task whose agent asks for "public" also under the public one, which
@@ -710,7 +717,9 @@ def test_harbor_job_runs_each_session_in_its_task_image(env: Env, tmp_path: Path
     # the plan, whole: the task's tests are read again from the task source
     from tracefleet.contract.podenv import EvaluatorEnv
 
-    shipped = EvaluatorEnv.from_env({e.name: e.value for e in pod.containers[0].env if e.value is not None}).plan
+    pod_spec, config_maps = env.api.sanitize_for_serialization(pod), cluster_config_maps(env.core, ns)
+    report_env = reads(EvaluatorEnv, pod_spec, "evaluator", config_maps, tmp_path / "evaluator-plan")
+    shipped = report_env.plan
     assert shipped.task.harbor is not None and shipped.task.harbor.folder == uri
 
     # the tracefleet-image steps with the Job's own environment, against the real S3 server: fetch takes the
@@ -718,7 +727,7 @@ def test_harbor_job_runs_each_session_in_its_task_image(env: Env, tmp_path: Path
     from tracefleet.runner.pod.harbor_verifier import fetch as harbor_fetch, report
 
     s = int(evaluator.metadata.labels[n.LABEL_SESSION])
-    cenv = EvaluatorEnv.from_env({e.name: e.value for e in fetch.env if e.value is not None})
+    cenv = reads(EvaluatorEnv, pod_spec, "fetch", config_maps, tmp_path / "fetch-plan")
     bucket = open_bucket(cenv.bucket, **env.s3.bucket_options())
     for name in (ti.CHANGES, ti.DELETED):
         bucket.put(layout.artifacts_prefix("hb", s) + name, b"")
@@ -730,8 +739,7 @@ def test_harbor_job_runs_each_session_in_its_task_image(env: Env, tmp_path: Path
     logs.mkdir()
     (logs / "reward.txt").write_text("1\n")
     (shared / "eval" / ti.EXIT_CODE).write_text("0\n")
-    verdict, code = report(bucket, EvaluatorEnv.from_env({e.name: e.value for e in pod.containers[0].env
-                                                          if e.value is not None}), shared / "eval", logs)
+    verdict, code = report(bucket, report_env, shared / "eval", logs)
     assert (verdict.reward, verdict.status, verdict.task_id, code) == (1.0, "ok", "greet", 0)
     assert json.loads(bucket.get(layout.reward_key("hb", s)))["evaluator"] == ti.HARBOR_EVALUATOR
 

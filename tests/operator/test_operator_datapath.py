@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fixtures.pods import pod_inputs
 from tracefleet.contract import layout
 from fixtures.plans import inline_plans
 from tracefleet.bucket import open_bucket
@@ -45,7 +46,7 @@ def test_sealer_entrypoint_seals_once_and_operator_finds_batch(s3, tmp_path: Pat
 
     # the pod's entrypoint, as the sealer Job runs it (the environment children.jobs.sealer_job writes)
     sealer_env = SealerEnv(bucket=uri, job=job, batch_seq=1, sessions=[0, 1], plans=plan[:2])
-    env = {**s3.env(), **sealer_env.to_env(), "PATH": "/usr/bin:/bin", "TRACEFLEET_SPOOL": str(tmp_path / "spool")}
+    env = {**s3.env(), **pod_inputs(sealer_env, tmp_path / "plan"), "PATH": "/usr/bin:/bin", "TRACEFLEET_SPOOL": str(tmp_path / "spool")}
     r = subprocess.run([sys.executable, "-m", POD_PROGRAMS, "seal"], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

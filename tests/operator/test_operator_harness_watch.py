@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tracefleet.operator import names as n
 from tracefleet.operator.harness_watch import JobPods, SessionBits, apply_event
-from tracefleet.operator.session_table import observe, plan
+from tracefleet.operator.session_table import decide, observe
 
 
 def pod(session: int, attempt: int, phase: str | None, job: str = "j") -> dict:
@@ -43,7 +43,7 @@ def test_events_give_the_table_a_full_list_would() -> None:
     table = observe(4, [*jp.live.values(), *jp.failed.values()], [], jp.succeeded)
     assert table.harness_ok == {0} and set(table.alive) == {1} and table.failures == {1: 1}
     assert table.next_attempt[1] == 2
-    p = plan(table, has_evaluator=False, parallelism=10, max_retries=2, now=0.0, backoff_base_s=1, backoff_cap_s=1,
+    p = decide(table, has_evaluator=False, parallelism=10, max_retries=2, now=0.0, backoff_base_s=1, backoff_cap_s=1,
              may_start=True)
     assert p.succeeded == [0] and p.running == 1 and [s for s, _ in p.need_pod] == [2, 3]
     # a deleted job's pods going away do not bring its entry back

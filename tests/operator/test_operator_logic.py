@@ -12,7 +12,7 @@ from tracefleet.contract.job import Counters, RolloutJobStatus
 from tracefleet.contract.sealed_batch import SealedBatch
 from tracefleet.operator import names as n
 from tracefleet.operator import status as st
-from tracefleet.operator.session_table import observe, plan
+from tracefleet.operator.session_table import decide, observe
 from tracefleet.operator.status import Progress, calculate_status, cond, status_changed, status_patch
 from tracefleet.operator.webhook import SIGNATURE_HEADER, Delivery, WebhookNotifier, verify_signature
 
@@ -37,7 +37,7 @@ def test_plan_respects_parallelism_and_retries() -> None:
     pods = [pod(0, 0, "Succeeded"), pod(1, 0, "Running"), pod(2, 0, "Failed"), pod(2, 1, "Failed"), pod(2, 2, "Failed"),
             pod(3, 0, "Failed"), pod(4, 0, "Running", deleting=True)]
     t = observe(8, pods, [ejob(0, "Complete")])
-    p = plan(t, has_evaluator=True, parallelism=3, max_retries=2, now=T0 + 1000, backoff_base_s=10, backoff_cap_s=60, may_start=True)
+    p = decide(t, has_evaluator=True, parallelism=3, max_retries=2, now=T0 + 1000, backoff_base_s=10, backoff_cap_s=60, may_start=True)
     assert p.succeeded == [0]
     assert p.failed == [2]  # 3 failures > maxRetries 2
     # slots: 3 - 1 running - 1 terminating = 1 -> the retry of session 3 (attempt 1) goes first
@@ -48,13 +48,13 @@ def test_plan_respects_parallelism_and_retries() -> None:
 def test_plan_backoff_and_evaluator_states() -> None:
     t = observe(4, [pod(0, 0, "Failed", finished="2026-01-01T00:00:00Z"), pod(1, 0, "Succeeded"), pod(2, 0, "Succeeded"),
                     pod(3, 0, "Succeeded")], [ejob(1, "Failed"), ejob(2, None)])
-    p = plan(t, has_evaluator=True, parallelism=10, max_retries=3, now=T0 + 5, backoff_base_s=10, backoff_cap_s=60, may_start=True)
+    p = decide(t, has_evaluator=True, parallelism=10, max_retries=3, now=T0 + 5, backoff_base_s=10, backoff_cap_s=60, may_start=True)
     assert p.need_pod == [] and p.waiting_retry == 1  # still inside the 10 s backoff
     assert p.failed == [1]  # evaluator failed: fail closed
     assert p.need_eval == [3] and p.running == 2
-    p2 = plan(t, has_evaluator=True, parallelism=10, max_retries=3, now=T0 + 11, backoff_base_s=10, backoff_cap_s=60, may_start=True)
+    p2 = decide(t, has_evaluator=True, parallelism=10, max_retries=3, now=T0 + 11, backoff_base_s=10, backoff_cap_s=60, may_start=True)
     assert p2.need_pod == [(0, 1)]
-    p3 = plan(t, has_evaluator=True, parallelism=10, max_retries=3, now=T0 + 11, backoff_base_s=10, backoff_cap_s=60, may_start=False)
+    p3 = decide(t, has_evaluator=True, parallelism=10, max_retries=3, now=T0 + 11, backoff_base_s=10, backoff_cap_s=60, may_start=False)
     assert p3.need_pod == []
 
 

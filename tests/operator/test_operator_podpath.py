@@ -30,14 +30,15 @@ from tracefleet.bucket import open_bucket
 from tracefleet.contract.capture import read_capture_log
 from tracefleet.operator.children.harness import harness_pod
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
-from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE
+from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, ProxySidecarEnv
 from tracefleet.operator.config import OperatorConfig
+from tracefleet.operator.plans import job_plans, job_tasks
 from tracefleet.proxy.upload import upload_outputs
 from tracefleet.traces.reader import BatchReader
 
 from fixtures.abandoning_client import abandon, request_bytes
 from fixtures.hub_cache import write_hub_model
-from fixtures.pods import Kubelet, run_job_container, run_pod
+from fixtures.pods import child_kubelet, run_job_container, run_pod
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart"
@@ -86,13 +87,14 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
     bucket = open_bucket(bucket_uri, **s3.bucket_options())
 
     # ---- the harness pod: proxy sidecar (native, starts first) + the harness container
-    pod = harness_pod(job, cfg, plan_of(job, 0), attempt=0)
-    kubelet = Kubelet(tmp_path / "pod", creds, pod["spec"]["volumes"])
+    child = harness_pod(job, cfg, plan_of(job, 0), attempt=0)
+    pod = child.manifest
+    kubelet = child_kubelet(child, tmp_path / "pod", creds)
     (proxy_c,) = pod["spec"]["initContainers"]
     (harness_c,) = pod["spec"]["containers"]
     assert proxy_c["restartPolicy"] == "Always" and harness_c["command"] == ["tracefleet", "run", "--in-pod"]
     argv, env, cwd = kubelet.process(proxy_c)
-    assert "--upload-to" in argv and "AWS_ACCESS_KEY_ID" in env and "AWS_ACCESS_KEY_ID" not in kubelet.process(harness_c)[1]
+    assert "--in-pod" in argv and "AWS_ACCESS_KEY_ID" in env and "AWS_ACCESS_KEY_ID" not in kubelet.process(harness_c)[1]
     harness, proxy_rc, out = run_pod(pod, kubelet)
     assert harness.returncode == 0, harness.stdout + harness.stderr
     summary = json.loads(harness.stdout.strip().splitlines()[-1])
@@ -123,7 +125,7 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
 
     # ---- the evaluator Job (tests preset: FAIL_TO_PASS / PASS_TO_PASS on a fresh patched copy)
     ev = evaluator_job(job, cfg, plan_of(job, 0))
-    done = run_job_container(ev, Kubelet(tmp_path / "eval", creds, []), tmp_path)
+    done = run_job_container(ev.manifest, child_kubelet(ev, tmp_path / "eval", creds), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     reward = json.loads(bucket.get(prefix + "reward.json"))
     assert reward["status"] == "ok" and reward["reward"] == 1.0, reward
@@ -133,7 +135,7 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
 
     # ---- the sealer Job, then what a trainer reads
     seal = sealer_job(job, cfg, 1, [plan_of(job, 0)])
-    done = run_job_container(seal, Kubelet(tmp_path / "seal", creds, []), tmp_path)
+    done = run_job_container(seal.manifest, child_kubelet(seal, tmp_path / "seal", creds), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     sealed = json.loads(done.stdout.strip().splitlines()[-1])
     assert sealed["batch_id"] == "k8s-000001" and sealed["traces"] == 1
@@ -152,7 +154,8 @@ def test_evaluator_fails_closed_when_the_harness_uploaded_nothing(scripted_engin
     bucket_uri = f"s3://{s3.create_bucket()}/runs"
     job = rollout_job(scripted_engine, bucket_uri)
     creds = {"bucket-credentials": {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}}
-    done = run_job_container(evaluator_job(job, OperatorConfig(bucket_endpoint=s3.endpoint), plan_of(job, 0)), Kubelet(tmp_path, creds, []), tmp_path)
+    ev = evaluator_job(job, OperatorConfig(bucket_endpoint=s3.endpoint), plan_of(job, 0))
+    done = run_job_container(ev.manifest, child_kubelet(ev, tmp_path, creds), tmp_path)
     assert done.returncode == EVALUATOR_FATAL_EXIT_CODE, done.stdout + done.stderr
     reward = json.loads(open_bucket(bucket_uri, **s3.bucket_options()).get("podpath/sessions/0/reward.json"))
     # storage, not the agent: the infrastructure's (left out of training), and final (nothing to judge again)
@@ -207,14 +210,14 @@ def test_kwok_finishes_annotated_harness_pods_with_their_sidecar(kube, scripted_
         for session, annotations in ((0, {"tracefleet.io/kwok-delay": "2s"}),
                                      (1, {"tracefleet.io/kwok-delay": "0s", "tracefleet.io/kwok-outcome": "failed",
                                           "tracefleet.io/kwok-exit-code": "124"})):
-            pod = harness_pod(job, OperatorConfig(), plan_of(job, session), attempt=0)
+            pod = harness_pod(job, OperatorConfig(), plan_of(job, session), attempt=0).manifest
             pod["metadata"].update(namespace=ns, annotations=annotations)
             pod["metadata"].pop("ownerReferences")  # no RolloutJob here: the garbage collector would take it
             r = kube.kubectl("apply", "-f", "-", input=json.dumps(pod))
             assert r.returncode == 0, r.stderr
         started = time.monotonic()
-        name0 = harness_pod(job, OperatorConfig(), plan_of(job, 0), 0)["metadata"]["name"]
-        name1 = harness_pod(job, OperatorConfig(), plan_of(job, 1), 0)["metadata"]["name"]
+        name0 = harness_pod(job, OperatorConfig(), plan_of(job, 0), 0).manifest["metadata"]["name"]
+        name1 = harness_pod(job, OperatorConfig(), plan_of(job, 1), 0).manifest["metadata"]["name"]
         seen_running = False
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -235,13 +238,45 @@ def test_kwok_finishes_annotated_harness_pods_with_their_sidecar(kube, scripted_
         kube.kubectl("delete", "namespace", ns, "--wait=false")
 
 
+def test_plans_at_the_schemas_maxima_reach_their_programs(scripted_engine, tmp_path: Path) -> None:
+    """A prompt of the schema's most characters (262,144, each 4 UTF-8 bytes: its plan is over 1 MiB) and a group of
+    its most samples per task (1,024, sealed in one batch): the harness pod, the evaluator Job and the sealer Job each
+    start and read their plans (files from ConfigMaps), where one environment variable over 128 KiB kept the process
+    from starting at all."""
+    prompt = "\U0001F600" * 262144
+    job = rollout_job(scripted_engine, str(tmp_path / "bucket"), samples=1024)
+    job.spec.tasks.inline[0].prompt = prompt
+    plans = job_plans(job, job_tasks(job))
+    plan = plans[1023]
+    child = harness_pod(job, OperatorConfig(), plan, attempt=0)
+    assert len(child.config_maps) > 1  # over a ConfigMap's 1 MiB: split
+    harness, proxy_rc, out = run_pod(child.manifest, child_kubelet(child, tmp_path / "pod", {"bucket-credentials": {}}))
+    assert proxy_rc == 0 and "uploaded" in out, out
+    # the session program ran its planned session (whether a harness takes a prompt this long is the harness's: the
+    # command preset passes it as TRACEFLEET_PROMPT, one variable, as `tracefleet run` does)
+    session = tmp_path / "bucket" / "podpath" / "sessions" / "1023"
+    result = json.loads((session / "artifacts" / "result.json").read_text())
+    assert (result["session_id"], result["task_id"]) == ("podpath-s1023", "calc-add"), harness.stdout + harness.stderr
+
+    ev = evaluator_job(job, OperatorConfig(), plan)
+    done = run_job_container(ev.manifest, child_kubelet(ev, tmp_path / "eval", {"bucket-credentials": {}}), tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((session / "reward.json").read_text())["task_id"] == "calc-add"
+
+    seal = sealer_job(job, OperatorConfig(), 1, plans)
+    done = run_job_container(seal.manifest, child_kubelet(seal, tmp_path / "seal", {"bucket-credentials": {}}), tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["traces"] == 1024
+
+
 def test_in_pod_exit_code_reflects_a_failed_harness_and_artifacts_still_upload(scripted_engine, tmp_path: Path) -> None:
     """A harness that exits 3 after editing a file: `tracefleet run --in-pod` exits 1 (status error), the
     diff is still collected, and the sidecar uploads it (here to a local-directory bucket)."""
     job = rollout_job(scripted_engine, str(tmp_path / "bucket"))
     job.spec.harness.command = ["python", "-c", "import sys; open('x.txt', 'w').write('partial'); sys.exit(3)"]
-    pod = harness_pod(job, OperatorConfig(), plan_of(job, 0), attempt=0)
-    kubelet = Kubelet(tmp_path / "pod", {"bucket-credentials": {}}, pod["spec"]["volumes"])
+    child = harness_pod(job, OperatorConfig(), plan_of(job, 0), attempt=0)
+    pod = child.manifest
+    kubelet = child_kubelet(child, tmp_path / "pod", {"bucket-credentials": {}})
     harness, proxy_rc, out = run_pod(pod, kubelet, timeout_s=120)
     assert harness.returncode == 1, harness.stdout + harness.stderr
     assert proxy_rc == 0, out
@@ -260,8 +295,9 @@ def test_sidecar_renders_exactly_with_the_tokenizer_from_its_mounted_cache(scrip
     job.spec.inference.capture = Capture.model_validate(
         {"tokenizer": "acme/tiny-chat", "tokenizerCache": {"claimName": "tok", "mountPath": "/models"}})
     assert job.spec.inference.capture.mode == "auto"
-    pod = harness_pod(job, OperatorConfig(), plan_of(job, 0), attempt=0)
-    kubelet = Kubelet(tmp_path / "pod", {"bucket-credentials": {}}, pod["spec"]["volumes"])
+    child = harness_pod(job, OperatorConfig(), plan_of(job, 0), attempt=0)
+    pod = child.manifest
+    kubelet = child_kubelet(child, tmp_path / "pod", {"bucket-credentials": {}})
     write_hub_model(tmp_path / "pod" / "tokenizer-cache", "acme/tiny-chat")  # what the claim holds
     env = kubelet.process(pod["spec"]["initContainers"][0])[1]
     assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"] == str(tmp_path / "pod" / "tokenizer-cache")
@@ -281,10 +317,12 @@ def test_sidecar_records_and_cancels_a_call_its_harness_abandons(scripted_engine
     second, the engine stops generating it at once, and the record reaches the bucket when the pod stops."""
     scripted_engine.configure(token_delay_s=0.02, no_tools_text=" ".join(f"word{i}" for i in range(2000)))
     job = rollout_job(scripted_engine, str(tmp_path / "bucket"))
-    pod = harness_pod(job, OperatorConfig(), plan_of(job, 0), attempt=0)
-    kubelet = Kubelet(tmp_path / "pod", {"bucket-credentials": {}}, pod["spec"]["volumes"])
+    child = harness_pod(job, OperatorConfig(), plan_of(job, 0), attempt=0)
+    pod = child.manifest
+    kubelet = child_kubelet(child, tmp_path / "pod", {"bucket-credentials": {}})
     argv, env, cwd = kubelet.process(pod["spec"]["initContainers"][0])
-    session_id, secret = argv[argv.index("--session") + 1].split(":", 1)
+    sidecar_env = ProxySidecarEnv.from_env(env)
+    session_id, secret = sidecar_env.plan.session_id, sidecar_env.session_secret
     capture = Path(argv[argv.index("--capture-dir") + 1]) / f"{session_id}.jsonl"
     sidecar = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)

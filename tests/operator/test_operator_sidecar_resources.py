@@ -17,7 +17,7 @@ from fixtures.rolloutjobs import POD_CONFIG, managed_codex_body
 def sidecar_resources(capture: str) -> dict:
     body = managed_codex_body()
     body["spec"]["inference"]["capture"] = yaml.safe_load(capture)
-    pod = harness_pod(RolloutJob.model_validate(body), POD_CONFIG, plan_of(RolloutJob.model_validate(body), 0), attempt=0)
+    pod = harness_pod(RolloutJob.model_validate(body), POD_CONFIG, plan_of(RolloutJob.model_validate(body), 0), attempt=0).manifest
     (proxy,) = pod["spec"]["initContainers"]
     return proxy["resources"]
 

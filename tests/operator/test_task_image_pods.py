@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from fixtures.harnesses import harness_binary_path
+from fixtures.pods import pod_inputs
 from tracefleet.bucket import open_bucket
 from tracefleet.contract import layout
 from tracefleet.contract import task_image as ti
@@ -54,7 +55,7 @@ def _task_source(root: Path) -> Path:
 
 
 def _plan(tasks: Path, timeout_s: float) -> SessionPlan:
-    """The session's plan, as the operator ships it (tracefleet.contract.podenv.PLAN)."""
+    """The session's plan, as the operator ships it (in files: tracefleet.contract.plan_files)."""
     task = Task(id=TASK, prompt="p", harbor=HarborTaskRun(folder=str(tasks), verifier_timeout_s=30))
     return SessionPlan(index=0, session_id="hb-s0", job="hb", task=task, sample_index=0, group_id=f"hb/{TASK}",
                        harness=HarnessConfig(timeout_s=timeout_s), evaluator=EvaluatorSpec(type="harbor"), model="m")
@@ -74,8 +75,9 @@ def _session(runtime: ContainerRuntime, root: Path, name: str, agent: str, timeo
         env={**__import__("os").environ, **runtime.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         plan = _plan(root / "tasks", timeout_s)
-        env = {**HarnessEnv(plan=plan, base_url="http://127.0.0.1:1", api_key="k", artifacts_dir=str(artifacts),
-                            work_dir=str(work), launch_dir=str(shared / "launch")).to_env(), "HOME": str(home)}
+        env = {**pod_inputs(HarnessEnv(plan=plan, base_url="http://127.0.0.1:1", api_key="k", artifacts_dir=str(artifacts),
+                                       work_dir=str(work), launch_dir=str(shared / "launch")), root / name / "plan"),
+               "HOME": str(home)}
         place = TaskImagePlace(env, threading.Event())
         workdir = work / "workdir"  # what the session program prepared: it stands for the task's workdir
         proc = place.run(None, ["sh", "-c", agent], cwd=workdir, home=home,  # type: ignore[arg-type]
@@ -99,7 +101,7 @@ def _evaluate(runtime: ContainerRuntime, root: Path, name: str, artifacts: Path,
     bucket = open_bucket(bucket_dir)
     for f in artifacts.iterdir():
         bucket.put(layout.artifacts_prefix("hb", 0) + f.name, f.read_bytes())
-    env = EvaluatorEnv.from_env(EvaluatorEnv(bucket=str(bucket_dir), plan=_plan(tasks, 60)).to_env())
+    env = EvaluatorEnv.from_env(pod_inputs(EvaluatorEnv(bucket=str(bucket_dir), plan=_plan(tasks, 60)), root / name / "ev-plan"))
     assert fetch(bucket, env, shared / "eval") is None
     environment = {**HARDENED_PYTHON_ENV, "TRACEFLEET_TASK_WORKDIR": "/app", "TRACEFLEET_VERIFIER_TIMEOUT_S": "30"}
     runtime.run("run", "--rm", "-v", f"{shared}:{ti.SHARED_DIR}", "-v", f"{tests}:/tests", "-v", f"{logs}:/logs/verifier",
@@ -190,8 +192,9 @@ def test_the_session_patch_is_the_task_workdir_against_the_images(tmp_path: Path
                               "application/x": "a sibling folder\n"})
     (launch / ti.DELETED).write_text("/app/gone.txt\n/etc/motd\n")
     (launch / ti.EXIT_CODE).write_text("0\n")
-    place = TaskImagePlace({**HarnessEnv(plan=_plan(tmp_path / "tasks", 30), base_url="http://127.0.0.1:1", api_key="k",
-                                         artifacts_dir=str(artifacts), work_dir=str(work), launch_dir=str(launch)).to_env(),
+    place = TaskImagePlace({**pod_inputs(HarnessEnv(plan=_plan(tmp_path / "tasks", 30), base_url="http://127.0.0.1:1",
+                                                    api_key="k", artifacts_dir=str(artifacts), work_dir=str(work),
+                                                    launch_dir=str(launch)), tmp_path / "plan"),
                             "HOME": str(home)})
     folders = SessionFolders(work=work, artifacts=artifacts, home=home)
     patch = place.workspace_diff(None, folders)  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from tracefleet.contract.proxy_plan import ProxyPlan
 from tracefleet.contract.capture import CaptureRecord, read_capture_log
 
 from fixtures.abandoning_client import DIALECTS, abandon, request_bytes
@@ -197,8 +198,7 @@ def test_stopping_the_runners_proxy_cuts_off_its_calls_in_flight(slow_engine, tm
     from tracefleet.runner.proxy_admin import ProxyAdmin
     from tracefleet.runner.services import InProcessProxy
 
-    proxy = InProcessProxy(engine_url=slow_engine.url, capture_dir=tmp_path / "cap", mode="server",
-                           served_model=None).start()
+    proxy = InProcessProxy(ProxyPlan(engine_url=slow_engine.url, mode="server"), capture_dir=tmp_path / "cap").start()
     try:
         s = ProxyAdmin(proxy.url, proxy.admin_token).create_session("run-1")
         answers: list[str] = []

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tracefleet.contract.proxy_plan import ProxyPlan
 from tracefleet.engine.scripted import Script
 from tracefleet.runner.evaluators import EvaluatorSpec
 from tracefleet.runner.netns import UnixToTcpBridge
@@ -29,8 +30,7 @@ def test_real_harness_session_through_the_runner(name: str, harness_binaries, sc
         tool_rounds=len(COMMANDS), commands=COMMANDS, final_text="Done: note.txt written.",
         tool_preference=[get_preset(name).shell_tool],
     ).model_dump())
-    proxy = InProcessProxy(engine_url=scripted_engine.url, capture_dir=tmp_path / "capture", mode="server",
-                           served_model=None).start()
+    proxy = InProcessProxy(ProxyPlan(engine_url=scripted_engine.url, mode="server"), capture_dir=tmp_path / "capture").start()
     bridge = None
     try:
         harness = HarnessConfig(preset=name, timeout_s=240)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tracefleet.contract.proxy_plan import ProxyPlan
 from tracefleet.contract.capture import read_capture_log
 from tracefleet.runner.netns import UnixToTcpBridge
 from tracefleet.runner.proxy_admin import ProxyAdmin
@@ -65,7 +66,7 @@ def test_a_call_abandoned_inside_the_namespace_is_recorded_and_cancelled(
     """The bridge passes a harness's hang-up on: the proxy records the call and the engine stops."""
     scripted_engine.configure(token_delay_s=0.02, no_tools_text=" ".join(f"word{i}" for i in range(100)))
     capture = tmp_path / "capture"
-    proxy = InProcessProxy(engine_url=scripted_engine.url, capture_dir=capture, mode="server", served_model=None).start()
+    proxy = InProcessProxy(ProxyPlan(engine_url=scripted_engine.url, mode="server"), capture_dir=capture).start()
     s = ProxyAdmin(proxy.url, proxy.admin_token).create_session()
     port = proxy.port
     bridge = UnixToTcpBridge(tmp_path / "proxy.sock", "127.0.0.1", port).start()

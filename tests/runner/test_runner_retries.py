@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tracefleet.contract.proxy_plan import ProxyPlan
 from tracefleet.contract.capture import read_capture_log
 from tracefleet.engine.scripted import Script
 from tracefleet.runner.evaluators import EvaluatorSpec
@@ -33,8 +34,7 @@ def test_qwen_code_retry_after_its_client_timeout(harness_binary: Path, scripted
     script = Script(tool_rounds=len(COMMANDS), commands=COMMANDS, final_text="Done.",
                     tool_preference=[get_preset("qwen-code").shell_tool])
     scripted_engine.configure(**script.model_copy(update={"first_token_delay_s": 30.0}).model_dump())
-    proxy = InProcessProxy(engine_url=scripted_engine.url, capture_dir=tmp_path / "capture", mode="server",
-                           served_model=None).start()
+    proxy = InProcessProxy(ProxyPlan(engine_url=scripted_engine.url, mode="server"), capture_dir=tmp_path / "capture").start()
     bridge = None
     runs: list[SessionRun] = []
     try:

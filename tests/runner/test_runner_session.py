@@ -11,6 +11,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from tracefleet.contract.proxy_plan import ProxyPlan
 from tracefleet.contract.capture import read_capture_log
 from tracefleet.runner.evaluators import EvaluatorSpec
 from tracefleet.runner.netns import UnixToTcpBridge
@@ -52,7 +53,7 @@ HARNESS = textwrap.dedent(
 @pytest.fixture
 def proxy(scripted_engine: Any, tmp_path: Path) -> Iterator[InProcessProxy]:
     url = getattr(scripted_engine, "url", scripted_engine)
-    p = InProcessProxy(engine_url=str(url), capture_dir=tmp_path / "capture", mode="server", served_model=None).start()
+    p = InProcessProxy(ProxyPlan(engine_url=str(url), mode="server"), capture_dir=tmp_path / "capture").start()
     try:
         yield p
     finally:

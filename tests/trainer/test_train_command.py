@@ -8,7 +8,7 @@ from typing import Any
 
 from tracefleet.api.manifest import load_job
 from tracefleet.cli import main as cli_main
-from tracefleet.contract.semantics import group_id, session_plan
+from tracefleet.contract.semantics import group_id, session_slots
 from tracefleet.trainer.loop import repeated_job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,8 +23,8 @@ def test_the_loop_job_repeats_the_tasks_in_rounds_each_its_own_group() -> None:
     assert ids == [f"{t}-r{k}" for k in range(3) for t in ("add", "shout", "total")]
     assert looped.spec.output.traces_per_batch == 8 and looped.spec.tasks.samples_per_task == 4
     assert looped.name == job.name and job.spec.tasks.inline[0].id == "add"  # the loaded job is unchanged
-    plan = session_plan(looped.name, ids, 4)
-    assert len({p.group_id for p in plan}) == 9 and plan[0].group_id == group_id("loop", "add-r0")
+    slots = session_slots(looped.name, ids, 4)
+    assert len({p.group_id for p in slots}) == 9 and slots[0].group_id == group_id("loop", "add-r0")
     assert [t.prompt for t in looped.spec.tasks.inline[3:6]] == [t.prompt for t in job.spec.tasks.inline]
 
 

@@ -91,7 +91,7 @@ app.kubernetes.io/component: operator
   verbs: ["get", "list", "watch", "create"]
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get"]
+  verbs: ["get", "create"]
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]

@@ -1,6 +1,6 @@
-"""What the proxy is told about its engine, on its command line: how long it waits for it, and what kind of
-logprobs it reports. The operator (a sidecar's args), `tracefleet run` (an in-process proxy) and `tracefleet proxy`
-share these names and defaults.
+"""What the proxy is told about its engine: how long it waits for it, and what kind of logprobs it reports. The job's
+proxy plan carries them (tracefleet.contract.proxy_plan, for a sidecar and `tracefleet run`'s in-process proxy);
+`tracefleet proxy` takes them as flags with these names and defaults.
 
 Time limits, each for what it says (a streamed call that keeps producing tokens is never cut by them):
 - connect: opening a connection to the engine;
@@ -56,21 +56,6 @@ class EngineLimits(BaseModel):
     first_token_s: float = Field(default=FIRST_TOKEN_S, gt=0)
     inter_token_s: float = Field(default=INTER_TOKEN_S, gt=0)
     total_s: float | None = Field(default=None, gt=0)
-
-    def flags(self) -> list[str]:
-        """These limits as `tracefleet proxy` arguments."""
-        out = [CONNECT_FLAG, _number(self.connect_s), FIRST_TOKEN_FLAG, _number(self.first_token_s),
-               INTER_TOKEN_FLAG, _number(self.inter_token_s)]
-        return out + ([TOTAL_FLAG, _number(self.total_s)] if self.total_s is not None else [])
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def logprobs_mode_flags(mode: str | None) -> list[str]:
-    """A stated logprobs kind as `tracefleet proxy` arguments (none when nobody stated it)."""
-    return [LOGPROBS_MODE_FLAG, mode] if mode in LOGPROBS_MODES else []
 
 
 def arg_value(args: list[str], flag: str) -> str | None:

@@ -31,7 +31,7 @@ CONSUMERS = "consumers"
 SESSIONS = "sessions"
 MANIFEST = "manifest.json"
 
-# A session folder's objects (relative to the session prefix: the sidecar's --upload-to).
+# A session folder's objects (relative to the session prefix: where the sidecar uploads, SidecarPlan.upload_to).
 CAPTURE_LOG = "capture.jsonl"
 BODIES = "bodies/"
 ARTIFACTS = "artifacts/"
@@ -119,7 +119,7 @@ def artifacts_prefix(job: str, session: int) -> str:
 
 
 def session_uri(bucket_uri: str, job: str, session: int) -> str:
-    """The session's folder as a URI, with the trailing slash: the sidecar's --upload-to."""
+    """The session's folder as a URI, with the trailing slash: where the sidecar uploads (SidecarPlan.upload_to)."""
     return f"{bucket_uri.rstrip('/')}/{session_prefix(job, session)}"
 
 

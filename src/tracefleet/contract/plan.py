@@ -1,12 +1,14 @@
 """The planner: every session of a RolloutJob, planned once (design §2.10), by this one function in either driver.
 
     read_tasks     a tasks file (JSON lines, spec.tasks.uri or a ConfigMap's key) as typed TaskSpecs: every reader
+    task_specs     the job's RolloutJob tasks: inline, or its tasks file's (each driver fetches the file its way)
     task_from_api  a RolloutJob task (inline or a tasks-file line) as the session's Task
     harbor_task    a checked Harbor task folder as the session's Task
     plan_sessions  the job's SessionPlans: tasks × samples, the harness, the evaluator, the limits
+    plan_proxy     the job's ProxyPlan: capture mode, tokenizer, engine limits, logprobs kind, sampling
 
 `tracefleet run` plans with the job file's folder as `job_dir`; the operator plans without one and ships each plan
-whole to the pods of its session (tracefleet.contract.podenv.PLAN), where the pod program settles it at its own
+whole to the pods of its session (files: tracefleet.contract.plan_files), where the pod program settles it at its own
 job folder (`SessionPlan.at`, the same rule). Defaults: one per quantity, on this floor
 (tracefleet.contract.semantics.SESSION_TIMEOUT_S, EVALUATOR_TIMEOUT_S), which the RolloutJob's fields default to.
 """
@@ -19,9 +21,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from tracefleet.contract.engine_limits import LOGPROBS_MODES
 from tracefleet.contract.harbor import HarborTaskRun, TaskConfig
 from tracefleet.contract.job import TaskSpec
-from tracefleet.contract.semantics import evaluator_type, session_plan
+from tracefleet.contract.proxy_plan import ProxyPlan
+from tracefleet.contract.semantics import evaluator_type, session_slots
 from tracefleet.contract.session import EvaluatorSpec, HarnessConfig, SessionPlan, Task, session_id
 
 if TYPE_CHECKING:
@@ -45,6 +49,17 @@ def read_tasks(text: str, where: str) -> list[TaskSpec]:
             at = ".".join(map(str, err["loc"]))
             raise TasksFileError(f"{where}: line {number}: {at + ': ' if at else ''}{err['msg']}") from None
     return tasks
+
+
+def task_specs(job: RolloutJob, text: str | None) -> list[TaskSpec]:
+    """The job's tasks as the RolloutJob states them: inline, or the JSON lines `text` of its tasks file (the
+    ConfigMap's key, spec.tasks.uri's object), which the driver fetched. Harbor folders are read elsewhere
+    (tracefleet.harbor)."""
+    tasks = job.spec.tasks
+    if tasks.inline is not None:
+        return list(tasks.inline)
+    cm = tasks.config_map_ref
+    return read_tasks(text or "", f"ConfigMap {cm.name} key {cm.key}" if cm is not None else f"spec.tasks.uri {tasks.uri}")
 
 
 def task_from_api(api_task: TaskSpec, extra_setup: Sequence[str] = ()) -> Task:
@@ -135,6 +150,28 @@ def plan_sessions(job: RolloutJob, tasks: Sequence[Task], model: str | None, *,
             diagnostics=spec.diagnostics,
             policy_version=spec.inference.policy_version,
         )
-        for p in session_plan(job.name, [t.id for t in tasks], spec.tasks.samples_per_task)
+        for p in session_slots(job.name, [t.id for t in tasks], spec.tasks.samples_per_task)
     ]
     return plans if job_dir is None else [p.at(job_dir) for p in plans]
+
+
+def plan_proxy(job: RolloutJob, model: str | None, engine_url: str) -> ProxyPlan:
+    """The job's proxy: its engine at `engine_url` (the driver knows where: the job's external URL, or the managed
+    engine's address), the model harnesses ask for (None: the first the engine lists) and what spec.inference says.
+    Exact mode reads the tokenizer of the model a managed engine loads, else of the served model (or the engine's
+    own `root`: tracefleet.proxy.mode)."""
+    inference = job.spec.inference
+    capture = inference.capture
+    stated = inference.logprobs_mode()
+    return ProxyPlan(
+        engine_url=engine_url.rstrip("/"),
+        mode=capture.mode,
+        served_model=model,
+        tokenizer=capture.tokenizer or (inference.managed.model if inference.managed is not None else None),
+        model_family=capture.model_family,
+        tool_parser=capture.tool_parser,
+        engine_limits=inference.engine_timeouts.limits(),
+        logprobs_mode=stated if stated in LOGPROBS_MODES else None,  # type: ignore[arg-type]  # checked: one of them
+        sampling=inference.sampling.override(),
+        policy_version=inference.policy_version,
+    )

@@ -2,8 +2,9 @@
 policy. A harness decides its own sampling (most coding CLIs send none, so the engine's defaults apply), and an RL
 run needs to choose it: each parameter the job sets replaces the harness's value on every call the proxy sends to
 the engine, and is recorded with source `job` (the capture record's `sampling`, each trace span's temperature,
-top_p and top_k), so a trainer scores each token under the distribution that sampled it. The operator (a sidecar's
-args), `tracefleet run` (an in-process proxy) and `tracefleet proxy` share these names.
+top_p and top_k), so a trainer scores each token under the distribution that sampled it. The job's proxy plan carries
+it (tracefleet.contract.proxy_plan: a sidecar's, `tracefleet run`'s in-process proxy's); `tracefleet proxy` takes
+it as these flags.
 
 Why the proxy and not the engine's own defaults (vLLM `--override-generation-config`): a value the request does not
 carry is recorded as the engine's default, unknown to the trace, and a trainer that assumes temperature 1 would
@@ -38,11 +39,3 @@ class SamplingOverride(BaseModel):
     def fields(self) -> dict[str, Any]:
         """The engine request fields these set."""
         return {key: value for key, value in self.model_dump().items() if value is not None}
-
-    def flags(self) -> list[str]:
-        """These parameters as `tracefleet proxy` arguments."""
-        out: list[str] = []
-        for flag, value in ((TEMPERATURE_FLAG, self.temperature), (TOP_P_FLAG, self.top_p), (TOP_K_FLAG, self.top_k)):
-            if value is not None:
-                out += [flag, repr(value)]
-        return out

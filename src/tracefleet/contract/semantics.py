@@ -104,10 +104,30 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # batch.py imports OutcomeKind from here
-    from tracefleet.contract.batch import BatchManifest
+
+class _DiagnosticTally(Protocol):
+    @property
+    def quarantined(self) -> int: ...
+    @property
+    def dropped(self) -> int: ...
+
+
+class SealedCounts(Protocol):
+    """What a sealed batch's manifest (tracefleet.contract.batch.BatchManifest, which imports OutcomeKind from here)
+    says of its sessions: read by shape, so neither module imports the other."""
+
+    @property
+    def sessions(self) -> int: ...
+    @property
+    def quarantined_sessions(self) -> int: ...
+    @property
+    def dropped_sessions(self) -> int: ...
+    @property
+    def diagnostics(self) -> Mapping[str, _DiagnosticTally]: ...
+    @property
+    def outcome_kinds(self) -> Mapping[str, int]: ...
 
 # ---------------------------------------------------------------- presets
 
@@ -116,6 +136,8 @@ DEFAULT_PRESET = "command"  # harness and evaluator alike: no preset means "run 
 # RolloutJob's fields and a session's plan (tracefleet.contract.session) both take.
 SESSION_TIMEOUT_S = 1800
 EVALUATOR_TIMEOUT_S = 600
+# A task's workspace setup (its checkout's and spec.harness.workspace.setup's commands), before the harness starts.
+SETUP_TIMEOUT_S = 600
 # The one default of spec.harness.workspace.workdir: the directory a harness starts in, the same path on both drivers
 # (a harness that writes its working directory into its prompt, as Pi does, then sends every session the same one).
 WORKDIR = "/workspace"
@@ -194,7 +216,7 @@ def _add_counts(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
     return {k: a.get(k, 0) + b.get(k, 0) for k in sorted({*a, *b})}
 
 
-def diagnostics_counts(manifest: BatchManifest) -> DiagnosticsCounts:
+def diagnostics_counts(manifest: SealedCounts) -> DiagnosticsCounts:
     """One sealed batch's counts, from its manifest."""
     per = manifest.diagnostics
     return DiagnosticsCounts(
@@ -228,7 +250,7 @@ def quarantine_verdict(counts: DiagnosticsCounts, max_rate: float = DEFAULT_MAX_
     return QuarantineVerdict(False, REASON_QUARANTINE_RATE_WITHIN, f"{numbers} <= maxQuarantineRate {max_rate:g}{by}")
 
 
-# ---------------------------------------------------------------- the session plan
+# ---------------------------------------------------------------- the sessions of a job
 
 
 def group_id(job: str, task_id: str) -> str:
@@ -246,7 +268,9 @@ def task_and_sample(index: int, samples_per_task: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class PlannedSession:
+class SessionSlot:
+    """A session's place in its job: which task, which sample, which group (its SessionPlan says the rest)."""
+
     index: int  # job-wide session number
     task_index: int
     task_id: str
@@ -254,10 +278,10 @@ class PlannedSession:
     group_id: str
 
 
-def session_plan(job: str, task_ids: Sequence[str], samples_per_task: int) -> list[PlannedSession]:
+def session_slots(job: str, task_ids: Sequence[str], samples_per_task: int) -> list[SessionSlot]:
     """Every session of the job, in index order."""
     return [
-        PlannedSession(session_index(t, s, samples_per_task), t, task_id, s, group_id(job, task_id))
+        SessionSlot(session_index(t, s, samples_per_task), t, task_id, s, group_id(job, task_id))
         for t, task_id in enumerate(task_ids)
         for s in range(samples_per_task)
     ]
@@ -390,7 +414,7 @@ class OutcomeCounts:
         return cls(**{k.value: int(data.get(k.value, 0)) for k in OutcomeKind})
 
 
-def outcome_counts(manifest: BatchManifest) -> OutcomeCounts:
+def outcome_counts(manifest: SealedCounts) -> OutcomeCounts:
     """One sealed batch's sessions by kind, from its manifest (batches sealed before kinds: none)."""
     return OutcomeCounts.from_json(manifest.outcome_kinds)
 

@@ -31,6 +31,7 @@ from tracefleet.contract.semantics import (
     DEFAULT_PRESET,
     EVALUATOR_TIMEOUT_S,
     SESSION_TIMEOUT_S,
+    SETUP_TIMEOUT_S,
     WORKDIR,
     OutcomeKind,
     harness_preset,
@@ -188,7 +189,7 @@ class HarnessConfig(BaseModel):
 
 class SessionPlan(BaseModel):
     """One session of a job, as tracefleet.contract.plan.plan_sessions planned it: the value the operator ships to
-    every pod of the session (tracefleet.contract.podenv.PLAN) and `tracefleet run` hands to the session program."""
+    every pod of the session (tracefleet.contract.plan_files) and `tracefleet run` hands to the session program."""
 
     index: int = Field(ge=0)  # the job-wide session index (tracefleet.contract.semantics)
     session_id: str
@@ -200,7 +201,7 @@ class SessionPlan(BaseModel):
     evaluator: EvaluatorSpec
     model: str
     builder: str = "prefix-merge"
-    setup_timeout_s: float = 600
+    setup_timeout_s: float = SETUP_TIMEOUT_S
     # spec.diagnostics (None: built-ins, flag only)
     # model, which is not on this floor yet
     diagnostics: list[DiagnosticSpec] | None = None

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from tracefleet.formats.gguf import gguf_metadata
+
 # transformers' GGUF converter drops the digit split that SmolLM2 (and llama.cpp) apply first, so "a  1"
 # would tokenize differently from the model's own tokenizer: keyed by GGUF `tokenizer.ggml.pre`.
 PRE_TOKENIZERS = {
@@ -41,8 +43,6 @@ class ConvertedTokenizer:
 
 def converted_tokenizer(gguf_path: Path) -> ConvertedTokenizer:
     """The vocabulary of `gguf_path` converted, without torch where `byte_level_tokenizer` handles it."""
-    from tracefleet.formats.models import gguf_metadata
-
     meta = gguf_metadata(gguf_path, _VOCAB_KEYS)
     if meta.get("tokenizer.ggml.model") == "gpt2" and meta.get("tokenizer.ggml.pre") in PRE_TOKENIZERS:
         return byte_level_tokenizer(meta)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import hashlib
 import importlib
 import importlib.util
@@ -18,10 +17,10 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
 
 from tracefleet.contract.environment import cache_dir  # noqa: F401 - where the shipped models are cached (callers import it from here)
+from tracefleet.formats.gguf import gguf_metadata
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -115,22 +114,6 @@ def resolve_model(name_or_path: str, served_name: str | None = None) -> ModelSpe
     if served_name:
         spec = dataclasses.replace(spec, name=served_name)
     return spec
-
-
-def gguf_metadata(path: Path, keys: tuple[str, ...]) -> dict[str, object]:
-    """Selected scalar/string metadata values of a GGUF file (no tensor data is read)."""
-    st = Path(path).stat()
-    fields = _gguf_fields(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
-    return {key: fields[key].contents() for key in keys if key in fields}
-
-
-@functools.lru_cache(maxsize=4)
-def _gguf_fields(path: str, size: int, mtime_ns: int) -> dict[str, Any]:
-    """A GGUF file's metadata fields, parsed once per file version in a process: gguf's reader parses every
-    field, the whole vocabulary included (measured: 2 s for SmolLM2, 10 s for Gemma 3 270M, per read)."""
-    from gguf import GGUFReader
-
-    return dict(GGUFReader(path).fields)
 
 
 def trained_context(name_or_path: str) -> int | None:
