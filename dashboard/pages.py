@@ -12,14 +12,13 @@ import time
 from typing import Any
 from urllib.parse import urlencode
 
-from tracefleet.contract.semantics import OutcomeKind, outcome_counts
+from tracefleet.contract.semantics import OUTCOME_KIND_WORDS, OutcomeKind, outcome_counts
 from tracefleet.dashboard import figures as fig
 from tracefleet.dashboard.charts import line_chart
 from tracefleet.contract.progress import STALE_AFTER_HEARTBEATS, JobProgress, ProgressState, progress_state
 from tracefleet.dashboard.source import JobSource, LoopSource, Source
 
 POLL_MS = 2000
-KIND_WORDS = {OutcomeKind.OK: "ok", OutcomeKind.POLICY: "the policy's", OutcomeKind.INFRASTRUCTURE: "the infrastructure's"}
 SESSIONS_SHOWN = 100  # the newest sessions a job page lists
 TASKS_CHARTED = 12
 BATCHES_SHOWN = 200  # the newest batches the per-batch table lists
@@ -300,7 +299,7 @@ def job_page(source: Source, job: JobSource, *, fragment: bool = False) -> str:
 def _kind(session: dict[str, Any]) -> str:
     """Whose outcome a sealed session is, in words (– for a batch sealed before outcome kinds)."""
     kind = session.get("outcome_kind")
-    return KIND_WORDS.get(kind, kind) if kind else "–"
+    return OUTCOME_KIND_WORDS.get(kind, kind) if kind else "–"
 
 
 def _batch_table(job: JobSource, rows_by_seq: dict[int, list[dict[str, Any]]]) -> str:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tracefleet.contract.layout import batches_prefix
+from tracefleet.contract.layout import BATCHES, batches_prefix
 from tracefleet.contract.semantics import OUTCOME_KIND_WORDS, OutcomeKind, outcome_counts
 from tracefleet.usage import USAGE_EXIT, UsageError
 
@@ -98,9 +98,21 @@ def _job(args: argparse.Namespace, bucket: Any) -> str:
     if args.job:
         return str(args.job)
     jobs = _jobs(bucket)
+    if not jobs and (hint := _job_folder_hint(args, bucket)):
+        raise UsageError(hint)
     if len(jobs) != 1:
         raise SystemExit(f"--job is required: {bucket.uri} holds {len(jobs)} jobs ({', '.join(jobs) or 'none'})")
     return jobs[0]
+
+
+def _job_folder_hint(args: argparse.Namespace, bucket: Any) -> str | None:
+    """When `args.uri` is one job's folder (the path a run's summary prints), the command that reads it: the bucket
+    is the folder above, the job its name."""
+    if not bucket.list_dirs(f"{BATCHES}/"):
+        return None
+    parent, _, job = str(args.uri).rstrip("/").rpartition("/")
+    return (f"{args.uri} is the folder of the job {job!r}, not a bucket of jobs: "
+            f"tracefleet traces {args.traces_command} {parent or '.'} --job {job}")
 
 
 CAPTURE_LOG_SUFFIX = ".jsonl"
@@ -171,15 +183,15 @@ def _capture_traces(args: argparse.Namespace) -> list[Any]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from tracefleet.bucket import BucketError, BucketNotFound
+    from tracefleet.bucket import BucketError, BucketNotFound, BucketUriError
 
     try:
         return {"ls": _ls, "show": _show, "export": _export, "flush": _flush}[args.traces_command](args)
-    except BucketNotFound as exc:  # a wrong name is the user's to fix: a usage mistake
+    except (BucketNotFound, BucketUriError) as exc:  # a wrong name is the user's to fix: a usage mistake
         print(f"tracefleet traces: {exc}", file=sys.stderr)
         return USAGE_EXIT
     except BucketError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"tracefleet traces: {exc}", file=sys.stderr)
         return 1
 
 
@@ -193,6 +205,8 @@ def _ls(args: argparse.Namespace) -> int:
         jobs = _jobs(bucket)
         for job in jobs:
             print(f"{job}\t{len(BatchReader(bucket, job).seqs())} batches")
+        if not jobs and (hint := _job_folder_hint(args, bucket)):
+            raise UsageError(hint)
         if not jobs:
             print(f"no jobs with sealed batches in {bucket.uri}", file=sys.stderr)
         return 0

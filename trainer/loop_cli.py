@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from tracefleet.trainer.loop import (
@@ -91,6 +92,9 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--warm-start {args.warm_start}: no such folder")
     if args.minutes is not None and args.minutes <= 0:
         raise UsageError("--minutes must be more than 0")
+    if args.output is not None and re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", str(args.output)):
+        raise UsageError(f"--output {args.output}: the run's folder on this machine, not a bucket URI (the loop trains "
+                         "from the batches it seals there)")
     options = LoopOptions(job_path=args.job, iterations=args.iterations, minutes=args.minutes, lr=args.lr,
                           max_lag=args.max_lag, seed=args.seed, traces_per_step=args.traces_per_step,
                           output=args.output, engine_url=args.engine_url, held_out=args.held_out,

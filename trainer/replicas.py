@@ -18,12 +18,10 @@ lets only the job's engine key through: `job_engine_key` reads it from the job's
 from __future__ import annotations
 
 import base64
-import os
 from dataclasses import dataclass
 from typing import Any
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"  # set by the EndpointSlice controller on a Service's slices
-KUBECONFIG_ENV = "KUBECONFIG"
 ENGINE_PORT_NAME = "http"  # the managed inference Service's port (tracefleet.operator.children.inference)
 
 
@@ -54,16 +52,14 @@ def inference_service_name(job: str) -> str:
 
 def kube_api_client() -> Any:
     """A client for the cluster this process runs in, else the kubeconfig's current context."""
-    from kubernetes import client, config
+    from kubernetes import client
+
+    from tracefleet.cluster_config import load_cluster_config
 
     try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        try:
-            # KUBECONFIG as it is now (the client reads it once, at import)
-            config.load_kube_config(config_file=os.environ.get(KUBECONFIG_ENV))
-        except (config.ConfigException, OSError) as exc:
-            raise ValueError(f"no Kubernetes credentials (not in a pod, no usable kubeconfig: {exc})") from None
+        load_cluster_config()
+    except SystemExit as exc:  # this module's callers answer a ValueError in their own words
+        raise ValueError(str(exc)) from None
     return client.ApiClient()
 
 

@@ -42,6 +42,10 @@ class BucketUnreachable(BucketError):
     pass
 
 
+class BucketUriError(BucketError):
+    """The URI itself cannot name a bucket: the user's to fix, not the store's."""
+
+
 class BucketAccessDenied(BucketError):
     pass
 
@@ -374,7 +378,7 @@ def open_bucket(uri: str | os.PathLike[str], **options: Any) -> LocalBucket | S3
     parsed = urlparse(text)
     if parsed.scheme == "s3":
         if not parsed.netloc:
-            raise BucketError(f"{text!r}: an S3 URI needs a bucket name (s3://bucket/prefix)")
+            raise BucketUriError(f"{text!r}: an S3 URI needs a bucket name (s3://bucket/prefix)")
         return S3Bucket(parsed.netloc, parsed.path, **options)
     if parsed.scheme == "file":
         return LocalBucket(parsed.path, **{k: v for k, v in options.items() if k == "create"})

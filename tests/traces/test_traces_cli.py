@@ -41,6 +41,13 @@ def test_cli_on_directory_and_capture_log(tmp_path: Path) -> None:
     assert ls.returncode == 0 and "job-a\t1 batches" in ls.stdout
     ls = tracefleet("ls", str(tmp_path / "bucket"), "--job", "job-a")
     assert ls.returncode == 0 and ls.stdout.splitlines()[1].split()[:3] == ["0", "1", "1"]
+    # the job's own folder (what a run's summary prints) and a URI that names no bucket: one line, what to type
+    for command in ("ls", "show"):
+        wrong = tracefleet(command, str(tmp_path / "bucket" / "job-a"))
+        assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1, wrong.stderr
+        assert f"tracefleet traces {command} {tmp_path / 'bucket'} --job job-a" in wrong.stderr
+    bad = tracefleet("ls", "s3:/bad")
+    assert bad.returncode == 2 and bad.stderr == "tracefleet traces: 's3:/bad': an S3 URI needs a bucket name (s3://bucket/prefix)\n"
 
     html = tmp_path / "t.html"
     show = tracefleet("show", str(tmp_path / "bucket"), "--color", "always", "--html", str(html))

@@ -52,6 +52,7 @@ def test_train_says_what_is_wrong_in_one_line(tmp_path: Path, capsys: Any) -> No
         (["train", str(top_k)], "spec.inference.sampling.topK: tracefleet train scores tokens at their temperature only"),
         (["train", str(LOOP_JOB), "--max-lag", "-1"], "--max-lag must be 0 or more"),
         (["train", str(LOOP_JOB), "--minutes", "0"], "--minutes must be more than 0"),
+        (["train", str(LOOP_JOB), "--output", "s3:/bad"], "--output s3:/bad: the run's folder on this machine"),
         (["train", str(other)], "trains a shipped model on this machine (smollm2); the job serves 'Qwen/Qwen3-8B'"),
         (["train", str(LOOP_JOB), "--held-out", str(tmp_path)], "is a directory"),
         (["train", str(LOOP_JOB), "--warm-start", str(tmp_path / "nothing")], "nothing: no such folder"),
