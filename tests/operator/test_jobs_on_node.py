@@ -1,31 +1,33 @@
-"""RolloutJobs on a real node (tests/fixtures/node.py): a kubelet, containerd and runc run every pod the operator
-creates, from the images `tracefleet images build` makes, named as the chart names them for users.
+"""RolloutJobs on a real node (tests/fixtures/node.py): a kubelet, containerd and runc run every pod, the operator's
+included, from the images `tracefleet images build` makes, named as the chart names them for users.
 
-The chart is `helm install`ed (CRD, RBAC, ServiceAccount; no operator replica, see below); the operator runs on this
-machine with the chart Deployment's own arguments and a token of the chart's ServiceAccount. The engine (the scripted
-`tracefleet engine`) and the S3 server (SeaweedFS on its own port, plain HTTP) run on this machine, on its address,
-where the pods reach them. Two jobs: examples/k8s/first-job.yaml with the one line a user edits (the engine's URL),
-a `command` harness in the tracefleet image; and Qwen Code from its harness image, whose own shell tool writes the
-file a command evaluator judges. For each, the test watches every child pod (harness pods with the proxy as a native
+`helm install` of the chart from the repository, its defaults but one replica: the operator runs as the chart's
+Deployment, in a pod on the node, with the chart's ServiceAccount and RBAC. No kube-proxy runs here, so the pod is
+told the API server's address (operator.extraEnv: KUBERNETES_SERVICE_HOST/PORT, what a cluster without kube-proxy
+does). The engine (the scripted `tracefleet engine`) and the S3 server (SeaweedFS on its own port, plain HTTP) run on
+this machine, on its address, where the pods reach them.
+
+Two jobs, applied with kubectl: examples/k8s/first-job.yaml with the one line a user edits (the engine's URL), a
+`command` harness in the tracefleet image; and Qwen Code from its harness image, whose own shell tool writes the file
+a command evaluator judges. For each, the test watches every child pod (harness pods with the proxy as a native
 sidecar, evaluator and sealer Jobs) and asks the kubelet's own reports: Running, then Succeeded, every container
 terminated with exit code 0, each pod with its own address; then reads the sealed batches through BatchReader.
 
-Measured (2 cores, shared with other sessions): the node Ready in 5-6 s; `kubectl apply` to the first sealed batch
-24-41 s; the two images rebuilt from the layer cache in 5-12 s, loaded into containerd in 19-25 s each when they
+Measured (2 cores, shared with other sessions): the node Ready in 5-7 s; the chart's operator pod available 5 s after
+`helm install`; `kubectl apply` to the first sealed batch 24-41 s (97 s once under load); the two images rebuilt from the layer cache in 5-12 s, loaded into containerd in 19-25 s each when they
 changed (never when the image id is the same).
 
-Not yet on the node: the operator as the chart's Deployment (a pod reaches the API server only through the
-`kubernetes` Service, and no kube-proxy runs here), an in-cluster bucket, cluster DNS and the NetworkPolicy enforcer.
+Not yet on the node: kube-proxy (Services), an in-cluster bucket, cluster DNS and the NetworkPolicy enforcer.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +37,6 @@ import pytest
 import yaml
 from kubernetes import client, watch
 
-from fixtures.controlplane import free_port
 from fixtures.engines import EngineProcess
 from fixtures.harness_runs import EXPECTED_NOTE, PROMPT, harness_script
 from fixtures.s3 import S3Server, start_seaweedfs
@@ -114,55 +115,48 @@ class PodWatch:
         self._thread.join(timeout=15)
 
 
-def operator_process(kube, tmp: Path) -> subprocess.Popen[bytes]:
-    """`tracefleet operator` with the chart Deployment's arguments, as the chart's ServiceAccount."""
-    dep = json.loads(kube.kubectl("-n", NAMESPACE, "get", "deploy", f"{RELEASE}-tracefleet", "-o", "json").stdout)
-    (container,) = dep["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == REFS[0]
-    kubeconfig = kube.service_account_kubeconfig(NAMESPACE, f"{RELEASE}-tracefleet", tmp / "operator.kubeconfig")
-    args = [a for a in container["args"] if not a.startswith(("--metrics-port=", "--liveness-port="))]
-    args += [f"--metrics-port={free_port()}", f"--liveness-port={free_port()}", "--bind-address=127.0.0.1"]
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": NAMESPACE, "POD_NAME": "operator-here"}
-    log = open(tmp / "operator.log", "wb")  # noqa: SIM115 - lives as long as the process
-    return subprocess.Popen([sys.executable, "-m", "tracefleet.cli", "operator", *args], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
 @dataclass
 class Installed:
-    """The chart installed, its operator running here, the bucket and its Secret in the chart's namespace."""
+    """The chart installed with its operator Deployment running on the node, the bucket and its Secret in the chart's
+    namespace."""
 
     kube: Any
     custom: client.CustomObjectsApi
     pods: PodWatch
     bucket: str
-    log: Path
     seconds: float
+
+    def operator_log(self) -> str:
+        return self.kube.kubectl("-n", NAMESPACE, "logs", f"deploy/{RELEASE}-tracefleet", "--tail=60").stdout
 
 
 @pytest.fixture(scope="module")
-def installed(node, node_images, host_s3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+def installed(node, node_images, host_s3) -> Iterator[Installed]:
     kube = node.kube
-    tmp = tmp_path_factory.mktemp("node-operator")
+    api = kube.api_client()
+    pods = PodWatch(api, NAMESPACE)
     t0 = time.monotonic()
-    # no operator replica in a pod: it would reach the API server only through the `kubernetes` Service
-    r = kube.helm("install", RELEASE, str(REPO / "charts" / "tracefleet"), "--namespace", NAMESPACE,
-                  "--create-namespace", "--set", "operator.replicas=0", "--wait", "--timeout", "120s")
-    assert r.returncode == 0, r.stdout + r.stderr
     bucket = host_s3.create_bucket("tracefleet")
     creds = {"AWS_ACCESS_KEY_ID": host_s3.access_key, "AWS_SECRET_ACCESS_KEY": host_s3.secret_key,
              "AWS_ENDPOINT_URL": host_s3.endpoint, "AWS_DEFAULT_REGION": host_s3.region}
+    assert kube.kubectl("create", "namespace", NAMESPACE).returncode == 0
     assert kube.kubectl("-n", NAMESPACE, "create", "secret", "generic", "bucket-credentials",
                         *(f"--from-literal={k}={v}" for k, v in creds.items())).returncode == 0
-    operator = operator_process(kube, tmp)
-    api = kube.api_client()
-    pods = PodWatch(api, NAMESPACE)
+    # No kube-proxy runs here, so the `kubernetes` Service's address leads nowhere: the operator pod is told where the
+    # API server is, as on a cluster without kube-proxy (Cilium's kube-proxy replacement asks for the same).
+    api_server = urllib.parse.urlsplit(kube.server)
+    api_env = [{"name": "KUBERNETES_SERVICE_HOST", "value": api_server.hostname},
+               {"name": "KUBERNETES_SERVICE_PORT", "value": str(api_server.port)}]
+    r = kube.helm("install", RELEASE, str(REPO / "charts" / "tracefleet"), "--namespace", NAMESPACE,
+                  "--set", "operator.replicas=1", "--set-json", f"operator.extraEnv={json.dumps(api_env)}",
+                  "--wait", "--timeout", "180s")
+    assert r.returncode == 0, r.stdout + r.stderr + kube.kubectl("-n", NAMESPACE, "describe", "pods").stdout[-3000:]
+    (operator,) = [p for p in pods.last.values() if p.metadata.name.startswith(f"{RELEASE}-tracefleet-")]
+    assert operator.spec.node_name == node.name and operator.spec.containers[0].image == REFS[0]
     try:
-        yield Installed(kube, client.CustomObjectsApi(api), pods, bucket, tmp / "operator.log", time.monotonic() - t0)
+        yield Installed(kube, client.CustomObjectsApi(api), pods, bucket, time.monotonic() - t0)
     finally:
         pods.stop()
-        operator.terminate()
-        operator.wait(timeout=30)
         kube.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
 
 
@@ -190,7 +184,7 @@ def run_job(node, cluster: Installed, s3: S3Server, manifest: dict[str, Any]) ->
               f"{time.monotonic() - applied:.1f} s")
         time.sleep(2)  # the watch's last events
         if status.get("phase") != "Succeeded":  # printed whole: pytest shortens a long assertion message
-            print(json.dumps(status, indent=1), _log_tail(cluster.log), _pod_report(kube, cluster.pods), sep="\n")
+            print(json.dumps(status, indent=1), cluster.operator_log(), _pod_report(kube, cluster.pods), sep="\n")
         assert status.get("phase") == "Succeeded", status.get("conditions")
         pods = cluster.pods
         children = {name: pod for name, pod in pods.last.items() if pod.metadata.labels.get(n.LABEL_JOB) == job}
@@ -248,10 +242,6 @@ def test_a_real_cli_preset_runs_on_the_real_node(node, installed: Installed, hos
     assert {t.meta.reward for t in traces} == {1.0}  # the CLI's shell tool wrote note.txt in the harness container
     assert sum(int(t.loss_mask.sum()) for t in traces) > 0
     assert status["counters"]["succeeded"] == 2
-
-
-def _log_tail(log: Path) -> str:
-    return log.read_text(errors="replace")[-4000:]
 
 
 def _pod_report(kube, pods: PodWatch) -> str:
