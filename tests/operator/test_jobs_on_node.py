@@ -1,11 +1,12 @@
 """RolloutJobs on a real node (tests/fixtures/node.py): a kubelet, containerd and runc run every pod, the operator's
-included, from the images `tracefleet images build` makes, named as the chart names them for users.
+and the bucket's included, from the images `tracefleet images build` makes, named as the chart names them for users.
 
 `helm install` of the chart from the repository, its defaults but one replica: the operator runs as the chart's
-Deployment, in a pod on the node, with the chart's ServiceAccount and RBAC. No kube-proxy runs here, so the pod is
-told the API server's address (operator.extraEnv: KUBERNETES_SERVICE_HOST/PORT, what a cluster without kube-proxy
-does). The engine (the scripted `tracefleet engine`) and the S3 server (SeaweedFS on its own port, plain HTTP) run on
-this machine, on its address, where the pods reach them.
+Deployment, in a pod on the node, with the chart's ServiceAccount and RBAC, and reaches the API server through the
+`kubernetes` Service (kube-proxy). The bucket is in the cluster: SeaweedFS as a pod and a Service on its usual S3 port
+(8333, plain HTTP); the sidecars and sealers write it through the Service's address, and the test reads the batches
+through BatchReader from outside the cluster, as a trainer does. The engine (the scripted `tracefleet engine`) runs
+on this machine's address, as an external engine does.
 
 Two jobs, applied with kubectl: examples/k8s/first-job.yaml with the one line a user edits (the engine's URL), a
 `command` harness in the tracefleet image; and Qwen Code from its harness image, whose own shell tool writes the file
@@ -13,21 +14,25 @@ a command evaluator judges. For each, the test watches every child pod (harness 
 sidecar, evaluator and sealer Jobs) and asks the kubelet's own reports: Running, then Succeeded, every container
 terminated with exit code 0, each pod with its own address; then reads the sealed batches through BatchReader.
 
-Measured (2 cores, shared with other sessions): the node Ready in 5-7 s; the chart's operator pod available 5 s after
-`helm install`; `kubectl apply` to the first sealed batch 24-41 s (97 s once under load); the two images rebuilt from the layer cache in 5-12 s, loaded into containerd in 19-25 s each when they
-changed (never when the image id is the same).
+Measured (2 cores, shared with other sessions): the node Ready in 5-19 s; the chart's operator pod available 5-8 s
+after `helm install`; `kubectl apply` to the first sealed batch 24-46 s (97 s once under load); the two images
+rebuilt from the layer cache in 5-12 s, loaded into containerd in 19-25 s each when they changed (never when the
+image id is the same).
 
-Not yet on the node: kube-proxy (Services), an in-cluster bucket, cluster DNS and the NetworkPolicy enforcer.
+Not yet on the node: cluster DNS (the Secret names the bucket's Service by its address) and the NetworkPolicy
+enforcer.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import shutil
 import subprocess
 import sys
 import threading
 import time
-import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,13 +44,16 @@ from kubernetes import client, watch
 
 from fixtures.engines import EngineProcess
 from fixtures.harness_runs import EXPECTED_NOTE, PROMPT, harness_script
-from fixtures.s3 import S3Server, start_seaweedfs
+from fixtures.s3 import S3Endpoint, identities, weed_binary
 from tracefleet.bucket import open_bucket
 from tracefleet.contract import images
 from tracefleet.operator import names as n
+from tracefleet.runner.containers.runtime import BASE_IMAGE
 from tracefleet.traces.reader import BatchReader
 
 REPO = Path(__file__).resolve().parents[2]
+S3_PORT = 8333  # SeaweedFS's S3 port
+SEAWEEDFS_IMAGE = "localhost/tracefleet-test/seaweedfs:latest"
 NAMESPACE = "tracefleet"
 RELEASE = "tf"
 CLI = "qwen-code"  # the smallest CLI (55 MB)
@@ -80,10 +88,56 @@ def host_engine(node) -> Iterator[EngineProcess]:
 
 
 @pytest.fixture(scope="module")
-def host_s3(node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = start_seaweedfs(tmp_path_factory.mktemp("node-seaweedfs"), host=node.host)
-    yield server
-    server.stop()
+def cluster_s3(node, container_runtime, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
+    """The in-cluster bucket: SeaweedFS (the `weed` the tests run everywhere, in the base image) as a pod and a
+    Service on its usual S3 port, plain HTTP, in the chart's namespace. The pods write it through the Service; the
+    trainer (this test) reads it from outside the cluster, through the same address."""
+    context = tmp_path_factory.mktemp("seaweedfs-image")
+    try:
+        os.link(weed_binary(), context / "weed")  # 150 MB: a link where the folders share a file system
+    except OSError:
+        shutil.copy2(weed_binary(), context / "weed")
+    (context / "Containerfile").write_text(f"FROM {BASE_IMAGE}\nCOPY weed /usr/local/bin/weed\n")
+    container_runtime.run("build", "-q", "-t", SEAWEEDFS_IMAGE, "-f", str(context / "Containerfile"), str(context),
+                          timeout=600)  # cached by the layer's content: the same image id, never reloaded
+    node.load_image(container_runtime, SEAWEEDFS_IMAGE)
+    kube = node.kube
+    endpoint = S3Endpoint("", "tf" + secrets.token_hex(8), secrets.token_hex(20))
+    assert kube.kubectl("create", "namespace", NAMESPACE).returncode == 0
+    assert kube.kubectl("-n", NAMESPACE, "create", "secret", "generic", "seaweedfs-identities",
+                        "--from-literal=s3.json=" + identities(endpoint.access_key, endpoint.secret_key)
+                        ).returncode == 0
+    args = ["-dir=/data", "-ip.bind=0.0.0.0", "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
+            "-s3.config=/config/s3.json", "-volume.max=100", "-master.volumeSizeLimitMB=64"]
+    objects = [
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "seaweedfs", "labels": {"app": "seaweedfs"}},
+         "spec": {"containers": [{"name": "weed", "image": SEAWEEDFS_IMAGE, "imagePullPolicy": "Never",
+                                  "command": ["weed", "mini", *args], "ports": [{"containerPort": S3_PORT}],
+                                  "readinessProbe": {"tcpSocket": {"port": S3_PORT}, "periodSeconds": 1},
+                                  "volumeMounts": [{"name": "data", "mountPath": "/data"},
+                                                   {"name": "config", "mountPath": "/config"}]}],
+                  "volumes": [{"name": "data", "emptyDir": {}},
+                              {"name": "config", "secret": {"secretName": "seaweedfs-identities"}}]}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "seaweedfs"},
+         "spec": {"selector": {"app": "seaweedfs"}, "ports": [{"port": S3_PORT, "targetPort": S3_PORT}]}},
+    ]
+    for obj in objects:
+        assert kube.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=json.dumps(obj)).returncode == 0
+    r = kube.kubectl("-n", NAMESPACE, "wait", "--for=condition=Ready", "pod/seaweedfs", "--timeout=120s", timeout=150)
+    assert r.returncode == 0, r.stderr + kube.kubectl("-n", NAMESPACE, "logs", "seaweedfs").stdout[-3000:]
+    cluster_ip = kube.kubectl("-n", NAMESPACE, "get", "service", "seaweedfs", "-o", "jsonpath={.spec.clusterIP}").stdout
+    endpoint.endpoint = f"http://{cluster_ip}:{S3_PORT}"
+    deadline = time.monotonic() + 60
+    while True:  # the S3 gateway answers once its filer and volume server are up
+        try:
+            endpoint.create_bucket("tracefleet")
+            break
+        except Exception:  # noqa: BLE001 - not yet; the last failure is raised at the deadline
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+    yield endpoint
+    kube.kubectl("-n", NAMESPACE, "delete", "pod,service", "seaweedfs", "--wait=false")
 
 
 class PodWatch:
@@ -131,36 +185,27 @@ class Installed:
 
 
 @pytest.fixture(scope="module")
-def installed(node, node_images, host_s3) -> Iterator[Installed]:
+def installed(node, node_images, cluster_s3: S3Endpoint) -> Iterator[Installed]:
     kube = node.kube
     api = kube.api_client()
     pods = PodWatch(api, NAMESPACE)
     t0 = time.monotonic()
-    bucket = host_s3.create_bucket("tracefleet")
-    creds = {"AWS_ACCESS_KEY_ID": host_s3.access_key, "AWS_SECRET_ACCESS_KEY": host_s3.secret_key,
-             "AWS_ENDPOINT_URL": host_s3.endpoint, "AWS_DEFAULT_REGION": host_s3.region}
-    assert kube.kubectl("create", "namespace", NAMESPACE).returncode == 0
     assert kube.kubectl("-n", NAMESPACE, "create", "secret", "generic", "bucket-credentials",
-                        *(f"--from-literal={k}={v}" for k, v in creds.items())).returncode == 0
-    # No kube-proxy runs here, so the `kubernetes` Service's address leads nowhere: the operator pod is told where the
-    # API server is, as on a cluster without kube-proxy (Cilium's kube-proxy replacement asks for the same).
-    api_server = urllib.parse.urlsplit(kube.server)
-    api_env = [{"name": "KUBERNETES_SERVICE_HOST", "value": api_server.hostname},
-               {"name": "KUBERNETES_SERVICE_PORT", "value": str(api_server.port)}]
+                        *(f"--from-literal={k}={v}" for k, v in cluster_s3.env().items())).returncode == 0
+    # the chart's defaults but one replica: the operator reaches the API server through the `kubernetes` Service
     r = kube.helm("install", RELEASE, str(REPO / "charts" / "tracefleet"), "--namespace", NAMESPACE,
-                  "--set", "operator.replicas=1", "--set-json", f"operator.extraEnv={json.dumps(api_env)}",
-                  "--wait", "--timeout", "180s")
+                  "--set", "operator.replicas=1", "--wait", "--timeout", "180s")
     assert r.returncode == 0, r.stdout + r.stderr + kube.kubectl("-n", NAMESPACE, "describe", "pods").stdout[-3000:]
     (operator,) = [p for p in pods.last.values() if p.metadata.name.startswith(f"{RELEASE}-tracefleet-")]
     assert operator.spec.node_name == node.name and operator.spec.containers[0].image == REFS[0]
     try:
-        yield Installed(kube, client.CustomObjectsApi(api), pods, bucket, time.monotonic() - t0)
+        yield Installed(kube, client.CustomObjectsApi(api), pods, "tracefleet", time.monotonic() - t0)
     finally:
         pods.stop()
         kube.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
 
 
-def run_job(node, cluster: Installed, s3: S3Server, manifest: dict[str, Any]) -> tuple[dict[str, Any], BatchReader]:
+def run_job(node, cluster: Installed, s3: S3Endpoint, manifest: dict[str, Any]) -> tuple[dict[str, Any], BatchReader]:
     """Apply the job, wait for its final phase, and check every child pod as the kubelet reported it: Running, then
     Succeeded, every container terminated with exit code 0, on the node with an address of its own."""
     job = manifest["metadata"]["name"]
@@ -203,11 +248,11 @@ def run_job(node, cluster: Installed, s3: S3Server, manifest: dict[str, Any]) ->
         cluster.custom.delete_namespaced_custom_object(n.GROUP, n.VERSION, NAMESPACE, n.PLURAL, job)
 
 
-def test_first_job_runs_on_the_real_node(node, installed: Installed, host_engine, host_s3) -> None:
+def test_first_job_runs_on_the_real_node(node, installed: Installed, host_engine, cluster_s3) -> None:
     manifest = yaml.safe_load((REPO / "examples" / "k8s" / "first-job.yaml").read_text())
     manifest["spec"]["inference"]["external"]["baseUrl"] = host_engine.url  # the one line a user edits
     manifest["spec"]["output"]["uri"] = f"s3://{installed.bucket}/rollouts"
-    status, reader = run_job(node, installed, host_s3, manifest)
+    status, reader = run_job(node, installed, cluster_s3, manifest)
     # the batches a trainer reads
     seqs = reader.seqs()
     assert len(seqs) == 2 and status["batchesCompleted"] == 2
@@ -215,7 +260,7 @@ def test_first_job_runs_on_the_real_node(node, installed: Installed, host_engine
     assert len(traces) == 4 and all(int(t.loss_mask.sum()) > 0 for t in traces)
 
 
-def test_a_real_cli_preset_runs_on_the_real_node(node, installed: Installed, host_engine, host_s3) -> None:
+def test_a_real_cli_preset_runs_on_the_real_node(node, installed: Installed, host_engine, cluster_s3) -> None:
     """Qwen Code from its harness image (the chart's default for the preset): two shell rounds through its own
     tool, judged by a command evaluator on the file they wrote."""
     host_engine.configure(**harness_script(CLI))
@@ -233,7 +278,7 @@ def test_a_real_cli_preset_runs_on_the_real_node(node, installed: Installed, hos
                 "parallelism": 2,
             },
         }
-        status, reader = run_job(node, installed, host_s3, manifest)
+        status, reader = run_job(node, installed, cluster_s3, manifest)
     finally:
         host_engine.reset()
     (seq,) = reader.seqs()
