@@ -1,4 +1,5 @@
-# The front-door commands (README): `make quickstart` runs the main job, `make train` the loop, `make test` the tests.
+# The front-door commands (README, "Two commands"; docs/quickstart.md): `make quickstart` runs the main job, `make train` the
+# loop, `make test` the tests.
 # Each installs only what it needs first (idempotent, cached under $(TRACEFLEET_CACHE)): the quickstart
 # door skips the control-plane build, the harness CLIs, the S3 server and torch; the train door takes torch, vLLM
 # and the harness CLIs but no control plane, S3 server, containers or browser (`hack/setup.sh --parts DOOR`).
@@ -26,7 +27,7 @@ test: setup
 quickstart: setup-quickstart
 	$(VENV)/bin/tracefleet run examples/quickstart/job.yaml
 
-# The loop on this machine (README, "The loop on a laptop"): vLLM's CPU build, the job's sessions, a GRPO trainer.
+# The loop on this machine (docs/training/loop.md, "The loop on a laptop"): vLLM's CPU build, the job's sessions, a GRPO trainer.
 train: setup-train
 	$(VENV)/bin/tracefleet train examples/loop/job.yaml
 

@@ -98,7 +98,8 @@ def create_app(source: Source) -> FastAPI:
         if not found:
             raise HTTPException(404, f"batch {seq} of {path!r} has no trace {trace!r}")
         decode, _, _ = trace_decoder([found[0].meta.tokenizer, found[0].meta.model])
-        return render_html(found[0], decode=decode)
+        back = pages.link("/session", f"← session {found[0].meta.session_id}", path=path, session=found[0].meta.session_id)
+        return render_html(found[0], decode=decode).replace("<body>", f"<body><p class='back'>{back}</p>", 1)
 
     @app.get("/loop", response_class=HTMLResponse)
     def loop(request: Request, path: str) -> str:

@@ -24,6 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     import socket
+    import sys
 
     import uvicorn
 
@@ -37,11 +38,14 @@ def main(args: argparse.Namespace) -> int:
         from tracefleet.dashboard.cluster import RolloutJobProgress
 
         progress_from = RolloutJobProgress(str(args.uri), args.namespace)
-    source = Source(str(args.uri), progress_from, **(options if str(args.uri).startswith("s3://") else {}))
     try:
-        source.refresh(MANIFEST_BUDGET_S)
+        source = Source(str(args.uri), progress_from, **(options if str(args.uri).startswith("s3://") else {}))
+        source.refresh(MANIFEST_BUDGET_S, strict=True)  # at start, a store it cannot read: one line, exit 2
     except BucketError as exc:
         raise SystemExit(str(exc)) from None
+    if source.missing:
+        print(f"tracefleet dashboard: {source.missing}: nothing to show until a run writes there "
+              "(is the URI right?)", file=sys.stderr, flush=True)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:

@@ -18,12 +18,11 @@ class RolloutJobProgress:
     every namespace)."""
 
     def __init__(self, uri: str, namespaces: list[str]) -> None:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
+        from tracefleet.cluster_config import load_cluster_config
+
+        load_cluster_config()
         self.api = client.CustomObjectsApi()
         self.uri = uri
         self.namespaces = namespaces

@@ -12,14 +12,18 @@ import time
 from typing import Any
 from urllib.parse import urlencode
 
+from tracefleet.contract.semantics import OutcomeKind, outcome_counts
 from tracefleet.dashboard import figures as fig
 from tracefleet.dashboard.charts import line_chart
-from tracefleet.contract.progress import JobProgress
+from tracefleet.contract.progress import STALE_AFTER_HEARTBEATS, JobProgress, ProgressState, progress_state
 from tracefleet.dashboard.source import JobSource, LoopSource, Source
 
 POLL_MS = 2000
+KIND_WORDS = {OutcomeKind.OK: "ok", OutcomeKind.POLICY: "the policy's", OutcomeKind.INFRASTRUCTURE: "the infrastructure's"}
 SESSIONS_SHOWN = 100  # the newest sessions a job page lists
 TASKS_CHARTED = 12
+BATCHES_SHOWN = 200  # the newest batches the per-batch table lists
+GROUPS_SHOWN = 50  # the newest groups the job page lists
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222;max-width:90rem}
@@ -46,7 +50,21 @@ async function tick() {
   } catch (e) { /* the server restarted or is busy: try again */ }
   setTimeout(tick, %d);
 }
+function duration(s) {
+  return s < 120 ? Math.round(s) + " s" : s < 7200 ? Math.round(s / 60) + " min" : (s / 3600).toFixed(1) + " h";
+}
+// relative times tick between refreshes: the server wrote their instants (epoch seconds), not their text
+function clock() {
+  const now = Date.now() / 1000;
+  for (const e of document.querySelectorAll("[data-ago]")) e.textContent = duration(Math.max(0, now - Number(e.dataset.ago))) + " ago";
+  for (const e of document.querySelectorAll("[data-until]")) {
+    const left = duration(Math.max(0, Number(e.dataset.until) - now));
+    e.textContent = left;
+    e.dataset.eta = left;
+  }
+}
 tick();
+setInterval(clock, 1000);
 </script>""" % POLL_MS
 
 
@@ -92,14 +110,13 @@ def table(head: list[str], rows: list[list[str]], cls: str = "") -> str:
 def overview(source: Source, *, fragment: bool = False) -> str:
     rows = []
     for path, job in sorted(source.jobs.items()):
-        f = fig.job_figures([job.manifests[s] for s in sorted(job.manifests)])
-        p = job.progress
-        rows.append([link("/job", path, path=path), esc(_state(p)), f"<span class='num'>{num(p.counters.running if p else None)}</span>",
-                     esc(_eta(p)), *(f"<span class='num'>{num(v)}</span>" for v in (
-            f.batches, f.sessions, f.traces, f.tokens, f.trainable_tokens, f.fail_closed, f.quarantined,
-            f.reward_mean[-1] if f.reward_mean else None)), esc(_ago(f.last_sealed_at))])
-    body = "<h2>Jobs</h2>" + table(["job", "sessions finished", "running", "ETA", "batches", "sessions", "traces", "tokens", "trainable", "fail-closed",
-                                    "quarantined", "last batch reward", "last sealed"], rows)
+        try:
+            rows.append(_job_row(path, job))
+        except Exception as exc:  # noqa: BLE001 - what one job holds never takes the page of every job down
+            rows.append([link("/job", path, path=path), f"<span class='bad' data-unreadable='1'>unreadable: {esc(exc)}</span>"])
+    body = "<h2>Jobs</h2>" + table(["job", "sessions finished", "state", "running", "ETA", "batches", "sessions", "ok",
+                                    "the policy's failures", "the infrastructure's", "quarantined", "mean reward",
+                                    "success rate", "traces", "tokens", "trainable", "last sealed"], rows, "jobs")
     loops = sorted(source.loops.items())
     if loops:
         lrows = []
@@ -108,9 +125,8 @@ def overview(source: Source, *, fragment: bool = False) -> str:
         for path, loop in loops:
             steps = loop.steps()
             last = steps[-1] if steps else {}
-            lrows.append([link("/loop", path or ".", path=path), f"<span class='num'>{len(steps)}</span>",
-                          esc(num(last.get("reward_mean"))), esc(num(last.get("mean_abs_dlogprob"))),
-                          esc(num(last.get("sync_s")))])
+            lrows.append([link("/loop", path or ".", path=path), f"<span class='num'>{len(steps)}</span>"
+                          + _bad_lines(loop), *(esc(num(fig.figure(last.get(k)))) for k in ("reward_mean", "mean_abs_dlogprob", "sync_s"))])
             series[path or "."] = fig.loop_series(steps)["reward_mean"]
             longest = max(longest, len(steps))
         body += "<h2>Training loops</h2>" + table(["run", "steps", "last reward", "last mismatch", "last sync s"], lrows)
@@ -120,51 +136,95 @@ def overview(source: Source, *, fragment: bool = False) -> str:
         if len(loops) >= 2:
             a, b = loops[-2][0], loops[-1][0]
             body += f"<p>{link('/compare', 'compare two runs', a=a, b=b)}</p>"
+    if source.problem:
+        body = f"<p class='bad' data-problem='1'>cannot read {esc(source.uri)} now ({esc(source.problem)}): showing what was read before</p>" + body
     if not source.jobs and not source.loops:
-        body += f"<p class='muted' data-empty='1'>nothing sealed under {esc(source.uri)} yet: this page fills in as batches land</p>"
+        why = f" ({esc(source.missing)})" if source.missing else ""
+        body += f"<p class='muted' data-empty='1'>nothing sealed under {esc(source.uri)} yet{why}: this page fills in as batches land</p>"
     return page("tracefleet dashboard", source, body, fragment=fragment)
 
 
-def _state(p: JobProgress | None) -> str:
+def _job_row(path: str, job: JobSource) -> list[str]:
+    """A job's row: what its driver last wrote, what its sealed batches hold; what does not read, said in it."""
+    f = fig.job_figures([job.manifests[s] for s in sorted(job.manifests)])
+    p = job.progress
+    state = progress_state(p) if p else None
+    problems = ([f"progress.json unreadable: {job.progress_error}"] if job.progress_error else []) + [
+        f"batch {seq}: manifest unreadable: {why}" for seq, why in sorted(job.bad_manifests.items())]
+    cell = _state_cell(state) + "".join(f"<div class='bad' data-unreadable='1'>{esc(x)}</div>" for x in problems[:3])
+    o = f.outcomes
+    return [link("/job", path, path=path), _finished(p), cell, f"<span class='num'>{num(_running(p, state))}</span>",
+            _eta(p, state), *(f"<span class='num'>{num(v)}</span>" for v in (
+                f.batches, f.sessions, o.ok if o else None, o.policy if o else None, o.infrastructure if o else None,
+                f.quarantined, f.mean_reward, f.success_rate, f.traces, f.tokens, f.trainable_tokens)), _ago(f.last_sealed_at)]
+
+
+def _finished(p: JobProgress | None) -> str:
     """Sessions finished of the job's, as its driver last wrote (– when it writes none)."""
-    if p is None:
-        return "–"
-    c = p.counters
-    return f"{c.finished:,} / {c.total:,}" + (" (done)" if p.finished else "")
+    return "–" if p is None else f"{p.counters.finished:,} / {p.counters.total:,}"
 
 
-def _eta(p: JobProgress | None) -> str:
-    if p is None:
+def _state_cell(state: ProgressState | None) -> str:
+    """The job's state as its progress says (running, done, interrupted, stale, stopped), `data-state` its kind."""
+    if state is None:
         return "–"
-    if p.finished:
-        return "done"
+    cls = " class='bad'" if state.kind in ("stale", "stopped") else ""
+    return f"<span data-state='{state.kind}'{cls}>{esc(state.words())}</span>"
+
+
+def _running(p: JobProgress | None, state: ProgressState | None) -> int | None:
+    """Sessions running now: none once its driver is gone (the record's count is what it was when it last wrote)."""
+    if p is None or state is None:
+        return None
+    return p.counters.running if state.kind in ("running", "stale") else 0
+
+
+def _eta(p: JobProgress | None, state: ProgressState | None) -> str:
+    """The ETA, counted down in the page (`data-until`); the state instead of one when the job is not running."""
+    if p is None or state is None:
+        return "–"
+    if state.kind != "running":
+        word = "done" if state.kind == "done" else state.kind
+        return f"<span data-eta='{word}'>{word}</span>"
     eta = p.eta_now_s()
-    return "–" if eta is None else _duration(eta)
+    if eta is None:
+        return "<span data-eta='–'>–</span>"
+    return f"<span data-eta='{esc(_duration(eta))}' data-until='{time.time() + eta:.0f}'>{esc(_duration(eta))}</span>"
 
 
 def _duration(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
-def progress_section(p: JobProgress | None) -> str:
+def progress_section(p: JobProgress | None, error: str | None = None) -> str:
     """The running count and ETA (<job>/progress.json): what the job's driver knows and no sealed batch holds."""
     if p is None:
+        if error:
+            return f"<p class='bad' data-progress='unreadable'>progress.json unreadable: {esc(error)}</p>"
         return "<p class='muted' data-progress='none'>no progress written for this job (its driver writes none)</p>"
     c = p.counters
+    state = progress_state(p)
     body = cards([("finished", "sessions finished", c.finished), ("total", "sessions in this run", c.total),
-                  ("running", "running now", c.running), ("pending", "not started", c.pending),
+                  ("running", "running now", _running(p, state)),
+                  ("pending", "never started" if state.kind == "interrupted" else "not started", c.pending),
                   ("calls", "model calls", p.calls)])
-    age = _ago(p.updated_at.timestamp())
-    state = "finished" if p.finished else "running"
-    return body + (f"<p data-progress='{state}'>ETA <b data-eta='{esc(_eta(p))}'>{esc(_eta(p))}</b> · {esc(p.driver)} "
-                   f"driver · started {esc(_ago(p.started_at.timestamp()))}, last written {esc(age)}"
-                   + (f" · {p.skipped:,} sessions sealed by an earlier run" if p.skipped else "") + "</p>")
+    line = (f"<p data-progress='{state.kind}'>{_state_cell(state)} · ETA <b>{_eta(p, state)}</b> · {esc(p.driver)} "
+            f"driver · started {_ago(p.started_at.timestamp())}, last written {_ago(p.updated_at.timestamp())}"
+            + (f" · {p.skipped:,} sessions sealed by an earlier run" if p.skipped else "") + "</p>")
+    if state.kind == "stopped":
+        line += ("<p class='bad'>its driver's process is gone without having written its end (killed?): "
+                 "what it had sealed is kept; running the job again continues it</p>")
+    elif state.kind == "stale":
+        line += (f"<p class='bad'>its driver has not written for over {STALE_AFTER_HEARTBEATS} heartbeats of "
+                 f"{p.heartbeat_s:g} s: stopped, stuck, or unable to reach the bucket</p>")
+    return body + line
 
 
 def _ago(t: float) -> str:
+    """A relative time that the page's clock keeps ticking."""
     if not t:
         return "–"
-    return f"{_duration(max(0, time.time() - t))} ago"
+    return f"<span data-ago='{t:.0f}'>{esc(_duration(max(0, time.time() - t)))} ago</span>"
 
 
 # ---- a job -------------------------------------------------------------------------------------------------
@@ -174,13 +234,23 @@ def job_page(source: Source, job: JobSource, *, fragment: bool = False) -> str:
     f = fig.job_figures(manifests)
     rows_by_seq = dict(job.rows)
     waiting = max(0, job.finished - f.sessions) if job.finished is not None else None
-    body = "<h2>Progress</h2>" + progress_section(job.progress) + "<h2>Sealed</h2>" + cards([("batches", "batches", f.batches), ("sessions", "sessions sealed", f.sessions),
-                  ("waiting", "finished, not yet sealed", waiting),
-                  ("failed", "sessions failed (fail-closed)", f.fail_closed), ("traces", "traces", f.traces),
-                  ("tokens", "tokens", f.tokens), ("trainable", "trainable tokens", f.trainable_tokens),
-                  ("quarantined", "sessions quarantined", f.quarantined), ("rows-read", "batches' rows read", len(rows_by_seq))])
-    if job.listed > f.batches:
-        body += f"<p class='muted' data-reading='1'>reading manifests: {f.batches:,} of {job.listed:,} batches so far</p>"
+    o = f.outcomes
+    body = "<h2>Progress</h2>" + progress_section(job.progress, job.progress_error) + "<h2>Sealed</h2>" + cards([
+        ("batches", "batches", f.batches), ("sessions", "sessions sealed", f.sessions),
+        ("waiting", "finished, not yet sealed", waiting),
+        ("ok", "ok", o.ok if o else None), ("policy", "the policy's failures", o.policy if o else None),
+        ("infrastructure", "the infrastructure's (left out of training)", o.infrastructure if o else None),
+        ("failed", "sessions failed (fail-closed)", f.fail_closed),
+        ("mean-reward", "mean reward", f.mean_reward), ("success-rate", "success rate (reward > 0)", f.success_rate),
+        ("traces", "traces", f.traces), ("tokens", "tokens", f.tokens), ("trainable", "trainable tokens", f.trainable_tokens),
+        ("quarantined", "sessions quarantined", f.quarantined), ("rows-read", "batches' rows read", len(rows_by_seq))])
+    reading = job.listed - f.batches - len(job.bad_manifests)
+    if reading > 0:
+        body += f"<p class='muted' data-reading='1'>reading manifests: {f.batches:,} of {job.listed - len(job.bad_manifests):,} batches so far</p>"
+    for seq, why in sorted(job.bad_manifests.items()):
+        body += f"<p class='bad' data-unreadable='manifest'>batch {seq}: manifest unreadable, left out: {esc(why)}</p>"
+    for seq, why in sorted(job.bad_rows.items()):
+        body += f"<p class='bad' data-unreadable='rows'>batch {seq}: rows unreadable: {esc(why)}</p>"
     signal = [fig.signal_share(rows_by_seq[s]) if s in rows_by_seq else None for s in f.seqs]
     body += "<h2>Curves</h2><div class='charts'>"
     body += line_chart("chart-reward", "mean reward per batch", f.seqs, {"reward": f.reward_mean}, x_title="batch")
@@ -191,6 +261,15 @@ def job_page(source: Source, job: JobSource, *, fragment: bool = False) -> str:
     body += line_chart("chart-tasks", "per task success (share of sessions with reward > 0)", f.seqs, charted,
                        x_title="batch", y_range=(0, 1))
     body += "</div>"
+    body += "<h2>Batches</h2>" + _batch_table(job, rows_by_seq)
+    groups = fig.group_spread(rows_by_seq)
+    with_signal = sum(1 for g in groups if g.signal)
+    body += (f"<h2>Groups</h2><p><span data-count='groups-with-signal'>{with_signal:,}</span> of "
+             f"<span data-count='groups-read'>{len(groups):,}</span> groups read have a reward spread (their GRPO "
+             f"advantages are not all 0); the infrastructure's sessions are left out of their group's statistics</p>")
+    body += table(["batch", "group", "task", "sessions", "rewards", "spread (std)"], [
+        [str(g.seq), esc(g.group_id), esc(g.task_id), str(g.sessions), esc(" ".join(num(r, 2) for r in g.rewards)),
+         esc(num(g.std))] for g in groups[-GROUPS_SHOWN:][::-1]], "groups")
     reasons = fig.fail_closed_reasons(rows_by_seq)
     body += "<h2>Fail-closed reasons</h2>" + table(["reason", "sessions"], [[esc(k), str(v)] for k, v in reasons.most_common()])
     body += "<h2>Diagnostics</h2>" + table(
@@ -204,15 +283,36 @@ def job_page(source: Source, job: JobSource, *, fragment: bool = False) -> str:
                 newest.append(s)
             if len(failed) < SESSIONS_SHOWN and (s.get("outcome") != "ok" or s.get("quarantined")):
                 failed.append(s)
-    head = ["batch", "session", "task", "reward", "outcome", "fail-closed", "findings", "traces"]
+    head = ["batch", "session", "task", "reward", "outcome", "whose", "fail-closed", "findings", "traces"]
     body += f"<h2>Failed or quarantined sessions (newest {SESSIONS_SHOWN})</h2>" + table(head, _session_rows(job, failed), "failed")
     body += f"<h2>Sessions (newest {SESSIONS_SHOWN})</h2>" + table(head, _session_rows(job, newest), "sessions")
     return page(f"job {job.path}", source, body, fragment=fragment)
 
 
+def _kind(session: dict[str, Any]) -> str:
+    """Whose outcome a sealed session is, in words (– for a batch sealed before outcome kinds)."""
+    kind = session.get("outcome_kind")
+    return KIND_WORDS.get(kind, kind) if kind else "–"
+
+
+def _batch_table(job: JobSource, rows_by_seq: dict[int, list[dict[str, Any]]]) -> str:
+    """One row per sealed batch, newest first: its sessions by outcome kind, reward, success, groups with signal."""
+    out = []
+    for seq in sorted(job.manifests, reverse=True)[:BATCHES_SHOWN]:
+        m = job.manifests[seq]
+        o = outcome_counts(m) if m.outcome_kinds else None
+        signal = fig.signal_share(rows_by_seq[seq]) if seq in rows_by_seq else None
+        out.append([str(seq), *(f"<span class='num'>{num(v)}</span>" for v in (
+            m.sessions, o.ok if o else None, o.policy if o else None, o.infrastructure if o else None,
+            m.quarantined_sessions, m.reward.mean, m.reward.positive / m.sessions if m.sessions else None,
+            m.groups, signal, m.tokens, m.trainable_tokens)), _ago(m.created_at)])
+    return table(["batch", "sessions", "ok", "the policy's", "the infrastructure's", "quarantined", "mean reward",
+                  "success rate", "groups", "share with signal", "tokens", "trainable", "sealed"], out, "batches")
+
+
 def _session_rows(job: JobSource, sessions: list[dict[str, Any]]) -> list[list[str]]:
     return [[str(s["seq"]), link("/session", s["session_id"], path=job.path, session=s["session_id"]),
-             esc(s.get("task_id")), esc(num(s.get("reward"))), esc(s.get("outcome")),
+             esc(s.get("task_id")), esc(num(s.get("reward"))), esc(s.get("outcome")), esc(_kind(s)),
              esc(", ".join(s.get("fail_closed_reasons") or ())), str(len(s.get("diagnostics") or ())),
              str(len(s["traces"]))] for s in sessions]
 
@@ -225,7 +325,7 @@ def session_page(source: Source, job: JobSource, session_id: str, *, fragment: b
     body = table(["", ""], [[esc(k), esc(v)] for k, v in (
         ("job", job.path), ("batch", first["seq"]), ("task", first.get("task_id")), ("group", first.get("group_id")),
         ("reward", first.get("reward")), ("evaluator reward", first.get("evaluator_reward")),
-        ("outcome", first.get("outcome")), ("fail-closed", ", ".join(first.get("fail_closed_reasons") or ()) or "–"),
+        ("outcome", first.get("outcome")), ("whose outcome", _kind(first)), ("fail-closed", ", ".join(first.get("fail_closed_reasons") or ()) or "–"),
         ("quarantined", first.get("quarantined")))])
     body += "<h2>Traces</h2>" + table(["trace", "tokens", "trainable", "new root"], [
         [link("/trace", r["trace_id"], path=job.path, seq=r["seq"], trace=r["trace_id"]), num(r.get("num_tokens")),
@@ -256,10 +356,10 @@ def session_page(source: Source, job: JobSource, session_id: str, *, fragment: b
 def loop_page(source: Source, loop: LoopSource, *, fragment: bool = False) -> str:
     steps = loop.steps()
     series = fig.loop_series(steps)
-    x = [s.get("step", i + 1) for i, s in enumerate(steps)]
+    x = [_step(s, i) for i, s in enumerate(steps)]
     last = steps[-1] if steps else {}
-    body = cards([("steps", "steps", len(steps)), ("version", "policy version", last.get("version")),
-                  ("reward", "last batch reward", last.get("reward_mean"))])
+    body = cards([("steps", "steps", len(steps)), ("version", "policy version", fig.figure(last.get("version"))),
+                  ("reward", "last batch reward", fig.figure(last.get("reward_mean")))]) + _bad_lines(loop)
     held = _held_out(source, loop)
     if held:
         body += "<h2>Held-out reward</h2>" + table(["when", "sessions", "mean reward"], held, "held-out")
@@ -268,6 +368,19 @@ def loop_page(source: Source, loop: LoopSource, *, fragment: bool = False) -> st
         body += line_chart(f"chart-{key}", title, x, {key: series[key]}, x_title="step")
     body += "</div><h2>Jobs</h2>" + "".join(f"<p>{link('/job', p, path=p)}</p>" for p in loop.jobs)
     return page(f"loop {loop.path or '.'}", source, body, fragment=fragment)
+
+
+def _step(step: dict[str, Any], i: int) -> float:
+    n = fig.figure(step.get("step"))
+    return i + 1 if n is None else n
+
+
+def _bad_lines(loop: LoopSource) -> str:
+    """The loop.jsonl lines that do not read, said on the loop's own row and page (its other steps are shown)."""
+    if not loop.bad_lines:
+        return ""
+    return (f"<p class='bad' data-bad-lines='{len(loop.bad_lines)}'>{len(loop.bad_lines):,} line(s) of loop.jsonl "
+            f"unreadable, left out (the first, {esc(loop.bad_lines[0])})</p>")
 
 
 def _held_out(source: Source, loop: LoopSource) -> list[list[str]]:

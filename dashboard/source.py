@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from tracefleet.bucket import BucketError, BucketNotFound, ObjectInfo, ObjectNotFound, open_bucket
 from tracefleet.contract import layout
 from tracefleet.contract.batch import BatchManifest
-from tracefleet.contract.progress import JobProgress
+from tracefleet.contract.progress import JobProgress, progress_state
 
 LOOP_LOG = "loop.jsonl"  # a `tracefleet train` run's per-step records (tracefleet.trainer.loop)
 LOOP_BATCHES = "batches"  # a loop's own bucket folder inside its run folder
@@ -45,7 +45,25 @@ MANIFEST_READERS = 16
 COUNT_FINISHED_EVERY_S = 5.0  # a listing of every session's evidence: not at every poll
 # a batch's columns the dashboard reads: scalars and short lists, not the token streams
 ROW_COLUMNS = ["trace_id", "session_id", "task_id", "group_id", "sample_index", "reward", "evaluator_reward", "outcome",
+               "outcome_kind",
                "fail_closed_reasons", "quarantined", "diagnostics", "new_root_reason", "num_tokens", "num_trainable"]
+
+
+_said: set[str] = set()
+_said_lock = threading.Lock()
+
+
+def say_once(line: str) -> None:
+    """A problem with what is read, on stderr once (the pages show it where it is): never again at every refresh."""
+    with _said_lock:
+        if line in _said:
+            return
+        _said.add(line)
+    print(f"dashboard: {line}", file=sys.stderr, flush=True)
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 class ReadOnly(BucketError):
@@ -68,6 +86,9 @@ class ReadOnlyView:
 
     def get(self, key: str) -> bytes:
         return self.inner.get(self._k(key))
+
+    def get_if_changed(self, key: str, stamp: str | None) -> tuple[bytes, str] | None:
+        return self.inner.get_if_changed(self._k(key), stamp)
 
     def exists(self, key: str) -> bool:
         return self.inner.exists(self._k(key))
@@ -110,7 +131,11 @@ class JobSource:
     finished: int | None = None  # sessions with evidence in the bucket (written when a session finishes)
     counted_at: float = -float("inf")
     progress: JobProgress | None = None  # what the job's driver last wrote (<job>/progress.json)
+    progress_error: str | None = None  # why the progress object does not read (shown on the job's page)
+    bad_manifests: dict[int, str] = field(default_factory=dict)  # seq: why its manifest does not read
+    bad_rows: dict[int, str] = field(default_factory=dict)  # seq: why its rows do not read
     _reading: set[int] = field(default_factory=set)  # seqs whose manifest is being read
+    _progress_stamp: str | None = None
 
     def refresh(self, pool: ThreadPoolExecutor, deadline: float | None = None,
                 rendering: Callable[[], bool] = lambda: False) -> None:
@@ -124,30 +149,40 @@ class JobSource:
         self.listed = len(seqs)
         futures = []
         for seq in seqs:
-            if seq not in self.manifests and seq not in self._reading:
+            if seq not in self.manifests and seq not in self._reading and seq not in self.bad_manifests:
                 self._reading.add(seq)
                 futures.append(pool.submit(self._read_manifest, seq, rendering))
         if futures:
             wait(futures, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def read_progress(self) -> None:
-        """The running count and ETA the job's driver writes as it goes (a job sealed by an older tracefleet: none)."""
+        """The running count and ETA the job's driver writes as it goes (a job sealed by an older tracefleet: none).
+        A record that does not read is this job's problem, shown on its page: the last good one is not shown as
+        current."""
         try:
-            self.progress = JobProgress.model_validate_json(self.view.get(layout.progress_key(self.name)))
+            found = self.view.get_if_changed(layout.progress_key(self.name), self._progress_stamp)
         except ObjectNotFound:
-            pass
-        except ValueError as exc:  # a newer writer's shape: the page goes without it
-            print(f"dashboard: {self.path}: progress unreadable: {exc}", file=sys.stderr)
+            return
+        if found is None:
+            return  # not rewritten since the last read
+        data, self._progress_stamp = found
+        try:
+            self.progress, self.progress_error = JobProgress.model_validate_json(data), None
+        except ValueError as exc:
+            self.progress, self.progress_error = None, _validation_line(exc)
+            say_once(f"{self.path}: progress unreadable: {self.progress_error}")
 
     def _read_manifest(self, seq: int, rendering: Callable[[], bool]) -> None:
         while rendering():
             time.sleep(0.005)
         try:
-            self.manifests[seq] = BatchManifest.model_validate_json(self.view.get(layout.manifest_key(self.name, seq)))
-        except ObjectNotFound:
-            pass
-        except Exception as exc:  # noqa: BLE001 - the next refresh tries again; the page shows what it has
-            print(f"dashboard: batch {seq} of {self.path}: manifest unreadable: {exc}", file=sys.stderr)
+            data = self.view.get(layout.manifest_key(self.name, seq))
+            self.manifests[seq] = BatchManifest.model_validate_json(data)
+        except (ObjectNotFound, BucketError):
+            pass  # not there yet (a batch being sealed), or the bucket hiccuped: the next refresh tries again
+        except ValueError as exc:  # written once, never rewritten (a conditional create): it stays unreadable
+            self.bad_manifests[seq] = _validation_line(exc)
+            say_once(f"batch {seq} of {self.path}: manifest unreadable: {self.bad_manifests[seq]}")
         finally:
             self._reading.discard(seq)
 
@@ -185,18 +220,56 @@ class LoopSource:
     path: str
     jobs: list[str] = field(default_factory=list)  # paths of its jobs
 
+    _steps: list[dict[str, Any]] = field(default_factory=list)
+    bad_lines: list[str] = field(default_factory=list)  # "line N: why" of the lines that do not read
+    _stamp: str | None = None
+
     def steps(self) -> list[dict[str, Any]]:
+        """The steps as last read (`read`, at each refresh)."""
+        return self._steps
+
+    def read(self) -> None:
+        """loop.jsonl again if it changed since the last read (else nothing is read): its steps, each a JSON object;
+        a line that is not one is counted, not shown, and its figures that are not finite numbers are left out
+        (a line being written is not a bad line: the last one, without its newline)."""
         try:
-            text = self.view.get(LOOP_LOG).decode("utf-8", "replace")
+            found = self.view.get_if_changed(LOOP_LOG, self._stamp)
         except ObjectNotFound:
-            return []
-        out = []
-        for line in text.splitlines():
+            self._steps, self.bad_lines, self._stamp = [], [], None
+            return
+        if found is None:
+            return
+        data, self._stamp = found
+        text = data.decode("utf-8", "replace")
+        lines = text.split("\n")
+        steps, bad = [], []
+        for n, line in enumerate(lines, 1):
+            if not line.strip() or (n == len(lines) and not text.endswith("\n")):
+                continue
             try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a line being written
-        return out
+                step = json.loads(line)
+            except ValueError as exc:
+                bad.append(f"line {n}: {exc}")
+                continue
+            if not isinstance(step, dict):
+                bad.append(f"line {n}: a {type(step).__name__}, not an object")
+                continue
+            steps.append(step)
+        for b in bad[:1]:
+            say_once(f"{self.path or '.'}/{LOOP_LOG}: {len(bad)} line(s) unreadable, the first {b}")
+        self._steps, self.bad_lines = steps, bad
+
+
+def _validation_line(exc: ValueError) -> str:
+    """A pydantic error in one line: how many problems, the first one."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        found = errors()
+        if found:
+            where = ".".join(str(x) for x in found[0].get("loc", ())) or "the object"
+            more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+            return f"{where}: {found[0].get('msg')}{more}"
+    return first_line(exc)
 
 
 class Source:
@@ -219,6 +292,8 @@ class Source:
         self._loader: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(MANIFEST_READERS, thread_name_prefix="dashboard-manifests")
         self.refreshed_at = -float("inf")  # time.monotonic() of the last refresh
+        self.missing: str | None = None  # the folder or bucket is not there (yet): why
+        self.problem: str | None = None  # the last refresh failed: why (the pages show what was read before)
         self.discovered_in_s = 0.0  # the last refresh's discovery (bench/dashboard.py says it)
         self._serving = 0  # requests being answered: the background reader waits for them (the GIL is one)
         self._rendering = 0  # pages being made from what is read: manifest reads wait for them
@@ -246,8 +321,10 @@ class Source:
     def discover(self) -> None:
         try:
             self.view.check()
-        except BucketNotFound:
-            return  # not there yet: a run that has not sealed anything
+        except BucketNotFound as exc:
+            self.missing = first_line(exc)  # not there yet (a run that has not sealed anything), or a typo
+            return
+        self.missing = None
         if self._root == "" and self._is_job(""):
             # the URI names one job's own folder: read it from the folder above, where the sealer's bucket is
             self.uri, self._root = self.uri.rstrip("/").rsplit("/", 1)
@@ -298,9 +375,22 @@ class Source:
                     self.jobs[path] = JobSource(self.view.scoped(parent), name, path)
                 self.jobs[path].progress = progress
 
-    def refresh(self, budget_s: float | None = None) -> None:
+    def refresh(self, budget_s: float | None = None, *, strict: bool = False) -> None:
         """Discover, and read new manifests; `budget_s` (None: no limit) bounds the whole refresh, the listings
-        included and every job's manifests together: what a page waits before it is shown."""
+        included and every job's manifests together: what a page waits before it is shown. The bucket failing
+        meanwhile is `problem` (said once), never an error for the page (`strict`: raised, as at start)."""
+        try:
+            self._refresh(budget_s)
+            self.problem = None
+        except BucketError as exc:
+            if strict:
+                raise
+            self.problem = first_line(exc)
+            say_once(f"cannot read {self.uri} now: {self.problem}")
+        finally:
+            self.refreshed_at = time.monotonic()
+
+    def _refresh(self, budget_s: float | None) -> None:
         started = time.monotonic()
         deadline = None if budget_s is None else started + budget_s
         self.discover()
@@ -309,7 +399,8 @@ class Source:
         self.discovered_in_s = time.monotonic() - started
         for job in list(self.jobs.values()):
             job.refresh(self._pool, deadline, self.is_rendering)
-        self.refreshed_at = time.monotonic()
+        for loop in list(self.loops.values()):
+            loop.read()
         self._wake.set()
 
     # rows, in the background ---------------------------------------------------------------------
@@ -346,16 +437,18 @@ class Source:
                             break  # the bucket hiccuped: the next wake tries again
                         except Exception as exc:  # noqa: BLE001 - one unreadable batch must not stop the others
                             job.rows[seq] = []
-                            print(f"dashboard: batch {seq} of {job.path}: rows unreadable: {exc}", file=sys.stderr)
+                            job.bad_rows[seq] = first_line(exc)
+                            say_once(f"batch {seq} of {job.path}: rows unreadable: {job.bad_rows[seq]}")
 
     def _reading_manifests(self) -> bool:
         return any(job._reading for job in list(self.jobs.values()))
 
     def fingerprint(self) -> str:
         """Changes whenever what the pages show may have: new batches, new rows, a loop's new steps."""
-        parts = [f"{p}:{len(j.manifests)}:{len(j.rows)}:{j.finished}:{j.progress.updated_at if j.progress else ''}"
-                 for p, j in sorted(self.jobs.items())]
-        parts += [f"{path}:{len(loop.steps())}" for path, loop in sorted(self.loops.items())]
+        parts = [f"{p}:{len(j.manifests)}:{len(j.rows)}:{j.finished}:{j.progress.updated_at if j.progress else ''}:"
+                 f"{progress_state(j.progress).kind if j.progress else j.progress_error}:{len(j.bad_manifests)}"
+                 for p, j in sorted(self.jobs.items())]  # the state too: a driver gone changes nothing it wrote
+        parts += [f"{path}:{len(loop.steps())}:{len(loop.bad_lines)}" for path, loop in sorted(self.loops.items())]
         return "|".join(parts)
 
 

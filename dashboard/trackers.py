@@ -29,8 +29,7 @@ MLFLOW_DEFAULT_EXPERIMENT = "Default"
 
 def step_figures(step: dict[str, Any]) -> dict[str, float]:
     """The step's figures that it has, by the names every tracker writes them under."""
-    return {PREFIX + key: float(values[0]) for key, values in loop_series([step]).items()
-            if isinstance(values[0], int | float) and not isinstance(values[0], bool)}
+    return {PREFIX + key: float(values[0]) for key, values in loop_series([step]).items() if values[0] is not None}
 
 
 class Tracker(Protocol):

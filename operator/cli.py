@@ -8,6 +8,7 @@ import contextlib
 import http.server
 import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from tracefleet.operator.config import DEFAULT_HARNESS_IMAGE, DEFAULT_IMAGE, OperatorConfig
 from tracefleet.operator.leader import LEASE_DURATION_S, LEASE_NAME, RENEW_DEADLINE_S, RETRY_S
 from tracefleet.contract import environment
+from tracefleet.contract.job import OBJECT_NAME_RE
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +45,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "job must name it")
     parser.add_argument("--evaluator-image", default=os.environ.get(environment.EVALUATOR_IMAGE, DEFAULT_IMAGE),
                         help="evaluator image when the RolloutJob names none")
+    parser.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME", dest="image_pull_secrets",
+                        help="a Secret (kubernetes.io/dockerconfigjson) every job's pods pull their images with, in the "
+                        "job's namespace (repeatable; a job's spec.imagePullSecrets add to these)")
+    parser.add_argument("--bucket-endpoint", default=os.environ.get(environment.S3_ENDPOINT) or None, metavar="URL",
+                        help="the S3 endpoint every job's pods reach the bucket at (an in-cluster MinIO or SeaweedFS); "
+                        "default: the job's credentials Secret's AWS_ENDPOINT_URL, else AWS. The jobs' NetworkPolicies "
+                        "let their pods reach it")
     ha = parser.add_argument_group("high availability (tracefleet.operator.leader)")
     ha.add_argument("--leader-elect", action="store_true",
                     help="run as one of several replicas: only the holder of a coordination.k8s.io Lease reconciles")
@@ -67,8 +76,14 @@ def main(args: argparse.Namespace) -> int:
     if args.leader_elect and not args.lease_retry < args.lease_renew_deadline < args.lease_duration:
         print("tracefleet operator: the Lease needs --lease-retry < --lease-renew-deadline < --lease-duration", file=sys.stderr)
         return 2
+    if bad := [name for name in args.image_pull_secrets if not re.fullmatch(OBJECT_NAME_RE, name)]:
+        print(f"tracefleet operator: --image-pull-secret {bad[0]!r} is not a Secret's name (lowercase letters, digits, "
+              "'-' and '.')", file=sys.stderr)
+        return 2
     import kopf
-    from kubernetes import client, config
+    from kubernetes import client
+
+    from tracefleet.cluster_config import load_cluster_config
 
     from tracefleet.operator import metrics
     from tracefleet.operator.handlers import OperatorState, build_registry
@@ -81,10 +96,7 @@ def main(args: argparse.Namespace) -> int:
     if args.log_level != "debug":
         # kopf logs every successful timer run at INFO: once per job per interval is noise.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
+    load_cluster_config()
     cfg = client.Configuration.get_default_copy()
     cfg.connection_pool_maxsize = 32
     kube = Kube(client.ApiClient(cfg))
@@ -97,6 +109,8 @@ def main(args: argparse.Namespace) -> int:
         retry_backoff_s=args.retry_backoff,
         dashboard_url=args.dashboard_url,
         dashboard_uri=args.dashboard_uri,
+        bucket_endpoint=args.bucket_endpoint,
+        image_pull_secrets=tuple(args.image_pull_secrets),
     )
     state = OperatorState(reconciler=Reconciler(kube=kube, cfg=op_cfg, notifier=notifier, harness=HarnessWatch(kube)),
                           interval_s=args.interval)

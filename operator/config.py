@@ -30,6 +30,8 @@ class OperatorConfig:
     recent_batches: int = 5
     # S3 endpoint the pods reach the bucket at, when the credentials Secret names none (AWS_ENDPOINT_URL)
     bucket_endpoint: str | None = None
+    # Secrets every job's pods pull their images with (the chart's jobImagePullSecrets), before the job's own
+    image_pull_secrets: tuple[str, ...] = ()
     # the chart's dashboard (`tracefleet dashboard`): its URL and the bucket folder it reads; "" when none runs
     dashboard_url: str = ""
     dashboard_uri: str = ""

@@ -134,6 +134,12 @@ class Kube:
     def get_configmap(self, ns: str, name: str) -> dict[str, Any] | None:
         return self._json("get", "configmaps", f"{ns}/{name}", self.core.read_namespaced_config_map, name, ns)
 
+    def get_service(self, ns: str, name: str) -> dict[str, Any] | None:
+        """The Service, or None when it does not exist or is not ours to read (a namespace the operator does not
+        serve): the caller falls back to what it knows without it."""
+        resp = self._call("get", "services", f"{ns}/{name}", self.core.read_namespaced_service, name, ns, ok=(403, 404))
+        return None if isinstance(resp, ApiException) else json.loads(resp.data)
+
     def get_secret_data(self, ns: str, name: str) -> dict[str, str] | None:
         import base64
 

@@ -37,7 +37,7 @@ from tracefleet.operator.children.inference import (engine_key_secret, extra_arg
                                                    inference_service)
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.operator.children.metadata import namespace_of
-from tracefleet.operator.children.network_policy import network_policies
+from tracefleet.operator.children.network_policy import job_reach, network_policies
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.operator.harbor_tasks import HarborSource, HarborSourceError, ClusterHarborTask, read_source
 from tracefleet.operator.immutable_spec import check_spec
@@ -218,7 +218,8 @@ class Reconciler:
         # --- network policies once per job (per operator process)
         ensured = self._ensured.setdefault(self._uid(job), set())  # one reference (see _after_finish)
         if "netpol" not in ensured and budget > 0:
-            for policy in network_policies(job, self.cfg, harbor):
+            reach = job_reach(job, self.cfg, self._bucket_creds(job), self.kube.get_service)
+            for policy in network_policies(job, reach, harbor):
                 self.kube.create(policy)
                 budget -= 1
             ensured.add("netpol")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from tracefleet.contract import layout
 from tracefleet.contract.capture import CallError, read_capture_log
-from tracefleet.contract.semantics import OutcomeCounts
+from tracefleet.contract.semantics import OUTCOME_KIND_MEANING, OUTCOME_KIND_WORDS, OutcomeCounts, OutcomeKind
 
 if TYPE_CHECKING:
     from tracefleet.contract.session import SessionResult
@@ -161,19 +161,58 @@ def call_error_lines(results: list[SessionResult]) -> list[str]:
     return lines
 
 
+def what_happened(r: SessionResult) -> str:
+    """A session that did not complete, in a few words: `failed at harness`, `timed out at evaluate`, and `could not
+    be judged (evaluator unavailable)` for an evaluator that could not run or report (recorded as an error at
+    evaluate, but the infrastructure's: tracefleet.contract.semantics)."""
+    if r.evaluation is not None and r.evaluation.status == "unavailable":
+        return "could not be judged (evaluator unavailable)"
+    return f"{SESSION_STATUS_VERBS.get(r.status, r.status)} at {r.stage or '-'}"
+
+
+def whose(r: SessionResult) -> str:
+    """Whose outcome a session is, in the words every surface uses, with what it means for training where it is
+    left out of it."""
+    if r.outcome_kind is None:
+        return "not classified"
+    meaning = f": {OUTCOME_KIND_MEANING[r.outcome_kind]}" if r.outcome_kind == OutcomeKind.INFRASTRUCTURE else ""
+    return OUTCOME_KIND_WORDS[r.outcome_kind] + meaning
+
+
+def failure_line(r: SessionResult) -> str:
+    """One failed session as the run reports it when it ends."""
+    return f"{what_happened(r)} ({whose(r)}): {r.error}"
+
+
+def status_line(results: list[SessionResult]) -> str:
+    """The run's sessions: completed, then the others by whose failure they are, each with what happened; an
+    evaluator that could not run is the infrastructure's, not counted as an `error`. (Completed sessions that are
+    fail-closed all the same are counted by kind in the summary's `outcomes`.)"""
+    completed = stopped = 0
+    failed: dict[str, Counter[str]] = {}
+    for r in results:
+        if r.status == "stopped":
+            stopped += 1
+        elif r.status == "completed":
+            completed += 1
+        else:
+            words = "failed" if r.outcome_kind is None else f"{OUTCOME_KIND_WORDS[r.outcome_kind]} failures"
+            failed.setdefault(words, Counter())[what_happened(r)] += 1
+    parts = [f"completed {completed}"]
+    for words, what in sorted(failed.items()):
+        parts.append(f"{words} {sum(what.values())} (" + ", ".join(f"{w} {n}" for w, n in what.most_common()) + ")")
+    return ", ".join(parts + ([f"stopped {stopped}"] if stopped else []))
+
+
 def session_failure_lines(results: list[SessionResult]) -> list[str]:
-    """`N of M sessions <status> at <stage>: <first error>` per (status, stage), most frequent first."""
+    """`N of M sessions <what happened>: <first error>` per what happened, most frequent first."""
     ran = [r for r in results if r.status != "stopped"]
     failed = [r for r in ran if r.status != "completed"]
-    groups: Counter[tuple[str, str | None]] = Counter((r.status, r.stage) for r in failed)
-    first: dict[tuple[str, str | None], str | None] = {}
+    groups: Counter[str] = Counter(what_happened(r) for r in failed)
+    first: dict[str, str | None] = {}
     for r in failed:
-        first.setdefault((r.status, r.stage), r.error)
-    return [
-        f"{count} of {len(ran)} sessions {SESSION_STATUS_VERBS.get(status, status)} at {stage or '-'}: "
-        f"{_one_line(first[(status, stage)])}"
-        for (status, stage), count in groups.most_common()
-    ]
+        first.setdefault(what_happened(r), r.error)
+    return [f"{count} of {len(ran)} sessions {what}: {_one_line(first[what])}" for what, count in groups.most_common()]
 
 
 def run_verdict(results: list[SessionResult], sealed_traces: int, trainable_tokens: int) -> RunVerdict:
@@ -202,6 +241,7 @@ def run_verdict(results: list[SessionResult], sealed_traces: int, trainable_toke
 def outcomes_line(counts: OutcomeCounts) -> str:
     """The sealed sessions by outcome kind (tracefleet.contract.semantics), one line: the run's summary shows what
     the operator's status.counters.infrastructure counts."""
-    return (f"ok {counts.ok}, the policy's failures {counts.policy}, the infrastructure's {counts.infrastructure}"
-            + (" (left out of the group statistics and the loss)" if counts.infrastructure else "")
+    ok, policy, infra = (OUTCOME_KIND_WORDS[k] for k in OutcomeKind)
+    return (f"{ok} {counts.ok}, {policy} failures {counts.policy}, {infra} {counts.infrastructure}"
+            + (f" ({OUTCOME_KIND_MEANING[OutcomeKind.INFRASTRUCTURE]})" if counts.infrastructure else "")
             + " (sessions in sealed batches)")

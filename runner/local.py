@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from tracefleet.contract import layout
 from tracefleet.contract.job import Counters
-from tracefleet.contract.progress import LOCAL, JobProgress, eta_seconds
+from tracefleet.contract.progress import LOCAL, DriverProcess, JobProgress, eta_seconds
 from tracefleet.contract.semantics import (
     QUARANTINE_RATE_EXCEEDED,
     QuarantineVerdict,
@@ -42,10 +42,10 @@ from tracefleet.contract.semantics import (
     should_retry,
 )
 from tracefleet.contract.plan import job_tasks_of, plan_sessions, read_tasks
-from tracefleet.runner.failures import outcomes_line, run_verdict
+from tracefleet.runner.failures import failure_line, outcomes_line, run_verdict, status_line
 from tracefleet.runner.learning_signal import learning_signal_line
 from tracefleet.runner.preflight import PreflightError, preflight
-from tracefleet.runner.progress import ProgressWriter
+from tracefleet.runner.progress import ProgressWriter, previous_run
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import netns_available, workdir_view_available
 from tracefleet.runner.netns import VIEW_DIR
@@ -56,7 +56,8 @@ from tracefleet.runner.task import Task, harbor_tasks, with_image
 if TYPE_CHECKING:
     from tracefleet.runner.containers.place import ContainerPlace
 
-PUBLISH_EVERY_S = 5.0  # <job>/progress.json at least this often while sessions run (and when one finishes)
+# <job>/progress.json at least this often while sessions run (and when one finishes): its heartbeat
+PUBLISH_EVERY_S = 5.0
 
 # Models `tracefleet engine` serves from PyPI packages; a managed model name outside this list needs --engine-url.
 LOCAL_MODEL_ALIASES = {
@@ -126,6 +127,7 @@ class RunProgress:
     done: int = 0
     failed: int = 0
     running: int = 0
+    stopped: int = 0  # killed mid-run by Ctrl-C: the next run runs them again
     accepted: int = 0
     calls: int = 0
     abandoned: int = 0
@@ -134,9 +136,9 @@ class RunProgress:
     traces: int = 0
     rewards: list[float] = field(default_factory=list)
     batches: list[str] = field(default_factory=list)
-    statuses: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    driver: DriverProcess | None = field(default_factory=DriverProcess.current)
 
     @property
     def mean_reward(self) -> float | None:
@@ -146,14 +148,16 @@ class RunProgress:
         finished = self.done + self.failed
         return eta_seconds(time.monotonic() - self.started, finished, self.total - self.skipped - finished)
 
-    def job_progress(self, job: str, finished: bool = False) -> JobProgress:
-        """What the dashboard reads (<job>/progress.json): status.counters' figures, as a cluster job has them."""
-        pending = max(0, self.total - self.skipped - self.done - self.failed - self.running)
+    def job_progress(self, job: str, finished: bool = False, interrupted: bool = False) -> JobProgress:
+        """What the dashboard reads (<job>/progress.json): status.counters' figures, as a cluster job has them;
+        pending: never started (interrupted: never will be, by this run)."""
+        pending = max(0, self.total - self.skipped - self.done - self.failed - self.running - self.stopped)
         counters = Counters(total=self.total - self.skipped, pending=pending, running=self.running,
                             succeeded=self.done, failed=self.failed, traces=self.traces, tokens=self.tokens)
         return JobProgress(job=job, driver=LOCAL, counters=counters, skipped=self.skipped, calls=self.calls,
                            batches=len(self.batches), started_at=self.started_at,
-                           updated_at=datetime.now(timezone.utc), finished=finished,
+                           updated_at=datetime.now(timezone.utc), finished=finished, interrupted=interrupted,
+                           heartbeat_s=PUBLISH_EVERY_S, driver_process=self.driver,
                            eta_s=None if finished else self.eta_s())
 
     def line(self) -> str:
@@ -363,6 +367,8 @@ class LocalRun:
         sink = BatchSink(self.output_uri, self.job.name,
                          groups_per_batch=groups_per_batch(spec.output.traces_per_batch, spec.tasks.samples_per_task))
         sealed = sink.sealed_keys()
+        if (line := previous_run(sink.bucket, self.job.name)) is not None:
+            self._say(line)
         if self.options.fresh:
             self._say(f"--fresh: every session of job {self.job.name!r} runs again; its {sink.sealed_batches} sealed "
                       f"batch(es) at {sink.job_uri} stay as they are (nothing is deleted: a trainer that read them "
@@ -443,7 +449,7 @@ class LocalRun:
             # Whatever finished is sealed, also after Ctrl-C: a partial batch is still a whole batch.
             for ref in sink.flush():
                 progress.batches.append(ref)
-            progress_writer.close(progress.job_progress(self.job.name, finished=True))
+            progress_writer.close(progress.job_progress(self.job.name, finished=True, interrupted=interrupted))
             self._summary(progress, sink, interrupted)
             admin.close()
             if interrupted:
@@ -553,10 +559,10 @@ class LocalRun:
     def _record(self, run: SessionRun, sink: Any, progress: RunProgress) -> None:
         result = run.result
         self.results.append(run)
-        progress.statuses[result.status] = progress.statuses.get(result.status, 0) + 1
         progress.calls += result.calls
         progress.abandoned += result.abandoned_calls
         if result.status == "stopped":
+            progress.stopped += 1
             return  # interrupted sessions are redone by the next run (their group is not sealed)
         if run.evidence is not None:
             sink.keep_evidence(run.evidence)
@@ -565,7 +571,7 @@ class LocalRun:
             progress.rewards.append(result.reward)
         else:
             progress.failed += 1
-            self._say(f"session {result.session_id}: {result.status} at {result.stage}: {result.error}")
+            self._say(f"session {result.session_id}: {failure_line(result)}")
         accepted = self.acceptance is None or (result.status == "completed" and self.acceptance.accepts(result.reward))
         if accepted:
             progress.accepted += 1
@@ -598,8 +604,9 @@ class LocalRun:
         rows = [
             ("job", self.job.name),
             ("sessions", f"{attempted} run now, {p.skipped} already sealed earlier, {p.total} in the job"
-                         + (" (interrupted)" if interrupted else "")),
-            ("status", ", ".join(f"{k} {v}" for k, v in sorted(p.statuses.items())) or "-"),
+                         + (f" (interrupted: {p.job_progress(self.job.name).counters.pending} never started)"
+                            if interrupted else "")),
+            ("status", status_line([r.result for r in self.results])),
             ("mean reward", "-" if p.mean_reward is None else f"{p.mean_reward:.3f} over {len(p.rewards)} completed"),
             ("reward spread", learning_signal_line([r.result for r in self.results])),
             ("model calls", str(p.calls) + (f" ({p.abandoned} abandoned in flight: recorded, engine requests cancelled)"

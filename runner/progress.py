@@ -8,7 +8,7 @@ import threading
 from typing import Any, Callable
 
 from tracefleet.contract import layout
-from tracefleet.contract.progress import JobProgress
+from tracefleet.contract.progress import JobProgress, progress_state
 
 LAST_WRITE_WAIT_S = 10.0  # how long the end of a run waits for its last progress to be written
 
@@ -51,3 +51,22 @@ class ProgressWriter:
                         self.say(f"progress not written to {self.key}: {exc}")
             if self._closing and self._newest is None:
                 return
+
+
+def previous_run(bucket: Any, job: str) -> str | None:
+    """What the job's last progress record says of the run that wrote it, when that run did not end well or may still
+    be going (a line to say before this run starts), else None."""
+    try:
+        last = JobProgress.model_validate_json(bucket.get(layout.progress_key(job)))
+    except Exception:  # noqa: BLE001 - none written, or unreadable: nothing to say of it
+        return None
+    state = progress_state(last)
+    when = f"{last.updated_at:%Y-%m-%d %H:%M:%S} UTC"
+    if state.kind == "running" and last.driver_process is not None and last.driver_process.alive():
+        return (f"job {job!r} is being run by process {last.driver_process.pid} on this machine (its progress "
+                f"written {when}): two runs of one job seal the same sessions twice")
+    if state.kind in ("stopped", "stale"):
+        how = "its process is gone" if state.kind == "stopped" else "its progress went stale"
+        return (f"the last run of job {job!r} did not finish ({how}; last written {when}, {last.counters.finished} of "
+                f"{last.counters.total} sessions finished): continuing it")
+    return None

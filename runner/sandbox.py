@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from tracefleet.process_group import die_with_parent
+
 # Variables a harness legitimately needs from the parent; everything else is dropped.
 PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "SSL_CERT_FILE", "SSL_CERT_DIR")
 KILL_GRACE_S = 2.0
@@ -195,6 +197,7 @@ def run_sandboxed(
                 stderr=err,
                 start_new_session=True,  # own session => own process group, killable as one
                 close_fds=True,
+                preexec_fn=die_with_parent(),  # and gone with the driver, however the driver ends
             )
         except OSError as exc:
             return ProcessResult(

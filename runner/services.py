@@ -19,6 +19,7 @@ import httpx
 
 from tracefleet.contract.engine_limits import EngineLimits
 from tracefleet.contract.sampling import SamplingOverride
+from tracefleet.process_group import die_with_parent
 
 
 def free_port() -> int:
@@ -92,7 +93,9 @@ def start_cpu_engine(model: str, log: Path, *, threads: int = 1, timeout_s: floa
     ]
     offset = log.stat().st_size if log.exists() else 0
     with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        # it dies with this driver however that ends (an engine left behind holds its memory for ever)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=die_with_parent())
     engine = EngineProcess(url="", proc=proc, log=log)
     try:
         deadline = time.monotonic() + timeout_s

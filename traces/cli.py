@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from tracefleet.contract.layout import batches_prefix
+from tracefleet.contract.semantics import OUTCOME_KIND_WORDS, OutcomeKind, outcome_counts
 from tracefleet.usage import USAGE_EXIT, UsageError
 
 EXAMPLES = """examples:
   tracefleet traces ls ./batches                         # jobs in a directory bucket
   tracefleet traces ls capture/sess-1.jsonl              # the traces a capture log builds into
   tracefleet traces ls s3://rl/runs --job swe-1          # that job's sealed batches
+  tracefleet traces ls s3://rl/runs --job swe-1 --batch 3   # its rows: session, reward, whose outcome
   tracefleet traces show s3://rl/runs --job swe-1 --batch 3 --trace 0
   tracefleet traces show capture/sess-1.jsonl --html sess-1.html   # build + render a capture log
   tracefleet traces export ./batches --job swe-1 --batch 0 --format jsonl --out batch0.jsonl
@@ -40,7 +42,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     ls = sub.add_parser("ls", help="list jobs, a job's batches (seq, traces, tokens, reward), or a capture log's traces")
     common(ls)
-    ls.add_argument("--json", action="store_true", help="print manifests (a capture log: trace metadata) as JSON")
+    ls.add_argument("--batch", type=int, help="list that batch's rows (session, reward, outcome) instead of the batches")
+    ls.add_argument("--json", action="store_true", help="print manifests (a capture log or --batch: trace metadata) as JSON")
     ls.add_argument("--builder", default="prefix-merge", choices=["prefix-merge", "per-request"], help="for capture logs")
 
     show = sub.add_parser("show", help="render a trace: masked vs trainable tokens, reward, stats")
@@ -183,8 +186,8 @@ def main(args: argparse.Namespace) -> int:
 def _ls(args: argparse.Namespace) -> int:
     from tracefleet.traces.reader import BatchReader
 
-    if _is_capture_log(args.uri):
-        return _ls_capture(args)
+    if _is_capture_log(args.uri) or args.batch is not None:
+        return _ls_traces(args)
     bucket = bucket_from_args(args)
     if not args.job:
         jobs = _jobs(bucket)
@@ -197,26 +200,34 @@ def _ls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([m.model_dump(mode="json") for m in manifests], indent=2))
         return 0
-    print(f"{'seq':>6}  {'traces':>6}  {'sessions':>8}  {'tokens':>10}  {'trainable':>10}  {'reward mean':>11}  {'fail-closed':>11}  size")
+    # sessions by whose outcome they are (tracefleet.contract.semantics): the infrastructure's are not trained on
+    kinds = [OUTCOME_KIND_WORDS[k].removeprefix("the ") for k in OutcomeKind]
+    print(f"{'seq':>6}  {'traces':>6}  {'sessions':>8}  {'tokens':>10}  {'trainable':>10}  {'reward mean':>11}  "
+          f"{'fail-closed':>11}  " + "  ".join(kinds) + "  size")
     for m in manifests:
         mean = f"{m.reward.mean:.3f}" if m.reward.mean is not None else "-"
         size = sum(o.size for o in m.objects)
-        print(f"{m.seq:>6}  {m.traces:>6}  {m.sessions:>8}  {m.tokens:>10,}  {m.trainable_tokens:>10,}  {mean:>11}  {m.reward.fail_closed:>11}  {size:,} B")
+        counts = outcome_counts(m).to_json() if m.outcome_kinds else {}  # sealed before kinds: not known
+        by_kind = "  ".join(f"{counts.get(k.value, '-'):>{len(w)}}" for k, w in zip(OutcomeKind, kinds, strict=True))
+        print(f"{m.seq:>6}  {m.traces:>6}  {m.sessions:>8}  {m.tokens:>10,}  {m.trainable_tokens:>10,}  {mean:>11}  "
+              f"{m.reward.fail_closed:>11}  {by_kind}  {size:,} B")
     return 0
 
 
-def _ls_capture(args: argparse.Namespace) -> int:
-    """A capture log's traces (prefix-merge), one line each: what `traces show --trace N` would render."""
-    traces = _capture_traces(args)
+def _ls_traces(args: argparse.Namespace) -> int:
+    """A capture log's traces (prefix-merge) or a batch's rows (`--batch`), one line each: what `traces show
+    --trace N` would render, with whose outcome the row is."""
+    traces, where = _load_traces(args)
     if args.json:
         print(json.dumps([t.meta.model_dump(mode="json") for t in traces], indent=2))
         return 0
-    print(f"{'trace':>5}  {'calls':>5}  {'tokens':>8}  {'trainable':>9}  {'reward':>6}  trace id")
+    print(f"{'trace':>5}  {'calls':>5}  {'tokens':>8}  {'trainable':>9}  {'reward':>6}  {'outcome':<20}  session / trace id")
     for i, t in enumerate(traces):
         reward = "-" if t.meta.reward is None else f"{t.meta.reward:g}"
-        print(f"{i:>5}  {len(t.spans):>5}  {t.num_tokens:>8,}  {t.num_trainable:>9,}  {reward:>6}  {t.meta.trace_id}")
+        print(f"{i:>5}  {len(t.spans):>5}  {t.num_tokens:>8,}  {t.num_trainable:>9,}  {reward:>6}  "
+              f"{OUTCOME_KIND_WORDS[t.meta.outcome_kind]:<20}  {t.meta.session_id} / {t.meta.trace_id}")
     if not traces:
-        print(f"no traces in {args.uri}", file=sys.stderr)
+        print(f"no traces in {where}", file=sys.stderr)
     return 0
 
 

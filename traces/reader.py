@@ -3,21 +3,25 @@
     from tracefleet.traces import BatchReader
     reader = BatchReader("s3://bucket/prefix", job="my-job", consumer="trainer-0")
     for batch in reader.follow(poll_s=5):                       # each sealed batch exactly once, in order
-        t = batch.tensors(pad_token_id=0)  # input_ids, attention_mask, loss_mask, old_logprobs, advantages
+        t = batch.tensors(pad_token_id=0)  # input_ids, attention_mask, loss_mask, old_logprobs, advantages, trained
         train_step(t)
         reader.commit(batch)                                   # cursor in the bucket: restart-safe
+
+One row identity: `Batch.table`, `Batch.traces()`, `Batch.advantages()` and every tensor of `Batch.tensors()`
+cover the batch's sealed rows, all of them, in the same order, so they zip. A row the trainer must not train on
+is still there: its advantage is 0, its `loss_mask` all 0 and `trained` False (`tensors()`'s [B] bool). Those
+are auxiliary traces (a harness's title or summary calls: sealed, labelled, not trained on by default;
+`include_auxiliary=True` keeps them), quarantined ones (a diagnostic judged how the session earned its reward
+invalid: `quarantined` column, reward already <= 0; `include_quarantined=True`) and rows the infrastructure
+failed (`outcome_kind` `infrastructure`: an evaluator that could not run or report, a stage of ours that failed;
+`include_infrastructure=True`): their reward <= 0 says nothing about the policy, so they are also left out of the
+GRPO statistics (tracefleet.contract.semantics). `training_table()` is the subset whose `trained` is True: a
+table, each row with its `session_id`; join on it, never zip it with the others. `take_rows(t, t["trained"])`
+keeps a trainer's forward passes to the trained rows.
 
 `tensors()` refuses raw logprobs as `old_logprobs` (a span whose `logprobs_mode` is `raw_logprobs`: vLLM's
 default, taken before temperature and top-k/top-p, so not the behaviour policy's) with `RawLogprobs`, unless
 `allow_raw_logprobs=True` (a trainer that corrects for it, or sampled at T=1 without truncation).
-
-`tensors()` and `advantages()` leave out auxiliary traces (a harness's title or summary calls: sealed,
-labelled, not trained on by default; `include_auxiliary=True` keeps them) and compute GRPO statistics
-over the rest (tracefleet.contract.semantics). Quarantined traces (a diagnostic judged how the session earned its
-reward invalid: `quarantined` column, reward already <= 0) are left out the same way unless
-`include_quarantined=True`. Rows the infrastructure failed (`outcome_kind` `infrastructure`: an evaluator that
-could not run or report, a stage of ours that failed; tracefleet.contract.semantics) are left out the same way
-unless `include_infrastructure=True`: their reward <= 0 says nothing about the policy.
 
 Overlays (tracefleet.traces.overlay): verdicts `tracefleet diagnose --write-overlay` wrote for sessions
 already sealed. `read` (and `follow`) apply the job's overlays by default: a session an overlay
@@ -118,57 +122,85 @@ class Batch:
                 out[sid] = found
         return out
 
+    def trained(self, *, include_auxiliary: bool = False, include_quarantined: bool = False,
+                include_infrastructure: bool = False) -> list[bool]:
+        """One flag per row of `table`: whether a trainer trains on it (module docstring)."""
+        return trained_mask(self.table, include_auxiliary=include_auxiliary, include_quarantined=include_quarantined,
+                            include_infrastructure=include_infrastructure)
+
     def training_table(self, *, include_auxiliary: bool = False, include_quarantined: bool = False,
                        include_infrastructure: bool = False) -> pa.Table:
-        """The rows a trainer trains on: all but auxiliary traces (a title or summary call beside the
-        agent's conversation), quarantined ones and those the infrastructure failed (tracefleet.contract.semantics)
-        unless asked for."""
+        """The rows of `table` a trainer trains on (`trained()`): a subset, each row with its `session_id`."""
         return training_rows(self.table, include_auxiliary=include_auxiliary, include_quarantined=include_quarantined,
                              include_infrastructure=include_infrastructure)
 
     def advantages(self, *, leave_one_out: bool = False, normalize_std: bool = True,
                    include_auxiliary: bool = False, include_quarantined: bool = False,
                    include_infrastructure: bool = False) -> np.ndarray:
-        """One advantage per row of `training_table()`."""
-        table = self.training_table(include_auxiliary=include_auxiliary, include_quarantined=include_quarantined,
-                                    include_infrastructure=include_infrastructure)
-        return group_advantages(
-            table.column("reward").to_pylist(),
-            table.column("group_id").to_pylist(),
-            table.column("session_id").to_pylist(),
-            leave_one_out=leave_one_out,
-            normalize_std=normalize_std,
-        )
+        """One advantage per row of `table`: the GRPO group advantage over the trained rows, 0 on the others."""
+        trained = self.trained(include_auxiliary=include_auxiliary, include_quarantined=include_quarantined,
+                               include_infrastructure=include_infrastructure)
+        return row_advantages(self.table, trained, leave_one_out=leave_one_out, normalize_std=normalize_std)
 
     def tensors(self, *, include_auxiliary: bool = False, include_quarantined: bool = False,
                 include_infrastructure: bool = False, **kwargs: Any) -> dict[str, Any]:
-        """Padded tensors of `training_table()`'s rows (see padded_tensors)."""
-        return padded_tensors(self.training_table(include_auxiliary=include_auxiliary,
-                                                  include_quarantined=include_quarantined,
-                                                  include_infrastructure=include_infrastructure), **kwargs)
+        """Padded tensors of every row of `table`, the untrained ones masked (see padded_tensors)."""
+        trained = self.trained(include_auxiliary=include_auxiliary, include_quarantined=include_quarantined,
+                               include_infrastructure=include_infrastructure)
+        return padded_tensors(self.table, trained=trained, **kwargs)
 
 
-def training_rows(table: pa.Table, *, include_auxiliary: bool = False, include_quarantined: bool = False,
-                  include_infrastructure: bool = False) -> pa.Table:
-    """`table` without its auxiliary rows (unless `include_auxiliary`), quarantined rows (unless
+def trained_mask(table: pa.Table, *, include_auxiliary: bool = False, include_quarantined: bool = False,
+                 include_infrastructure: bool = False) -> list[bool]:
+    """Per row of `table`: False on auxiliary rows (unless `include_auxiliary`), quarantined rows (unless
     `include_quarantined`) and rows the infrastructure failed (unless `include_infrastructure`); batches sealed
     before those columns existed have none."""
-    n = table.num_rows
-    keep = [True] * n
+    keep = [True] * table.num_rows
     if not include_auxiliary and "new_root_reason" in table.column_names:
         keep = [k and r != AUXILIARY for k, r in zip(keep, table.column("new_root_reason").to_pylist())]
     if not include_quarantined and "quarantined" in table.column_names:
         keep = [k and not q for k, q in zip(keep, table.column("quarantined").to_pylist())]
     if not include_infrastructure and "outcome_kind" in table.column_names:
         keep = [k and o != OutcomeKind.INFRASTRUCTURE for k, o in zip(keep, table.column("outcome_kind").to_pylist())]
+    return keep
+
+
+def training_rows(table: pa.Table, **include: bool) -> pa.Table:
+    """The rows of `table` that `trained_mask` keeps."""
+    keep = trained_mask(table, **include)
     if all(keep):
         return table
     return table.take(pa.array([i for i, k in enumerate(keep) if k], pa.int64()))
 
 
+def row_advantages(table: pa.Table, trained: list[bool], *, leave_one_out: bool = False,
+                   normalize_std: bool = True) -> np.ndarray:
+    """One advantage per row of `table`: the group statistics over the `trained` rows only, 0 on the others."""
+    rows = [i for i, k in enumerate(trained) if k]
+    out = np.zeros(table.num_rows, dtype=np.float32)
+    if rows:
+        kept = table.take(pa.array(rows, pa.int64())).select(["reward", "group_id", "session_id"])
+        out[rows] = group_advantages(kept.column("reward").to_pylist(), kept.column("group_id").to_pylist(),
+                                     kept.column("session_id").to_pylist(), leave_one_out=leave_one_out,
+                                     normalize_std=normalize_std)
+    return out
+
+
+def take_rows(t: dict[str, Any], rows: Any) -> dict[str, Any]:
+    """`t` (padded_tensors) with only `rows` (indices or a [B] bool mask), cut to the longest of them: every
+    tensor the same rows, so they still line up with each other (not with `Batch.table`)."""
+    import torch
+
+    rows = torch.as_tensor(rows)
+    index = rows.nonzero().flatten() if rows.dtype == torch.bool else rows
+    width = int(t["attention_mask"][index].sum(dim=1).max()) if index.numel() else 0
+    return {k: (v[index][:, :width] if v.dim() == 2 else v[index]) for k, v in t.items()}
+
+
 def padded_tensors(
     table: pa.Table,
     *,
+    trained: list[bool] | None = None,
     pad_token_id: int = 0,
     max_length: int | None = None,
     leave_one_out: bool = False,
@@ -181,32 +213,31 @@ def padded_tensors(
     temperature: float = 1.0,
     allow_raw_logprobs: bool = False,
 ) -> dict[str, Any]:
-    """Right-padded [B, T] tensors: input_ids (long), attention_mask (long), loss_mask (float),
-    old_logprobs (float, 0 where loss_mask is 0), advantages (float, the trace's advantage on its
-    trainable positions), token_versions (long: the policy version that sampled each token, -1 where none
-    did), temperatures (float: the temperature each token was sampled at as its span records it; `temperature`
-    where the call left it to the engine, 1 on context), plus rewards [B] and sequence_advantages [B]. Traces
-    longer than `max_length` are cut at the end (only trailing tokens are lost; what remains is still causal).
-    RawLogprobs when a row's logprobs are raw, unless `allow_raw_logprobs`.
+    """Right-padded [B, T] tensors, one row per row of `table` in its order: input_ids (long), attention_mask
+    (long), loss_mask (float), old_logprobs (float, 0 where loss_mask is 0), advantages (float, the trace's
+    advantage on its trainable positions), token_versions (long: the policy version that sampled each token, -1
+    where none did), temperatures (float: the temperature each token was sampled at as its span records it;
+    `temperature` where the call left it to the engine, 1 on context), plus rewards [B], sequence_advantages [B]
+    and trained [B] (bool). A row not `trained` (default: every row is) has loss_mask 0 and advantage 0 and is
+    left out of the group statistics. Traces longer than `max_length` are cut at the end (only trailing tokens
+    are lost; what remains is still causal). RawLogprobs when a row's logprobs are raw, unless
+    `allow_raw_logprobs`. `advantages` given: one per row, used as they are (0 on the rows not trained).
 
     Staleness (tracefleet.traces.versions): tokens sampled by a version below `min_policy_version`, or more
     than `max_lag` versions behind the newest in the table, are masked out of the loss (`stale="mask"`), or
-    their rows left out (`stale="drop"`, before the group advantages are computed)."""
+    their rows not trained (`stale="drop"`: `trained` False, left out of the group statistics)."""
     if not allow_raw_logprobs:
         check_behaviour_logprobs(table)
     import torch
 
+    trained = [True] * table.num_rows if trained is None else list(trained)
     spans = table.column("spans").to_pylist() if "spans" in table.column_names else [[]] * table.num_rows
     row_lengths = pc.list_value_length(table.column("tokens")).to_pylist()
     versions = [token_versions(sp, n) for sp, n in zip(spans, row_lengths, strict=True)]
     flat = np.concatenate(versions) if versions else np.zeros(0, np.int32)
     bound = stale_bound(flat, min_policy_version, max_lag)
     if bound is not None and stale == "drop":
-        keep = [i for i, v in enumerate(versions) if not ((v != NOT_SAMPLED) & (v < bound)).any()]
-        table = table.take(pa.array(keep, pa.int64()))
-        versions = [versions[i] for i in keep]
-        spans = [spans[i] for i in keep]
-        advantages = None if advantages is None else np.asarray(advantages)[keep]
+        trained = [k and not ((v != NOT_SAMPLED) & (v < bound)).any() for k, v in zip(trained, versions, strict=True)]
     tok_off, tokens = list_values(table.column("tokens"), np.dtype(np.int64))
     _, mask = list_values(table.column("loss_mask"), np.dtype(np.float32))
     _, logprobs = list_values(table.column("logprobs"), np.dtype(np.float32))
@@ -215,14 +246,10 @@ def padded_tensors(
     t = int(lengths.max()) if b else 0
     if max_length is not None:
         t = min(t, max_length)
+    keep = np.asarray(trained, dtype=bool)
     if advantages is None:
-        advantages = group_advantages(
-            table.column("reward").to_pylist(),
-            table.column("group_id").to_pylist(),
-            table.column("session_id").to_pylist(),
-            leave_one_out=leave_one_out,
-            normalize_std=normalize_std,
-        )
+        advantages = row_advantages(table, trained, leave_one_out=leave_one_out, normalize_std=normalize_std)
+    advantages = np.where(keep, np.asarray(advantages, dtype=np.float32), np.float32(0.0))
     ids = np.full((b, t), pad_token_id, dtype=np.int64)
     attn = np.zeros((b, t), dtype=np.int64)
     lm = np.zeros((b, t), dtype=np.float32)
@@ -240,6 +267,7 @@ def padded_tensors(
             temps[i, span["completion_start"] : min(span["completion_end"], n)] = span.get("temperature") or temperature
     if bound is not None:
         lm[(ver != NOT_SAMPLED) & (ver < bound)] = 0.0
+    lm[~keep] = 0.0
     olp = np.where(lm > 0, np.nan_to_num(olp, nan=0.0), 0.0).astype(np.float32)
     adv_tok = lm * np.asarray(advantages, dtype=np.float32)[:, None]
     rewards = np.array([0.0 if v is None else v for v in table.column("reward").to_pylist()], dtype=np.float32)
@@ -252,7 +280,8 @@ def padded_tensors(
         "token_versions": torch.from_numpy(ver),
         "temperatures": torch.from_numpy(temps),
         "rewards": torch.from_numpy(rewards),
-        "sequence_advantages": torch.from_numpy(np.asarray(advantages, dtype=np.float32)),
+        "sequence_advantages": torch.from_numpy(advantages),
+        "trained": torch.from_numpy(keep),
     }
     if device is not None:
         out = {k: v.to(device) for k, v in out.items()}

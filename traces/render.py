@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tracefleet.contract.semantics import OUTCOME_KIND_MEANING, OUTCOME_KIND_WORDS
 from tracefleet.traces.schema import Trace
 
 Decoder = Callable[[list[int]], list[str]]
@@ -82,7 +83,8 @@ def _header(trace: Trace) -> list[tuple[str, str]]:
         ("task / group / sample", f"{m.task_id or '-'} / {m.group_id or '-'} / {m.sample_index if m.sample_index is not None else '-'}"),
         ("harness / model", f"{m.harness or '-'} / {m.model or '-'}"),
         ("reward", f"{m.reward} (evaluator: {m.evaluator_reward})"),
-        ("outcome", m.outcome + (f" ({', '.join(m.fail_closed_reasons)})" if m.fail_closed_reasons else "")),
+        ("outcome", f"{OUTCOME_KIND_WORDS[m.outcome_kind]} ({OUTCOME_KIND_MEANING[m.outcome_kind]}): {m.outcome}"
+                    + (f" ({', '.join(m.fail_closed_reasons)})" if m.fail_closed_reasons else "")),
         ("builder", m.builder + (f", branch of {m.branch_of}" if m.branch_of else "") + (f", new root: {m.new_root_reason}" if m.new_root_reason else "")),
         ("tokens", f"{trace.num_tokens:,} ({trace.num_trainable:,} trainable) in {len(trace.spans)} call(s)"),
         ("policy versions", ", ".join(str(v) for v in trace.policy_versions)),

@@ -228,6 +228,19 @@ def update_policy(engines: Sequence[str], weights: str | Path, version: int, *, 
     return report
 
 
+def engine_version(engines: Sequence[str], *, api_key: str | None = None) -> int:
+    """The newest policy version the engines' labels name (0 for engines never updated): where a trainer that
+    starts against a running job numbers its next update from, so the labels never go back."""
+    versions = []
+    for url in engines:
+        engine = EngineControl(url, api_key=api_key, timeout_s=30)
+        try:
+            versions.append(label_version(engine.label()) or 0)
+        finally:
+            engine.close()
+    return max(versions, default=0)
+
+
 def update_service_policy(namespace: str, service: str, weights: str | Path, version: int, *, api_client: Any = None,
                           **kwargs: Any) -> PolicyUpdateReport:
     """`update_policy` over every ready replica behind a Kubernetes Service (tracefleet.trainer.replicas), the

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from tracefleet.traces import BatchReader
+from tracefleet.traces.reader import take_rows
 
 from tracefleet.trainer.control import update_policy
 
@@ -315,6 +316,7 @@ def train(bucket: str, job: str, engines: list[str], model_dir: str, out: Path, 
     for batch in reader.follow(poll_s=poll_s, idle_exit=idle_exit):
         t0 = time.monotonic()
         tensors = batch.tensors(max_lag=max_lag)
+        tensors = take_rows(tensors, tensors["trained"])  # no forward pass over rows out of the loss
         stats = grpo_step(model, optimizer, tensors) if tensors["input_ids"].shape[0] else {"tokens": 0}
         version += 1
         report = update_policy(engines, save_weights(model, out / f"policy-{version}"), version)

@@ -377,6 +377,7 @@ class Loop:
 
         from tracefleet.dashboard.trackers import StepLogger
         from tracefleet.traces import BatchReader
+        from tracefleet.traces.reader import take_rows
         from tracefleet.trainer.control import update_policy
         from tracefleet.trainer.grpo import grpo_step, load_policy, save_weights, trainable
 
@@ -410,6 +411,9 @@ class Loop:
                 backlog = hold.backlog(batch.seq)
                 bound = max(0, version - o.max_lag)
                 t = batch.tensors(min_policy_version=bound)
+                group_ids = [g for g, k in zip(batch.table.column("group_id").to_pylist(), t["trained"].tolist(),
+                                               strict=True) if k]
+                t = take_rows(t, t["trained"])  # the rows in the loss: the step's figures are theirs
                 rows = int(t["input_ids"].shape[0])
                 if not rows or not float(t["loss_mask"].sum()):
                     # every token older than the bound (or none at all): no update, no new version
@@ -440,7 +444,6 @@ class Loop:
                 hold.updated()
                 reader.commit(batch)
                 prune_checkpoints(run_dir / "checkpoints", KEEP_CHECKPOINTS)
-                group_ids = batch.training_table().column("group_id").to_pylist()
                 step = step_record(len(result.steps) + 1, version, t, group_ids, stats, bound, report, train_s, backlog)
                 step["rows_trained"] = int((signal or t)["input_ids"].shape[0])
                 step["step_s"] = round(time.monotonic() - t_step, 3)
@@ -622,13 +625,12 @@ def with_signal(t: dict[str, Any]) -> dict[str, Any] | None:
     them; None when there is none. A row of advantage 0 adds nothing to the GRPO gradient (its objective is 0
     whatever the ratio) but costs a whole forward pass of a ~1.7k-token harness trace: leaving it out (with the
     loss still divided by the whole batch's trainable tokens: grpo_step's `tokens`) gives the same gradient."""
-    keep = (t["sequence_advantages"] != 0).nonzero().flatten()
-    if not keep.numel():
+    from tracefleet.traces.reader import take_rows
+
+    keep = t["sequence_advantages"] != 0
+    if not keep.any():
         return None
-    if keep.numel() == t["input_ids"].shape[0]:
-        return t
-    width = int(t["attention_mask"][keep].sum(dim=1).max())
-    return {k: (v[keep][:, :width] if v.dim() == 2 else v[keep]) for k, v in t.items()}
+    return t if keep.all() else take_rows(t, keep)
 
 
 def prune_checkpoints(folder: Path, keep: int) -> None:

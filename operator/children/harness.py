@@ -13,7 +13,7 @@ from tracefleet.contract.sidecar_resources import proxy_resources
 from tracefleet.operator import names as n
 from tracefleet.operator.children.inference import engine_api_key_env, inference_service_url
 from tracefleet.operator.children.inputs import bucket_env_from, env_ref, env_vars
-from tracefleet.operator.children.metadata import Manifest, metadata, priority_class
+from tracefleet.operator.children.metadata import Manifest, metadata, pod_fields
 from tracefleet.operator.children.network_policy import network_labels
 from tracefleet.operator.children.security import container_security_context, pod_security_context
 from tracefleet.operator.config import OperatorConfig
@@ -160,11 +160,10 @@ def harness_pod(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, attempt
         "initContainers": init_containers,
         "containers": containers,
         "volumes": volumes,
+        **pod_fields(job, cfg.image_pull_secrets),
     }
     if h.runtime_class_name:
         spec["runtimeClassName"] = h.runtime_class_name
-    if pc := priority_class(job):
-        spec["priorityClassName"] = pc
     labels = {
         n.LABEL_SESSION: str(session),
         n.LABEL_TASK: str(task),

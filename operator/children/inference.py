@@ -16,7 +16,7 @@ from tracefleet.contract import podenv
 from tracefleet.contract.job import ManagedInference, RolloutJob, SecretKeyRef
 from tracefleet.operator import names as n
 from tracefleet.operator.children.inputs import env_vars
-from tracefleet.operator.children.metadata import Manifest, child_labels, metadata, namespace_of, priority_class
+from tracefleet.operator.children.metadata import Manifest, child_labels, metadata, namespace_of, pod_fields
 from tracefleet.operator.children.security import NON_ROOT_UID, container_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.vllm import HEALTH_PATH, VLLM_API_KEY_ENV, VllmServer, vllm_server
@@ -157,9 +157,8 @@ def inference_deployment(job: RolloutJob, cfg: OperatorConfig) -> Manifest:
         "volumes": volumes,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
+        **pod_fields(job, cfg.image_pull_secrets),
     }
-    if pc := priority_class(job):
-        pod_spec["priorityClassName"] = pc
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -8,7 +8,7 @@ from tracefleet.contract.job import RolloutJob
 from tracefleet.contract.session import SessionPlan
 from tracefleet.operator import names as n
 from tracefleet.operator.children.inputs import bucket_env_from, env_vars
-from tracefleet.operator.children.metadata import Manifest, child_labels, metadata, priority_class
+from tracefleet.operator.children.metadata import Manifest, child_labels, metadata, pod_fields
 from tracefleet.operator.children.network_policy import evaluator_network_labels, network_labels
 from tracefleet.operator.children.security import container_security_context, pod_security_context
 from tracefleet.operator.config import OperatorConfig
@@ -22,17 +22,15 @@ EVALUATOR_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits":
 HARBOR_STEPS_S = 300
 
 
-def _batch_pod_spec(job: RolloutJob, container: dict[str, Any]) -> dict[str, Any]:
-    spec: dict[str, Any] = {
+def _batch_pod_spec(job: RolloutJob, cfg: OperatorConfig, container: dict[str, Any]) -> dict[str, Any]:
+    return {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": pod_security_context(),
         "containers": [{**container, "securityContext": container_security_context()}],
+        **pod_fields(job, cfg.image_pull_secrets),
     }
-    if pc := priority_class(job):
-        spec["priorityClassName"] = pc
-    return spec
 
 
 def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbor: ClusterHarborTask | None = None) -> Manifest:
@@ -57,7 +55,7 @@ def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbo
         "envFrom": bucket_env_from(job),
         "resources": EVALUATOR_RESOURCES,
     }
-    return _evaluator_manifest(job, session, labels, _batch_pod_spec(job, container), e.timeout_seconds)
+    return _evaluator_manifest(job, session, labels, _batch_pod_spec(job, cfg, container), e.timeout_seconds)
 
 
 def _harbor_evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int, harbor: ClusterHarborTask,
@@ -65,7 +63,7 @@ def _harbor_evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int, ha
     h = job.spec.harness
     fallback = h.resources.model_dump(mode="json", exclude_none=True) if h.resources else EVALUATOR_RESOURCES
     init, report, volumes = verifier_steps(cfg, harbor, env.to_env(), bucket_env_from(job), fallback)
-    pod_spec = _batch_pod_spec(job, report)
+    pod_spec = _batch_pod_spec(job, cfg, report)
     pod_spec["initContainers"] = init
     pod_spec["volumes"] = volumes
     if h.runtime_class_name:  # the agent's changes run again here
@@ -128,7 +126,7 @@ def sealer_job(job: RolloutJob, cfg: OperatorConfig, seq: int, plans: list[Sessi
             "activeDeadlineSeconds": 3600,
             "template": {
                 "metadata": {"labels": child_labels(job, n.COMPONENT_SEALER, **{n.LABEL_BATCH: str(seq)})},
-                "spec": _batch_pod_spec(job, container),
+                "spec": _batch_pod_spec(job, cfg, container),
             },
         },
     }

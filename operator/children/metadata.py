@@ -19,6 +19,19 @@ def priority_class(job: RolloutJob) -> str | None:
     return (job.metadata.labels or {}).get(n.LABEL_KUEUE_PRIORITY_CLASS)
 
 
+def pull_secret_names(job: RolloutJob, operator_secrets: tuple[str, ...]) -> list[str]:
+    """The Secrets every pod of the job pulls its images with: the operator's (the chart's jobImagePullSecrets), then
+    the job's own spec.imagePullSecrets, each once."""
+    return list(dict.fromkeys([*operator_secrets, *(ref.name for ref in job.spec.image_pull_secrets or [])]))
+
+
+def pod_fields(job: RolloutJob, operator_secrets: tuple[str, ...]) -> dict[str, Any]:
+    """What every pod spec of the job carries, whatever its kind: Kueue's priority class and the pull secrets."""
+    secrets = pull_secret_names(job, operator_secrets)
+    return {**({"priorityClassName": pc} if (pc := priority_class(job)) else {}),
+            **({"imagePullSecrets": [{"name": name} for name in secrets]} if secrets else {})}
+
+
 def owner_reference(job: RolloutJob) -> dict[str, Any]:
     return {
         "apiVersion": n.API_VERSION,

@@ -57,6 +57,7 @@ from tracefleet.harbor.image_names import repository_name
 from tracefleet.runner.containers.changes import (layer_diff, mount_container, mount_image, unmount_image, within,
                                                   write_change_set)
 from tracefleet.runner.containers.limits import container_limits
+from tracefleet.runner.containers.reaper import RUN_LABEL, Reaper
 from tracefleet.runner.containers.runtime import STEPS_FILE, ContainerRuntime, record_step, timed_to
 from tracefleet.runner.containers.verifier import READY_MARGIN_S, Verifier, go_ahead, hold, release, write_fifo
 from tracefleet.runner.proxy_admin import ProxyAdmin
@@ -77,6 +78,8 @@ CHANGE_SET = "change-set"  # in the session's artifacts until it was judged: wha
 CONTAINER_TIMING = "container-timing.json"  # in the session's artifacts: when the harness started and exited inside
 CONTAINER_PREFIX = "tracefleet-session-"
 STOP_TIMEOUT_S = 60
+DISCARD_WAIT_S = 30  # for an unused container's `podman run` to end once it is removed
+DISCARD_POLL_S = 1.0
 START_WAIT_S = 120  # for the container's forwarder to take the session's spec
 VERIFIER_AFTER_S = 30  # the verifier starts once the harness did, or after this long
 
@@ -196,7 +199,12 @@ class ContainerPlace(HostPlace):
     def __init__(self, *, runtime: ContainerRuntime, admin: ProxyAdmin, proxy_url: str, session_root: Path,
                  socket: Path, tools: Path, stop: threading.Event | None = None) -> None:
         super().__init__(admin=admin, proxy_url=proxy_url, session_root=session_root, stop=stop)
-        self.runtime, self.socket = runtime, socket
+        # every container of this run carries its label, and the reaper removes what is left of them when the run
+        # ends, however it ends (SIGKILL: nothing of the run is left to do it)
+        label = f"{RUN_LABEL}={uuid.uuid4().hex[:12]}"
+        self.runtime = replace(runtime, run_flags=(*runtime.run_flags, "--label", label))
+        self._reaper = Reaper(label, runtime.argv, runtime.env)
+        self.socket = socket
         self.port = int(self.proxy_url.rsplit(":", 1)[1].split("/")[0])
         tools.mkdir(parents=True, exist_ok=True)
         self.bridge_js = tools / "bridge.js"
@@ -282,8 +290,7 @@ class ContainerPlace(HostPlace):
             container = self._ahead.pop(artifacts, None)
         if container is not None and (container.program != program or container.process.done()
                                       or stdout_path != artifacts / layout.HARNESS_STDOUT):
-            self.runtime.remove(container.name)
-            container.go.unlink(missing_ok=True)
+            self._discard(container)
             container = None
         if container is None:
             container = self._start(plan, program)
@@ -384,20 +391,34 @@ class ContainerPlace(HostPlace):
         with self._lock:
             ahead, self._ahead = list(self._ahead.values()), {}
             images, self._images = list(self._images.items()), {}
-        self.runtime.remove(*(c.name for c in ahead))
         for container in ahead:
-            container.go.unlink(missing_ok=True)
+            self._discard(container)
         for image, mounted in images:
             if mounted.done() and mounted.exception() is None:
                 unmount_image(self.runtime, image)
+        self._reaper.close()
+
+    def _discard(self, container: _Container) -> None:
+        """Remove a container no session will use, and wait for its `podman run` to end: a remove that came while
+        podman was still creating it found nothing, and podman would then create it and leave it behind (a
+        `Created` container after the run exited), so it is removed again until its `podman run` has ended."""
+        deadline = time.monotonic() + DISCARD_WAIT_S
+        self.runtime.remove(container.name)
+        while not container.process.done() and time.monotonic() < deadline:
+            try:
+                container.process.result(timeout=DISCARD_POLL_S)
+            except Exception:  # noqa: BLE001 - a timeout, or its failure: nobody's result, it is unused
+                pass
+            if not container.process.done():
+                self.runtime.remove(container.name)
+        container.go.unlink(missing_ok=True)
 
     def finish(self, result: SessionResult, folders: SessionFolders) -> None:
         release(folders.artifacts)  # a verifier no evaluator took (the session failed before its verdict)
         with self._lock:
             unused = self._ahead.pop(folders.artifacts, None)  # the session ended before its harness ran
         if unused is not None:
-            self.runtime.remove(unused.name)
-            unused.go.unlink(missing_ok=True)
+            self._discard(unused)
         shutil.rmtree(folders.artifacts / CHANGE_SET, ignore_errors=True)  # judged by now; it can be large
         record = container_of(folders.artifacts)
         if record is not None:

@@ -78,6 +78,7 @@ from tracefleet.runner.containers.harbor_outcome import harbor_verdict, verdict_
 from tracefleet.runner.containers.limits import container_limits
 from tracefleet.runner.containers.runtime import ContainerRuntime, last_line, record_step
 
+VERIFIER_PREFIX = "tracefleet-verify-"  # the name of every verifier container
 PODMAN_FAILED = 125  # `podman run`'s own failure (image missing, bad mount), not test.sh's
 # On top of [verifier].timeout_sec, for applying the change set and the container's start and removal; past it the
 # container is removed and the verdict is a timeout.
@@ -130,7 +131,7 @@ class Verifier:
                  wait_s: float = READY_MARGIN_S) -> None:
         config = task.config
         self.runtime, self.timeout_s = runtime, max(1, math.ceil(config.verifier.timeout_sec))
-        self.name = f"tracefleet-verify-{uuid.uuid4().hex[:12]}"
+        self.name = f"{VERIFIER_PREFIX}{uuid.uuid4().hex[:12]}"
         self.started = time.monotonic()
         self._tmp = tempfile.TemporaryDirectory(prefix="tracefleet-verify-")
         self.eval_dir, tests, self.logs = (Path(self._tmp.name) / d for d in ("eval", "tests", "logs"))

@@ -145,5 +145,6 @@ class TestsEvaluator:
                 "fail_to_pass": f2p,
                 "pass_to_pass": p2p,
                 "resolved": ok,
+                "output_tail": tail(result.stdout_path),  # the tests' own words, for the session's evidence
             },
         )

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -64,6 +64,7 @@ class Bucket(Protocol):
     def put_file(self, key: str, path: Path) -> None: ...
     def create_exclusive(self, key: str, data: bytes) -> bool: ...
     def get(self, key: str) -> bytes: ...
+    def get_if_changed(self, key: str, stamp: str | None) -> tuple[bytes, str] | None: ...
     def exists(self, key: str) -> bool: ...
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]: ...
     def list_dirs(self, prefix: str = "") -> list[str]: ...
@@ -133,6 +134,16 @@ class LocalBucket:
             self.check()
             raise ObjectNotFound(f"{self.root}/{key.strip('/')} does not exist") from None
 
+    def get_if_changed(self, key: str, stamp: str | None) -> tuple[bytes, str] | None:
+        """The object and its stamp, or None when its stamp is still `stamp` (nothing read): a reader that polls."""
+        try:
+            st = os.stat(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            self.check()
+            raise ObjectNotFound(f"{self.root}/{key.strip('/')} does not exist") from None
+        now = f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+        return None if now == stamp else (self.get(key), now)
+
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
@@ -165,6 +176,16 @@ class LocalBucket:
         self._path(key).unlink(missing_ok=True)
 
 
+# botocore's own service-specific variable: it names the endpoint when no endpoint_url is passed.
+AWS_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+
+
+def endpoint_from_env(env: Mapping[str, str]) -> str | None:
+    """The S3 endpoint a process with environment `env` reaches its bucket at (None: AWS's), by the one precedence
+    every program of a job uses: TRACEFLEET_S3_ENDPOINT, then AWS_ENDPOINT_URL, then AWS_ENDPOINT_URL_S3."""
+    return next((env[name] for name in (environment.S3_ENDPOINT, *AWS_ENDPOINT_VARIABLES) if env.get(name)), None)
+
+
 class S3Bucket:
     """An S3 (or S3-compatible) bucket through boto3, optionally under a key prefix."""
 
@@ -187,7 +208,7 @@ class S3Bucket:
     ) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self.endpoint_url = endpoint_url or os.environ.get(environment.S3_ENDPOINT) or os.environ.get("AWS_ENDPOINT_URL")
+        self.endpoint_url = endpoint_url or endpoint_from_env(os.environ)
         self.uri = f"s3://{_join(bucket, self.prefix)}"
         if client is None:
             import boto3
@@ -282,6 +303,20 @@ class S3Bucket:
 
     def get(self, key: str) -> bytes:
         return self._call("get_object", key, Key=self._key(key))["Body"].read()
+
+    def get_if_changed(self, key: str, stamp: str | None) -> tuple[bytes, str] | None:
+        """The object and its ETag, or None when its ETag is still `stamp` (a conditional GET: 304, no body)."""
+        import botocore.exceptions as bx
+
+        try:
+            found = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **({"IfNoneMatch": stamp} if stamp else {}))
+        except bx.ClientError as exc:
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 304:
+                return None
+            raise self._translate(exc, key) from exc
+        except bx.BotoCoreError as exc:
+            raise self._translate(exc, key) from exc
+        return found["Body"].read(), found["ETag"]
 
     def exists(self, key: str) -> bool:
         try:

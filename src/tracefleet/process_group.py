@@ -5,17 +5,41 @@ Why not `os.killpg(pgid, SIGKILL)` after a timeout: a group whose leader has exi
 "exists" to killpg, so a late SIGKILL lands on nothing alive and hides the real exit; and a `proc.wait(timeout)`
 from a signal handler cannot reap a child the main thread is already waiting on (CPython's waitpid lock), so it
 runs out its timeout on a process that exited long ago. Members are read from /proc (Linux), zombies excluded.
+
+A child must not outlive the driver that started it, however the driver ends (SIGKILL included, when nothing of
+it runs to stop the child): `die_with_parent` is the child's `preexec_fn` (Linux's PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 POLL_S = 0.05
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> Callable[[], None]:
+    """A `preexec_fn` for Popen: the child gets `sig` when the thread that started it ends (its process killed
+    included), and exits at once if that already happened. Start such children from a thread that lives as long
+    as they should (the main thread, a session's worker). Nothing on a system without prctl."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: after fork only async-signal-safe calls
+    except (OSError, AttributeError):
+        return lambda: None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the prctl took effect
+            os._exit(1)
+
+    return preexec
 
 
 def running_members(pgid: int) -> list[int]:

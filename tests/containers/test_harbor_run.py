@@ -17,6 +17,7 @@ from fixtures.harnesses import harness_binary_path
 from fixtures.local_runs import run_local
 from tracefleet.engine.scripted import Script, ScriptRoute
 from tracefleet.runner.containers.place import CONTAINER_GO, CONTAINER_RECORD, container_of
+from tracefleet.runner.containers.reaper import RUN_LABEL
 from tracefleet.runner.containers.runtime import BASE_IMAGE, STEPS_FILE, ContainerRuntime
 from tracefleet.traces.reader import BatchReader
 
@@ -138,6 +139,8 @@ def test_the_next_sessions_containers_start_ahead_and_none_is_left(harbor_job: d
     names = [container_of(f.parent)["name"] for f in tmp.rglob(CONTAINER_RECORD)]
     assert names and not [n for n in names if runtime.run("container", "exists", n, check=False).returncode == 0]
     assert not list(tmp.rglob(CONTAINER_GO))  # the FIFO the spec went through: gone once read
+    # nor any container the run started (those started ahead that no session took, verifiers), by the run's label
+    assert runtime.run("ps", "-a", "-q", "--filter", f"label={RUN_LABEL}").stdout.split() == []
 
 
 def test_an_agent_that_tampers_with_the_verifier_earns_nothing(harbor_job: dict[str, Any]) -> None:

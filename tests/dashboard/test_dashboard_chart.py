@@ -17,7 +17,8 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "tracefleet"
 
 def helm_template(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(controlplane_bin_dir() / "helm"), "template", "rel", str(CHART), "--namespace", "tf-system",
-                           "--kube-version", "v1.35.4", *args], capture_output=True, text=True, timeout=120)
+                           "--kube-version", "v1.35.4", "--set", "image.registry=registry.example.com/team", *args],
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_the_chart_runs_the_dashboard_when_enabled() -> None:

@@ -61,7 +61,7 @@ def test_the_operator_names_the_charts_dashboard_in_status(kube: Any, s3: Any, t
         sock.bind((address, 0))
         port = sock.getsockname()[1]
     r = kube.helm("install", RELEASE, str(CHART), "--namespace", NS, "--create-namespace", "--set", "image.tag=test",
-                  "--set", "dashboard.enabled=true", "--set", f"dashboard.uri=s3://{bucket}/team", "--set", f"dashboard.port={port}")
+                  "--set", "image.registry=registry.example.com/team", "--set", "dashboard.enabled=true", "--set", f"dashboard.uri=s3://{bucket}/team", "--set", f"dashboard.port={port}")
     assert r.returncode == 0, r.stdout + r.stderr
     api = kube.api_client()
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)

@@ -179,9 +179,10 @@ def training_sessions(reader: BatchReader) -> dict[str, float]:
     out = {}
     for seq in reader.seqs():
         batch = reader.read(seq)
-        table = batch.training_table()
-        for s, a in zip(table.column("session_id").to_pylist(), batch.advantages(), strict=True):
-            out.setdefault(s, float(a))
+        for s, a, k in zip(batch.table.column("session_id").to_pylist(), batch.advantages(), batch.trained(),
+                           strict=True):
+            if k:
+                out.setdefault(s, float(a))
     return out
 
 

@@ -51,11 +51,11 @@ def test_quarantined_sessions_are_sealed_labelled_and_left_out_of_training(tmp_p
         "protected_files", "1", "error", "test_calc.py", 4)
     # The group's statistics come from the valid sessions only: flagged 1.0 vs clean 0.0.
     assert batch.training_table().column("session_id").to_pylist() == ["j-s1", "j-s2"]
-    assert batch.advantages().tolist() == pytest.approx([1.0, -1.0], abs=1e-4)
-    assert batch.tensors()["input_ids"].shape[0] == 2
+    assert batch.advantages().tolist() == pytest.approx([0.0, 1.0, -1.0], abs=1e-4)  # one per row, in order
+    assert batch.tensors()["trained"].tolist() == [False, True, True]
     # Asked for, the hack is a negative example: its reward is 0, so it is demoted, not promoted.
     assert batch.advantages(include_quarantined=True).tolist() == pytest.approx([-0.7071, 1.4142, -0.7071], abs=1e-3)
-    assert batch.tensors(include_quarantined=True)["input_ids"].shape[0] == 3
+    assert batch.tensors(include_quarantined=True)["trained"].all()
 
 
 def test_a_dropped_session_leaves_one_row_without_tokens(tmp_path: Path) -> None:

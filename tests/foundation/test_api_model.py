@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from tracefleet.api import DEFAULT_VLLM_IMAGE, RolloutJob, job_from_yaml, job_to_yaml, load_job, validate_manifest, validate_update
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml")) + sorted((REPO / "examples" / "k8s").glob("*.yaml"))
 
 
 def _subset(small: object, big: object) -> bool:
@@ -47,7 +47,7 @@ def test_yaml_model_yaml_round_trip(path: Path) -> None:
 
 
 def test_snake_case_attributes_and_camel_case_wire() -> None:
-    job = load_job(REPO / "examples" / "managed-vllm-codex.yaml")
+    job = load_job(REPO / "examples" / "k8s" / "managed-vllm-codex.yaml")
     managed = job.spec.inference.managed
     assert managed is not None and job.spec.inference.is_managed
     assert managed.image == DEFAULT_VLLM_IMAGE
@@ -79,7 +79,7 @@ def test_defaults_are_filled() -> None:
 
 
 def test_session_count_needs_task_count_for_external_tasks() -> None:
-    job = load_job(REPO / "examples" / "external-engine-claude.yaml")
+    job = load_job(REPO / "examples" / "k8s" / "external-engine-claude.yaml")
     with pytest.raises(ValueError, match="task_count"):
         job.session_count()
     assert job.session_count(task_count=25) == 100
@@ -133,7 +133,7 @@ def test_from_yaml_refuses_several_documents() -> None:
 
 
 def test_managed_by_is_immutable_locally() -> None:
-    old = load_job(REPO / "examples" / "bucket-tasks-kueue.yaml")
+    old = load_job(REPO / "examples" / "k8s" / "bucket-tasks-kueue.yaml")
     same = old.model_copy(deep=True)
     same.spec.parallelism = 1
     assert validate_update(old, same) == []

@@ -7,6 +7,7 @@ against small real inputs: a job file, a sealed batch in a directory bucket, a c
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from tracefleet.traces import Sealer, SessionInfo, build_traces
 from tracefleet.traces.synthetic import SyntheticSession
 
 REPO = Path(__file__).resolve().parents[2]
+NO_CLUSTER = (("KUBECONFIG", "/nonexistent/kubeconfig"),)  # and not in a pod (no KUBERNETES_SERVICE_HOST)
 TRACEFLEET = [sys.executable, "-m", "tracefleet"]
 
 
@@ -92,6 +94,7 @@ class Mistake:
     argv: Callable[[World], list[str]]
     says: list[str]  # fragments the one line must hold
     status: int = 2
+    env: tuple[tuple[str, str], ...] = ()  # set for the command
 
 
 MISTAKES: list[Mistake] = [
@@ -154,11 +157,28 @@ MISTAKES: list[Mistake] = [
     Mistake("traces-export-without-out", lambda w: ["traces", "export", str(w.bucket)], ["--out"]),
     Mistake("traces-unknown-action", lambda w: ["traces", "cat", str(w.bucket)], ["invalid choice: 'cat'"]),
     Mistake("unknown-subcommand", lambda w: ["trace", "ls", str(w.bucket)], ["invalid choice: 'trace'"]),
+    # ---- a cluster that is not there, a store the URI cannot name
+    Mistake("operator-without-a-cluster", lambda w: ["operator", "--metrics-port", "0", "--liveness-port", "0"],
+            ["no Kubernetes cluster to talk to", "kubeconfig"], env=NO_CLUSTER),
+    Mistake("dashboard-kubernetes-without-a-cluster", lambda w: ["dashboard", str(w.bucket), "--kubernetes", "--port", "0"],
+            ["no Kubernetes cluster to talk to"], env=NO_CLUSTER),
+    Mistake("dashboard-a-bad-s3-uri", lambda w: ["dashboard", "s3:/bad", "--port", "0"], ["s3://bucket/prefix"]),
     # ---- tracefleet validate: a file with problems is its result, exit status 1 (documented)
     Mistake("validate-missing-task-repo",
             lambda w: ["validate", str(w.job_with(_set("spec.tasks.inline", [
                 {"id": "t", "prompt": "p", "workspace": {"repo": "tasks/nope"}}]), name="v.yaml"))],
             ["v.yaml: spec.tasks.inline[0].workspace.repo: tasks/nope: no such file or directory"], status=1),
+    Mistake("validate-a-metadata-typo", lambda w: ["validate", str(w.job_with(_set("metadata.lables", {"team": "rl"}), name="v3.yaml"))],
+            ["v3.yaml: metadata.lables: unknown field (did you mean labels?)"], status=1),
+    Mistake("validate-a-bad-label-value",
+            lambda w: ["validate", str(w.job_with(_set("metadata.labels", {"team": "Bad Value!"}), name="v4.yaml"))],
+            ["v4.yaml: metadata.labels: ", "'Bad Value!'", "at most 63 characters"], status=1),
+    Mistake("validate-a-bad-annotation-key",
+            lambda w: ["validate", str(w.job_with(_set("metadata.annotations", {"has space": "x"}), name="v5.yaml"))],
+            ["v5.yaml: metadata.annotations: invalid annotation key 'has space'"], status=1),
+    Mistake("validate-a-missing-agent-script",
+            lambda w: ["validate", str(w.job_with(_set("spec.harness.command", ["python", "agent.py"]), name="v6.yaml"))],
+            ["v6.yaml: spec.harness.command: the script 'agent.py' is not in every session's working directory"], status=1),
     Mistake("validate-unknown-preset",
             lambda w: ["validate", str(w.job_with(_set("spec.harness.preset", "claude"), name="v2.yaml"))],
             ["v2.yaml: spec.harness.preset: ", "'claude'", "did you mean 'claude-code'?"], status=1),
@@ -172,7 +192,9 @@ def test_table_is_broad() -> None:
 
 @pytest.mark.parametrize("mistake", MISTAKES, ids=[m.id for m in MISTAKES])
 def test_a_mistake_is_one_line(world: World, mistake: Mistake) -> None:
-    proc = subprocess.run([*TRACEFLEET, *mistake.argv(world)], capture_output=True, text=True, timeout=120, cwd=world.root)
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"} | dict(mistake.env)
+    proc = subprocess.run([*TRACEFLEET, *mistake.argv(world)], capture_output=True, text=True, timeout=120, cwd=world.root,
+                          env=env)
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert proc.returncode == mistake.status, (proc.returncode, lines)
     assert "Traceback" not in proc.stderr, proc.stderr

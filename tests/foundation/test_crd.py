@@ -24,7 +24,7 @@ from tracefleet.api.reference import END, REFERENCE_PAGE, START, manifest_refere
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / CRD_FILENAME
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml")) + sorted((REPO / "examples" / "k8s").glob("*.yaml"))
 NAMESPACE = "foundation-crd"
 # Free-form objects, where unknown fields are the point; everywhere else the apiserver prunes/refuses.
 FREE_FORM = {"spec.tasks.inline[].metadata", "spec.diagnostics[].params"}
@@ -177,7 +177,7 @@ def test_kubectl_get_rj_shows_printer_columns(rj_cluster: Any) -> None:
 
 def test_apiserver_keeps_managed_by_immutable(rj_cluster: Any) -> None:
     name = "immutable-managed-by"
-    job = yaml.safe_load((REPO / "examples" / "bucket-tasks-kueue.yaml").read_text())
+    job = yaml.safe_load((REPO / "examples" / "k8s" / "bucket-tasks-kueue.yaml").read_text())
     job["metadata"] = {"name": name, "namespace": NAMESPACE}
     _ok(kubectl(rj_cluster, "apply", "-f", "-", input=json.dumps(job)))
     # Other fields stay editable.

@@ -250,6 +250,7 @@ def test_path_problems_come_with_the_schema_problems(tmp_path: Path) -> None:
     job = _manifest("parallelism-zero")
     job["spec"]["tasks"]["inline"][0]["workspace"] = {"repo": "no-such-repo"}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    (tmp_path / "local_agent.py").write_text("")  # the agent it names is there
     proc = subprocess.run([*TRACEFLEET, "validate", "job.yaml"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 1
     paths = [line.split(": ")[1] for line in proc.stdout.splitlines()]
@@ -259,6 +260,7 @@ def test_path_problems_come_with_the_schema_problems(tmp_path: Path) -> None:
 def test_run_refuses_what_validate_refuses(tmp_path: Path) -> None:
     """`tracefleet run` reads the job through the same check: the snake_case field is refused before anything starts."""
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(_manifest("snake-case-field")))
+    (tmp_path / "local_agent.py").write_text("")  # the agent it names is there
     proc = subprocess.run([*TRACEFLEET, "run", "job.yaml"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == ("tracefleet run: job.yaml: spec.tasks.samples_per_task: unknown field: the RolloutJob "

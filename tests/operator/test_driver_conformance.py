@@ -199,7 +199,8 @@ def read_batches(reader: BatchReader) -> list[dict[str, Any]]:
     out = []
     for seq in reader.seqs():
         batch = reader.read(seq)
-        trained = dict(zip(batch.training_table().column("trace_id").to_pylist(), batch.advantages(), strict=True))
+        trained = {t: a for t, a, k in zip(batch.table.column("trace_id").to_pylist(), batch.advantages(),
+                                           batch.trained(), strict=True) if k}
         rows = batch.training_table(include_infrastructure=True).to_pylist()
         for row in rows:
             adv = trained.get(row["trace_id"])

@@ -194,7 +194,8 @@ def installed(node, node_images, cluster_s3: S3Endpoint) -> Iterator[Installed]:
                         *(f"--from-literal={k}={v}" for k, v in cluster_s3.env().items())).returncode == 0
     # the chart's defaults but one replica: the operator reaches the API server through the `kubernetes` Service
     r = kube.helm("install", RELEASE, str(REPO / "charts" / "tracefleet"), "--namespace", NAMESPACE,
-                  "--set", "operator.replicas=1", "--wait", "--timeout", "180s")
+                  "--set", f"image.registry={images.DEFAULT_REGISTRY}", "--set", "operator.replicas=1",
+                  "--wait", "--timeout", "180s")
     assert r.returncode == 0, r.stdout + r.stderr + kube.kubectl("-n", NAMESPACE, "describe", "pods").stdout[-3000:]
     (operator,) = [p for p in pods.last.values() if p.metadata.name.startswith(f"{RELEASE}-tracefleet-")]
     assert operator.spec.node_name == node.name and operator.spec.containers[0].image == REFS[0]

@@ -28,7 +28,7 @@ def cluster(kube):
                          ids=["defaults", "all-namespaces", "watch-namespaces"])
 def test_rendered_chart_is_accepted_by_the_api_server(cluster, values: tuple[str, ...]) -> None:
     r = cluster.helm("template", "dry", str(REPO / "charts" / "tracefleet"), "--namespace", NAMESPACE, "--include-crds",
-                     "--kube-version", cluster.version, *values)
+                     "--kube-version", cluster.version, "--set", "image.registry=registry.example.com/team", *values)
     assert r.returncode == 0, r.stderr
     applied = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=r.stdout)
     assert applied.returncode == 0, applied.stderr
@@ -44,7 +44,8 @@ def test_cluster_example_is_accepted_by_the_api_server(cluster, example: Path) -
 
 
 def test_install_notes_point_at_an_example_that_exists(cluster) -> None:
-    r = cluster.helm("install", "notes", str(REPO / "charts" / "tracefleet"), "--namespace", NAMESPACE, "--dry-run=server")
+    r = cluster.helm("install", "notes", str(REPO / "charts" / "tracefleet"), "--namespace", NAMESPACE, "--dry-run=server",
+                     "--set", "image.registry=registry.example.com/team")
     assert r.returncode == 0, r.stderr
     notes = r.stdout.split("NOTES:", 1)[1]
     named = {word for word in notes.split() if word.startswith("examples/")}

@@ -12,9 +12,11 @@ import pytest
 import yaml
 
 from fixtures.controlplane import controlplane_bin_dir
+from tracefleet.contract import images
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "tracefleet"
+REGISTRY = images.DEFAULT_REGISTRY  # what every render here names: the chart itself names no registry
 
 
 def helm() -> str:
@@ -25,7 +27,8 @@ def helm() -> str:
 
 
 def render(*args: str) -> list[dict]:
-    r = subprocess.run([helm(), "template", "rel", str(CHART), "--namespace", "tf-system", "--kube-version", "v1.35.4", *args],
+    r = subprocess.run([helm(), "template", "rel", str(CHART), "--namespace", "tf-system", "--kube-version", "v1.35.4",
+                        "--set", f"image.registry={REGISTRY}", *args],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return [d for d in yaml.safe_load_all(r.stdout) if d]
@@ -42,9 +45,33 @@ def test_chart_crds_identical_to_top_level_crds() -> None:
 
 
 def test_helm_lint_is_clean() -> None:
-    r = subprocess.run([helm(), "lint", "--strict", str(CHART)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([helm(), "lint", "--strict", str(CHART), "--set", f"image.registry={REGISTRY}"],
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "0 chart(s) failed" in r.stdout
+
+
+def test_install_without_a_registry_says_to_name_one() -> None:
+    """No registry publishes the images: a chart that named one by default would install pods that never pull."""
+    r = subprocess.run([helm(), "template", "rel", str(CHART), "--kube-version", "v1.35.4"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "image.registry: name the registry you pushed the images to" in r.stderr and "make images" in r.stderr
+
+
+def test_jobs_pull_secrets_and_bucket_endpoint_reach_the_operator() -> None:
+    def operator_args(*flags: str) -> list[str]:
+        dep = next(d for d in render(*flags) if d["kind"] == "Deployment")
+        return dep["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    # by default the jobs pull with the operator's own secrets: the images come from one registry
+    args = operator_args("--set", "imagePullSecrets[0].name=regcred")
+    assert "--image-pull-secret=regcred" in args and not any(a.startswith("--bucket-endpoint") for a in args)
+    args = operator_args("--set", "imagePullSecrets[0].name=regcred", "--set", "operator.jobImagePullSecrets={team-a,team-b}",
+                         "--set", "operator.bucketEndpoint=http://seaweedfs.storage.svc:8333")
+    assert [a for a in args if a.startswith("--image-pull-secret")] == ["--image-pull-secret=team-a", "--image-pull-secret=team-b"]
+    assert "--bucket-endpoint=http://seaweedfs.storage.svc:8333" in args
+    assert not any(a.startswith("--image-pull-secret") for a in operator_args("--set", "operator.jobImagePullSecrets=null"))
 
 
 def test_template_defaults_two_operators_on_a_lease_with_probes() -> None:
@@ -103,7 +130,8 @@ def test_namespaced_rbac_servicemonitor_and_schema() -> None:
     assert "--namespace=team-a" in args and "--all-namespaces" not in args
     assert any(d["kind"] == "ServiceMonitor" for d in docs)
     # values.schema.json: a negative replica count is refused
-    r = subprocess.run([helm(), "template", "rel", str(CHART), "--kube-version", "v1.35.4", "--set", "operator.replicas=-1"],
+    r = subprocess.run([helm(), "template", "rel", str(CHART), "--kube-version", "v1.35.4", "--set", "operator.replicas=-1",
+                        "--set", f"image.registry={REGISTRY}"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "replicas" in r.stderr
     json.loads((CHART / "values.schema.json").read_text())
@@ -144,7 +172,6 @@ def test_requests_cover_the_measured_rss_and_a_pdb_keeps_one_replica() -> None:
 def test_default_images_are_the_ones_images_build_makes() -> None:
     """Every image the chart names, and the operator's harness image of every preset, is one `tracefleet images
     list` prints for the same registry and tag; the chart's appVersion is the package's version."""
-    from tracefleet.contract import images
     from tracefleet.operator.config import DEFAULT_HARNESS_IMAGE, DEFAULT_IMAGE
     from tracefleet.runner.presets.base import harness_pins
 

@@ -11,7 +11,7 @@ from tracefleet.operator.children.harness import PROXY_PORT, SESSION_DEADLINE_GR
 from tracefleet.operator.children.inference import (ENGINE_PORT, VLLM_LOOPBACK_PORT, extra_args_problem, inference_deployment,
                                                    inference_service)
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
-from tracefleet.operator.children.network_policy import harness_network_policy
+from tracefleet.operator.children.network_policy import batch_network_policy, harness_network_policy, job_reach
 from tracefleet.operator import names as n
 from tracefleet.contract import podenv
 from tracefleet.api import DEFAULT_VLLM_IMAGE
@@ -233,17 +233,79 @@ def test_proxy_sidecar_reads_the_tokenizer_from_the_model_cache(job: RolloutJob)
     assert problem is not None and "tokenizerCache" in problem and "mode auto" in problem
 
 
+def no_services(namespace: str, name: str) -> None:
+    return None
+
+
 def test_network_policy_allows_only_inference_bucket_and_dns(job: RolloutJob) -> None:
-    np = harness_network_policy(job, CFG)
+    np = harness_network_policy(job, job_reach(job, CFG, None, no_services))
     _owner_ok(np, job)
     spec = np["spec"]
     assert spec["podSelector"]["matchLabels"] == {n.LABEL_JOB: "demo", n.LABEL_COMPONENT: "harness"}
     assert spec["policyTypes"] == ["Ingress", "Egress"] and spec["ingress"] == []
     to_inference = [r for r in spec["egress"] if any("podSelector" in t and n.LABEL_COMPONENT in t["podSelector"].get("matchLabels", {}) for t in r.get("to", []))]
     assert to_inference and to_inference[0]["ports"] == [{"protocol": "TCP", "port": ENGINE_PORT}]
-    assert any(p["port"] == 53 for r in spec["egress"] for p in r["ports"])
-    assert any(p["port"] == 443 for r in spec["egress"] for p in r["ports"])  # the s3 bucket
+    # DNS on any pod of the cluster, whatever the DNS server's labels
+    assert spec["egress"][0] == {"to": [{"namespaceSelector": {}}],
+                                 "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+    assert spec["egress"][2] == {"ports": [{"protocol": "TCP", "port": 443}]}  # the s3 bucket, on AWS: no endpoint named
     assert len(spec["egress"]) == 3
+
+
+SEAWEED = {"metadata": {"name": "seaweedfs", "namespace": "storage"},
+           "spec": {"selector": {"app": "seaweedfs"}, "clusterIP": "10.96.0.40",
+                    "ports": [{"name": "s3", "port": 80, "targetPort": 8333}, {"name": "ui", "port": 9333}]}}
+
+
+def test_bucket_egress_follows_the_endpoint_the_pods_are_given(job: RolloutJob) -> None:
+    """The bucket's rule comes from what the pods' environment makes of the endpoint: the operator's
+    --bucket-endpoint over the credentials Secret's AWS_ENDPOINT_URL; an in-cluster Service is reached at its pods'
+    target port and at its cluster IP, whatever the URL's scheme and port."""
+    asked: list[tuple[str, str]] = []
+
+    def services(namespace: str, name: str) -> dict | None:
+        asked.append((namespace, name))
+        return SEAWEED if (namespace, name) == ("storage", "seaweedfs") else None
+
+    secret = {"AWS_ENDPOINT_URL": "http://seaweedfs.storage.svc.cluster.local", "AWS_ACCESS_KEY_ID": "k"}
+    reach = job_reach(job, CFG, secret, services)
+    assert asked == [("storage", "seaweedfs")]
+    assert reach.bucket == [
+        {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "storage"}},
+                 "podSelector": {"matchLabels": {"app": "seaweedfs"}}}], "ports": [{"protocol": "TCP", "port": 8333}]},
+        {"to": [{"ipBlock": {"cidr": "10.96.0.40/32"}}], "ports": [{"protocol": "TCP", "port": 80}]},
+    ]
+    for policy in (harness_network_policy(job, reach), batch_network_policy(job, reach, n.COMPONENT_SEALER)):
+        assert all(rule in policy["spec"]["egress"] for rule in reach.bucket)
+    # the operator's flag wins (it is the pods' TRACEFLEET_S3_ENDPOINT); a name in the job's namespace, no Service
+    flagged = OperatorConfig(bucket_endpoint="http://minio:9000")
+    assert job_reach(job, flagged, secret, services).bucket == [{"ports": [{"protocol": "TCP", "port": 9000}]}]
+    assert asked[-1] == ("team", "minio")
+    # an address, and a local folder (nothing to reach)
+    assert job_reach(job, CFG, {"AWS_ENDPOINT_URL_S3": "https://192.0.2.7:8443"}, services).bucket == [
+        {"to": [{"ipBlock": {"cidr": "192.0.2.7/32"}}], "ports": [{"protocol": "TCP", "port": 8443}]}]
+    body = yaml.safe_load(MANAGED)
+    body["spec"]["output"] = {"uri": "/data/out"}
+    assert job_reach(RolloutJob.model_validate(body), flagged, None, services).bucket is None
+
+
+def test_pods_pull_with_the_operators_and_the_jobs_secrets() -> None:
+    body = yaml.safe_load(MANAGED)
+    body["spec"]["imagePullSecrets"] = [{"name": "team-registry"}, {"name": "shared-registry"}]
+    job = RolloutJob.model_validate(body)
+    cfg = OperatorConfig(proxy_image="reg/tracefleet:test", image_pull_secrets=("shared-registry",))
+    want = [{"name": "shared-registry"}, {"name": "team-registry"}]
+    assert harness_pod(job, cfg, plan_of(job, 0), 0)["spec"]["imagePullSecrets"] == want
+    assert evaluator_job(job, cfg, plan_of(job, 0))["spec"]["template"]["spec"]["imagePullSecrets"] == want
+    assert sealer_job(job, cfg, 0, [plan_of(job, 0)])["spec"]["template"]["spec"]["imagePullSecrets"] == want
+    assert inference_deployment(job, cfg)["spec"]["template"]["spec"]["imagePullSecrets"] == want
+    # none asked for: no field at all
+    plain = RolloutJob.model_validate(yaml.safe_load(MANAGED))
+    assert "imagePullSecrets" not in harness_pod(plain, CFG, plan_of(plain, 0), 0)["spec"]
+    # a name the API server would refuse is refused by the model
+    body["spec"]["imagePullSecrets"] = [{"name": "Team_Registry"}]
+    with pytest.raises(ValueError, match="imagePullSecrets"):
+        RolloutJob.model_validate(body)
 
 
 def test_external_engine_gets_ip_block_and_no_deployment() -> None:
@@ -251,7 +313,7 @@ def test_external_engine_gets_ip_block_and_no_deployment() -> None:
     assert job.spec.inference.managed is None
     with pytest.raises(AssertionError):
         inference_deployment(job, CFG)
-    np = harness_network_policy(job, CFG)
+    np = harness_network_policy(job, job_reach(job, CFG, None, no_services))
     rule = np["spec"]["egress"][1]
     assert rule == {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}], "ports": [{"protocol": "TCP", "port": 8000}]}
     pod = harness_pod(job, CFG, plan_of(job, 0), 0)

@@ -162,7 +162,7 @@ class Env:
 def env(kube, s3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("operator")
     r = kube.helm("install", "tf", str(REPO / "charts" / "tracefleet"), "--namespace", RELEASE_NS, "--create-namespace",
-                  "--set", "image.tag=test", "--set", "operator.allNamespaces=true", "--wait", "--timeout", "120s")
+                  "--set", "image.registry=registry.example.com/team", "--set", "image.tag=test", "--set", "operator.allNamespaces=true", "--wait", "--timeout", "120s")
     assert r.returncode == 0, r.stdout + r.stderr
     # The operator authenticates as the chart's ServiceAccount: its RBAC must be enough.
     sa_kubeconfig = kube.service_account_kubeconfig(RELEASE_NS, "tf-tracefleet", tmp / "operator.kubeconfig")

@@ -137,9 +137,10 @@ def test_a_harness_that_exits_non_zero_is_reported_with_its_own_reason(make_scri
     # the verdict is the run's result (stdout), with the harness's own words...
     failed = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("FAILED: ")]
     assert f"FAILED: 4 of 4 sessions failed at harness: {reason}" in failed, failed
-    assert "status         error 4" in done.stdout and "inspect: tracefleet traces ls" in done.stdout, done.stdout
-    # ...and each failed session says it as it finishes, with the progress (stderr)
-    per_session = [line for line in done.stderr.splitlines() if ": error at harness: " in line]
+    assert "status         completed 0, the policy's failures 4 (failed at harness 4)" in done.stdout, done.stdout
+    assert "inspect: tracefleet traces ls" in done.stdout, done.stdout
+    # ...and each failed session says it as it finishes, whose failure it is, with the progress (stderr)
+    per_session = [line for line in done.stderr.splitlines() if ": failed at harness (the policy's): " in line]
     assert len(per_session) == 4 and all(line.endswith(reason) for line in per_session), done.stderr
     assert "FAILED" not in done.stderr and "status  " not in done.stderr, done.stderr
 

@@ -74,10 +74,10 @@ def test_the_command_presets_script_is_looked_for_where_sessions_run_it(tmp_path
     (tmp_path / "agent.py").write_text("print('hi')\n")
     path = job(tmp_path, "relative-agent", {"preset": "command", "command": ["python", "agent.py", "{prompt}"]})
     done = run(path)
-    assert done.returncode == 1
+    assert done.returncode == 2  # the job file's mistake, as `tracefleet validate` reports it
     assert done.stderr.strip() == (
-        "tracefleet run: spec.harness.command: the script 'agent.py' is not in every session's working directory "
-        "(a session runs in its task's workspace); the file next to the job file is `{job_dir}/agent.py`"), done.stderr
+        f"tracefleet run: {path}: spec.harness.command: the script 'agent.py' is not in every session's working "
+        "directory (a session runs in its task's workspace); the file next to the job file is `{job_dir}/agent.py`"), done.stderr
 
 
 def test_rerun_after_a_fix_runs_what_failed_before_a_model_call_and_fresh_starts_over(

@@ -84,6 +84,12 @@ def test_an_evaluator_that_cannot_run_leaves_its_sample_out_of_training(scripted
     # counted: the manifest and the run's summary (status.counters.infrastructure on a cluster)
     assert batch.manifest.outcome_kinds == {"ok": 2, "infrastructure": 1}
     assert "outcomes" in done.stdout and "ok 2, the policy's failures 0, the infrastructure's 1" in done.stdout, done.stdout
+    # in the summary's words: the infrastructure's failure, not an error of the session's
+    assert ("completed 2, the infrastructure's failures 1 (could not be judged (evaluator unavailable) 1)"
+            in done.stdout), done.stdout
+    assert "error at evaluate" not in done.stdout + done.stderr
+    assert (f"session {JOB}-s0: could not be judged (evaluator unavailable) (the infrastructure's: left out of the group "
+            "statistics and the loss): evaluator command could not judge") in done.stdout + done.stderr
     # the summary's learning signal is what the trainer will find: rewards 1 and 0, not 0, 1, 0
     assert "rewards 0..1 (std 0.50); 1 of 1 groups (100%) have non-zero advantages" in done.stdout, done.stdout
 
@@ -92,8 +98,12 @@ def test_an_evaluator_that_cannot_run_leaves_its_sample_out_of_training(scripted
     assert kept.column("session_id").to_pylist() == [f"{JOB}-s1", f"{JOB}-s2"]
     without = group_advantages([1.0, 0.0], ["g", "g"], ["s1", "s2"])
     assert without.tolist() == pytest.approx([1.0, -1.0], abs=1e-4)
-    assert batch.advantages().tolist() == pytest.approx(without.tolist())
+    sessions = batch.table.column("session_id").to_pylist()
+    want = dict(zip([f"{JOB}-s1", f"{JOB}-s2"], without.tolist(), strict=True))
+    aligned = [want.get(s, 0.0) for s in sessions]  # one per row of the table, 0 where not trained
+    assert batch.advantages().tolist() == pytest.approx(aligned)
     t = batch.tensors()
-    assert t["input_ids"].shape[0] == 2 and t["sequence_advantages"].tolist() == pytest.approx(without.tolist())
+    assert t["trained"].tolist() == [s in want for s in sessions]
+    assert t["sequence_advantages"].tolist() == pytest.approx(aligned)
     # trained on as a reward of 0, it would have pushed the others' advantages
-    assert batch.advantages(include_infrastructure=True).tolist() != pytest.approx([0.0, *without.tolist()], abs=1e-3)
+    assert batch.advantages(include_infrastructure=True).tolist() != pytest.approx(aligned, abs=1e-3)

@@ -79,11 +79,12 @@ def test_auxiliary_calls_are_sealed_but_left_out_of_training_by_default(tmp_path
     Sealer(bucket, "j", spool=tmp_path / "spool").seal(rows)
     batch = BatchReader(bucket, "j").read(0)
     assert batch.table.column("new_root_reason").to_pylist() == ["auxiliary", "session_start"] * 2  # nothing lost
-    t = batch.tensors()
-    assert t["input_ids"].shape[0] == 2 and t["sequence_advantages"].tolist() == pytest.approx([1.0, -1.0], abs=1e-4)
-    assert batch.advantages().tolist() == pytest.approx([1.0, -1.0], abs=1e-4)
+    t = batch.tensors()  # every row, the auxiliary ones not trained
+    assert t["trained"].tolist() == [False, True] * 2
+    assert t["sequence_advantages"].tolist() == pytest.approx([0.0, 1.0, 0.0, -1.0], abs=1e-4)
+    assert batch.advantages().tolist() == pytest.approx([0.0, 1.0, 0.0, -1.0], abs=1e-4)
     everything = batch.tensors(include_auxiliary=True)
-    assert everything["input_ids"].shape[0] == 4
+    assert everything["trained"].all()
     assert batch.advantages(include_auxiliary=True).tolist() == pytest.approx([1.0, 1.0, -1.0, -1.0], abs=1e-4)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,28 @@ def test_ls_on_a_capture_log_lists_the_traces_it_builds(tmp_path: Path) -> None:
     assert row.split()[:4] == ["0", "2", "216", "12"] and row.endswith("sess-cli:0000")
     per_call = tracefleet("ls", str(log), "--builder", "per-request")
     assert per_call.returncode == 0 and len(per_call.stdout.splitlines()) == 3
+
+
+def test_ls_and_show_say_whose_outcome_each_session_is(tmp_path: Path) -> None:
+    """The infrastructure's (an evaluator that could not run), the policy's (a harness that timed out after the
+    model answered) and ok sessions, by kind in `ls`, row by row in `ls --batch`, in `show`'s header."""
+    traces = []
+    for sid, info in (("s0", {"evaluator_status": "unavailable"}), ("s1", {"failure": "session_timeout:harness"}),
+                      ("s2", {})):
+        (tmp_path / sid).mkdir()
+        traces += build_traces(_session(tmp_path / sid), session=SessionInfo(job="kinds", session_id=sid, group_id="g",
+                                                                       reward=0.0, **info)).traces
+    Sealer(LocalBucket(tmp_path / "bucket"), "kinds", spool=tmp_path / "spool").seal(traces)
+    bucket = str(tmp_path / "bucket")
+
+    ls = tracefleet("ls", bucket, "--job", "kinds")
+    header, row = ls.stdout.splitlines()
+    assert header.split()[8:11] == ["ok", "policy's", "infrastructure's"] and row.split()[7:10] == ["1", "1", "1"]
+    rows = tracefleet("ls", bucket, "--job", "kinds", "--batch", "0").stdout.splitlines()[1:]
+    assert len(rows) == 3
+    for line, (words, session) in zip(rows, [("the infrastructure's", "s0"), ("the policy's", "s1"), ("ok", "s2")]):
+        assert re.search(rf"\s{re.escape(words)}\s+{session} / {session}:", line), line
+    show = tracefleet("show", bucket, "--job", "kinds", "--trace", "0", "--color", "never")
+    assert ("outcome" in show.stdout and "the infrastructure's (left out of the group statistics and the loss): "
+            "fail_closed (evaluator_unavailable)" in show.stdout), show.stdout
+    assert "the policy's (reward <= 0, trained on)" in tracefleet("show", bucket, "--trace", "1", "--color", "never").stdout

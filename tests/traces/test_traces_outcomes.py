@@ -103,14 +103,17 @@ def test_rows_carry_their_kind_and_the_reader_leaves_the_infrastructures_out(tmp
     assert kept.column("session_id").to_pylist() == ["j-s1", "j-s2", "j-s3"]
     without = group_advantages([1.0, 0.0, 0.0], ["j/t"] * 3, ["j-s1", "j-s2", "j-s3"])
     assert without.tolist() == pytest.approx([1.4142, -0.7071, -0.7071], abs=1e-3)
-    assert batch.advantages().tolist() == pytest.approx(without.tolist())
+    # every per-row view covers every row, in the table's order: the infrastructure's are not trained (advantage 0)
+    aligned = [0.0, *without.tolist(), 0.0]
+    assert batch.advantages().tolist() == pytest.approx(aligned)
     t = batch.tensors()
-    assert t["input_ids"].shape[0] == 3 and t["sequence_advantages"].tolist() == pytest.approx(without.tolist())
+    assert t["trained"].tolist() == [False, True, True, True, False]
+    assert t["sequence_advantages"].tolist() == pytest.approx(aligned) and not t["loss_mask"][0].any()
     # asked for, they are there (reward 0), and move the group's baseline
     everything = batch.training_table(include_infrastructure=True)
     assert everything.num_rows == 5
     assert batch.advantages(include_infrastructure=True)[1] != pytest.approx(without[0])
-    assert batch.tensors(include_infrastructure=True)["input_ids"].shape[0] == 5
+    assert batch.tensors(include_infrastructure=True)["trained"].all()
 
 
 def test_a_group_left_with_one_valid_sample_trains_nothing(tmp_path: Path) -> None:
@@ -119,7 +122,7 @@ def test_a_group_left_with_one_valid_sample_trains_nothing(tmp_path: Path) -> No
     Sealer(bucket, "j", spool=tmp_path / "spool").seal(rows)
     batch = BatchReader(bucket, "j").read(0)
     assert batch.training_table().column("session_id").to_pylist() == ["j-s1"]
-    assert batch.advantages().tolist() == [0.0]
+    assert batch.advantages().tolist() == [0.0, 0.0]
     assert float(batch.tensors()["advantages"].abs().sum()) == 0.0  # nothing moves the loss
 
 

@@ -2,12 +2,18 @@
 recorded multi-call captures), checked field by field against the capture records: the response's mask 1 on
 exactly the sampled tokens of each call, 0 on the tool results and harness text between them; the logprobs
 the engine's; a session the reader leaves out absent, the others' advantages those of their group without it;
-a group left with one session absent. The field lists are the projects' own, pinned to a commit (none of the
-three installs here: GPU-only dependencies)."""
+a group left with one session absent. The field lists are the projects' own, pinned to a commit; verl's
+`AgentLoopOutput` (verl 0.9.1) and Miles' `Sample` (the released miles-rl 0.0.2) are built by the adapters
+themselves in the venv hack/setup.d/48-trainer-types.sh installs (their pins are not the project's), from the
+same sealed batch; prime-rl is not on the package index, so its adapter's fields are checked against the pinned
+list."""
 
 from __future__ import annotations
 
-import dataclasses
+import importlib
+import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +23,8 @@ from tracefleet.trainer.bridges import miles, prime_rl, verl
 from tracefleet.trainer.bridges.rows import groups
 
 from fixtures.bridge_batches import TRAINED, close, expected_advantages, expected_response, harness_of, sealed_batch
+
+TYPES_VENV = Path(os.environ.get("TRACEFLEET_CACHE", Path.home() / ".cache" / "tracefleet")) / "trainer-types" / "venv"
 
 
 @pytest.fixture(scope="module")
@@ -49,44 +57,81 @@ def test_verl_agent_loop_outputs(batch: Any) -> None:
     assert {o["extra_fields"]["uid"] for o in outputs} == {"g0", "g1"}
 
 
-@dataclasses.dataclass
-class PinnedSample:
-    """Miles' Sample as pinned (miles.PINNED): its fields with their defaults, and its Status enum."""
+# Run in the trainer-types venv (hack/setup.d/48-trainer-types.sh) on the sealed batch: the adapters build each
+# project's own class; every field comes back as JSON.
+REAL_CLASSES = """
+import dataclasses, json, sys
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+from miles.utils.types import Sample
+from tracefleet.traces import BatchReader
+from tracefleet.trainer.bridges import miles, verl
 
-    import enum
-
-    class Status(enum.Enum):
-        PENDING = "pending"
-        COMPLETED = "completed"
-        TRUNCATED = "truncated"
-        ABORTED = "aborted"
-        FAILED = "failed"
-
-    group_index: int | None = None
-    index: int | None = None
-    rollout_id: int | None = None
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    response_length: int = 0
-    reward: float | None = None
-    loss_mask: list[int] | None = None
-    weight_versions: list[str] = dataclasses.field(default_factory=list)
-    rollout_log_probs: list[float] | None = None
-    status: Status = Status.PENDING
-    metadata: dict = dataclasses.field(default_factory=dict)
+batch = BatchReader(sys.argv[1], sys.argv[2]).read(0)
+outputs = verl.to_verl(batch, AgentLoopOutput)
+samples = miles.to_miles(batch, Sample)
+assert all(type(o) is AgentLoopOutput for o in outputs) and all(type(s) is Sample for s in samples)
+print(json.dumps({
+    "verl": [o.model_dump(mode="json") for o in outputs],
+    "miles": [{**dataclasses.asdict(s), "status": s.status.value} for s in samples],
+    "miles_fields": [f.name for f in dataclasses.fields(Sample)],
+}))
+"""
 
 
-def test_miles_samples(batch: Any) -> None:
-    samples = miles.to_miles(batch, PinnedSample)
-    assert [s.metadata["session_id"] for s in samples] == TRAINED
-    assert [s.group_index for s in samples] == [0, 0, 0, 0, 1, 1] and [s.index for s in samples] == list(range(6))
-    assert [s.rollout_id for s in samples] == list(range(6))
+def source_tree(tmp: Path) -> Path:
+    """A folder whose `tracefleet` package is this checkout's (the folders the project maps into it, linked), for a
+    venv that must not install the project."""
+    import tracefleet
+
+    root = tmp / "src"
+    package = root / "tracefleet"
+    package.mkdir(parents=True)
+    for entry in Path(tracefleet.__path__[0]).iterdir():
+        (package / entry.name).symlink_to(entry)
+    for name in ("traces", "trainer"):
+        (package / name).symlink_to(Path(importlib.import_module(f"tracefleet.{name}").__path__[0]))
+    return root
+
+
+@pytest.fixture(scope="module")
+def real(batch: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if not (TYPES_VENV / ".installed").is_file():
+        pytest.fail(f"the trainers' own types are not installed ({TYPES_VENV}): bash hack/setup.d/48-trainer-types.sh",
+                    pytrace=False)
+    tmp = tmp_path_factory.mktemp("real-classes")
+    bucket = sealed_batch(tmp)
+    done = subprocess.run([str(TYPES_VENV / "bin" / "python"), "-c", REAL_CLASSES, str(tmp / "bucket"), bucket.manifest.job],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(source_tree(tmp))})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_verl_builds_its_own_agent_loop_outputs(real: dict[str, Any]) -> None:
+    advantages = expected_advantages()
+    assert [o["extra_fields"]["session_id"] for o in real["verl"]] == TRAINED
+    for o in real["verl"]:
+        prompt, response, mask, logprobs = expected_response(harness_of(o["extra_fields"]["session_id"]))
+        assert o["prompt_ids"] == prompt and o["response_ids"] == response and o["response_mask"] == mask
+        assert close(o["response_logprobs"], logprobs) and o["num_turns"] == 6
+        assert o["extra_fields"]["advantage"] == pytest.approx(advantages[o["extra_fields"]["session_id"]], abs=1e-6)
+    assert [o["reward_score"] for o in real["verl"]] == [1.0, 0.0, 0.5, 0.25, 1.0, 0.0]
+
+
+def test_miles_builds_its_own_samples(real: dict[str, Any]) -> None:
+    samples = real["miles"]
+    assert [s["metadata"]["session_id"] for s in samples] == TRAINED
+    assert [s["group_index"] for s in samples] == [0, 0, 0, 0, 1, 1] and [s["index"] for s in samples] == list(range(6))
     for s in samples:
-        assert {f.name for f in dataclasses.fields(s)} <= set(miles.FIELDS)
-        prompt, response, mask, logprobs = expected_response(harness_of(s.metadata["session_id"]))
-        assert s.tokens == prompt + response and s.response_length == len(response)
-        assert s.loss_mask == mask and close(s.rollout_log_probs, logprobs)
-        assert s.status is PinnedSample.Status.COMPLETED and s.weight_versions == ["0", "0", "0"]
-    assert [s.reward for s in samples] == [1.0, 0.0, 0.5, 0.25, 1.0, 0.0]
+        prompt, response, mask, logprobs = expected_response(harness_of(s["metadata"]["session_id"]))
+        assert s["tokens"] == prompt + response and s["response_length"] == len(response)
+        assert s["loss_mask"] == mask and close(s["rollout_log_probs"], logprobs)
+        assert s["status"] == "completed" and s["weight_versions"] == ["0", "0", "0"]
+    assert [s["reward"] for s in samples] == [1.0, 0.0, 0.5, 0.25, 1.0, 0.0]
+    # the released miles-rl 0.0.2 names the session (`session_id`); the pinned commit counts it (`rollout_id`)
+    assert "session_id" in real["miles_fields"] and [s["session_id"] for s in samples] == TRAINED
+    if "rollout_id" in real["miles_fields"]:
+        assert [s["rollout_id"] for s in samples] == list(range(6))
 
 
 def test_prime_rl_training_samples(batch: Any) -> None:

@@ -70,6 +70,33 @@ def test_a_lora_adapter_is_merged_into_the_base_weights(tmp_path: Path) -> None:
                                base["model.layers.0.self_attn.q_proj.weight"] + 4.0 * (b @ a))
 
 
+def test_a_sharded_base_is_merged_and_adapters_it_cannot_merge_are_refused(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    q, o = "model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.o_proj.weight"
+    base = {q: torch.randn(8, 6), o: torch.randn(6, 6), "model.embed_tokens.weight": torch.randn(10, 6)}
+    (tmp_path / "base").mkdir()
+    shards = {"model-00001-of-00002.safetensors": [q, "model.embed_tokens.weight"], "model-00002-of-00002.safetensors": [o]}
+    for shard, names in shards.items():  # as Hugging Face writes a checkpoint too large for one file
+        save_file({n: base[n] for n in names}, str(tmp_path / "base" / shard))
+    (tmp_path / "base" / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: shard for shard, names in shards.items() for n in names}}))
+    a, b = torch.randn(2, 6), torch.randn(6, 2)
+    adapter = {f"base_model.model.{o[:-7]}.lora_A.weight": a, f"base_model.model.{o[:-7]}.lora_B.weight": b}
+    merged = bridge.merge_lora(adapter, {"r": 2, "lora_alpha": 2}, tmp_path / "base")
+    assert set(merged) == {o}
+    torch.testing.assert_close(merged[o], base[o] + b @ a)
+
+    # never silently dropped: a DoRA magnitude, an embedding's adapter, a head the tied embedding stands for
+    for extra, words in (({f"base_model.model.{o[:-7]}.lora_magnitude_vector": torch.ones(6)}, "not a Linear layer's"),
+                         ({"base_model.model.model.embed_tokens.lora_A.weight": a,
+                           "base_model.model.model.embed_tokens.lora_B.weight": b}, "not a Linear layer's"),
+                         ({"base_model.model.lm_head.lora_A.weight": a, "base_model.model.lm_head.lora_B.weight": torch.randn(10, 2)},
+                          "ties its embeddings")):
+        with pytest.raises(ValueError, match=words) as err:
+            bridge.merge_lora({**adapter, **extra}, {"r": 2, "lora_alpha": 2}, tmp_path / "base")
+        assert "train_unembed=False" in str(err.value) and "\n" not in str(err.value)
+
+
 def _safetensors_bytes(tensors: dict[str, torch.Tensor], tmp: Path) -> bytes:
     save_file(tensors, str(tmp / "adapter.safetensors"))
     return (tmp / "adapter.safetensors").read_bytes()

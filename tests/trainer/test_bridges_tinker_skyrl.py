@@ -1,5 +1,6 @@
 """The Tinker bridge against a real Tinker-API server running here: SkyRL's `skyrl.tinker.api` (skyrl 0.3.0, JAX
-backend on CPU, its own venv: hack/setup.d/47-skyrl.sh) serving the shipped SmolLM2 with a LoRA. `tinker.train`
+backend on CPU, its own venv: hack/setup.d/47-skyrl.sh) serving the shipped SmolLM2 with a LoRA, driven by the Tinker
+block of docs/training/trainers.md as written (its placeholders swapped: fixtures.doc_snippets). `tinker.train`
 takes the sealed batch of a real `tracefleet run` against real vLLM (sampled at temperature 1: the distribution
 the server's logprobs are of), runs forward_backward (importance_sampling) and optim_step on it, downloads the
 sampler weights, merges the LoRA into the base weights and puts them into vLLM. The server's logprobs of the
@@ -25,11 +26,11 @@ from tracefleet.contract.policy import label_version
 from tracefleet.engine.vllm_local import converted_model, free_port
 from tracefleet.traces import BatchReader
 from tracefleet.trainer import EngineControl
-from tracefleet.trainer.bridges import tinker as bridge
 from tracefleet.trainer.bridges.rows import groups
 
 from fixtures.bridge_batches import real_run
 from fixtures.checkpoints import restore_served_weights
+from fixtures.doc_snippets import run_snippet, snippet
 
 JOB = "tinker-bridge"
 SKYRL = Path(os.environ.get("TRACEFLEET_CACHE", Path.home() / ".cache" / "tracefleet")) / "skyrl"
@@ -79,22 +80,24 @@ def skyrl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def test_a_tinker_api_server_trains_on_a_sealed_batch_and_vllm_gets_the_update(vllm_server: Any, skyrl_server: str,
                                                                                  tmp_path: Path) -> None:
-    import tinker
+    """docs/training/trainers.md's Tinker block, as written but for its placeholders (and a rank and learning rate
+    the small test server takes and a bf16 checkpoint shows)."""
     from safetensors import safe_open
 
     out = real_run(vllm_server.url, tmp_path, JOB, turns=1, max_tokens=32, temperature=1.0)
-    reader = BatchReader(out, JOB, consumer="tinker")
-    rows = [r for g in groups(reader.read(0)) for r in g]
+    rows = [r for g in groups(BatchReader(out, JOB).read(0)) for r in g]
     assert len(rows) == 4
     model_dir = converted_model("smollm2")
     engine = EngineControl(vllm_server.url)
     start = label_version(engine.label()) or 0
-    service = tinker.ServiceClient(base_url=skyrl_server, api_key="tml-local")
-    training = service.create_lora_training_client(base_model=str(model_dir), rank=4)
+    code = snippet("training/trainers.md", 1, {
+        '"http://127.0.0.1:8000"': repr(skyrl_server), "rank=16": "rank=4", '"s3://bucket/rollouts"': repr(str(out)),
+        '"my-job"': repr(JOB), '"http://vllm:8000"': repr(vllm_server.url), '"/ckpt"': repr(str(tmp_path / "ckpt")),
+        "learning_rate=1e-5": "learning_rate=1e-4", "steps=100": "steps=1"})
     try:
-        log = bridge.train(service, training, reader, [vllm_server.url], model_dir, tmp_path / "ckpt",
-                           learning_rate=1e-4, steps=1, start_version=start, follow_options={"idle_exit": True})
-        assert [r["version"] for r in log] == [start + 1] and reader.cursor() == 1
+        ran = run_snippet(code, base_model=str(model_dir), model_dir=model_dir)
+        log = ran["log"]
+        assert [r["version"] for r in log] == [start + 1] and ran["reader"].cursor() == 1
         diffs = np.concatenate([np.abs(np.asarray(lp) - np.asarray(r.logprobs[1:]))[np.asarray(r.loss_mask[1:]) > 0]
                                 for r, lp in zip(rows, log[0]["logprobs"], strict=True)])
         print(f"\nsampled tokens {diffs.size}: |server - vLLM| logprob max {diffs.max():.2e} mean {diffs.mean():.2e}")
@@ -103,6 +106,9 @@ def test_a_tinker_api_server_trains_on_a_sealed_batch_and_vllm_gets_the_update(v
         with safe_open(str(merged), "pt") as new, safe_open(str(model_dir / "model.safetensors"), "pt") as base:
             moved = [k for k in new.keys() if not bool((new.get_tensor(k) == base.get_tensor(k)).all())]
             assert moved and len(moved) == len(list(new.keys())), (len(moved), len(list(new.keys())))
+            assert not any("lm_head" in k or "embed_tokens" in k for k in new.keys())  # training_client's default
         assert label_version(engine.label()) == start + 1
+        # the block's step by step part: the same datums, a ppo step, the server's logprobs per datum
+        assert ran["stats"]["datums"] == 4 and len(ran["stats"]["logprobs"]) == 4
     finally:
         restore_served_weights(engine, model_dir)

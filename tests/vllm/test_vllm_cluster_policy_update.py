@@ -204,9 +204,8 @@ def test_cluster_sessions_in_flight_across_a_sync_get_true_token_versions(
         versions: list[np.ndarray] = []
         for seq in reader.seqs():
             batch = reader.read(seq)
-            table = batch.training_table(include_auxiliary=True)
-            t = batch.tensors(include_auxiliary=True, allow_raw_logprobs=True)
-            for i, row in enumerate(table.to_pylist()):
+            t = batch.tensors(include_auxiliary=True, allow_raw_logprobs=True)  # one row per row of the table
+            for i, row in enumerate(batch.table.to_pylist()):
                 rows.append(row)
                 versions.append(t["token_versions"][i, : len(row["tokens"])].numpy())
         assert len(rows) == 2 * BEFORE + 1, [r["session_id"] for r in rows]  # one row per call (per-request)

@@ -7,7 +7,10 @@
   prime-rl's `TrainingSample`)
 
 Every bridge reads rows through `rows.rollouts` / `rows.groups`, which take them from `Batch.tensors()` and
-`Batch.training_table()`: what the reader leaves out of training (auxiliary, quarantined and infrastructure-failed
-traces) never reaches a trainer, and a group left with fewer than two sessions trains nothing. Nothing here
+`Batch.table` (the same rows, in the same order): what the reader leaves out of training (auxiliary, quarantined
+and infrastructure-failed traces, `trained` False) never reaches a trainer, and a group left with fewer than two
+sessions trains nothing. Each output carries its row's session id (verl's `extra_fields`, Miles' `metadata`, TRL's
+`tracefleet_session`) or, where the type has no room for it (Tinker's Datum, prime-rl's TrainingSample), is the
+one at its position in `rows.trained_rollouts(batch)`. Nothing here
 imports a trainer's package at import time (docs/training/trainers.md).
 """

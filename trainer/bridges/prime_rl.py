@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracefleet.trainer.bridges.rows import Rollout, groups
+from tracefleet.trainer.bridges.rows import Rollout, trained_rollouts
 
 PINNED = ("PrimeIntellect-ai/prime-rl", "559b44772e471d1538537b8805cc77f3824a5e64",
           "src/prime_rl/transports/rollouts/types.py")
@@ -36,6 +36,7 @@ def training_sample(r: Rollout, env_name: str) -> dict[str, Any]:
 
 def to_prime_rl(batch: Any, sample_cls: Any = None, *, env_name: str = "", **options: Any) -> list[Any]:
     """The batch's trainable traces, groups of fewer than two sessions left out, as `sample_cls` instances
-    (prime-rl's TrainingSample) or, without one, their keyword arguments."""
-    out = [training_sample(r, env_name) for group in groups(batch, **options) for r in group]
+    (prime-rl's TrainingSample) or, without one, their keyword arguments: one per `rows.trained_rollouts(batch)`,
+    in its order (a TrainingSample has no room for the session id)."""
+    out = [training_sample(r, env_name) for r in trained_rollouts(batch, **options)]
     return out if sample_cls is None else [sample_cls(**o) for o in out]

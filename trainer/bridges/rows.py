@@ -29,6 +29,7 @@ class Rollout:
     trace_id: str
     policy_versions: list[int]  # the version that sampled each span
     finish_reason: str | None  # the last call's
+    token_versions: list[int]  # the version that sampled each token, -1 on context (tracefleet.traces.versions)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -46,6 +47,13 @@ class Rollout:
     def response_logprobs(self) -> list[float]:
         return self.logprobs[self.prompt_length :]
 
+    def response_mask_from(self, version: int | None) -> list[int]:
+        """`response_mask` without the tokens a version older than `version` sampled (all of it for None)."""
+        if version is None:
+            return self.response_mask
+        versions = self.token_versions[self.prompt_length :]
+        return [m if v >= version else 0 for m, v in zip(self.response_mask, versions, strict=True)]
+
     @property
     def calls(self) -> int:
         return len(self.policy_versions)
@@ -53,18 +61,17 @@ class Rollout:
 
 def rollouts(batch: Any, *, include_auxiliary: bool = False, include_quarantined: bool = False,
              include_infrastructure: bool = False, **tensor_options: Any) -> list[Rollout]:
-    """The rows of `batch.training_table()` as Rollouts (auxiliary, quarantined and infrastructure-failed rows
-    left out unless asked for, as the reader does); `tensor_options` are `Batch.tensors()`'s (max_lag,
-    leave_one_out, temperature, allow_raw_logprobs...; stale tokens are masked out, never dropped)."""
-    if tensor_options.get("stale", "mask") != "mask":
-        raise ValueError("bridges mask stale tokens (stale='mask'); dropping rows would reorder the groups")
-    rows = {"include_auxiliary": include_auxiliary, "include_quarantined": include_quarantined,
-            "include_infrastructure": include_infrastructure}
-    table = batch.training_table(**rows)
-    t = batch.tensors(**rows, **tensor_options)
-    columns = table.select(["group_id", "session_id", "trace_id", "spans"]).to_pylist()
+    """The rows of `batch.table` a trainer trains on (`trained` in `Batch.tensors()`: auxiliary, quarantined and
+    infrastructure-failed rows left out unless asked for, as the reader does) as Rollouts, in the table's order,
+    each with its session id; `tensor_options` are `Batch.tensors()`'s (max_lag, leave_one_out, temperature,
+    allow_raw_logprobs, stale...)."""
+    t = batch.tensors(include_auxiliary=include_auxiliary, include_quarantined=include_quarantined,
+                      include_infrastructure=include_infrastructure, **tensor_options)
+    columns = batch.table.select(["group_id", "session_id", "trace_id", "spans"]).to_pylist()
     out = []
-    for i, row in enumerate(columns):
+    for i, (row, trained) in enumerate(zip(columns, t["trained"].tolist(), strict=True)):
+        if not trained:
+            continue
         n = int(t["attention_mask"][i].sum())
         spans = row["spans"] or []
         out.append(Rollout(
@@ -78,6 +85,7 @@ def rollouts(batch: Any, *, include_auxiliary: bool = False, include_quarantined
             group_id=row["group_id"], session_id=row["session_id"], trace_id=row["trace_id"],
             policy_versions=[s["policy_version"] for s in spans],
             finish_reason=spans[-1]["finish_reason"] if spans else None,
+            token_versions=t["token_versions"][i, :n].tolist(),
         ))
     return out
 
@@ -90,3 +98,10 @@ def groups(batch: Any, **options: Any) -> list[list[Rollout]]:
         if r.group_id is not None:
             by_group.setdefault(r.group_id, []).append(r)
     return [rows for rows in by_group.values() if len({r.session_id for r in rows}) >= MIN_GROUP_SESSIONS]
+
+
+def trained_rollouts(batch: Any, **options: Any) -> list[Rollout]:
+    """`groups(batch)` one after the other: the rows every bridge converts, one output per Rollout in this order
+    (a type without room for the session id, as Tinker's Datum and prime-rl's TrainingSample, is matched to its
+    row by position in this list)."""
+    return [r for group in groups(batch, **options) for r in group]

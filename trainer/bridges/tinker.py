@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 from typing import Any
 
-from tracefleet.trainer.bridges.rows import Rollout, groups
+from tracefleet.trainer.bridges.rows import Rollout, trained_rollouts
 
 LOSS_INPUT_KEYS = ("target_tokens", "logprobs", "advantages")
 ADAPTER_CONFIG = "adapter_config.json"
@@ -47,9 +48,10 @@ def datum(r: Rollout) -> Any:
 
 
 def datums(batch: Any, **options: Any) -> list[Any]:
-    """The batch's trainable traces, groups of fewer than two sessions left out, as Datums. `options`:
+    """The batch's trainable traces, groups of fewer than two sessions left out, as Datums, one per
+    `rows.trained_rollouts(batch)` in its order (a Datum has no room for the session id). `options`:
     rows.rollouts' (max_lag...)."""
-    return [datum(r) for group in groups(batch, **options) for r in group]
+    return [datum(r) for r in trained_rollouts(batch, **options)]
 
 
 def train_step(training_client: Any, data: list[Any], *, loss_fn: str = "importance_sampling",
@@ -64,27 +66,68 @@ def train_step(training_client: Any, data: list[Any], *, loss_fn: str = "importa
     return {"datums": len(data), "metrics": dict(fb.metrics), "logprobs": logprobs}
 
 
+# PEFT's names of a Linear's adapter pair (an optional adapter name between, as PEFT writes `.default.`)
+LORA_KEY = re.compile(r"(?:base_model\.model\.)?(?P<module>.+)\.(?P<part>lora_A|lora_B)(?:\.[\w-]+)?\.weight")
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def training_client(service_client: Any, base_model: str, *, rank: int = 16, **options: Any) -> Any:
+    """A LoRA training client whose adapters `merge_lora` merges: `train_unembed=False` unless asked (the client's
+    default is True; an unembedding adapter on a tied-embedding model has no weight of its own to merge into, the head
+    being the embedding, and an embedding adapter is not a Linear's W + B A). `options`: the client's own."""
+    options.setdefault("train_unembed", False)
+    return service_client.create_lora_training_client(base_model=base_model, rank=rank, **options)
+
+
+def base_weight_files(base_dir: Path) -> dict[str, Path]:
+    """Each tensor of a Hugging Face checkpoint directory -> the safetensors file holding it: one
+    `model.safetensors`, or the shards its `model.safetensors.index.json` maps (any `*.safetensors` without one)."""
+    from safetensors import safe_open
+
+    index = base_dir / SAFETENSORS_INDEX
+    if index.is_file():
+        return {name: base_dir / shard for name, shard in json.loads(index.read_text())["weight_map"].items()}
+    files: dict[str, Path] = {}
+    for path in sorted(base_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            files.update(dict.fromkeys(f.keys(), path))
+    if not files:
+        raise ValueError(f"{base_dir}: no safetensors weights (model.safetensors or shards with {SAFETENSORS_INDEX})")
+    return files
+
+
 def merge_lora(adapter: dict[str, Any], config: dict[str, Any], base_dir: Path) -> dict[str, Any]:
-    """The base tensors an adapter changes, merged: W + (lora_alpha / r) B A, named as in the base checkpoint.
-    `adapter`: PEFT's tensors (`base_model.model.<name>.lora_A.weight` / `lora_B`)."""
+    """The base tensors an adapter changes, merged: W + (lora_alpha / r) B A, named as in the base checkpoint (one
+    file or shards). `adapter`: PEFT's tensors of Linear layers (`base_model.model.<name>.lora_A.weight` / `lora_B`);
+    any other tensor (an embedding's adapter, DoRA magnitudes, modules saved whole) is refused, never dropped."""
     from safetensors import safe_open
 
     scale = float(config["lora_alpha"]) / float(config["r"])
     pairs: dict[str, dict[str, Any]] = {}
+    unknown = []
     for key, tensor in adapter.items():
-        for part in ("lora_A", "lora_B"):
-            marker = f".{part}."
-            if marker in key:
-                name = key.split(marker)[0].removeprefix("base_model.model.") + ".weight"
-                pairs.setdefault(name, {})[part] = tensor
+        m = LORA_KEY.fullmatch(key)
+        if m is None or "embed_tokens" in m["module"]:
+            unknown.append(key)
+            continue
+        pairs.setdefault(m["module"] + ".weight", {})[m["part"]] = tensor
+    if unknown:
+        raise ValueError(f"the adapter holds {len(unknown)} tensor(s) that are not a Linear layer's lora_A/lora_B pair "
+                         f"and cannot be merged ({', '.join(sorted(unknown)[:3])}{', ...' if len(unknown) > 3 else ''}): "
+                         "train attention and MLP layers only (training_client: train_unembed=False)")
+    files = base_weight_files(base_dir)
     merged = {}
-    with safe_open(str(base_dir / "model.safetensors"), framework="pt") as base:
-        known = set(base.keys())
-        for name, pair in pairs.items():
-            if name not in known or set(pair) != {"lora_A", "lora_B"}:
-                raise ValueError(f"adapter tensor {name} has no base weight or lacks one of lora_A/lora_B")
+    for name, pair in sorted(pairs.items()):
+        if name not in files:
+            tied = name.startswith("lm_head") and "model.embed_tokens.weight" in files
+            raise ValueError(f"adapter tensor {name} has no base weight in {base_dir}"
+                             + (": the model ties its embeddings, so the head has no weight of its own; train with "
+                                "train_unembed=False (training_client)" if tied else ""))
+        if set(pair) != {"lora_A", "lora_B"}:
+            raise ValueError(f"adapter tensor {name} lacks one of lora_A/lora_B")
+        with safe_open(str(files[name]), framework="pt") as base:
             w = base.get_tensor(name)
-            merged[name] = (w.float() + scale * (pair["lora_B"].float() @ pair["lora_A"].float())).to(w.dtype).contiguous()
+        merged[name] = (w.float() + scale * (pair["lora_B"].float() @ pair["lora_A"].float())).to(w.dtype).contiguous()
     return merged
 
 
@@ -133,13 +176,14 @@ def export_weights(service_client: Any, training_client: Any, name: str, base_di
 
 def train(service_client: Any, training_client: Any, reader: Any, engines: list[str], base_dir: str | Path,
           out: str | Path, *, loss_fn: str = "importance_sampling", learning_rate: float = 1e-5,
-          steps: int | None = None, start_version: int = 0, follow_options: dict[str, Any] | None = None,
+          steps: int | None = None, start_version: int | None = None, follow_options: dict[str, Any] | None = None,
           **options: Any) -> list[dict[str, Any]]:
     """Follow the job's batches: a train_step per batch with data, its weights into the engines as the next
-    version, the batch committed. One record per step."""
-    from tracefleet.trainer.control import update_policy
+    version (after `start_version`; None: the engines' own, control.engine_version), the batch committed. One
+    record per step."""
+    from tracefleet.trainer.control import engine_version, update_policy
 
-    version, log = start_version, []
+    version, log = engine_version(engines) if start_version is None else start_version, []
     for batch in reader.follow(**(follow_options or {})):
         data = datums(batch, **options)
         if data:

@@ -10,9 +10,12 @@ other key reaches the reward functions as a keyword argument. It computes advant
 
 - a trace's prompt is its first call's prompt; its completion is every token after it, `env_mask` 0 on the tool
   results and harness text between the calls, `logprobs` the engine's on the sampled tokens (0.0 elsewhere)
+- a completion that ended on a stop string or a tool call, not on EOS, gets the pad id after it (`env_mask` 0), so
+  TRL counts only calls cut at their length limit as truncated (`completions/clipped_ratio`,
+  `mask_truncated_completions`)
 - the dataset's prompts are placeholders (`placeholder_dataset`): what a group was asked is in its tokens
-- `tracefleet_advantage` (the reader's group advantage) and `tracefleet_reward` (the session's reward) are
-  passed to the reward functions: `session_advantage` with `GRPOConfig(scale_rewards="none")` makes TRL's
+- `tracefleet_advantage` (the reader's group advantage), `tracefleet_reward` (the session's reward) and
+  `tracefleet_session` (its id) are passed to the reward functions: `session_advantage` with `GRPOConfig(scale_rewards="none")` makes TRL's
   advantages tracefleet's (a block's mean is then 0: one trace per session), `session_reward` lets TRL normalise
 - a group with fewer traces than `num_generations` (an infrastructure failure left out by the reader) is filled
   with unscorable rows: every reward None (TRL leaves them out of the block's statistics and gives them advantage
@@ -41,16 +44,28 @@ if TYPE_CHECKING:
 ADVANTAGE_KEY = "tracefleet_advantage"
 REWARD_KEY = "tracefleet_reward"
 GROUP_KEY = "tracefleet_group"
+SESSION_KEY = "tracefleet_session"  # the row's identity, None on filler rows
 PLACEHOLDER_PROMPT = "tracefleet"
 
 
 class TrlRollouts:
     """`rollout_func` for `trl.GRPOTrainer`: whole groups from `reader.follow()` (a BatchReader with a consumer),
-    `follow_options` passed to it (poll_s, timeout_s, idle_exit), `row_options` to rows.rollouts (max_lag...)."""
+    `follow_options` passed to it (poll_s, timeout_s, idle_exit), `row_options` to rows.rollouts (max_lag...).
 
-    def __init__(self, reader: Any, *, follow_options: dict[str, Any] | None = None, **row_options: Any) -> None:
+    `stale_tokens`: what to do with tokens an older policy sampled than the one being trained (`policy_version`,
+    which PolicySync keeps: the engines' version when training began, then each update's). TRL takes the
+    engine's logprobs into its loss only with its vLLM importance-sampling correction or `off_policy_mask_threshold`;
+    without either it trains every token as if the current weights had sampled it. So by default (`"auto"`) they
+    are masked out (env_mask 0) unless the trainer applies one of those; `"mask"` always, `"keep"` never."""
+
+    def __init__(self, reader: Any, *, follow_options: dict[str, Any] | None = None, stale_tokens: str = "auto",
+                 **row_options: Any) -> None:
+        if stale_tokens not in ("auto", "mask", "keep"):
+            raise ValueError(f"stale_tokens={stale_tokens!r}: auto, mask or keep")
         self.reader = reader
         self.row_options = row_options
+        self.stale_tokens = stale_tokens
+        self.policy_version: int | None = None  # the trained weights' version (PolicySync sets it)
         self._batches: Iterator[Any] = reader.follow(**(follow_options or {}))
         self._groups: deque[tuple[int, list[Rollout]]] = deque()
         self._left: dict[int, int] = {}  # seq -> groups of that batch not yet handed out
@@ -72,7 +87,18 @@ class TrlRollouts:
         self.groups_given += 1
         return group
 
+    def masks_stale(self, trainer: Any) -> bool:
+        if self.stale_tokens != "auto":
+            return self.stale_tokens == "mask"
+        corrected = getattr(trainer, "use_vllm", False) and getattr(trainer, "vllm_importance_sampling_correction", False)
+        return not corrected and getattr(trainer, "off_policy_mask_threshold", None) is None
+
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        accelerator = getattr(trainer, "accelerator", None)
+        if accelerator is not None and accelerator.num_processes > 1:
+            # every rank would read the same cursor (each group trained once per rank) and sync the engines
+            raise RuntimeError(f"TrlRollouts runs in one process; this trainer has {accelerator.num_processes} "
+                               "(accelerate): train with one process per job")
         size = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
         if len(prompts) % size:
             raise ValueError(f"{len(prompts)} prompts are not whole groups of num_generations={size}")
@@ -83,14 +109,18 @@ class TrlRollouts:
                 raise ValueError(f"group {group[0].group_id} has {len(group)} traces, more than num_generations={size}:"
                                  " raise num_generations to the job's samplesPerTask")
             rows += [(r, True) for r in group] + [(group[0], False)] * (size - len(group))
+        end = ended_marker(trainer)
+        since = self.policy_version if self.masks_stale(trainer) else None
+        completions = [ended(r, end, since) for r, _ in rows]
         return {
             "prompt_ids": [r.prompt_ids for r, _ in rows],
-            "completion_ids": [r.response_ids for r, _ in rows],
-            "logprobs": [r.response_logprobs for r, _ in rows],
-            "env_mask": [r.response_mask if real else [0] * len(r.response_ids) for r, real in rows],
+            "completion_ids": [ids for ids, _, _ in completions],
+            "logprobs": [logprobs for _, logprobs, _ in completions],
+            "env_mask": [mask if real else [0] * len(mask) for (_, _, mask), (_, real) in zip(completions, rows)],
             ADVANTAGE_KEY: [r.advantage if real else None for r, real in rows],
             REWARD_KEY: [r.reward if real else None for r, real in rows],
             GROUP_KEY: [r.group_id for r, _ in rows],
+            SESSION_KEY: [r.session_id if real else None for r, real in rows],
         }
 
     def commit(self) -> list[int]:
@@ -102,6 +132,27 @@ class TrlRollouts:
                 self.reader.commit(batch)
             done.append(batch.seq)
         return done
+
+
+def ended_marker(trainer: Any) -> tuple[set[int | None], int | None]:
+    """(the ids TRL reads as a completion's end: its EOS ids and the pad id, the id to mark one with)."""
+    tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
+    pad = tokenizer.pad_token_id
+    ends = {*trainer.eos_token_ids, pad}
+    return ends, pad if pad is not None else next(iter(trainer.eos_token_ids), None)
+
+
+def ended(r: Rollout, end: tuple[set[int | None], int | None],
+          since: int | None = None) -> tuple[list[int], list[float], list[int]]:
+    """A trace's completion ids, logprobs and env_mask for TRL, which counts a completion that does not end on EOS or
+    pad as truncated (and drops it with mask_truncated_completions): one that ended on a stop string (the engine
+    leaves the string out) or a tool call gets the pad id after it, env_mask 0 (never trained), so only a call cut
+    at its length limit reads as truncated. `since`: tokens sampled by an older version are masked (env_mask 0)."""
+    ids, logprobs, mask = r.response_ids, r.response_logprobs, r.response_mask_from(since)
+    ends, marker = end
+    if r.finish_reason != "length" and ids and ids[-1] not in ends and marker is not None:
+        return [*ids, marker], [*logprobs, 0.0], [*mask, 0]
+    return ids, logprobs, mask
 
 
 def session_advantage(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
@@ -124,10 +175,12 @@ def placeholder_dataset(groups_per_step: int, steps: int) -> Any:
 class PolicySync(TrainerCallback):
     """After each optimizer step: the trained tensors saved under `out/policy-<version>` (tracefleet.trainer.grpo
     save_weights), `update_policy(engines, ...)` with version = start_version + the trainer's global step, and
-    `rollouts.commit()`. `reports`: each update's PolicyUpdateReport."""
+    `rollouts.commit()`. `start_version` None: the engines' own when training begins (control.engine_version), so
+    a trainer started against an engine at version N labels its first update N + 1. `reports`: each update's
+    PolicyUpdateReport."""
 
     def __init__(self, engines: list[str], out: str | Path, rollouts: TrlRollouts | None = None, *,
-                 start_version: int = 0, logger: StepLogger | None = None, **update_options: Any) -> None:
+                 start_version: int | None = None, logger: StepLogger | None = None, **update_options: Any) -> None:
         self.engines = engines
         self.logger = logger
         self.out = Path(out)
@@ -136,14 +189,23 @@ class PolicySync(TrainerCallback):
         self.update_options = update_options
         self.reports: list[Any] = []
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        from tracefleet.trainer.control import engine_version
+
+        if self.start_version is None:
+            self.start_version = engine_version(self.engines, api_key=self.update_options.get("api_key"))
+        if self.rollouts is not None:
+            self.rollouts.policy_version = self.start_version
+
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         from tracefleet.trainer.control import update_policy
         from tracefleet.trainer.grpo import save_weights
 
-        version = self.start_version + state.global_step
+        version = (self.start_version or 0) + state.global_step
         path = save_weights(model, self.out / f"policy-{version}")
         self.reports.append(update_policy(self.engines, path, version, **self.update_options))
         if self.logger is not None:  # at TRL's own step, beside the figures TRL logs to its report_to trackers
             self.logger.log({"step": state.global_step, **self.reports[-1].loop_figures()})
         if self.rollouts is not None:
+            self.rollouts.policy_version = version
             self.rollouts.commit()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracefleet.trainer.bridges.rows import Rollout, groups
+from tracefleet.trainer.bridges.rows import Rollout, trained_rollouts
 
 PINNED = ("volcengine/verl", "b178a3cd56f58b2d502255daba591e92833930a7", "verl/experimental/agent_loop/agent_loop.py")
 FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "routed_experts", "multi_modal_data",
@@ -42,5 +42,5 @@ def agent_loop_output(r: Rollout) -> dict[str, Any]:
 def to_verl(batch: Any, output_cls: Any = None, **options: Any) -> list[Any]:
     """The batch's trainable traces, groups of fewer than two sessions left out, as `output_cls` instances
     (verl's AgentLoopOutput) or, without one, their keyword arguments. `options`: rows.rollouts'."""
-    out = [agent_loop_output(r) for group in groups(batch, **options) for r in group]
+    out = [agent_loop_output(r) for r in trained_rollouts(batch, **options)]
     return out if output_cls is None else [output_cls(**o) for o in out]

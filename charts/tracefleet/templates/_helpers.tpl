@@ -43,7 +43,17 @@ app.kubernetes.io/component: operator
 
 {{/* REGISTRY/NAME:TAG, as `tracefleet images build --registry REGISTRY --tag TAG` names its images. */}}
 {{- define "tracefleet.imageRef" -}}
-{{- printf "%s/%s:%s" (trimSuffix "/" .root.Values.image.registry) .name (default .root.Chart.AppVersion .root.Values.image.tag) -}}
+{{- $registry := required "image.registry: name the registry you pushed the images to (make images REGISTRY=registry.example.com/team TAG=0.1.0 PUSH=1, then --set image.registry=registry.example.com/team --set image.tag=0.1.0; docs/kubernetes/images.md)" .root.Values.image.registry -}}
+{{- printf "%s/%s:%s" (trimSuffix "/" $registry) .name (default .root.Chart.AppVersion .root.Values.image.tag) -}}
+{{- end -}}
+
+{{/* The Secrets every job's pods pull with: operator.jobImagePullSecrets, else (null) the operator's own. */}}
+{{- define "tracefleet.jobPullSecrets" -}}
+{{- if kindIs "invalid" .Values.operator.jobImagePullSecrets -}}
+{{- range .Values.imagePullSecrets }}{{ .name }},{{ end -}}
+{{- else -}}
+{{- range .Values.operator.jobImagePullSecrets }}{{ . }},{{ end -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "tracefleet.image" -}}

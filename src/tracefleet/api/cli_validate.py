@@ -45,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
                 print(f"{name}: ok ({count} Harbor task{'s' if count != 1 else ''})", file=sys.stderr)
             continue
         try:
-            results = validate_text(sys.stdin.read(), base_dir=Path.cwd()) if name == "-" else validate_file(name)
+            results = validate_text(sys.stdin.read(), base_dir=Path.cwd(), job_dir=False) if name == "-" else validate_file(name)
         except OSError as err:
             print(f"{name}: cannot read: {err.strerror or err}")
             bad += 1

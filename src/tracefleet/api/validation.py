@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_camel
 
+from tracefleet.api.harness_files import command_problems
 from tracefleet.contract.job import API_VERSION, KIND, RolloutJob
 from tracefleet.harbor.folders import TaskProblem, check_tasks
 from tracefleet.harbor.sources import TaskSourceError, open_source
@@ -158,12 +159,14 @@ def validate_update(old: RolloutJob, new: RolloutJob) -> list[Problem]:
     return problems
 
 
-def local_problems(doc: Any, base_dir: Path, task_folders: bool = True) -> list[Problem]:
+def local_problems(doc: Any, base_dir: Path, task_folders: bool = True, job_dir: bool = True) -> list[Problem]:
     """What only the machine that runs the job can check: task sources given as local paths (relative
     to the manifest's directory, as `tracefleet run` reads them) exist. Remote ones are left to the run.
     Read from the manifest as written (a mapping), so that a manifest with schema problems gets these too, in the
     same pass. `task_folders=False` (what `tracefleet run` checks): a Harbor source must open and hold task
-    folders, but a folder with problems is no problem of the job (the run refuses that task alone, fail-closed)."""
+    folders, but a folder with problems is no problem of the job (the run refuses that task alone, fail-closed).
+    `job_dir`: whether `base_dir` is the manifest's own folder ({job_dir}); from stdin it is not, and the harness's
+    files are not judged."""
     from tracefleet.contract.job import is_remote
 
     def text(node: Any, key: str) -> str | None:
@@ -199,7 +202,33 @@ def local_problems(doc: Any, base_dir: Path, task_folders: bool = True) -> list[
         for key in ("repo", "archive"):
             if message := missing(text(workspace, key)):
                 problems.append(Problem(f"spec.tasks.inline[{i}].workspace.{key}", message))
-    return problems
+    return problems + (_harness_files(spec, inline, base_dir) if job_dir else [])
+
+
+def _harness_files(spec: dict[str, Any], inline: Any, base_dir: Path) -> list[Problem]:
+    """The `command` harness's program and script, where its inline tasks' sessions run it (what `tracefleet
+    run`'s preflight refuses; the PATH is that machine's, not checked here)."""
+    from tracefleet.contract.job import is_remote
+    from tracefleet.contract.semantics import harness_preset
+
+    harness = spec.get("harness")
+    command = harness.get("command") if isinstance(harness, dict) else None
+    if (harness_preset(harness.get("preset") if isinstance(harness, dict) else None) != "command"
+            or not isinstance(command, list) or not all(isinstance(a, str) for a in command)
+            or not isinstance(inline, list) or spec["tasks"].get("harbor") or spec["tasks"].get("uri")):
+        return []
+    dirs: list[Path | None] = []
+    for task in inline:
+        workspace = task.get("workspace") if isinstance(task, dict) else None
+        repo = workspace.get("repo") if isinstance(workspace, dict) else None
+        if isinstance(workspace, dict) and (workspace.get("archive") or workspace.get("setup")):
+            continue  # its working directory is only known once a session made it
+        if isinstance(repo, str) and is_remote(repo):
+            continue
+        where = (base_dir / Path(repo).expanduser()) if isinstance(repo, str) else None
+        dirs.append(where if where is not None and where.is_dir() else None)
+    lines = command_problems(command, dirs, base_dir)
+    return [Problem(*line.split(": ", 1)) for line in lines]
 
 
 def _some_folder(uri: str, base_dir: Path, include: list[str] | None) -> bool:
@@ -225,7 +254,8 @@ def check_harbor_source(uri: str, base_dir: Path, include: list[str] | None = No
         return len(tasks), problems
 
 
-def validate_text(text: str, base_dir: Path | None = None, task_folders: bool = True) -> list[tuple[int, list[Problem]]]:
+def validate_text(text: str, base_dir: Path | None = None, task_folders: bool = True,
+                  job_dir: bool = True) -> list[tuple[int, list[Problem]]]:
     """(document index, problems) for every YAML document in `text`; a YAML syntax error is one problem.
     With `base_dir` (the manifest's directory) local task paths are checked too (`local_problems`)."""
     try:
@@ -241,7 +271,7 @@ def validate_text(text: str, base_dir: Path | None = None, task_folders: bool = 
     for i, doc in enumerate(docs):
         problems = validate_manifest(doc)
         if base_dir is not None and not (isinstance(doc, dict) and doc.get("kind", KIND) != KIND):
-            problems += local_problems(doc, base_dir, task_folders)
+            problems += local_problems(doc, base_dir, task_folders, job_dir)
         results.append((i, problems))
     return results
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, StringConstraints, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from tracefleet.contract.diagnostics import BUILTIN_DIAGNOSTICS as BUILTINS
@@ -68,7 +69,9 @@ Quantity = Annotated[
     PlainValidator(_quantity),
     WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True, "pattern": QUANTITY_RE}),
 ]
-Name = Annotated[str, StringConstraints(min_length=1, max_length=253)]
+# A Kubernetes object's name (Secret, ConfigMap, PersistentVolumeClaim): a DNS-1123 subdomain, as the API server checks it.
+OBJECT_NAME_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+Name = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=OBJECT_NAME_RE)]
 
 # What the job's name must be, as the cluster requires it: the kube-apiserver takes any RFC 1123 subdomain
 # (253 characters), but the operator puts the name into the `tracefleet.io/job` label of every child (a label value:
@@ -670,6 +673,12 @@ class RolloutJobSpec(WireModel):
     )
     diagnostics_policy: DiagnosticsPolicy = _object(
         DiagnosticsPolicy, "When the share of sessions the diagnostics quarantine is worth a warning.")
+    image_pull_secrets: Annotated[list[SecretRef], Field(max_length=16)] | None = Field(
+        default=None,
+        description="Secrets (kubernetes.io/dockerconfigjson, in the RolloutJob's namespace) every pod of the job pulls "
+        "its images with: harness, evaluator, sealer and engine pods, added to the operator's own "
+        "(--image-pull-secret, the chart's jobImagePullSecrets). Kubernetes only; `tracefleet run` pulls nothing.",
+    )
     parallelism: int = Field(default=1, ge=1, le=10000, description="Sessions running at once.")
     max_retries: int = Field(default=2, ge=0, le=100, description="Retries of a session that failed before its first model call (an infrastructure failure). A "
         "session that failed after a model call is not retried: it is sealed fail-closed, as the policy's outcome.")
@@ -789,16 +798,68 @@ class RolloutJobStatus(WireModel):
 # ---------------------------------------------------------------- the resource
 
 
-class ObjectMeta(BaseModel):
-    """The parts of Kubernetes ObjectMeta tracefleet reads; the apiserver's own fields are kept as given."""
+# What the kube-apiserver refuses in metadata (k8s.io/apimachinery validation: IsQualifiedName, IsValidLabelValue,
+# ValidateAnnotations): a label or annotation key is an optional DNS subdomain prefix and '/', then a name of at most 63
+# characters; a label value is at most 63 characters of the same set, or empty; annotations hold at most 256 KiB.
+QUALIFIED_NAME_RE = r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
+LABEL_VALUE_RE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+ANNOTATIONS_MAX_BYTES = 256 * 1024
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow", strict=True)
+
+def _meta_key(key: str) -> str | None:
+    """Why `key` is not a qualified name (None: it is one)."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not re.match(DNS1123_SUBDOMAIN_RE, prefix)):
+        return f"{key!r}: the prefix before '/' must be a lowercase DNS subdomain (e.g. 'example.com')"
+    if not name or len(name) > 63 or not re.match(QUALIFIED_NAME_RE, name):
+        return (f"{key!r}: the name part must be 1-63 characters: letters, digits, '-', '_' or '.', starting and ending "
+                "with a letter or digit")
+    return None
+
+
+def _labels(value: dict[str, str] | None) -> dict[str, str] | None:
+    for key, v in (value or {}).items():
+        if why := _meta_key(key):
+            raise PydanticCustomError("label_key", "invalid label key {why}", {"why": why})
+        if len(v) > 63 or not re.match(LABEL_VALUE_RE, v):
+            raise PydanticCustomError("label_value", "label '{key}': invalid value '{value}': at most 63 characters: "
+                                      "letters, digits, '-', '_' or '.', starting and ending with a letter or digit, "
+                                      "or empty", {"key": key, "value": v})
+    return value
+
+
+def _annotations(value: dict[str, str] | None) -> dict[str, str] | None:
+    for key in value or {}:
+        if why := _meta_key(key):
+            raise PydanticCustomError("annotation_key", "invalid annotation key {why}", {"why": why})
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in (value or {}).items())
+    if size > ANNOTATIONS_MAX_BYTES:
+        raise PydanticCustomError("annotations_size", "annotations total {size} bytes: at most {limit}",
+                                  {"size": size, "limit": ANNOTATIONS_MAX_BYTES})
+    return value
+
+
+class ObjectMeta(BaseModel):
+    """The parts of Kubernetes ObjectMeta tracefleet reads, checked as the apiserver checks them; the apiserver's
+    own fields are kept as given (any other is refused, as the apiserver refuses it)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True)
     name: JobName = Field(description="Job name.")
     namespace: str | None = None
-    labels: dict[str, str] | None = None
-    annotations: dict[str, str] | None = None
+    labels: Annotated[dict[str, str] | None, AfterValidator(_labels)] = None
+    annotations: Annotated[dict[str, str] | None, AfterValidator(_annotations)] = None
     generation: int | None = None
     uid: str | None = None
+    # the apiserver's own, kept as given (not the CRD's to state)
+    generate_name: SkipJsonSchema[Any] = None
+    self_link: SkipJsonSchema[Any] = None
+    resource_version: SkipJsonSchema[Any] = None
+    creation_timestamp: SkipJsonSchema[Any] = None
+    deletion_timestamp: SkipJsonSchema[Any] = None
+    deletion_grace_period_seconds: SkipJsonSchema[Any] = None
+    owner_references: SkipJsonSchema[Any] = None
+    finalizers: SkipJsonSchema[Any] = None
+    managed_fields: SkipJsonSchema[Any] = None
 
 
 class RolloutJob(WireModel):

@@ -304,6 +304,15 @@ class OutcomeKind(StrEnum):
     INFRASTRUCTURE = "infrastructure"  # fail-closed by what the policy could not cause: left out of training
 
 
+# How each kind reads, the same words on every surface that shows one (the traces CLI, the run's summary, the
+# dashboard): whose outcome the row is.
+OUTCOME_KIND_WORDS = {OutcomeKind.OK: "ok", OutcomeKind.POLICY: "the policy's",
+                      OutcomeKind.INFRASTRUCTURE: "the infrastructure's"}
+# ...and what it means for training, where a surface has room to say it
+OUTCOME_KIND_MEANING = {OutcomeKind.OK: "trained on", OutcomeKind.POLICY: "reward <= 0, trained on",
+                        OutcomeKind.INFRASTRUCTURE: "left out of the group statistics and the loss"}
+
+
 # The fail-closed reasons (TraceMetadata.fail_closed_reasons), besides `session_<status>:<stage>`.
 CAPTURE_TORN_TAIL = "capture_torn_tail"  # the capture log's last line is cut off
 CAPTURE_BAD_LINES = "capture_bad_lines"  # capture log lines that do not read
