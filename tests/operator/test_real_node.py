@@ -1,5 +1,6 @@
 """The real node's own parts (tests/fixtures/node.py): the CNI gives every pod its own network namespace and address,
-pods reach this machine's address, the API server reaches the kubelet (`kubectl logs`)."""
+pods reach this machine's address, the API server reaches the kubelet (`kubectl logs`), Service names resolve in
+pods (cluster DNS) and lead to the pods behind them (kube-proxy)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import threading
 import time
 
-from fixtures.node import POD_SUBNET, pod_status
+from fixtures.node import CLUSTER_DOMAIN, POD_SUBNET, pod_status
 from tracefleet.runner.containers.runtime import BASE_IMAGE
 
 
@@ -64,9 +65,9 @@ SERVE = ("perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalPort => 80
          "print $c \"HTTP/1.0 200 OK\\r\\n\\r\\n$ENV{POD_IP}\\n\"; close $c }'")
 
 
-def test_a_service_leads_a_pod_to_another_pod_and_to_the_api_server(node, container_runtime) -> None:
-    """kube-proxy's part: a pod reaches another pod through a Service's ClusterIP, and the API server through the
-    `kubernetes` Service, as an in-cluster client (the operator's pod) does."""
+def test_a_service_name_leads_a_pod_to_another_pod_and_to_the_api_server(node, container_runtime) -> None:
+    """Cluster DNS and kube-proxy: a pod reaches another pod through a Service's name, and the API server through the
+    `kubernetes` Service's short name (the pod's search path), as an in-cluster client (the operator's pod) does."""
     node.load_image(container_runtime, BASE_IMAGE)
     server = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "echo", "namespace": "default",
                                                               "labels": {"app": "echo"}},
@@ -83,9 +84,9 @@ def test_a_service_leads_a_pod_to_another_pod_and_to_the_api_server(node, contai
             assert node.kube.kubectl("apply", "-f", "-", input=json.dumps(obj)).returncode == 0
         assert node.kube.kubectl("wait", "--for=condition=Ready", "pod/echo", "--timeout=60s").returncode == 0
         cluster_ip = node.kube.kubectl("get", "service", "echo", "-o", "jsonpath={.spec.clusterIP}").stdout
-        api = node.kube.kubectl("get", "service", "kubernetes", "-o", "jsonpath={.spec.clusterIP}").stdout
-        script = (f"exec 3<>/dev/tcp/{cluster_ip}/80; printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3; tail -1 <&3; "
-                  f"exec 4<>/dev/tcp/{api}/443 && echo api-reachable")
+        name = f"echo.default.svc.{CLUSTER_DOMAIN}"
+        script = (f"getent hosts {name}; exec 3<>/dev/tcp/{name}/80; printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3; "
+                  "tail -1 <&3; exec 4<>/dev/tcp/kubernetes.default/443 && echo api-reachable")
         client = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client", "namespace": "default"},
                   "spec": {"restartPolicy": "Never", "containers": [
                       {"name": "c", "image": BASE_IMAGE, "imagePullPolicy": "Never",
@@ -97,7 +98,7 @@ def test_a_service_leads_a_pod_to_another_pod_and_to_the_api_server(node, contai
             time.sleep(0.5)
         echo_ip = pod_status(node, "default", "echo")["podIP"]
         logs = node.kube.kubectl("logs", "client").stdout.split()
-        assert logs == [echo_ip, "api-reachable"], (logs, pod_status(node, "default", "client"))
+        assert logs == [cluster_ip, name, echo_ip, "api-reachable"], (logs, pod_status(node, "default", "client"))
     finally:
         node.kube.kubectl("delete", "pod,service", "echo", "--wait=false")
         node.kube.kubectl("delete", "pod", "client", "--wait=false")
