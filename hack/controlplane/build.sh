@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the test control plane from Go modules into $TRACEFLEET_CACHE/controlplane/$KUBERNETES_VERSION/bin:
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, (k8s.io/kubernetes, wrapper module ./kubernetes)
-#   kubelet                                                            (the real node: tests/fixtures/node.py)
+#   kubelet, kube-proxy                                                (the real node: tests/fixtures/node.py)
 #   etcd                                                               (go.etcd.io/etcd/server/v3, wrapper module ./etcd)
 #   kwok, kwokctl                                                      (sigs.k8s.io/kwok)
 #   helm                                                               (helm.sh/helm/v3)
@@ -39,14 +39,15 @@ k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSI
 -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION \
 -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
 
-k8s_bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
+k8s_bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 if missing "${k8s_bins[@]}"; then
   start=$SECONDS
   tmp="$(mktemp -d "$bin/.build.XXXXXX")"
   # One invocation so the shared packages (apiserver, client-go, ...) compile once.
   (cd "$here/kubernetes" && nice_go build -trimpath -ldflags "$k8s_ldflags" -o "$tmp/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet)
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy)
   mv "$tmp"/* "$bin/" && rmdir "$tmp"
   record "built ${k8s_bins[*]} $KUBERNETES_VERSION in $((SECONDS - start)) s"
 fi
@@ -71,5 +72,5 @@ if missing helm; then
   record "built helm $HELM_VERSION in $((SECONDS - start)) s"
 fi
 
-(cd "$bin" && du -h kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet etcd kwok kwokctl helm) > "$bin/../sizes.txt"
+(cd "$bin" && du -h kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd kwok kwokctl helm) > "$bin/../sizes.txt"
 echo "control plane binaries in $bin:"; sed 's/^/  /' "$bin/../sizes.txt"

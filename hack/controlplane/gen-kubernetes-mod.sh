@@ -28,8 +28,10 @@ go_line="$(printf '%s\n' "$upstream_mod" | awk '$1 == "go" {print; exit}')"
 } > "$dir/go.mod"
 rm -f "$dir/go.sum"
 cd "$dir"
-# go get resolves and records (go.mod + go.sum) everything the five commands need (the kubelet is the real node's).
+# go get resolves and records (go.mod + go.sum) everything the six commands need (the kubelet and kube-proxy: the
+# real node's).
 v="${KUBERNETES_VERSION}"
 go get "k8s.io/kubernetes/cmd/kube-apiserver@$v" "k8s.io/kubernetes/cmd/kube-controller-manager@$v" \
-  "k8s.io/kubernetes/cmd/kube-scheduler@$v" "k8s.io/kubernetes/cmd/kubectl@$v" "k8s.io/kubernetes/cmd/kubelet@$v"
+  "k8s.io/kubernetes/cmd/kube-scheduler@$v" "k8s.io/kubernetes/cmd/kubectl@$v" "k8s.io/kubernetes/cmd/kubelet@$v" \
+  "k8s.io/kubernetes/cmd/kube-proxy@$v"
 echo "wrote $dir/go.mod ($(echo "$staging_modules" | wc -l) staging modules pinned to $staging_version)"

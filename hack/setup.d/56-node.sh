@@ -4,9 +4,11 @@
 #   - containerd and the CNI plugins (bridge, host-local, loopback in /usr/lib/cni) from Debian's packages; runc and
 #     podman come from 55-containers.sh, the kubelet from 30-controlplane.sh (the control plane's Go build);
 #   - the pod sandbox ("pause") image: no registry is reachable, so hack/node/pause is built here into a one-file
-#     image and saved as an archive the fixture imports into containerd, named and keyed by its source's hash.
-# Idempotent: a warm run checks two commands and one file. Writes $TRACEFLEET_CACHE/node/env
-# (PAUSE_IMAGE=..., PAUSE_ARCHIVE=...).
+#     image and saved as an archive the fixture imports into containerd, named and keyed by its source's hash;
+#   - cluster DNS: CoreDNS with the few plugins the fixture's Corefile uses (hack/node/coredns; about 2 CPU-minutes
+#     cold), keyed the same way.
+# Idempotent: a warm run checks two commands and two files. Writes $TRACEFLEET_CACHE/node/env
+# (PAUSE_IMAGE=..., PAUSE_ARCHIVE=..., COREDNS=...).
 set -euo pipefail
 : "${TRACEFLEET_CACHE:=$HOME/.cache/tracefleet}"
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -43,5 +45,14 @@ if [ ! -f "$archive" ]; then
   mv "$tmp/pause.tar" "$archive"
   echo "    built $image ($archive)"
 fi
-printf 'PAUSE_IMAGE=%s\nPAUSE_ARCHIVE=%s\n' "$image" "$archive" >"$root/env"
+dns_src="$here/node/coredns"
+dns_key=$(cat "$dns_src/main.go" "$dns_src/go.mod" "$dns_src/go.sum" | sha256sum | cut -c1-12)
+coredns="$root/coredns-$dns_key"
+if [ ! -x "$coredns" ]; then
+  start=$SECONDS
+  (cd "$dns_src" && CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags "-s -w" -o "$coredns.tmp" .)
+  mv "$coredns.tmp" "$coredns"
+  echo "    built CoreDNS in $((SECONDS - start)) s ($coredns)"
+fi
+printf 'PAUSE_IMAGE=%s\nPAUSE_ARCHIVE=%s\nCOREDNS=%s\n' "$image" "$archive" "$coredns" >"$root/env"
 echo "    node ready: $(containerd --version | cut -d' ' -f1-3), $image ($root/env)"

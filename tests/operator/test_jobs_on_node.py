@@ -1,27 +1,34 @@
-"""RolloutJobs on a real node (tests/fixtures/node.py): a kubelet, containerd and runc run every pod the operator
-creates, from the images `tracefleet images build` makes, named as the chart names them for users.
+"""RolloutJobs on a real node (tests/fixtures/node.py): a kubelet, containerd and runc run every pod, the operator's
+and the bucket's included, from the images `tracefleet images build` makes, named as the chart names them for users.
 
-The chart is `helm install`ed (CRD, RBAC, ServiceAccount; no operator replica, see below); the operator runs on this
-machine with the chart Deployment's own arguments and a token of the chart's ServiceAccount. The engine (the scripted
-`tracefleet engine`) and the S3 server (SeaweedFS on its own port, plain HTTP) run on this machine, on its address,
-where the pods reach them. Two jobs: examples/k8s/first-job.yaml with the one line a user edits (the engine's URL),
-a `command` harness in the tracefleet image; and Qwen Code from its harness image, whose own shell tool writes the
-file a command evaluator judges. For each, the test watches every child pod (harness pods with the proxy as a native
-sidecar, evaluator and sealer Jobs) and asks the kubelet's own reports: Running, then Succeeded, every container
-terminated with exit code 0, each pod with its own address; then reads the sealed batches through BatchReader.
+`helm install` of the chart from the repository, its defaults but one replica: the operator runs as the chart's
+Deployment, in a pod on the node, with the chart's ServiceAccount and RBAC, and reaches the API server through the
+`kubernetes` Service (kube-proxy). The bucket is in the cluster: SeaweedFS as a pod and a Service on its usual S3 port
+(8333, plain HTTP); the sidecars and sealers write it by the Service's name (cluster DNS), and the test reads the
+batches through BatchReader from outside the cluster (the Service's address), as a trainer does. The engine (the scripted `tracefleet engine`) runs
+on this machine's address, as an external engine does.
 
-Measured (2 cores, shared with other sessions): the node Ready in 5-6 s; `kubectl apply` to the first sealed batch
-24-41 s; the two images rebuilt from the layer cache in 5-12 s, loaded into containerd in 19-25 s each when they
-changed (never when the image id is the same).
+Two jobs, applied with kubectl: examples/k8s/first-job.yaml with the one line a user edits (the engine's URL), a
+`command` harness in the tracefleet image; and Qwen Code from its harness image, whose own shell tool writes the file
+a command evaluator judges. For each, the test watches every child pod (harness pods with the proxy as a native
+sidecar, evaluator and sealer Jobs) and asks the kubelet's own reports: Succeeded (the harness pods Running first),
+every container started and terminated with exit code 0, each pod with its own address; then reads the sealed batches through BatchReader.
 
-Not yet on the node: the operator as the chart's Deployment (a pod reaches the API server only through the
-`kubernetes` Service, and no kube-proxy runs here), an in-cluster bucket, cluster DNS and the NetworkPolicy enforcer.
+Measured (2 cores): on a quiet machine the node Ready in 5.7 s, the chart's operator pod available 4.4 s after
+`helm install`, `kubectl apply` to the first sealed batch 18 s and to Succeeded 21-25 s; shared with other sessions'
+suites, the node in up to 19 s and the first sealed batch in 24-46 s (97 s once); the two images
+rebuilt from the layer cache in 5-12 s, loaded into containerd in 19-25 s each when they changed (never when the
+image id is the same).
+
+Not yet on the node: the NetworkPolicy enforcer.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import subprocess
 import sys
 import threading
@@ -35,16 +42,19 @@ import pytest
 import yaml
 from kubernetes import client, watch
 
-from fixtures.controlplane import free_port
 from fixtures.engines import EngineProcess
 from fixtures.harness_runs import EXPECTED_NOTE, PROMPT, harness_script
-from fixtures.s3 import S3Server, start_seaweedfs
+from fixtures.node import CLUSTER_DOMAIN
+from fixtures.s3 import S3Endpoint, identities, weed_binary
 from tracefleet.bucket import open_bucket
 from tracefleet.contract import images
 from tracefleet.operator import names as n
+from tracefleet.runner.containers.runtime import BASE_IMAGE
 from tracefleet.traces.reader import BatchReader
 
 REPO = Path(__file__).resolve().parents[2]
+S3_PORT = 8333  # SeaweedFS's S3 port
+SEAWEEDFS_IMAGE = "localhost/tracefleet-test/seaweedfs:latest"
 NAMESPACE = "tracefleet"
 RELEASE = "tf"
 CLI = "qwen-code"  # the smallest CLI (55 MB)
@@ -79,10 +89,56 @@ def host_engine(node) -> Iterator[EngineProcess]:
 
 
 @pytest.fixture(scope="module")
-def host_s3(node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = start_seaweedfs(tmp_path_factory.mktemp("node-seaweedfs"), host=node.host)
-    yield server
-    server.stop()
+def cluster_s3(node, container_runtime, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
+    """The in-cluster bucket: SeaweedFS (the `weed` the tests run everywhere, in the base image) as a pod and a
+    Service on its usual S3 port, plain HTTP, in the chart's namespace. The pods write it through the Service; the
+    trainer (this test) reads it from outside the cluster, through the same address."""
+    context = tmp_path_factory.mktemp("seaweedfs-image")
+    try:
+        os.link(weed_binary(), context / "weed")  # 150 MB: a link where the folders share a file system
+    except OSError:
+        shutil.copy2(weed_binary(), context / "weed")
+    (context / "Containerfile").write_text(f"FROM {BASE_IMAGE}\nCOPY weed /usr/local/bin/weed\n")
+    container_runtime.run("build", "-q", "-t", SEAWEEDFS_IMAGE, "-f", str(context / "Containerfile"), str(context),
+                          timeout=600)  # cached by the layer's content: the same image id, never reloaded
+    node.load_image(container_runtime, SEAWEEDFS_IMAGE)
+    kube = node.kube
+    endpoint = S3Endpoint("", "tf" + secrets.token_hex(8), secrets.token_hex(20))
+    assert kube.kubectl("create", "namespace", NAMESPACE).returncode == 0
+    assert kube.kubectl("-n", NAMESPACE, "create", "secret", "generic", "seaweedfs-identities",
+                        "--from-literal=s3.json=" + identities(endpoint.access_key, endpoint.secret_key)
+                        ).returncode == 0
+    args = ["-dir=/data", "-ip.bind=0.0.0.0", "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
+            "-s3.config=/config/s3.json", "-volume.max=100", "-master.volumeSizeLimitMB=64"]
+    objects = [
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "seaweedfs", "labels": {"app": "seaweedfs"}},
+         "spec": {"containers": [{"name": "weed", "image": SEAWEEDFS_IMAGE, "imagePullPolicy": "Never",
+                                  "command": ["weed", "mini", *args], "ports": [{"containerPort": S3_PORT}],
+                                  "readinessProbe": {"tcpSocket": {"port": S3_PORT}, "periodSeconds": 1},
+                                  "volumeMounts": [{"name": "data", "mountPath": "/data"},
+                                                   {"name": "config", "mountPath": "/config"}]}],
+                  "volumes": [{"name": "data", "emptyDir": {}},
+                              {"name": "config", "secret": {"secretName": "seaweedfs-identities"}}]}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "seaweedfs"},
+         "spec": {"selector": {"app": "seaweedfs"}, "ports": [{"port": S3_PORT, "targetPort": S3_PORT}]}},
+    ]
+    for obj in objects:
+        assert kube.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=json.dumps(obj)).returncode == 0
+    r = kube.kubectl("-n", NAMESPACE, "wait", "--for=condition=Ready", "pod/seaweedfs", "--timeout=120s", timeout=150)
+    assert r.returncode == 0, r.stderr + kube.kubectl("-n", NAMESPACE, "logs", "seaweedfs").stdout[-3000:]
+    cluster_ip = kube.kubectl("-n", NAMESPACE, "get", "service", "seaweedfs", "-o", "jsonpath={.spec.clusterIP}").stdout
+    endpoint.endpoint = f"http://{cluster_ip}:{S3_PORT}"
+    deadline = time.monotonic() + 60
+    while True:  # the S3 gateway answers once its filer and volume server are up
+        try:
+            endpoint.create_bucket("tracefleet")
+            break
+        except Exception:  # noqa: BLE001 - not yet; the last failure is raised at the deadline
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+    yield endpoint
+    kube.kubectl("-n", NAMESPACE, "delete", "pod,service", "seaweedfs", "--wait=false")
 
 
 class PodWatch:
@@ -114,60 +170,46 @@ class PodWatch:
         self._thread.join(timeout=15)
 
 
-def operator_process(kube, tmp: Path) -> subprocess.Popen[bytes]:
-    """`tracefleet operator` with the chart Deployment's arguments, as the chart's ServiceAccount."""
-    dep = json.loads(kube.kubectl("-n", NAMESPACE, "get", "deploy", f"{RELEASE}-tracefleet", "-o", "json").stdout)
-    (container,) = dep["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == REFS[0]
-    kubeconfig = kube.service_account_kubeconfig(NAMESPACE, f"{RELEASE}-tracefleet", tmp / "operator.kubeconfig")
-    args = [a for a in container["args"] if not a.startswith(("--metrics-port=", "--liveness-port="))]
-    args += [f"--metrics-port={free_port()}", f"--liveness-port={free_port()}", "--bind-address=127.0.0.1"]
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": NAMESPACE, "POD_NAME": "operator-here"}
-    log = open(tmp / "operator.log", "wb")  # noqa: SIM115 - lives as long as the process
-    return subprocess.Popen([sys.executable, "-m", "tracefleet.cli", "operator", *args], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
 @dataclass
 class Installed:
-    """The chart installed, its operator running here, the bucket and its Secret in the chart's namespace."""
+    """The chart installed with its operator Deployment running on the node, the bucket and its Secret in the chart's
+    namespace."""
 
     kube: Any
     custom: client.CustomObjectsApi
     pods: PodWatch
     bucket: str
-    log: Path
     seconds: float
+
+    def operator_log(self) -> str:
+        return self.kube.kubectl("-n", NAMESPACE, "logs", f"deploy/{RELEASE}-tracefleet", "--tail=60").stdout
 
 
 @pytest.fixture(scope="module")
-def installed(node, node_images, host_s3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+def installed(node, node_images, cluster_s3: S3Endpoint) -> Iterator[Installed]:
     kube = node.kube
-    tmp = tmp_path_factory.mktemp("node-operator")
-    t0 = time.monotonic()
-    # no operator replica in a pod: it would reach the API server only through the `kubernetes` Service
-    r = kube.helm("install", RELEASE, str(REPO / "charts" / "tracefleet"), "--namespace", NAMESPACE,
-                  "--create-namespace", "--set", f"image.registry={images.DEFAULT_REGISTRY}", "--set", "operator.replicas=0",
-                  "--wait", "--timeout", "120s")
-    assert r.returncode == 0, r.stdout + r.stderr
-    bucket = host_s3.create_bucket("tracefleet")
-    creds = {"AWS_ACCESS_KEY_ID": host_s3.access_key, "AWS_SECRET_ACCESS_KEY": host_s3.secret_key,
-             "AWS_ENDPOINT_URL": host_s3.endpoint, "AWS_DEFAULT_REGION": host_s3.region}
-    assert kube.kubectl("-n", NAMESPACE, "create", "secret", "generic", "bucket-credentials",
-                        *(f"--from-literal={k}={v}" for k, v in creds.items())).returncode == 0
-    operator = operator_process(kube, tmp)
     api = kube.api_client()
     pods = PodWatch(api, NAMESPACE)
+    t0 = time.monotonic()
+    # the pods name the bucket by its Service's name, as a user's Secret does (cluster DNS)
+    creds = {**cluster_s3.env(), "AWS_ENDPOINT_URL": f"http://seaweedfs.{NAMESPACE}.svc.{CLUSTER_DOMAIN}:{S3_PORT}"}
+    assert kube.kubectl("-n", NAMESPACE, "create", "secret", "generic", "bucket-credentials",
+                        *(f"--from-literal={k}={v}" for k, v in creds.items())).returncode == 0
+    # the chart's defaults but one replica: the operator reaches the API server through the `kubernetes` Service
+    r = kube.helm("install", RELEASE, str(REPO / "charts" / "tracefleet"), "--namespace", NAMESPACE,
+                  "--set", f"image.registry={images.DEFAULT_REGISTRY}", "--set", "operator.replicas=1",
+                  "--wait", "--timeout", "180s")
+    assert r.returncode == 0, r.stdout + r.stderr + kube.kubectl("-n", NAMESPACE, "describe", "pods").stdout[-3000:]
+    (operator,) = [p for p in pods.last.values() if p.metadata.name.startswith(f"{RELEASE}-tracefleet-")]
+    assert operator.spec.node_name == node.name and operator.spec.containers[0].image == REFS[0]
     try:
-        yield Installed(kube, client.CustomObjectsApi(api), pods, bucket, tmp / "operator.log", time.monotonic() - t0)
+        yield Installed(kube, client.CustomObjectsApi(api), pods, "tracefleet", time.monotonic() - t0)
     finally:
         pods.stop()
-        operator.terminate()
-        operator.wait(timeout=30)
         kube.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
 
 
-def run_job(node, cluster: Installed, s3: S3Server, manifest: dict[str, Any]) -> tuple[dict[str, Any], BatchReader]:
+def run_job(node, cluster: Installed, s3: S3Endpoint, manifest: dict[str, Any]) -> tuple[dict[str, Any], BatchReader]:
     """Apply the job, wait for its final phase, and check every child pod as the kubelet reported it: Running, then
     Succeeded, every container terminated with exit code 0, on the node with an address of its own."""
     job = manifest["metadata"]["name"]
@@ -191,30 +233,33 @@ def run_job(node, cluster: Installed, s3: S3Server, manifest: dict[str, Any]) ->
               f"{time.monotonic() - applied:.1f} s")
         time.sleep(2)  # the watch's last events
         if status.get("phase") != "Succeeded":  # printed whole: pytest shortens a long assertion message
-            print(json.dumps(status, indent=1), _log_tail(cluster.log), _pod_report(kube, cluster.pods), sep="\n")
+            print(json.dumps(status, indent=1), cluster.operator_log(), _pod_report(kube, cluster.pods), sep="\n")
         assert status.get("phase") == "Succeeded", status.get("conditions")
         pods = cluster.pods
         children = {name: pod for name, pod in pods.last.items() if pod.metadata.labels.get(n.LABEL_JOB) == job}
         components = sorted({pod.metadata.labels[n.LABEL_COMPONENT] for pod in children.values()})
         assert components == sorted([n.COMPONENT_HARNESS, n.COMPONENT_EVALUATOR, n.COMPONENT_SEALER]), components
         for name, pod in children.items():
-            assert pods.phases[name][-2:] == ["Running", "Succeeded"], (name, pods.phases[name])
+            assert pods.phases[name][-1] == "Succeeded", (name, pods.phases[name])
             assert pod.spec.node_name == node.name and pod.status.pod_ip and pod.status.pod_ip != node.host
             statuses = (pod.status.init_container_statuses or []) + (pod.status.container_statuses or [])
-            assert statuses and all(s.state.terminated and s.state.terminated.exit_code == 0 for s in statuses), (
-                name, statuses)
+            assert statuses and all(s.state.terminated and s.state.terminated.exit_code == 0
+                                    and s.state.terminated.started_at for s in statuses), (name, statuses)
         harness = [p for p in children.values() if p.metadata.labels[n.LABEL_COMPONENT] == n.COMPONENT_HARNESS]
+        # A pod that ran for a second can go from Pending to Succeeded in one status update (the kubelet reports
+        # at most one a sync); a harness pod runs long enough to be seen Running.
+        assert all(pods.phases[p.metadata.name][-2:] == ["Running", "Succeeded"] for p in harness), pods.phases
         assert len({p.status.pod_ip for p in harness}) == len(harness) == status["counters"]["total"]
         return status, reader
     finally:
         cluster.custom.delete_namespaced_custom_object(n.GROUP, n.VERSION, NAMESPACE, n.PLURAL, job)
 
 
-def test_first_job_runs_on_the_real_node(node, installed: Installed, host_engine, host_s3) -> None:
+def test_first_job_runs_on_the_real_node(node, installed: Installed, host_engine, cluster_s3) -> None:
     manifest = yaml.safe_load((REPO / "examples" / "k8s" / "first-job.yaml").read_text())
     manifest["spec"]["inference"]["external"]["baseUrl"] = host_engine.url  # the one line a user edits
     manifest["spec"]["output"]["uri"] = f"s3://{installed.bucket}/rollouts"
-    status, reader = run_job(node, installed, host_s3, manifest)
+    status, reader = run_job(node, installed, cluster_s3, manifest)
     # the batches a trainer reads
     seqs = reader.seqs()
     assert len(seqs) == 2 and status["batchesCompleted"] == 2
@@ -222,7 +267,7 @@ def test_first_job_runs_on_the_real_node(node, installed: Installed, host_engine
     assert len(traces) == 4 and all(int(t.loss_mask.sum()) > 0 for t in traces)
 
 
-def test_a_real_cli_preset_runs_on_the_real_node(node, installed: Installed, host_engine, host_s3) -> None:
+def test_a_real_cli_preset_runs_on_the_real_node(node, installed: Installed, host_engine, cluster_s3) -> None:
     """Qwen Code from its harness image (the chart's default for the preset): two shell rounds through its own
     tool, judged by a command evaluator on the file they wrote."""
     host_engine.configure(**harness_script(CLI))
@@ -240,7 +285,7 @@ def test_a_real_cli_preset_runs_on_the_real_node(node, installed: Installed, hos
                 "parallelism": 2,
             },
         }
-        status, reader = run_job(node, installed, host_s3, manifest)
+        status, reader = run_job(node, installed, cluster_s3, manifest)
     finally:
         host_engine.reset()
     (seq,) = reader.seqs()
@@ -249,10 +294,6 @@ def test_a_real_cli_preset_runs_on_the_real_node(node, installed: Installed, hos
     assert {t.meta.reward for t in traces} == {1.0}  # the CLI's shell tool wrote note.txt in the harness container
     assert sum(int(t.loss_mask.sum()) for t in traces) > 0
     assert status["counters"]["succeeded"] == 2
-
-
-def _log_tail(log: Path) -> str:
-    return log.read_text(errors="replace")[-4000:]
 
 
 def _pod_report(kube, pods: PodWatch) -> str:

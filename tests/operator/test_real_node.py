@@ -1,5 +1,6 @@
 """The real node's own parts (tests/fixtures/node.py): the CNI gives every pod its own network namespace and address,
-pods reach this machine's address, the API server reaches the kubelet (`kubectl logs`)."""
+pods reach this machine's address, the API server reaches the kubelet (`kubectl logs`), Service names resolve in
+pods (cluster DNS) and lead to the pods behind them (kube-proxy)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import threading
 import time
 
-from fixtures.node import POD_SUBNET, pod_status
+from fixtures.node import CLUSTER_DOMAIN, POD_SUBNET, pod_status
 from tracefleet.runner.containers.runtime import BASE_IMAGE
 
 
@@ -55,3 +56,49 @@ def test_pods_get_an_address_each_and_reach_this_machine(node, container_runtime
     finally:
         srv.shutdown()
         node.kube.kubectl("delete", "pod", *names, "--wait=false")
+
+
+# A one-line server in the base image's own Perl (Debian's minbase has no other): answers every connection with
+# the address of the pod that served it.
+SERVE = ("perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalPort => 8080, Listen => 5, ReuseAddr => 1) "
+         "or die; while ($c = $s->accept) { $c->recv($r, 1024); "
+         "print $c \"HTTP/1.0 200 OK\\r\\n\\r\\n$ENV{POD_IP}\\n\"; close $c }'")
+
+
+def test_a_service_name_leads_a_pod_to_another_pod_and_to_the_api_server(node, container_runtime) -> None:
+    """Cluster DNS and kube-proxy: a pod reaches another pod through a Service's name, and the API server through the
+    `kubernetes` Service's short name (the pod's search path), as an in-cluster client (the operator's pod) does."""
+    node.load_image(container_runtime, BASE_IMAGE)
+    server = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "echo", "namespace": "default",
+                                                              "labels": {"app": "echo"}},
+              "spec": {"containers": [{"name": "c", "image": BASE_IMAGE, "imagePullPolicy": "Never",
+                                       "command": ["sh", "-c", SERVE],
+                                       "env": [{"name": "POD_IP",
+                                                "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                                       "ports": [{"containerPort": 8080}],
+                                       "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}}]}}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "echo", "namespace": "default"},
+               "spec": {"selector": {"app": "echo"}, "ports": [{"port": 80, "targetPort": 8080}]}}
+    try:
+        for obj in (server, service):
+            assert node.kube.kubectl("apply", "-f", "-", input=json.dumps(obj)).returncode == 0
+        assert node.kube.kubectl("wait", "--for=condition=Ready", "pod/echo", "--timeout=60s").returncode == 0
+        cluster_ip = node.kube.kubectl("get", "service", "echo", "-o", "jsonpath={.spec.clusterIP}").stdout
+        name = f"echo.default.svc.{CLUSTER_DOMAIN}"
+        script = (f"getent hosts {name}; exec 3<>/dev/tcp/{name}/80; printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3; "
+                  "tail -1 <&3; exec 4<>/dev/tcp/kubernetes.default/443 && echo api-reachable")
+        client = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client", "namespace": "default"},
+                  "spec": {"restartPolicy": "Never", "containers": [
+                      {"name": "c", "image": BASE_IMAGE, "imagePullPolicy": "Never",
+                       "command": ["bash", "-c", script]}]}}
+        assert node.kube.kubectl("apply", "-f", "-", input=json.dumps(client)).returncode == 0
+        deadline = time.monotonic() + 60
+        while (time.monotonic() < deadline
+               and pod_status(node, "default", "client").get("phase") not in ("Succeeded", "Failed")):
+            time.sleep(0.5)
+        echo_ip = pod_status(node, "default", "echo")["podIP"]
+        logs = node.kube.kubectl("logs", "client").stdout.split()
+        assert logs == [cluster_ip, name, echo_ip, "api-reachable"], (logs, pod_status(node, "default", "client"))
+    finally:
+        node.kube.kubectl("delete", "pod,service", "echo", "--wait=false")
+        node.kube.kubectl("delete", "pod", "client", "--wait=false")
