@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import urlparse
+from urllib.parse import ParseResult, urlparse
 
 from tracefleet.bucket import endpoint_from_env
 from tracefleet.contract import environment
@@ -47,6 +47,17 @@ class Reach:
     engine: Egress | None
 
 
+def _parsed(url: str) -> ParseResult:
+    """An endpoint URL; a bare host[:port] is taken as https, as the engine and bucket clients take it."""
+    return urlparse(url if "://" in url else f"https://{url}")
+
+
+def _ip_block(address: str) -> dict[str, Any]:
+    """A peer of exactly one address."""
+    ip = ipaddress.ip_address(address)
+    return {"ipBlock": {"cidr": f"{ip}/{32 if ip.version == 4 else 128}"}}
+
+
 def service_of(host: str, namespace: str) -> tuple[str, str] | None:
     """(namespace, name) of the Service `host` names from a pod of `namespace`, if it can name one at all."""
     m = SERVICE_HOST.match(host)
@@ -60,13 +71,11 @@ def endpoint_egress(url: str, service: dict[str, Any] | None = None) -> Egress:
     behind the URL's port (where policies are enforced after kube-proxy's DNAT, as Calico and Cilium do) and at its
     cluster IP on its own port (where they are enforced before). An IP literal gets a /32 ipBlock; any other name
     only the port: NetworkPolicy cannot match host names (the DNS rule lets it resolve)."""
-    u = urlparse(url if "://" in url else f"https://{url}")
+    u = _parsed(url)
     port = u.port or (443 if u.scheme == "https" else 80)
-    host = u.hostname or ""
     ports = [{"protocol": "TCP", "port": port}]
     try:
-        ip = ipaddress.ip_address(host)
-        return [{"to": [{"ipBlock": {"cidr": f"{ip}/{32 if ip.version == 4 else 128}"}}], "ports": ports}]
+        return [{"to": [_ip_block(u.hostname or "")], "ports": ports}]
     except ValueError:
         pass
     spec = (service or {}).get("spec") or {}
@@ -77,7 +86,7 @@ def endpoint_egress(url: str, service: dict[str, Any] | None = None) -> Egress:
                               "podSelector": {"matchLabels": spec["selector"]}}],
                       "ports": [{"protocol": "TCP", "port": t} for t in dict.fromkeys(targets)]}]
     if (vip := spec.get("clusterIP")) and vip != "None":
-        rules.append({"to": [{"ipBlock": {"cidr": f"{vip}/{32 if ':' not in vip else 128}"}}], "ports": ports})
+        rules.append({"to": [_ip_block(vip)], "ports": ports})
     return rules
 
 
@@ -98,8 +107,7 @@ def job_reach(job: RolloutJob, cfg: OperatorConfig, secret_env: Mapping[str, str
     def egress(url: str | None) -> Egress | None:
         if not url:
             return None
-        host = urlparse(url if "://" in url else f"https://{url}").hostname or ""
-        where = service_of(host, namespace_of(job))
+        where = service_of(_parsed(url).hostname or "", namespace_of(job))
         return endpoint_egress(url, lookup(*where) if where else None)
 
     external = job.spec.inference.external

@@ -32,11 +32,14 @@ def plan_config_maps(job: RolloutJob, child: str, component: str, *envs: PodEnv)
     """The ConfigMaps of the plan files of `envs` (one per container that reads a plan) for the child named `child`:
     as few as hold them, in order."""
     packs: list[dict[str, str]] = [{}]
+    used = 0  # bytes in packs[-1]
     for name, text in ((k, v) for env in envs for k, v in env.plan_parts().items()):
         size = len(text.encode())
-        if packs[-1] and sum(len(v.encode()) for v in packs[-1].values()) + size > CONFIG_MAP_BYTES:
+        if packs[-1] and used + size > CONFIG_MAP_BYTES:
             packs.append({})
+            used = 0
         packs[-1][name] = text
+        used += size
     return [{"apiVersion": "v1", "kind": "ConfigMap",
              "metadata": metadata(job, n.plan_config_map_name(child, i), component), "data": data}
             for i, data in enumerate(packs)]
