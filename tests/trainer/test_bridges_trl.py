@@ -30,7 +30,9 @@ import pytest
 from tracefleet.contract.policy import label_version
 from tracefleet.traces import BatchReader
 from tracefleet.trainer import EngineControl
-from tracefleet.trainer.bridges.trl import ADVANTAGE_KEY, REWARD_KEY, TrlRollouts
+from tracefleet.trainer.bridges import trl
+from tracefleet.trainer.bridges.rows import Rollout, groups
+from tracefleet.trainer.bridges.trl import ADVANTAGE_KEY, REWARD_KEY, SESSION_KEY, TrlRollouts
 
 from fixtures.bridge_batches import JOB as BRIDGES_JOB
 from fixtures.bridge_batches import close, expected_advantages, expected_response, harness_of, real_run, sealed_batch
@@ -69,7 +71,7 @@ def test_rollouts_are_whole_groups_with_env_mask_and_fillers(tmp_path: Path) -> 
     trainer = SimpleNamespace(num_generations=4, num_generations_eval=4, model=SimpleNamespace(training=True),
                               eos_token_ids=[2], processing_class=SimpleNamespace(pad_token_id=2))
     out = rollouts(["tracefleet"] * 8, trainer)  # two groups: g0 (four sessions), g1 (two of three kept)
-    assert len(out["prompt_ids"]) == 8 and rollouts.groups_given == 2
+    assert len(out["prompt_ids"]) == 8 and rollouts.blocks_given == 2
     sessions = ["s0", "s1", "s2", "s3", "s4", "s5"]
     advantages = expected_advantages()
     assert out[ADVANTAGE_KEY][:6] == pytest.approx([advantages[s] for s in sessions], abs=1e-6)
@@ -92,6 +94,49 @@ def test_rollouts_are_whole_groups_with_env_mask_and_fillers(tmp_path: Path) -> 
     assert rollouts.commit() == [0] and rollouts.reader.cursor() == 1  # every group of the batch given: g2 (one session left) trains nothing
     with pytest.raises(RuntimeError, match="no more sealed batches"):
         rollouts(["tracefleet"] * 4, trainer)
+
+
+def trace(session: str, advantage: float) -> Rollout:
+    return Rollout(tokens=[5, 6, 7, 2], prompt_length=2, loss_mask=[0, 0, 1, 1], logprobs=[0.0, 0.0, -0.5, -0.1],
+                   temperatures=[1.0] * 4, reward=advantage, advantage=advantage, group_id="g", session_id=session,
+                   trace_id=f"{session}-{advantage}", policy_versions=[0], finish_reason="stop", token_versions=[-1, -1, 0, 0])
+
+
+def trl_advantages(column: list[float | None], size: int) -> list[float]:
+    """TRL's GRPO advantages from a reward column with scale_rewards="none": each block minus its nan-mean."""
+    out = []
+    for i in range(0, len(column), size):
+        block = column[i : i + size]
+        scored = [v for v in block if v is not None]
+        out += [(v if v is not None else math.nan) - sum(scored) / len(scored) for v in block]
+    return out
+
+
+@pytest.mark.parametrize("sessions", [
+    # four sessions, one of whose calls did not chain: five traces, more than num_generations=4
+    [("a", 0.75), ("a", 0.75), ("b", -0.25), ("c", -0.25), ("d", -0.25)],
+    # three sessions, one with two traces: fits, but its advantages do not sum to 0 over the traces
+    [("a", 0.5), ("a", 0.5), ("b", -0.25), ("c", -0.25)],
+    [("a", 0.5), ("b", 0.0), ("c", -0.5)],
+])
+def test_every_trace_gets_its_sessions_advantage_from_trl_however_many_traces_a_group_sealed(
+        sessions: list[tuple[str, float]], monkeypatch: pytest.MonkeyPatch) -> None:
+    group = [trace(s, a) for s, a in sessions]
+    monkeypatch.setattr(trl, "groups", lambda batch, **_: [group])
+    reader = SimpleNamespace(job="j", consumer=None, follow=lambda **_: iter([SimpleNamespace(seq=0)]))
+    rollouts = TrlRollouts(reader)
+    trainer = SimpleNamespace(num_generations=4, num_generations_eval=4, model=SimpleNamespace(training=True),
+                              eos_token_ids=[2], processing_class=SimpleNamespace(pad_token_id=2))
+    given: dict[str, list[float]] = {}
+    while rollouts._groups or rollouts._cut or not given:
+        out = rollouts(["tracefleet"] * 4, trainer)
+        for session, advantage, mask in zip(out[SESSION_KEY], trl_advantages(out[ADVANTAGE_KEY], 4), out["env_mask"]):
+            if session is None:
+                assert set(mask) == {0}  # a filler or the balancing row: never in the loss
+            else:
+                given.setdefault(session, []).append(advantage)
+    assert sorted((s, pytest.approx(a)) for s, advantages in given.items() for a in advantages) == sorted(sessions)
+    assert rollouts.commit() == [0]  # the batch is committed once its one group was handed out whole
 
 
 def test_tokens_an_older_policy_sampled_are_masked_unless_trl_corrects_for_them(tmp_path: Path) -> None:
@@ -143,7 +188,10 @@ def test_the_docs_trl_snippet_trains_a_real_runs_batch_and_updates_vllm(vllm_ser
         assert changed, "the step changed no trained tensor"
         # the engine's version went on from its own label, not back to 1
         assert label_version(engine.label()) == start + 1 and len(sync.reports) == 1
-        assert reader.cursor() == 1  # the batch's only group was trained on: committed
+        # committed once its only group was trained on whole: one step unless a session sealed two traces and the
+        # group took two blocks (the second waits for the next step)
+        cut = [len(trl.blocks(g, 4)) for g in groups(BatchReader(out, JOB).read(0), max_lag=1)]
+        assert reader.cursor() == (1 if cut == [1] else 0), cut
         sync.logger.close()  # the update's figures at TRL's step, under the dashboard's names
         sync_s = sync.reports[0].loop_figures()["sync_s"]
         assert scalars(tmp_path / "run" / TENSORBOARD_DIR)["loop/sync_s"] == [(1, pytest.approx(sync_s))]

@@ -16,12 +16,17 @@ other key reaches the reward functions as a keyword argument. It computes advant
 - the dataset's prompts are placeholders (`placeholder_dataset`): what a group was asked is in its tokens
 - `tracefleet_advantage` (the reader's group advantage), `tracefleet_reward` (the session's reward) and
   `tracefleet_session` (its id) are passed to the reward functions: `session_advantage` with
-  `GRPOConfig(scale_rewards="none")` makes TRL's advantages tracefleet's (a block's mean is then 0: one trace per
-  session), `session_reward` lets TRL normalise
+  `GRPOConfig(scale_rewards="none")` makes TRL's advantages tracefleet's, `session_reward` lets TRL normalise
+- TRL subtracts each block's mean from what the reward functions return, and tracefleet's advantages have mean 0 over
+  a group's sessions, not over its traces: a session whose calls did not chain sealed two traces, each with the
+  session's advantage. So a block whose advantages do not sum to 0 gets one balancing row (advantage minus their
+  sum, reward None, `env_mask` all 0: in the block's mean, never in the loss), and a group with more traces than
+  fit (more than `num_generations`, or exactly that many and unbalanced) is handed out over several blocks of
+  `num_generations - 1` traces, each balanced
 - tokens an older policy sampled than the one trained are masked out unless TRL weighs them (`stale_tokens`); under
   several accelerate processes each rank takes its share of each step's whole groups, and only the main rank syncs
   the engines and moves the cursor
-- a group with fewer traces than `num_generations` (an infrastructure failure left out by the reader) is filled
+- a block with fewer traces than `num_generations` (an infrastructure failure left out by the reader) is filled
   with unscorable rows: every reward None (TRL leaves them out of the block's statistics and gives them advantage
   0) and `env_mask` all 0 (no token of theirs is in the loss); a group with fewer than two sessions is skipped
 
@@ -50,6 +55,7 @@ REWARD_KEY = "tracefleet_reward"
 GROUP_KEY = "tracefleet_group"
 SESSION_KEY = "tracefleet_session"  # the row's identity, None on filler rows
 PLACEHOLDER_PROMPT = "tracefleet"
+BALANCED = 1e-5  # advantages are float32 in a batch: a block summing to less than this is balanced
 
 
 class TrlRollouts:
@@ -72,24 +78,30 @@ class TrlRollouts:
         self.policy_version: int | None = None  # the trained weights' version (PolicySync sets it)
         self._batches: Iterator[Any] = reader.follow(**(follow_options or {}))
         self._groups: deque[tuple[int, list[Rollout]]] = deque()
-        self._left: dict[int, int] = {}  # seq -> groups of that batch not yet handed out
+        self._cut: deque[list[Rollout]] = deque()  # the blocks of the group being handed out not yet given
+        self._cut_seq = -1  # that group's batch
+        self._left: dict[int, int] = {}  # seq -> groups of that batch not yet handed out whole
         self._read: list[Any] = []  # batches read, in seq order, not committed
-        self.groups_given = 0
+        self.blocks_given = 0
 
-    def _next_group(self) -> list[Rollout]:
-        while not self._groups:
-            try:
-                batch = next(self._batches)
-            except StopIteration:
-                raise RuntimeError(f"job {self.reader.job}: no more sealed batches to train on") from None
-            found = groups(batch, **self.row_options)
-            self._read.append(batch)
-            self._left[batch.seq] = len(found)
-            self._groups.extend((batch.seq, g) for g in found)
-        seq, group = self._groups.popleft()
-        self._left[seq] -= 1
-        self.groups_given += 1
-        return group
+    def _next_block(self, size: int) -> list[Rollout]:
+        if not self._cut:
+            while not self._groups:
+                try:
+                    batch = next(self._batches)
+                except StopIteration:
+                    raise RuntimeError(f"job {self.reader.job}: no more sealed batches to train on") from None
+                found = groups(batch, **self.row_options)
+                self._read.append(batch)
+                self._left[batch.seq] = len(found)
+                self._groups.extend((batch.seq, g) for g in found)
+            self._cut_seq, group = self._groups.popleft()
+            self._cut.extend(blocks(group, size))
+        block = self._cut.popleft()
+        if not self._cut:
+            self._left[self._cut_seq] -= 1
+        self.blocks_given += 1
+        return block
 
     def masks_stale(self, trainer: Any) -> bool:
         if self.stale_tokens != "auto":
@@ -108,13 +120,12 @@ class TrlRollouts:
         ranks, rank = (accelerator.num_processes, accelerator.process_index) if accelerator is not None else (1, 0)
         mine = len(prompts) // size
         rows: list[tuple[Rollout, bool]] = []
+        advantages: list[float | None] = []
         for i in range(mine * ranks):
-            group = self._next_group()
-            if len(group) > size:
-                raise ValueError(f"group {group[0].group_id} has {len(group)} traces, more than num_generations={size}:"
-                                 " raise num_generations to the job's samplesPerTask")
+            block = self._next_block(size)
             if i // mine == rank:
-                rows += [(r, True) for r in group] + [(group[0], False)] * (size - len(group))
+                rows += [(r, True) for r in block] + [(block[0], False)] * (size - len(block))
+                advantages += block_advantages(block, size)
         end = ended_marker(trainer)
         since = self.policy_version if self.masks_stale(trainer) else None
         completions = [ended(r, end, since) for r, _ in rows]
@@ -123,7 +134,7 @@ class TrlRollouts:
             "completion_ids": [ids for ids, _, _ in completions],
             "logprobs": [logprobs for _, logprobs, _ in completions],
             "env_mask": [mask if real else [0] * len(mask) for (_, _, mask), (_, real) in zip(completions, rows)],
-            ADVANTAGE_KEY: [r.advantage if real else None for r, real in rows],
+            ADVANTAGE_KEY: advantages,
             REWARD_KEY: [r.reward if real else None for r, real in rows],
             GROUP_KEY: [r.group_id for r, _ in rows],
             SESSION_KEY: [r.session_id if real else None for r, real in rows],
@@ -139,6 +150,26 @@ class TrlRollouts:
                 self.reader.commit(batch)
             done.append(batch.seq)
         return done
+
+
+def blocks(group: list[Rollout], size: int) -> list[list[Rollout]]:
+    """A group's traces cut into TRL blocks of `size` rows: whole when they fit and either leave a row for the
+    balancing one or sum to 0; else `size - 1` traces per block, each block then balanced by its own last row."""
+    if len(group) < size or (len(group) == size and abs(sum(r.advantage for r in group)) < BALANCED):
+        return [group]
+    room = size - 1
+    return [group[i : i + room] for i in range(0, len(group), room)]
+
+
+def block_advantages(block: list[Rollout], size: int) -> list[float | None]:
+    """The advantage column of a block padded to `size` rows: the traces' own, then one balancing row (minus their
+    sum, so TRL's block mean is 0 and its advantages are the traces' own) where they do not sum to 0, then None."""
+    own = [r.advantage for r in block]
+    total = sum(own)
+    fill: list[float | None] = [None] * (size - len(block))
+    if fill and abs(total) >= BALANCED:
+        fill[0] = -total
+    return [*own, *fill]
 
 
 def ended_marker(trainer: Any) -> tuple[set[int | None], int | None]:
