@@ -173,6 +173,13 @@ def print_sets(rows: list[dict[str, object]]) -> None:
         gain = paired_gain(pooled["warm"], pooled["after"])
         print(f"mean of {len(rows)} seeds: {means[0]} / {means[1]} / {means[2]}; RL over the warm start "
               f"{line(gain, signed=True)} paired over {gain[2]} sessions")
+        kinds = SetScores(name=name, path="", rewards=pooled,
+                          kinds={f"{r['seed']}/{k}": v for r in rows if (s := set_scores(r, name)) is not None
+                                 for k, v in s.kinds.items()})
+        by_kind = {c: kinds.by_kind(c) for c in CHECKPOINTS}
+        print("by kind, every seed's sessions (solved/sessions at base / warm start / RL): " + ", ".join(
+            f"{k} " + " / ".join(f"{by_kind[c].get(k, (0, 0))[0]}/{by_kind[c].get(k, (0, 0))[1]}" for c in CHECKPOINTS)
+            for k in sorted({k for c in CHECKPOINTS for k in by_kind[c]})))
 
 
 def main() -> int:

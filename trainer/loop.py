@@ -496,7 +496,7 @@ class Loop:
             if attr is not None:
                 setattr(result, f"{attr}_{tag}", mean)
                 setattr(result, f"{attr}_sessions", n)
-            result.phase_s[f"score_{name.replace('-', '_')}_{tag}"] = round(time.monotonic() - t0, 1)
+            result.phase_s[f"score_{attr or name.replace('-', '_')}_{tag}"] = round(time.monotonic() - t0, 1)
             self.say(f"{what} reward ({name}) at policy {version}: {fmt(mean)} ±{fmt(se)} ({n} sessions)")
         if sets:
             with open(run_dir / "scores.json", "w") as f:  # every set's rewards per session so far (paired gains)

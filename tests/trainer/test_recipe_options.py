@@ -124,3 +124,4 @@ def test_the_bench_prints_both_sets_per_seed_and_the_mean_of_the_seeds(capsys: A
     assert "held: base / warm start / RL" in out and "novel: base / warm start / RL" in out
     assert "   0         4  0.00 ±0.00    0.25 ±0.25    0.50 ±0.29    +0.25 ±0.25" in out, out
     assert "mean of 3 seeds: 0.00 ±0.00 / 0.25 ±0.00 / 0.58 ±0.08; RL over the warm start +0.33 ±0.14 paired over 12" in out, out
+    assert "by kind, every seed's sessions (solved/sessions at base / warm start / RL): k 0/12 / 3/12 / 7/12" in out, out
