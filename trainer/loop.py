@@ -46,11 +46,10 @@ from typing import Any, Literal, TextIO
 from tracefleet.trainer.jobs import TRAIN_MODELS, job_tasks, trained_model, with_tasks
 from tracefleet.trainer.scores import SetScores
 from tracefleet.trainer.scores import line as score_line
-from tracefleet.trainer.task_sampler import DEFAULT_EXPLORE, TaskSampler, TaskSampling
+from tracefleet.trainer.task_sampler import DEFAULT_EXPLORE, ROUND_SEP, TaskSampler, TaskSampling
 from tracefleet.usage import UsageError
 
 CONSUMER = "tracefleet-train"
-ROUND_SEP = "-r"  # a repeated task's id: <task id>-r<round>
 KEEP_CHECKPOINTS = 2  # the newest checkpoints kept on disk (each is the whole model: ~0.5 GB for SmolLM2)
 POLL_S = 1.0
 # the top decoder layers trained by default: a step's backward pass and the checkpoint a sync reloads stay

@@ -32,7 +32,7 @@ SPREAD_FLOOR = 0.02  # the weight of a task predicted flat: deprioritised, never
 PRIOR = 2.0  # pseudo-sessions at its kind's rate a task's own rate starts from
 KIND_WINDOW = 32  # a kind's rate is over its latest sessions (the policy changes as it trains)
 NO_KIND = "-"  # the one kind of a job whose tasks name none
-ROUND_SEP = "-r"  # the loop's repeated task ids: <task id>-r<round> (tracefleet.trainer.loop.ROUND_SEP)
+ROUND_SEP = "-r"  # the loop's repeated task ids: <task id>-r<round> (tracefleet.trainer.loop.repeated_job)
 
 
 def base_task(task_id: str) -> str:
