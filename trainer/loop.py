@@ -214,6 +214,9 @@ class Rollouts:
                                          work_dir=work_dir, parallelism=parallelism, progress_interval_s=30.0),
                             out=self.log, summary=self.log)
         self.run.job = job
+        # the sampler's view when it last picked (`spread` only): groups started and sessions solved per kind, a new
+        # dict each time (the trainer's thread reads it while the rollouts' thread replaces it)
+        self.kinds: dict[str, dict[str, float | int]] = {}
         if sampler is not None:
             self.run.next_session = lambda queue: self._next(sampler, queue)
         self.status: int | None = None
@@ -228,7 +231,9 @@ class Rollouts:
 
     def _next(self, sampler: TaskSampler, queue: list[Any]) -> int:
         sampler.observe([r.result for r in self.run.results])  # the rollouts' thread: the one that appends them
-        return sampler.next_index(queue)
+        index = sampler.next_index(queue)
+        self.kinds = sampler.kinds()
+        return index
 
     def start(self) -> Rollouts:
         self.thread.start()
@@ -451,6 +456,8 @@ class Loop:
                 step["step_s"] = round(time.monotonic() - t_step, 3)
                 step["elapsed_s"] = round(time.monotonic() - started, 1)
                 step["holds"] = hold.holds
+                if rollouts.kinds:
+                    step["kinds"] = rollouts.kinds
                 result.steps.append(step)
                 print(step_line(step), file=self.out, flush=True)
                 log.write(json.dumps(step) + "\n")

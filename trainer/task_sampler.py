@@ -133,6 +133,12 @@ class TaskSampler:
         weights = [spread_chance(self.rates.task_rate(t, kind_of[t]), self.group_size) + SPREAD_FLOOR for t in tasks]
         return first[self.rng.choices(tasks, weights=weights)[0]]
 
+    def kinds(self) -> dict[str, dict[str, float | int]]:
+        """Per kind: the groups started, and its sessions solved and tried (PassRates.by_kind)."""
+        rates = self.rates.by_kind()
+        return {k: {"groups": self.groups_by_kind[k], **rates.get(k, {"solved": 0, "tried": 0, "rate": 0.5})}
+                for k in sorted(set(rates) | set(self.groups_by_kind))}
+
     def starved_kind(self, kinds: set[str]) -> str | None:
         """The kind (of those that still have tasks) given less than its share `explore / kinds` of the groups
         started so far, the one with the fewest first; None when none is."""

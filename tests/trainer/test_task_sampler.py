@@ -66,6 +66,11 @@ def test_spread_never_starves_a_kind_and_spends_groups_where_rewards_can_differ(
     assert counts["always"] < 0.2 * len(kinds) and counts["never"] < 0.2 * len(kinds), counts
     rates = sampler.rates.by_kind()
     assert rates["always"]["solved"] == rates["always"]["tried"] and rates["never"]["solved"] == 0
+    # what each step of the loop records (loop.jsonl `kinds`): groups started, sessions solved and tried, per kind
+    seen = sampler.kinds()
+    # (drive starts one group past those it returns, to see the last one whole)
+    assert set(seen) == set(KINDS) and all(0 <= seen[k]["groups"] - counts[k] <= 1 for k in KINDS)
+    assert seen["half"]["tried"] == rates["half"]["tried"]
 
 
 def test_no_kind_starves_even_without_exploration_when_every_kind_is_flat() -> None:
