@@ -313,6 +313,13 @@ class Loop:
             raise UsageError("--max-lag must be 0 or more")
         if o.epochs < 1:
             raise UsageError("--epochs must be at least 1")
+        if o.group_size is not None and o.group_size < 2:
+            raise UsageError("--group-size must be 2 or more: a group of one session has no reward spread")
+        if not 0 <= o.explore <= 1:
+            raise UsageError("--explore must be between 0 and 1")
+        if o.train_flat and o.flat_groups == "drop":
+            raise UsageError("--train-flat updates on batches whose groups have no reward spread, --flat-groups drop "
+                             "leaves such groups out: choose one")
         check_job(o.job_path, str(o.job_path))
         for path in o.held_out:
             check_job(path, f"--held-out {path}")

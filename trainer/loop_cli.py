@@ -113,15 +113,8 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--warm-start {args.warm_start}: no such folder")
     if args.minutes is not None and args.minutes <= 0:
         raise UsageError("--minutes must be more than 0")
-    if args.group_size is not None and args.group_size < 2:
-        raise UsageError("--group-size must be 2 or more: a group of one session has no reward spread")
     if args.explore is not None and args.task_sampling != "spread":
         raise UsageError("--explore applies to --task-sampling spread only")
-    if args.explore is not None and not 0 <= args.explore <= 1:
-        raise UsageError("--explore must be between 0 and 1")
-    if args.train_flat and args.flat_groups == "drop":
-        raise UsageError("--train-flat updates on batches whose groups have no reward spread, --flat-groups drop "
-                         "leaves such groups out: choose one")
     if args.output is not None and re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", str(args.output)):
         raise UsageError(f"--output {args.output}: the run's folder on this machine, not a bucket URI (the loop trains "
                          "from the batches it seals there)")
