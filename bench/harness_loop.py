@@ -2,8 +2,10 @@
 
     .venv/bin/python bench/harness_loop.py [--seeds 0 1 2] [--minutes 20] [--demos 64] [--warm-epochs 3]
         [--score-limit 50] [--score-train 24] [--base-sample 8] [--base-models gemma3-270m]
-        [--base-presets codex] [--base-context 8192] [--train-flat]
-        [--job examples/harness-train/job.yaml] [--held-out examples/harness-train/held-out.yaml]
+        [--base-presets codex] [--base-context 8192] [--train-flat] [--task-sampling spread] [--explore 0.25]
+        [--group-size 2] [--advantage dr-grpo] [--flat-groups drop]
+        [--job examples/harness-train/job.yaml]
+        [--held-out examples/harness-train/held-out.yaml examples/harness-train/held-out-novel.yaml]
         [--vllm-url URL] [--out DIR]
 
 First, before anything is trained, the base rate of shipped models on the held-out tasks at the loop's sampling
@@ -18,9 +20,12 @@ Then per seed, on one real vLLM (CPU build, SmolLM2-135M-Instruct, started with 
 demonstrations recorded through the real CLI (the scripted engine playing a correct agent in the harness's own tool
 protocol, exact mode), the supervised warm start on their sampled tokens, GRPO on the policy's own sessions for
 `--minutes`; the held-out tasks and M of the job's own tasks scored at policy 0, after the warm start and after RL.
-Printed per seed: base / warm start / RL on train and held-out, steps, wall time (first demonstration to last
-held-out score), syncs and their seconds, the train/inference mismatch. Everything measured; each seed's steps are
-in OUT/seed-N/loop.jsonl.
+Printed per seed: base / warm start / RL on train and on each held-out set (the generator's, and the second set
+worded unlike it with task shapes it never makes), each with its standard error, and RL's gain over the warm start
+paired over the same sessions; steps, flat batches skipped, minutes (the recipe's: first demonstration to last
+score, vLLM's start and the policy-0 scoring excluded; and the whole seed's), syncs and their seconds, the
+train/inference mismatch. Then the mean of the seeds. Everything measured; each seed's steps are in
+OUT/seed-N/loop.jsonl, its scores per session in OUT/bench.json.
 """
 
 from __future__ import annotations
@@ -43,9 +48,13 @@ from tracefleet.trainer.loop import (
     DEFAULT_WARM_LR,
     LoopOptions,
     LoopResult,
+    ADVANTAGES,
+    FLAT_GROUPS,
     fmt,
     run_loop,
 )
+from tracefleet.trainer.scores import CHECKPOINTS, SetScores, line, mean_se, paired_gain
+from tracefleet.trainer.task_sampler import DEFAULT_EXPLORE, TASK_SAMPLINGS
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "harness-train"
@@ -101,6 +110,13 @@ def sampling(job_path: Path) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in stated.items()) or "the engine's defaults"
 
 
+def recipe_minutes(r: LoopResult) -> float:
+    """The seed's minutes from the first demonstration to the last score: its wall time less vLLM's start and the
+    scoring at policy 0 (the issue's budget counts from the first demonstration)."""
+    before = sum(v for k, v in r.phase_s.items() if k.startswith("score_") and k.endswith("_before"))
+    return round((r.wall_s - r.startup_s - before) / 60, 1)
+
+
 def seed_row(seed: int, r: LoopResult) -> dict[str, object]:
     syncs = [s["sync_s"] for s in r.steps]
     mism = [s["mean_abs_dlogprob"] for s in r.steps if s.get("mean_abs_dlogprob") is not None]
@@ -117,7 +133,53 @@ def seed_row(seed: int, r: LoopResult) -> dict[str, object]:
             "train_mean_s": statistics.fmean(s["train_s"] for s in r.steps) if r.steps else None,
             "calls_aborted": r.calls_aborted, "tokens_aborted": r.tokens_aborted, "phase_s": r.phase_s,
             "flat_batches": len(r.flat), "rows_trained": [s.get("rows_trained") for s in r.steps],
-            "stale_tokens_masked": sum(s["stale_tokens_masked"] for s in r.steps)}
+            "stale_tokens_masked": sum(s["stale_tokens_masked"] for s in r.steps),
+            "recipe_min": recipe_minutes(r), "kinds": r.kinds,
+            "sets": {name: scores.summary() | {"rewards": scores.rewards, "task_kinds": scores.kinds}
+                     for name, scores in r.scores.items()}}
+
+
+def set_scores(row: dict[str, object], name: str) -> SetScores | None:
+    sets = row["sets"]
+    assert isinstance(sets, dict)
+    if name not in sets:
+        return None
+    got = sets[name]
+    return SetScores(name=name, path=got["path"], rewards=got["rewards"], kinds=got["task_kinds"])
+
+
+def print_sets(rows: list[dict[str, object]]) -> None:
+    """Per scored set: per seed base / warm start / RL (± standard error) and RL's paired gain, then the mean of
+    the seeds (± the seeds' standard error) and the gain paired over every seed's sessions."""
+    names = list(dict.fromkeys(n for r in rows for n in r["sets"]))  # type: ignore[attr-defined]
+    for name in names:
+        print(f"\n{name}: base / warm start / RL (± standard error), RL over the warm start paired")
+        print("seed  sessions  base          warm start    RL            RL gain (paired)  steps  flat skipped  minutes")
+        pooled: dict[str, dict[str, float]] = {c: {} for c in CHECKPOINTS}
+        for r in rows:
+            s = set_scores(r, name)
+            if s is None:
+                continue
+            for c in CHECKPOINTS:
+                pooled[c].update({f"{r['seed']}/{k}": v for k, v in s.rewards.get(c, {}).items()})
+            points = [line(s.point(c)) for c in CHECKPOINTS]
+            print(f"{r['seed']:>4}  {s.point('after')[2]:>8}  {points[0]:<12}  {points[1]:<12}  {points[2]:<12}  "
+                  f"{line(s.gain('warm', 'after'), signed=True):<16}  {r['steps']:>5}  {r['flat_batches']:>12}  "
+                  f"{r['recipe_min']} ({r['wall_min']} in all)")
+        means = []
+        for c in CHECKPOINTS:
+            seeds = [p for r in rows if (s := set_scores(r, name)) is not None and (p := s.point(c)[0]) is not None]
+            means.append(line(mean_se(seeds) + (len(seeds),)))
+        gain = paired_gain(pooled["warm"], pooled["after"])
+        print(f"mean of {len(rows)} seeds: {means[0]} / {means[1]} / {means[2]}; RL over the warm start "
+              f"{line(gain, signed=True)} paired over {gain[2]} sessions")
+        kinds = SetScores(name=name, path="", rewards=pooled,
+                          kinds={f"{r['seed']}/{k}": v for r in rows if (s := set_scores(r, name)) is not None
+                                 for k, v in s.kinds.items()})
+        by_kind = {c: kinds.by_kind(c) for c in CHECKPOINTS}
+        print("by kind, every seed's sessions (solved/sessions at base / warm start / RL): " + ", ".join(
+            f"{k} " + " / ".join(f"{by_kind[c].get(k, (0, 0))[0]}/{by_kind[c].get(k, (0, 0))[1]}" for c in CHECKPOINTS)
+            for k in sorted({k for c in CHECKPOINTS for k in by_kind[c]})))
 
 
 def main() -> int:
@@ -142,8 +204,15 @@ def main() -> int:
     p.add_argument("--base-context", type=int, default=8192,
                    help="the engine's context for --base-presets (codex's first prompt: ~6.5k tokens on SmolLM2)")
     p.add_argument("--train-flat", action="store_true", help="also update on batches with no group of reward spread")
+    p.add_argument("--task-sampling", choices=TASK_SAMPLINGS, default="rounds")
+    p.add_argument("--explore", type=float, default=DEFAULT_EXPLORE)
+    p.add_argument("--group-size", type=int, help="sessions per task in a group (default: the job's samplesPerTask)")
+    p.add_argument("--advantage", choices=ADVANTAGES, default="grpo")
+    p.add_argument("--flat-groups", choices=FLAT_GROUPS, default="keep")
     p.add_argument("--job", type=Path, default=EXAMPLE / "job.yaml")
-    p.add_argument("--held-out", type=Path, default=EXAMPLE / "held-out.yaml")
+    p.add_argument("--held-out", type=Path, nargs="+",
+                   default=[EXAMPLE / "held-out.yaml", EXAMPLE / "held-out-novel.yaml"],
+                   help="held-out sets scored side by side (the base rates use the first)")
     p.add_argument("--vllm-url")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
@@ -157,7 +226,7 @@ def main() -> int:
     for model in a.base_models:
         t0 = time.monotonic()
         key = f"job harness / {model}"
-        base[key] = base_rate(a.held_out, model, a.base_sample, out)
+        base[key] = base_rate(a.held_out[0], model, a.base_sample, out)
         print(f"base rate through {key} (CPU engine): {fmt(base[key][0])} over {base[key][1]} held-out sessions "
               f"({time.monotonic() - t0:.0f} s)", flush=True)
     if a.base_presets:
@@ -169,7 +238,7 @@ def main() -> int:
             for preset in a.base_presets:
                 t1 = time.monotonic()
                 key = f"{preset} / smollm2"
-                base[key] = base_rate(a.held_out, "smollm2", a.base_sample, out, preset, wide.url)
+                base[key] = base_rate(a.held_out[0], "smollm2", a.base_sample, out, preset, wide.url)
                 print(f"base rate through {key} (vLLM, context {a.base_context}): {fmt(base[key][0])} over "
                       f"{base[key][1]} held-out sessions ({time.monotonic() - t1:.0f} s; vLLM started in "
                       f"{t1 - t0:.0f} s)", flush=True)
@@ -186,20 +255,23 @@ def main() -> int:
     try:
         for seed in a.seeds:
             print(f"--- seed {seed}: {a.demos} demonstrations, warm start {a.warm_epochs} epochs at {a.warm_lr:g}, "
-                  f"GRPO {a.minutes:g} min at {a.lr:g}", flush=True)
+                  f"GRPO {a.minutes:g} min at {a.lr:g}; tasks in {a.task_sampling}, groups of "
+                  f"{a.group_size or 'the job'}, advantage {a.advantage}, flat groups {a.flat_groups}", flush=True)
             r = run_loop(LoopOptions(job_path=a.job, iterations=a.iterations, minutes=a.minutes, lr=a.lr,
                                      max_lag=a.max_lag, seed=seed, traces_per_step=a.traces_per_step,
                                      output=out / f"seed-{seed}", engine_url=url, held_out=a.held_out,
                                      train_layers=a.train_layers or None, epochs=a.epochs, demos=a.demos,
                                      warm_epochs=a.warm_epochs, warm_lr=a.warm_lr, score_limit=a.score_limit,
-                                     score_train=a.score_train, train_flat=a.train_flat))
+                                     score_train=a.score_train, train_flat=a.train_flat,
+                                     task_sampling=a.task_sampling, explore=a.explore, group_size=a.group_size,
+                                     advantage=a.advantage, flat_groups=a.flat_groups))
             rows.append(seed_row(seed, r) | {"load": load()})
             print(json.dumps(rows[-1]), flush=True)
             (out / "bench.json").write_text(json.dumps({"base": base, "seeds": rows}, indent=1))
     finally:
         if engine is not None:
             engine.stop()
-    print(f"\nbase rate on the held-out tasks (the job's sampling: {sampling(a.held_out)}; before anything is "
+    print(f"\nbase rate on the held-out tasks (the job's sampling: {sampling(a.held_out[0])}; before anything is "
           "trained):")
     for key, (mean, n) in base.items():
         print(f"  {key}: {fmt(mean)} over {n} sessions")
@@ -215,6 +287,7 @@ def main() -> int:
         print(f"seed {r['seed']}: seconds per phase {r['phase_s']}; warm start {r['warm'].get('record_s')} s recording "
               f"{r['warm'].get('demos')} demonstrations, {r['warm'].get('sft_s')} s training; GRPO rows trained per "
               f"step {r['rows_trained']}, {r['flat_batches']} flat batches skipped; load {r['load']}")
+    print_sets(rows)
     final = [r["held_out"][2] for r in rows if r["held_out"][2] is not None]
     gain = [r["held_out"][2] - r["held_out"][1] for r in rows if None not in r["held_out"][1:]]
     if final:

@@ -78,7 +78,7 @@ def main() -> int:
             print(f"--- seed {seed}: {a.minutes:g} min, lr {a.lr:g}, top {a.train_layers} layers, {a.epochs} epoch(s)", flush=True)
             r = run_loop(LoopOptions(job_path=a.job, iterations=a.iterations, minutes=a.minutes, lr=a.lr,
                                      max_lag=a.max_lag, seed=seed, traces_per_step=a.traces_per_step,
-                                     output=out / f"seed-{seed}", engine_url=url, held_out=a.held_out,
+                                     output=out / f"seed-{seed}", engine_url=url, held_out=[a.held_out] if a.held_out else [],
                                      train_layers=a.train_layers or None, epochs=a.epochs))
             rows.append(seed_row(seed, r))
             print(json.dumps(rows[-1]), flush=True)

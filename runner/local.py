@@ -238,6 +238,9 @@ class LocalRun:
             self.output_uri = str(Path.cwd() / self.output_uri)
         self.work_dir = (options.work_dir or Path(tempfile.gettempdir()) / "tracefleet" / _safe(self.job.name)).resolve()
         self.results: list[SessionRun] = []
+        # which queued session starts next (its index in the queue of plans); None: the queue's order. The training
+        # loop's task sampler (tracefleet.trainer.task_sampler) sets it; it must keep a started group's sessions first.
+        self.next_session: Callable[[list[SessionPlan]], int] | None = None
         self.netns_mode = "off"
         self._tty = bool(getattr(out, "isatty", lambda: False)())
         self._quarantine_exceeded = False  # the QuarantineRateExceeded condition, as last reported
@@ -501,7 +504,7 @@ class LocalRun:
                 running: dict[Future[SessionRun], SessionPlan] = {}
                 while queue or running:
                     while queue and len(running) < parallelism and not self.stop.is_set():
-                        plan = queue.pop(0)
+                        plan = queue.pop(self.next_session(queue) if self.next_session is not None else 0)
                         running[pool.submit(run_in_place, plan, place_of(plan))] = plan
                     for upcoming in queue[:parallelism] if not self.stop.is_set() else ():
                         # the next sessions' containers start while these run (ContainerPlace.start_ahead)

@@ -20,8 +20,13 @@ gradient) unless `train_flat`; a step computes only the rows with a non-zero adv
 
 It stops after `iterations` steps or `minutes`, whichever comes first; each step prints one line (reward of
 the batch, train/inference mismatch, sync seconds, requests kept/aborted, stale tokens masked) and appends it to
-`loop.jsonl` in the run's folder. `held_out`: a second job whose tasks are scored (never trained on) before the
-first update and after the last one.
+`loop.jsonl` in the run's folder. `held_out`: jobs whose tasks are scored (never trained on) before the first
+update, after the warm start and after the last one, side by side (tracefleet.trainer.scores: paired gains).
+
+The recipe's levers (docs/training/real-harness.md): which task the rollouts run next (`task_sampling`,
+tracefleet.trainer.task_sampler), the group size, the advantage (`grpo` or `dr-grpo`) and what a flat group
+counts for in the loss (`flat_groups`). Whatever they are, a token in the loss is one the engine sampled for the
+policy (`unsampled_trained_tokens` refuses a batch otherwise).
 """
 
 from __future__ import annotations
@@ -36,13 +41,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from tracefleet.trainer.jobs import TRAIN_MODELS, job_tasks, trained_model, with_tasks
+from tracefleet.trainer.scores import SetScores
+from tracefleet.trainer.scores import line as score_line
+from tracefleet.trainer.task_sampler import DEFAULT_EXPLORE, ROUND_SEP, TaskSampler, TaskSampling
 from tracefleet.usage import UsageError
 
 CONSUMER = "tracefleet-train"
-ROUND_SEP = "-r"  # a repeated task's id: <task id>-r<round>
 KEEP_CHECKPOINTS = 2  # the newest checkpoints kept on disk (each is the whole model: ~0.5 GB for SmolLM2)
 POLL_S = 1.0
 # the top decoder layers trained by default: a step's backward pass and the checkpoint a sync reloads stay
@@ -62,6 +69,16 @@ DEFAULT_EPOCHS = 2
 # core vLLM holds, and each of its parallel regions waits for that thread. Measured on 2 cores, one 12-trace step:
 # 101 s with 2 threads beside the rollouts, 12 s with 1 thread alone and 6 s with 2 threads alone.
 TRAINER_THREADS = 1
+# The advantage of a session in its group (tracefleet.traces.advantages): `grpo` divides r - mean by the group's
+# standard deviation, `dr-grpo` does not (Dr. GRPO: centred only). Not yet measured against each other here.
+Advantage = Literal["grpo", "dr-grpo"]
+ADVANTAGES: tuple[Advantage, ...] = ("grpo", "dr-grpo")
+# A group whose rewards are all equal (advantage 0, no gradient): `keep` it in the batch, its trainable tokens
+# counted in the loss's mean (the step's gradient is the whole batch's); `drop` it, the loss the mean over the
+# groups with spread (Tinker's remove_constant_reward_groups, ScaleRL's zero-variance filtering). Either way its
+# rows get no forward pass (with_signal).
+FlatGroups = Literal["keep", "drop"]
+FLAT_GROUPS: tuple[FlatGroups, ...] = ("keep", "drop")
 
 
 @dataclass
@@ -75,7 +92,7 @@ class LoopOptions:
     traces_per_step: int | None = None  # default: the job's output.tracesPerBatch
     output: Path | None = None  # the run's folder (batches, checkpoints, logs); default ./tracefleet-output/<job>-train-<time>
     engine_url: str | None = None  # a vLLM already started like `tracefleet engine --backend vllm`: reset to the base weights first
-    held_out: Path | None = None
+    held_out: list[Path] = field(default_factory=list)  # held-out jobs, each scored (never trained on), side by side
     parallelism: int | None = None
     torch_threads: int | None = None
     train_layers: int | None = DEFAULT_TRAIN_LAYERS  # None: every layer
@@ -87,6 +104,11 @@ class LoopOptions:
     score_limit: int | None = None  # score at most this many tasks of each scored set (held-out, train)
     score_train: int = 0  # also score this many of the job's own tasks (the last ones, one sample each)
     train_flat: bool = False  # also update on a batch in which no group has reward spread (a zero gradient)
+    task_sampling: TaskSampling = "rounds"  # which task the rollouts run next (tracefleet.trainer.task_sampler)
+    explore: float = DEFAULT_EXPLORE  # `spread`: the share of groups spread over the kinds evenly (no kind starves)
+    group_size: int | None = None  # sessions per task in a group (default: the job's samplesPerTask)
+    advantage: Advantage = "grpo"
+    flat_groups: FlatGroups = "keep"
 
 
 @dataclass
@@ -110,6 +132,9 @@ class LoopResult:
     skipped: list[dict[str, Any]] = field(default_factory=list)  # batches with nothing within the staleness bound
     flat: list[dict[str, Any]] = field(default_factory=list)  # batches in which no group had reward spread
     phase_s: dict[str, float] = field(default_factory=dict)  # seconds per phase: scoring, demonstrations, warm start, GRPO
+    # every scored set (each held-out job by its name, and "train"): its per-session rewards at each checkpoint
+    scores: dict[str, SetScores] = field(default_factory=dict)
+    kinds: dict[str, dict[str, float | int]] = field(default_factory=dict)  # the rollouts' pass rate per task kind
 
     def reward_rise(self) -> tuple[float | None, float | None]:
         """Mean batch reward over the first two steps and over the last two."""
@@ -143,18 +168,19 @@ def step_line(s: dict[str, Any]) -> str:
 
 
 def repeated_job(job: Any, base_dir: Path, rounds: int, traces_per_step: int | None,
-                 last: frozenset[str] = frozenset()) -> Any:
+                 last: frozenset[str] = frozenset(), group_size: int | None = None) -> Any:
     """`job` with its tasks repeated `rounds` times (ids <task>-r<k>: each round is a new group per task, the
-    rounds in order), sealed `traces_per_step` traces per batch. The tasks whose ids are in `last` (those the
-    warm start's demonstrations solved) come last in each round: the policy repeats them, so their groups carry
-    no signal until it has tried the others."""
+    rounds in order), sealed `traces_per_step` traces per batch, `group_size` sessions per task (default the job's
+    samplesPerTask). The tasks whose ids are in `last` (those the warm start's demonstrations solved) come last
+    in each round: the policy repeats them, so their groups carry no signal until it has tried the others."""
     spec = job.spec
     tasks = job_tasks(job, base_dir)
     tasks = [t for t in tasks if t.id not in last] + [t for t in tasks if t.id in last]
     per_round = len(tasks)
     rounds = max(1, min(rounds, 1000 // per_round))  # Tasks.inline holds at most 1000
     repeated = [t.model_copy(update={"id": f"{t.id}{ROUND_SEP}{k}"}) for k in range(rounds) for t in tasks]
-    return with_tasks(job, repeated, spec.tasks.samples_per_task, traces_per_step or spec.output.traces_per_batch)
+    return with_tasks(job, repeated, group_size or spec.tasks.samples_per_task,
+                      traces_per_step or spec.output.traces_per_batch)
 
 
 
@@ -180,7 +206,7 @@ class Rollouts:
     """The job's sessions against the loop's engine, in a background thread (LocalRun, as `tracefleet run`)."""
 
     def __init__(self, job_path: Path, job: Any, engine_url: str, bucket: Path, work_dir: Path,
-                 parallelism: int | None, log: Path) -> None:
+                 parallelism: int | None, log: Path, sampler: TaskSampler | None = None) -> None:
         from tracefleet.runner.local import LocalOptions, LocalRun
 
         self.log = open(log, "a")  # noqa: SIM115 - closed in join()
@@ -188,6 +214,11 @@ class Rollouts:
                                          work_dir=work_dir, parallelism=parallelism, progress_interval_s=30.0),
                             out=self.log, summary=self.log)
         self.run.job = job
+        # the sampler's view when it last picked (`spread` only): groups started and sessions solved per kind, a new
+        # dict each time (the trainer's thread reads it while the rollouts' thread replaces it)
+        self.kinds: dict[str, dict[str, float | int]] = {}
+        if sampler is not None:
+            self.run.next_session = lambda queue: self._next(sampler, queue)
         self.status: int | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, name="rollouts", daemon=True)
@@ -197,6 +228,12 @@ class Rollouts:
             self.status = self.run.run()
         except BaseException as exc:  # noqa: BLE001 - reported by the trainer's loop
             self.error = exc
+
+    def _next(self, sampler: TaskSampler, queue: list[Any]) -> int:
+        sampler.observe([r.result for r in self.run.results])  # the rollouts' thread: the one that appends them
+        index = sampler.next_index(queue)
+        self.kinds = sampler.kinds()
+        return index
 
     def start(self) -> Rollouts:
         self.thread.start()
@@ -217,8 +254,8 @@ class Rollouts:
 
 
 def score_held_out(path: Path, engine_url: str, run_dir: Path, tag: str, parallelism: int | None,
-                   limit: int | None = None, last: int | None = None) -> tuple[float | None, int]:
-    """The mean reward of the held-out job's sessions on the engine's current weights (their batches go to a
+                   limit: int | None = None, last: int | None = None) -> list[Any]:
+    """The held-out job's sessions (SessionResult) on the engine's current weights (their batches go to a
     folder of their own: nothing trains on them). `limit`: its first N tasks only; `last`: its last N tasks, one
     sample each (the training job's own tasks, scored like held-out ones)."""
     from tracefleet.api.manifest import load_job
@@ -238,8 +275,7 @@ def score_held_out(path: Path, engine_url: str, run_dir: Path, tag: str, paralle
                                     progress_interval_s=30.0), out=log, summary=log)
         run.job = scored
         run.run()
-    rewards = [r.result.reward for r in run.results]
-    return (sum(rewards) / len(rewards) if rewards else None), len(rewards)
+    return [r.result for r in run.results]
 
 
 def aborted_tokens(capture_root: Path) -> tuple[int, int]:
@@ -277,9 +313,16 @@ class Loop:
             raise UsageError("--max-lag must be 0 or more")
         if o.epochs < 1:
             raise UsageError("--epochs must be at least 1")
+        if o.group_size is not None and o.group_size < 2:
+            raise UsageError("--group-size must be 2 or more: a group of one session has no reward spread")
+        if not 0 <= o.explore <= 1:
+            raise UsageError("--explore must be between 0 and 1")
+        if o.train_flat and o.flat_groups == "drop":
+            raise UsageError("--train-flat updates on batches whose groups have no reward spread, --flat-groups drop "
+                             "leaves such groups out: choose one")
         check_job(o.job_path, str(o.job_path))
-        if o.held_out is not None:
-            check_job(o.held_out, f"--held-out {o.held_out}")
+        for path in o.held_out:
+            check_job(path, f"--held-out {path}")
         from tracefleet.api.manifest import load_job
 
         job = load_job(o.job_path)
@@ -354,13 +397,17 @@ class Loop:
             self._score(engine_url, run_dir, result, "warm", version)
         optimizer = torch.optim.AdamW(trainable(policy), lr=o.lr)
         loop_job = repeated_job(job, o.job_path.resolve().parent, o.iterations + o.max_lag + 2, o.traces_per_step,
-                                demonstrated)
+                                demonstrated, o.group_size)
+        group_size = loop_job.spec.tasks.samples_per_task
+        sampler = TaskSampler(o.task_sampling, group_size, o.explore, o.seed)
         bucket = run_dir / "batches"
         rollouts = Rollouts(o.job_path, loop_job, engine_url, bucket, run_dir / "work", o.parallelism,
-                            run_dir / "rollouts.log").start()
+                            run_dir / "rollouts.log", sampler if o.task_sampling == "spread" else None).start()
         layers = "every layer" if o.train_layers is None else f"the top {o.train_layers} layers"
         self.say(f"rollouts running ({run_dir / 'rollouts.log'}); training {layers} for {o.iterations} steps"
-                 f"{f' or {o.minutes:g} min' if o.minutes else ''}, lr {o.lr:g}, staleness bound {o.max_lag}")
+                 f"{f' or {o.minutes:g} min' if o.minutes else ''}, lr {o.lr:g}, staleness bound {o.max_lag}; "
+                 f"groups of {group_size}, tasks in {o.task_sampling}, advantage {o.advantage}, flat groups "
+                 f"{o.flat_groups}")
         started = time.monotonic()
         deadline = started + o.minutes * 60 if o.minutes else math.inf
         reader = BatchReader(str(bucket), job.name, consumer=CONSUMER)
@@ -372,7 +419,7 @@ class Loop:
                 t_step = time.monotonic()
                 backlog = hold.backlog(batch.seq)
                 bound = max(0, version - o.max_lag)
-                t = batch.tensors(min_policy_version=bound)
+                t = batch.tensors(min_policy_version=bound, normalize_std=o.advantage == "grpo")
                 group_ids = [g for g, k in zip(batch.table.column("group_id").to_pylist(), t["trained"].tolist(),
                                                strict=True) if k]
                 t = take_rows(t, t["trained"])  # the rows in the loss: the step's figures are theirs
@@ -384,6 +431,11 @@ class Loop:
                     result.skipped.append({"seq": batch.seq, "rows": rows, "stale_tokens_masked": stale_tokens(t, bound)})
                     self.say(f"batch {batch.seq}: nothing within the staleness bound to train on; skipped")
                     continue
+                unsampled = unsampled_trained_tokens(t)
+                if unsampled:
+                    # never the case for the loop's own sessions: a trainable token is one the engine sampled
+                    raise RuntimeError(f"batch {batch.seq}: {unsampled} trainable tokens that no policy version "
+                                       "sampled; the loop trains only on the policy's own samples")
                 signal = with_signal(t)
                 if signal is None and not o.train_flat:
                     # every advantage 0: the gradient is zero, an update would only move AdamW's moments
@@ -398,7 +450,7 @@ class Loop:
                     continue
                 with hold.watching(batch.seq):
                     stats = grpo_step(policy, optimizer, signal or t, policy_version=version, epochs=o.epochs,
-                                      tokens=float(t["loss_mask"].sum()))
+                                      tokens=float(t["loss_mask"].sum()) if o.flat_groups == "keep" else None)
                 train_s = time.monotonic() - t_step
                 version += 1
                 ckpt = save_weights(policy, run_dir / "checkpoints" / f"policy-{version}")
@@ -411,6 +463,8 @@ class Loop:
                 step["step_s"] = round(time.monotonic() - t_step, 3)
                 step["elapsed_s"] = round(time.monotonic() - started, 1)
                 step["holds"] = hold.holds
+                if rollouts.kinds:
+                    step["kinds"] = rollouts.kinds
                 result.steps.append(step)
                 print(step_line(step), file=self.out, flush=True)
                 log.write(json.dumps(step) + "\n")
@@ -430,24 +484,36 @@ class Loop:
             raise RuntimeError(f"the rollouts failed: {rollouts.error} (see {run_dir / 'rollouts.log'})")
         result.phase_s["grpo"] = round(time.monotonic() - started, 1)
         result.sessions = len(rollouts.run.results)
+        sampler.observe([r.result for r in rollouts.run.results])  # the rollouts' thread has ended
+        result.kinds = sampler.rates.by_kind()
         result.calls_aborted, result.tokens_aborted = aborted_tokens(run_dir / "work" / "capture")
         self._score(engine_url, run_dir, result, "after", version)
 
     def _score(self, engine_url: str, run_dir: Path, result: LoopResult, tag: str, version: int) -> None:
-        """The held-out tasks (and score_train of the job's own) on the engine's current weights."""
+        """The held-out sets (and score_train of the job's own tasks) on the engine's current weights. The first
+        held-out set is also `held_out_<tag>` (and its folders held-out-<tag>); the others are scored beside it,
+        each under its job's name."""
         o = self.o
-        sets = [("held-out", "held_out", o.held_out, None)] if o.held_out is not None else []
+        sets = [("held-out", "held_out" if i == 0 else None, path, None) for i, path in enumerate(o.held_out)]
         if o.score_train:
             sets.append(("train", "train", o.job_path, o.score_train))
         for what, attr, path, last in sets:
+            name = "train" if attr == "train" else held_out_name(path, o.held_out)
+            folder = {"held_out": tag, "train": f"train-{tag}"}.get(attr or "", f"{name}-{tag}")
             self.say(f"scoring the {what} tasks ({path}) at policy {version} ...")
             t0 = time.monotonic()
-            mean, n = score_held_out(path, engine_url, run_dir, f"{tag}" if attr == "held_out" else f"train-{tag}",
-                                     o.parallelism, o.score_limit, last)
-            setattr(result, f"{attr}_{tag}", mean)
-            setattr(result, f"{attr}_sessions", n)
-            result.phase_s[f"score_{attr}_{tag}"] = round(time.monotonic() - t0, 1)
-            self.say(f"{what} reward at policy {version}: {fmt(mean)} ({n} sessions)")
+            results = score_held_out(path, engine_url, run_dir, folder, o.parallelism, o.score_limit, last)
+            scores = result.scores.setdefault(name, SetScores(name=name, path=str(path)))
+            scores.add(tag, results)
+            mean, se, n = scores.point(tag)
+            if attr is not None:
+                setattr(result, f"{attr}_{tag}", mean)
+                setattr(result, f"{attr}_sessions", n)
+            result.phase_s[f"score_{attr or name.replace('-', '_')}_{tag}"] = round(time.monotonic() - t0, 1)
+            self.say(f"{what} reward ({name}) at policy {version}: {fmt(mean)} ±{fmt(se)} ({n} sessions)")
+        if sets:
+            with open(run_dir / "scores.json", "w") as f:  # every set's rewards per session so far (paired gains)
+                json.dump({k: v.summary() | {"rewards": v.rewards} for k, v in result.scores.items()}, f)
 
     def _warm_start(self, policy: Any, engine_url: str, run_dir: Path, result: LoopResult) -> tuple[int, frozenset[str]]:
         """Demonstrations (recorded now through the job's harness, or found), the supervised warm start on their
@@ -494,12 +560,15 @@ class Loop:
             lines.append(f"warm start: {r.warm['demos']} demonstrations, {r.warm['tokens']} tokens, NLL per token "
                          f"{' -> '.join(f'{x:.3f}' for x in r.warm['nll'])} over {r.warm['epochs']} epochs "
                          f"({r.warm['seconds']:.0f} s in all)")
-        for what, attr, n in (("held-out", "held_out", r.held_out_sessions), ("train", "train", r.train_sessions)):
-            scores = [getattr(r, f"{attr}_{tag}") for tag in ("before", "warm", "after")]
-            if any(x is not None for x in scores):
-                warm = f", {fmt(scores[1])} after the warm start" if r.warm else ""
-                lines.append(f"{what} reward: {fmt(scores[0])} at policy 0{warm}, {fmt(scores[2])} after "
-                             f"({n} sessions each)")
+        for name, scores in r.scores.items():
+            what = "train" if name == "train" else f"held-out ({name})"
+            warm = f", {score_line(scores.point('warm'))} after the warm start" if r.warm else ""
+            gain = f"; RL {score_line(scores.gain('warm' if r.warm else 'before', 'after'), signed=True)} paired"
+            lines.append(f"{what} reward: {score_line(scores.point('before'))} at policy 0{warm}, "
+                         f"{score_line(scores.point('after'))} after ({scores.point('after')[2]} sessions each){gain}")
+        if r.kinds:
+            lines.append("rollouts solved by kind: " + ", ".join(f"{k} {v['solved']}/{v['tried']}"
+                                                                 for k, v in r.kinds.items()))
         if syncs:
             lines.append(f"weight sync: mean {sum(syncs) / len(syncs):.2f} s, max {max(syncs):.2f} s per step; "
                          f"train/inference mean |dlogprob| {sci(sum(mism) / len(mism) if mism else None)}")
@@ -593,6 +662,23 @@ def with_signal(t: dict[str, Any]) -> dict[str, Any] | None:
     if not keep.any():
         return None
     return t if keep.all() else take_rows(t, keep)
+
+
+def unsampled_trained_tokens(t: dict[str, Any]) -> int:
+    """Tokens in the loss (loss_mask > 0) that no policy version sampled (token_versions -1): always 0 for
+    the policy's own sessions, whose only trainable tokens are the engine's samples."""
+    from tracefleet.traces.versions import NOT_SAMPLED
+
+    return int(((t["loss_mask"] > 0) & (t["token_versions"] == NOT_SAMPLED)).sum())
+
+
+def held_out_name(path: Path, paths: list[Path]) -> str:
+    """A held-out set's name: its job's metadata.name (the file's stem when two jobs share a name)."""
+    from tracefleet.api.manifest import load_job
+
+    names = [load_job(p).name for p in paths]
+    name = load_job(path).name
+    return name if names.count(name) == 1 else path.stem
 
 
 def prune_checkpoints(folder: Path, keep: int) -> None:

@@ -7,13 +7,16 @@ import re
 from pathlib import Path
 
 from tracefleet.trainer.loop import (
+    ADVANTAGES,
     DEFAULT_EPOCHS,
     DEFAULT_LR,
     DEFAULT_TRAIN_LAYERS,
     DEFAULT_WARM_EPOCHS,
     DEFAULT_WARM_LR,
+    FLAT_GROUPS,
     TRAINER_THREADS,
 )
+from tracefleet.trainer.task_sampler import DEFAULT_EXPLORE, TASK_SAMPLINGS
 from tracefleet.usage import UsageError, positive_int
 
 EPILOG = """\
@@ -27,6 +30,10 @@ examples:
       through a real harness (Pi): 32 demonstrations recorded through Pi first (the scripted engine playing a
       correct agent in Pi's tool protocol), a supervised warm start on their tokens, then GRPO on Pi sessions;
       the held-out tasks scored at policy 0, after the warm start and after the last step
+  tracefleet train examples/harness-train/job.yaml --demos 64 --held-out examples/harness-train/held-out.yaml \
+      --held-out examples/harness-train/held-out-novel.yaml --task-sampling spread --group-size 2
+      two held-out sets scored side by side (the second worded unlike the generator, with task shapes it never
+      makes); the rollouts' tasks drawn where a group can have reward spread, in groups of 2
   tracefleet train job.yaml --engine-url http://127.0.0.1:8000
       use a vLLM already started by `tracefleet engine --backend vllm` (reset to its base weights first)
 
@@ -49,8 +56,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="staleness bound: tokens more than K versions old are masked out (default 1)")
     parser.add_argument("--traces-per-step", type=positive_int, metavar="N",
                         help="traces per batch, so per step (default: the job's output.tracesPerBatch)")
-    parser.add_argument("--held-out", type=Path, metavar="JOB.yaml",
-                        help="a job whose tasks are scored before the first and after the last update (not trained on)")
+    parser.add_argument("--held-out", type=Path, metavar="JOB.yaml", action="append", default=[],
+                        help="a job whose tasks are scored before the first and after the last update (not trained "
+                             "on); repeat it to score several sets side by side")
     parser.add_argument("--output", "-o", type=Path, metavar="DIR",
                         help="the run's folder (default ./tracefleet-output/JOB-train-TIME)")
     parser.add_argument("--engine-url", metavar="URL", help="a running vLLM started like `tracefleet engine --backend vllm`")
@@ -77,6 +85,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-flat", action="store_true",
                         help="also update on a batch in which no group has reward spread (default: skip it, its "
                              "gradient is zero)")
+    parser.add_argument("--task-sampling", choices=TASK_SAMPLINGS, default="rounds",
+                        help="which task the rollouts run next: rounds (every task in turn; default) or spread "
+                             "(drawn by the chance its group has reward spread, from the pass rates so far)")
+    parser.add_argument("--explore", type=float, metavar="F",
+                        help=f"with --task-sampling spread: at least this share of the groups goes to the task kinds "
+                             f"evenly, so none starves (default {DEFAULT_EXPLORE:g})")
+    parser.add_argument("--group-size", type=int, metavar="N",
+                        help="sessions per task in a GRPO group (default: the job's samplesPerTask)")
+    parser.add_argument("--advantage", choices=ADVANTAGES, default="grpo",
+                        help="grpo: (r - mean) / std in the group (default); dr-grpo: r - mean, not divided by the std")
+    parser.add_argument("--flat-groups", choices=FLAT_GROUPS, default="keep",
+                        help="a group with no reward spread: keep it counted in the loss's token mean (default) or "
+                             "drop it, the loss the mean over the groups with spread")
     parser.add_argument("--torch-threads", type=positive_int, metavar="N",
                         help=f"CPU threads for the trainer (default {TRAINER_THREADS}: vLLM's CPU build holds the other cores)")
 
@@ -92,6 +113,8 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--warm-start {args.warm_start}: no such folder")
     if args.minutes is not None and args.minutes <= 0:
         raise UsageError("--minutes must be more than 0")
+    if args.explore is not None and args.task_sampling != "spread":
+        raise UsageError("--explore applies to --task-sampling spread only")
     if args.output is not None and re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", str(args.output)):
         raise UsageError(f"--output {args.output}: the run's folder on this machine, not a bucket URI (the loop trains "
                          "from the batches it seals there)")
@@ -102,7 +125,9 @@ def main(args: argparse.Namespace) -> int:
                           train_layers=args.train_layers or None, epochs=args.epochs, demos=args.demos,
                           warm_start=args.warm_start, warm_epochs=args.warm_epochs, warm_lr=args.warm_lr,
                           score_limit=args.score_limit, score_train=max(0, args.score_train),
-                          train_flat=args.train_flat)
+                          train_flat=args.train_flat, task_sampling=args.task_sampling,
+                          explore=DEFAULT_EXPLORE if args.explore is None else args.explore,
+                          group_size=args.group_size, advantage=args.advantage, flat_groups=args.flat_groups)
     result = run_loop(options)
     # a warm start is an update too: a run whose GRPO batches all lacked reward spread still trained
     return 0 if result.steps or result.warm else 1

@@ -59,3 +59,18 @@ def test_a_batch_without_spread_has_no_rows_to_train() -> None:
     t = batch()
     t["sequence_advantages"] = torch.zeros(4)
     assert with_signal(t) is None
+
+
+def test_a_dropped_flat_group_leaves_the_loss_to_the_groups_with_spread() -> None:
+    t = batch()
+    signal = with_signal(t)
+    assert signal is not None
+    moved = []
+    for tokens in (float(t["loss_mask"].sum()), None):  # keep: the whole batch's tokens; drop: the signal rows'
+        model = tiny_policy()
+        start = torch.cat([p.detach().flatten() for p in trainable(model)])
+        grpo_step(model, torch.optim.SGD(trainable(model), lr=1.0), signal, epochs=1, tokens=tokens)
+        moved.append(torch.cat([p.detach().flatten() for p in trainable(model)]) - start)
+    # one epoch of SGD: the update is the gradient, which the token count scales
+    ratio = float(signal["loss_mask"].sum()) / float(t["loss_mask"].sum())
+    assert torch.allclose(moved[0], moved[1] * ratio, atol=1e-6)
