@@ -10,9 +10,13 @@ from __future__ import annotations
 import importlib.util
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tracefleet.api.harness_files import command_problems
+
+if TYPE_CHECKING:
+    from tracefleet.contract.job import RolloutJob
+    from tracefleet.contract.session import Task
 
 # The setup parts a missing piece comes from (hack/setup.d/), and the smallest door that runs each.
 HARNESSES_PART = ("hack/setup.d/50-harnesses.sh", "train")
@@ -66,13 +70,13 @@ def engine_problems(local_engine: bool) -> list[str]:
     return []
 
 
-def preflight(job: Any, tasks: list[Any], job_dir: Path, *, local_engine: bool) -> list[str]:
+def preflight(job: RolloutJob, tasks: list[Task], job_dir: Path, *, local_engine: bool) -> list[str]:
     """Every problem found, one line each (empty: the run may start its engine). Tasks that run in their own
     image (Harbor) bring their programs with them: the harness is checked for the host's tasks only."""
     from tracefleet.contract.plan import harness_config
     from tracefleet.contract.session import is_remote
 
-    host_tasks = [t for t in tasks if getattr(t, "harbor", None) is None]
+    host_tasks = [t for t in tasks if t.harbor is None]
     problems = engine_problems(local_engine)
     if host_tasks:
         # a fetched repository, an archive or setup commands are only known once a session ran them: not judged
