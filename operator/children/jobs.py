@@ -11,7 +11,7 @@ from kubernetes.client import (V1Container, V1Job, V1JobSpec, V1ObjectMeta, V1Po
 from tracefleet.contract.job import RolloutJob
 from tracefleet.contract.session import SessionPlan
 from tracefleet.operator import names as n
-from tracefleet.operator.children.inputs import bucket_env_from, env_vars, job_resources
+from tracefleet.operator.children.inputs import bucket_env_from, job_resources
 from tracefleet.operator.children.metadata import Manifest, as_manifest, child_labels, job_pod_spec, object_meta
 from tracefleet.operator.children.network_policy import evaluator_network_labels, network_labels
 from tracefleet.operator.children.plan_volume import Child, plan_config_maps, plan_mount, plan_volume
@@ -19,7 +19,7 @@ from tracefleet.contract.plan_files import PLAN_FOLDER, SESSION_PLAN, SESSION_PL
 from tracefleet.operator.children.security import container_security_context, pod_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, SealerEnv
-from tracefleet.operator.children.task_image import verifier_steps
+from tracefleet.operator.children.task_image import pod_program, verifier_steps
 from tracefleet.operator.harbor_tasks import ClusterHarborTask
 from tracefleet.operator.plans import for_sealer
 
@@ -46,13 +46,6 @@ def _batch_pod_spec(job: RolloutJob, cfg: OperatorConfig, container: V1Container
         volumes=[plan_volume(config_maps, document)]))
 
 
-def _pod_program(name: str, image: str, program: str, env: dict[str, str], job: RolloutJob,
-                 resources: V1ResourceRequirements) -> V1Container:
-    """`python -m tracefleet.runner.pod PROGRAM`, reading the bucket with the job's credentials."""
-    return V1Container(name=name, image=image, command=["python", "-m", n.POD_PROGRAMS, program], env=env_vars(env),
-                       env_from=bucket_env_from(job), resources=resources)
-
-
 def _batch_job(meta: V1ObjectMeta, template_labels: dict[str, str], pod_spec: V1PodSpec, *, backoff_limit: int,
                deadline_s: int, failure_policy: V1PodFailurePolicy | None = None) -> Manifest:
     return as_manifest(V1Job(api_version="batch/v1", kind="Job", metadata=meta, spec=V1JobSpec(
@@ -76,8 +69,8 @@ def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbo
         pod_spec, deadline_s = _harbor_evaluator_pod(job, cfg, harbor, env, config_maps)
     else:
         labels.update(evaluator_network_labels(job))
-        container = _pod_program("evaluator", job.spec.evaluator_image() or cfg.evaluator_image, "evaluate", env.to_env(),
-                                 job, EVALUATOR_RESOURCES)
+        container = pod_program("evaluator", job.spec.evaluator_image() or cfg.evaluator_image, ["evaluate"],
+                                env.to_env(), bucket_env_from(job), EVALUATOR_RESOURCES)
         pod_spec = _batch_pod_spec(job, cfg, container, config_maps, SESSION_PLAN)
         deadline_s = math.ceil(plan.evaluator.timeout_s)
     name = n.evaluator_job_name(job.name, session)
@@ -111,7 +104,7 @@ def sealer_job(job: RolloutJob, cfg: OperatorConfig, seq: int, plans: list[Sessi
                     plans=[for_sealer(p) for p in plans], plan_dir=PLAN_FOLDER)
     name = n.sealer_job_name(job.name, seq)
     config_maps = plan_config_maps(job, name, n.COMPONENT_SEALER, env)
-    container = _pod_program("sealer", cfg.proxy_image, "seal", env.to_env(), job, SEALER_RESOURCES)
+    container = pod_program("sealer", cfg.proxy_image, ["seal"], env.to_env(), bucket_env_from(job), SEALER_RESOURCES)
     batch = {n.LABEL_BATCH: str(seq)}
     meta = object_meta(job, name, n.COMPONENT_SEALER, annotations={n.ANNOTATION_SESSIONS: n.encode_ranges(indices)},
                        **batch)

@@ -103,13 +103,12 @@ def session_container(cfg: OperatorConfig, harness_env: dict[str, str], mounts: 
                        security_context=container_security_context(), volume_mounts=[*mounts, shared_mount()])
 
 
-def _pod_program(cfg: OperatorConfig, name: str, args: list[str], eval_env: dict[str, str],
-                 bucket_env_from: list[V1EnvFromSource], mounts: list[V1VolumeMount],
-                 security: V1SecurityContext | None) -> V1Container:
-    """A step of the evaluator Job in the tracefleet image (`python -m tracefleet.runner.pod ARGS`)."""
-    return V1Container(name=name, image=cfg.proxy_image, command=["python", "-m", n.POD_PROGRAMS, *args],
-                       env=env_vars(eval_env), env_from=bucket_env_from, resources=SESSION_RESOURCES,
-                       security_context=security, volume_mounts=mounts)
+def pod_program(name: str, image: str, args: list[str], env: dict[str, str], env_from: list[V1EnvFromSource],
+                resources: V1ResourceRequirements, mounts: list[V1VolumeMount] | None = None,
+                security: V1SecurityContext | None = None) -> V1Container:
+    """A pod program of a Job (`python -m tracefleet.runner.pod ARGS`: tracefleet.operator.names.POD_PROGRAMS)."""
+    return V1Container(name=name, image=image, command=["python", "-m", n.POD_PROGRAMS, *args], env=env_vars(env),
+                       env_from=env_from, resources=resources, security_context=security, volume_mounts=mounts)
 
 
 def _verify_container(task: ClusterHarborTask, fallback_resources: V1ResourceRequirements) -> V1Container:
@@ -132,12 +131,12 @@ def verifier_steps(cfg: OperatorConfig, task: ClusterHarborTask, eval_env: dict[
     """(init containers: fetch then verify, the report container, volumes) of a Harbor task's evaluator Job
     (tracefleet.runner.pod.harbor_verifier); the fetch and report steps read the plan (children.plan_volume). /tests and
     /logs/verifier are emptyDirs of their own: fresh for every run, whatever the change set holds there."""
-    fetch = _pod_program(cfg, "fetch", ["harbor-fetch", ti.EVAL_DIR], eval_env, bucket_env_from,
-                         [shared_mount(), plan_mount()], container_security_context())
+    fetch = pod_program("fetch", cfg.proxy_image, ["harbor-fetch", ti.EVAL_DIR], eval_env, bucket_env_from,
+                        SESSION_RESOURCES, [shared_mount(), plan_mount()], container_security_context())
     # and the plan, as every Job's container (children.jobs)
-    report = _pod_program(cfg, "evaluator", ["harbor-report", ti.EVAL_DIR, ti.VERIFIER_LOGS_DIR], eval_env,
-                          bucket_env_from, [shared_mount(), V1VolumeMount(name=VERIFIER_LOGS_VOLUME,
-                                                                          mount_path=ti.VERIFIER_LOGS_DIR, read_only=True)],
-                          None)
+    report = pod_program("evaluator", cfg.proxy_image, ["harbor-report", ti.EVAL_DIR, ti.VERIFIER_LOGS_DIR], eval_env,
+                         bucket_env_from, SESSION_RESOURCES,
+                         [shared_mount(), V1VolumeMount(name=VERIFIER_LOGS_VOLUME, mount_path=ti.VERIFIER_LOGS_DIR,
+                                                        read_only=True)])
     volumes = [shared_volume(), empty_dir(TESTS_VOLUME), empty_dir(VERIFIER_LOGS_VOLUME)]
     return [fetch, _verify_container(task, fallback_resources)], report, volumes
