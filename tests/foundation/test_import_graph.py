@@ -17,11 +17,16 @@ from tracefleet.contract.diagnostics import BUILTIN_DIAGNOSTICS
 from tracefleet.diagnostics.library import BUILTINS
 
 REPO = Path(__file__).resolve().parents[2]
-# setup.py's folder mapping (docs/index.md, "Where things live")
-ROOTS = {"tracefleet": "src/tracefleet", "tracefleet.operator": "operator", "tracefleet.proxy": "proxy",
-         "tracefleet.runner": "runner", "tracefleet.traces": "traces", "tracefleet.engine": "engine",
-         "tracefleet.diagnostics": "diagnostics", "tracefleet.trainer": "trainer",
-         "tracefleet.dashboard": "dashboard", "tracefleet.images": "images", "tracefleet.cli": "cli"}
+
+
+def _setup_roots() -> dict[str, str]:
+    """setup.py's folder mapping, read from it (docs/index.md, "Where things live")."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    return next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                and [getattr(t, "id", None) for t in node.targets] == ["ROOTS"])
+
+
+ROOTS = _setup_roots()
 # `python -m tracefleet` runs tracefleet/__main__.py, which Python looks for only in the package's own folder.
 FOLDER_EXCEPTIONS = {"tracefleet.__main__"}
 FLOOR = "contract"
