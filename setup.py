@@ -16,6 +16,8 @@ ROOTS = {
     "tracefleet.diagnostics": "diagnostics",
     "tracefleet.trainer": "trainer",
     "tracefleet.dashboard": "dashboard",
+    "tracefleet.images": "images",
+    "tracefleet.cli": "cli",
 }
 
 packages = list(ROOTS)

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from tracefleet.contract import images
 from tracefleet.contract.dashboard import job_page_url
 from tracefleet.contract.job import RolloutJob
-from tracefleet.contract.semantics import DEFAULT_PRESET, harness_preset
+from tracefleet.contract.plan import harness_config
+from tracefleet.contract.session import HarnessConfig
 
 DEFAULT_IMAGE = images.image_ref(images.DEFAULT_REGISTRY, images.TRACEFLEET, images.release_tag())
 # spec.harness.image of a job that names none: the harness image `tracefleet images build` makes for its preset
 # (the chart passes its registry and tag); a `command` harness runs in the tracefleet image itself.
-PRESET_PLACEHOLDER = "{preset}"
-DEFAULT_HARNESS_IMAGE = images.image_ref(images.DEFAULT_REGISTRY, images.harness_image_name(PRESET_PLACEHOLDER),
+DEFAULT_HARNESS_IMAGE = images.image_ref(images.DEFAULT_REGISTRY, images.harness_image_name(images.PRESET_PLACEHOLDER),
                                          images.release_tag())
 
 
@@ -42,18 +42,17 @@ class OperatorConfig:
         """The job's page on the dashboard (status.dashboardUrl); None when none runs or it does not show the job."""
         return job_page_url(self.dashboard_url, self.dashboard_uri, job.spec.output.uri, job.name)
 
-    def harness_image_of(self, preset: str | None) -> str | None:
-        """The default harness image for a preset (None: no default configured)."""
+    def harness_image_of(self, harness: HarnessConfig) -> str | None:
+        """The default image of a job's harness, as planned (None: no default configured)."""
         if not self.harness_image:
             return None
-        name = harness_preset(preset)  # the one rule: no preset is the command preset
-        return self.proxy_image if name == DEFAULT_PRESET else self.harness_image.replace(PRESET_PLACEHOLDER, name)
+        return images.default_harness_image(harness.preset, self.harness_image, self.proxy_image)
 
     def with_default_images(self, job: RolloutJob) -> RolloutJob:
         """The job with spec.harness.image filled in from `harness_image` when it names none (the job's evaluator
         image defaults to it, as it does to a named one)."""
         harness = job.spec.harness
-        image = harness.image or self.harness_image_of(harness.preset)
+        image = harness.image or self.harness_image_of(harness_config(job))
         if image == harness.image:
             return job
         spec = job.spec.model_copy(update={"harness": harness.model_copy(update={"image": image})})

@@ -10,9 +10,13 @@ from __future__ import annotations
 import importlib.util
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tracefleet.api.harness_files import command_problems
+
+if TYPE_CHECKING:
+    from tracefleet.contract.job import RolloutJob
+    from tracefleet.contract.session import Task
 
 # The setup parts a missing piece comes from (hack/setup.d/), and the smallest door that runs each.
 HARNESSES_PART = ("hack/setup.d/50-harnesses.sh", "train")
@@ -39,25 +43,23 @@ def _which(program: str) -> str | None:
     return shutil.which(program, path=session_path())
 
 
-def harness_problems(preset: str | None, command: list[str] | None, task_dirs: list[Path | None],
+def harness_problems(preset: str, command: list[str] | None, task_dirs: list[Path | None],
                      job_dir: Path) -> list[str]:
     """Whether the harness a job names can start here: a real CLI installed (and Node to run it), the `command`
     preset's program found, and the script it runs (`python agent.py`) where each session runs it: in its task's
     workspace (`task_dirs`, None for a task without a local one), or given as an absolute path ({job_dir}/...)."""
-    from tracefleet.contract.semantics import harness_preset
-    from tracefleet.runner.presets.base import harness_pins, installed_binary
+    from tracefleet.runner.presets import cli_pin, installed_binary
 
-    name = harness_preset(preset)
-    if name != "command":
-        pin = harness_pins()[name]
-        if installed_binary(name) is None and _which(pin.bin) is None:
-            return [f"spec.harness.preset: {name} needs its CLI ({pin.package}@{pin.version}, `{pin.bin}`), "
-                    f"which is not installed: {_setup(HARNESSES_PART)}"]
-        if _which("node") is None:
-            return [f"spec.harness.preset: {name} runs on Node.js, which is not on PATH: install Node >= 20.6 "
-                    f"and {_setup(HARNESSES_PART)}"]
-        return []
-    return command_problems(command, task_dirs, job_dir, _which)
+    pin = cli_pin(preset)
+    if pin is None:
+        return command_problems(command, task_dirs, job_dir, _which)
+    if installed_binary(preset) is None and _which(pin.bin) is None:
+        return [f"spec.harness.preset: {preset} needs its CLI ({pin.package}@{pin.version}, `{pin.bin}`), "
+                f"which is not installed: {_setup(HARNESSES_PART)}"]
+    if _which("node") is None:
+        return [f"spec.harness.preset: {preset} runs on Node.js, which is not on PATH: install Node >= 20.6 "
+                f"and {_setup(HARNESSES_PART)}"]
+    return []
 
 
 def engine_problems(local_engine: bool) -> list[str]:
@@ -68,16 +70,18 @@ def engine_problems(local_engine: bool) -> list[str]:
     return []
 
 
-def preflight(job: Any, tasks: list[Any], job_dir: Path, *, local_engine: bool) -> list[str]:
+def preflight(job: RolloutJob, tasks: list[Task], job_dir: Path, *, local_engine: bool) -> list[str]:
     """Every problem found, one line each (empty: the run may start its engine). Tasks that run in their own
     image (Harbor) bring their programs with them: the harness is checked for the host's tasks only."""
+    from tracefleet.contract.plan import harness_config
     from tracefleet.contract.session import is_remote
 
-    host_tasks = [t for t in tasks if getattr(t, "harbor", None) is None]
+    host_tasks = [t for t in tasks if t.harbor is None]
     problems = engine_problems(local_engine)
     if host_tasks:
         # a fetched repository, an archive or setup commands are only known once a session ran them: not judged
         known = [t for t in host_tasks if not t.archive and not t.setup and not (t.repo and is_remote(t.repo))]
         dirs = [Path(t.repo) if t.repo and Path(t.repo).is_dir() else None for t in known]
-        problems += harness_problems(job.spec.harness.preset, job.spec.harness.command, dirs, job_dir)
+        harness = harness_config(job)
+        problems += harness_problems(harness.preset, harness.command, dirs, job_dir)
     return problems

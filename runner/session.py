@@ -130,18 +130,6 @@ def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
         timings[stage] = round(time.monotonic() - started, 4)
 
 
-def harness_launch(plan: SessionPlan, *, workdir: Path, home: Path, base_url: str, api_key: str) -> HarnessLaunch:
-    """The preset's HarnessLaunch (argv, env, files) for this session."""
-    from tracefleet.runner.presets import get_preset
-
-    preset = get_preset(plan.harness.preset)
-    endpoint = {"prompt": plan.task.prompt, "workdir": workdir, "home": home, "base_url": base_url, "api_key": api_key,
-                "model": plan.model}
-    if plan.harness.command:
-        return preset.launch(**endpoint, command=list(plan.harness.command))  # type: ignore[call-arg]  # command preset
-    return preset.launch(**endpoint)
-
-
 # ---- the stages
 
 
@@ -158,8 +146,11 @@ def prepare_stage(plan: SessionPlan, work: Path) -> PreparedWorkspace:
 
 def launch_stage(plan: SessionPlan, *, workdir: Path, home: Path, endpoint: SessionEndpoint) -> HarnessLaunch:
     """The preset's launch, its HOME files written."""
+    from tracefleet.runner.presets import harness_launch
+
     try:
-        launch = harness_launch(plan, workdir=workdir, home=home, base_url=endpoint.base_url, api_key=endpoint.api_key)
+        launch = harness_launch(plan.harness, prompt=plan.task.prompt, workdir=workdir, home=home,
+                                base_url=endpoint.base_url, api_key=endpoint.api_key, model=plan.model)
         for rel, content in launch.files.items():
             target = home / rel
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,7 @@ def record(job_path: Path, out: Path, count: int, *, parallelism: int | None = N
     """Record `count` demonstrations of the job's first tasks through its harness into `out`/batches (`script`:
     the scripted engine's, instead of the correct agent's `demo_script`)."""
     from tracefleet.api.manifest import load_job
+    from tracefleet.contract.plan import harness_config
     from tracefleet.runner.local import LocalOptions, LocalRun
     from tracefleet.runner.services import start_cpu_engine
     from tracefleet.trainer.filetasks import demo_script, task_of
@@ -65,7 +66,7 @@ def record(job_path: Path, out: Path, count: int, *, parallelism: int | None = N
     base_dir = job_path.resolve().parent
     tasks = demo_tasks(job, base_dir, count)
     if script is None:
-        script = demo_script([task_of(t.metadata or {}, t.id, t.prompt) for t in tasks], job.spec.harness.preset or "command")
+        script = demo_script([task_of(t.metadata or {}, t.id, t.prompt) for t in tasks], harness_config(job).preset)
     out.mkdir(parents=True, exist_ok=True)
     (out / "script.json").write_text(json.dumps(script))
     name = f"{job.name}{DEMO_SUFFIX}"

@@ -1,5 +1,6 @@
 """Pure functions: the RolloutJob model itself (tracefleet.contract.job) and the operator's config ->
-child manifests as plain dicts, one module per child kind (the model is KubeRay's ray-operator
+child manifests, built from the kubernetes client's typed models and handed on as JSON (`metadata.as_manifest`;
+the NetworkPolicies are still written as JSON), one module per child kind (the model is KubeRay's ray-operator
 `common/`: builders take the API type, never a view of it; defaults are resolved in the model).
 
 No API calls here, so every security and scheduling property of a child is unit-testable:

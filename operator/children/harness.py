@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 import secrets
-from typing import Any
+
+from kubernetes.client import (V1Container, V1ContainerPort, V1EmptyDirVolumeSource, V1HTTPGetAction,
+                               V1PersistentVolumeClaimVolumeSource, V1Pod, V1PodSpec, V1Probe, V1ResourceRequirements,
+                               V1Volume, V1VolumeMount)
 
 from tracefleet.contract import layout, podenv
 from tracefleet.contract import task_image as ti
@@ -16,10 +19,10 @@ from tracefleet.contract.session import SessionPlan
 from tracefleet.contract.sidecar_resources import proxy_resources
 from tracefleet.operator import names as n
 from tracefleet.operator.children.inference import engine_api_key_env
-from tracefleet.operator.children.inputs import bucket_env_from, env_vars
-from tracefleet.operator.children.metadata import metadata, pod_fields
+from tracefleet.operator.children.inputs import bucket_env_from, env_vars, job_resources, resource_requirements
+from tracefleet.operator.children.metadata import Manifest, as_manifest, job_pod_spec, object_meta
 from tracefleet.operator.children.network_policy import network_labels
-from tracefleet.operator.children.plan_volume import PLAN_MOUNT, Child, plan_config_maps, plan_volume
+from tracefleet.operator.children.plan_volume import Child, plan_config_maps, plan_mount, plan_volume
 from tracefleet.operator.children.security import container_security_context, pod_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.operator.children.task_image import (
@@ -44,8 +47,11 @@ SESSION_DIR = "/tracefleet/session"
 HOME_DIR = "/home/harness"
 # Proxy needs a moment after the harness exits to flush and upload the capture.
 SESSION_DEADLINE_GRACE_S = 120
-HARNESS_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
+HARNESS_RESOURCES = V1ResourceRequirements(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "4Gi"})
 SIDECAR_PLAN_VOLUME = "proxy-plan"  # the sidecar's own plan: the harness container does not mount it
+TOKENIZER_VOLUME = "tokenizer-cache"
+# the pod's emptyDirs: the capture log, the harness's artifacts, the workspace, the harness's HOME, the proxy's /tmp
+SCRATCH_VOLUMES = ("capture", "artifacts", "workspace", "home", "proxy-tmp")
 
 
 def session_secret() -> str:
@@ -71,39 +77,45 @@ def harness_pod(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, attempt
                          launch_dir=ti.LAUNCH_DIR if harbor is not None else None,
                          work_dir=SESSION_DIR if harbor is None else None)
     config_maps = plan_config_maps(job, name, n.COMPONENT_HARNESS, pod_env, sidecar_env)
-    volumes = [*(_volume(v) for v in ("capture", "artifacts", "workspace", "home", "proxy-tmp")),
-               plan_volume(config_maps, SESSION_PLAN), plan_volume(config_maps, SIDECAR_PLAN, SIDECAR_PLAN_VOLUME)]
-    if (cache := _sidecar_tokenizer_cache(job)) is not None:
-        volumes.append({"name": "tokenizer-cache",
-                        "persistentVolumeClaim": {"claimName": cache.claim_name, "readOnly": True}})
-    mounts = [{"name": "workspace", "mountPath": WORKSPACE_DIR}, {"name": "home", "mountPath": HOME_DIR},
-              {"name": "artifacts", "mountPath": ARTIFACTS_DIR}, PLAN_MOUNT]
-    harness = _harness_container(job, plan, pod_env, mounts[1:])
-    init_containers, containers = [_sidecar(job, cfg, sidecar_env)], [harness]
-    if harbor is not None:
-        # the task's image runs the harness; the session program runs beside it, on the pod's own inputs only
-        init_containers.append(bundle_init_container(job))
-        containers = [task_harness_container(harbor, harness["resources"], ("home", HOME_DIR)),
-                      session_container(cfg, {**pod_env.to_env(), "HOME": HOME_DIR}, mounts, WORKSPACE_DIR)]
-        volumes.append(shared_volume())
-    spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": pod_security_context(),
-        "activeDeadlineSeconds": math.ceil(plan.harness.timeout_s) + SESSION_DEADLINE_GRACE_S,
-        "terminationGracePeriodSeconds": 30,
-        "initContainers": init_containers,
-        "containers": containers,
-        "volumes": volumes,
-        **({"runtimeClassName": job.spec.harness.runtime_class_name} if job.spec.harness.runtime_class_name else {}),
-        **pod_fields(job, cfg.image_pull_secrets),
-    }
+    spec = job_pod_spec(job, cfg.image_pull_secrets, V1PodSpec(
+        restart_policy="Never", security_context=pod_security_context(),
+        active_deadline_seconds=math.ceil(plan.harness.timeout_s) + SESSION_DEADLINE_GRACE_S,
+        termination_grace_period_seconds=30, runtime_class_name=job.spec.harness.runtime_class_name or None,
+        init_containers=[_sidecar(job, cfg, sidecar_env)], containers=[],
+        volumes=_volumes(job, config_maps)))
+    _add_harness(spec, job, cfg, plan, pod_env, harbor)
     task, sample = n.task_sample_of(plan.index, job.spec.tasks.samples_per_task)
     labels = {n.LABEL_SESSION: str(plan.index), n.LABEL_TASK: str(task), n.LABEL_SAMPLE: str(sample),
               n.LABEL_ATTEMPT: str(attempt), **network_labels(harbor, "agent")}
-    return Child({"apiVersion": "v1", "kind": "Pod", "metadata": metadata(job, name, n.COMPONENT_HARNESS, **labels),
-                  "spec": spec}, config_maps)
+    pod = V1Pod(api_version="v1", kind="Pod", metadata=object_meta(job, name, n.COMPONENT_HARNESS, **labels), spec=spec)
+    return Child(as_manifest(pod), config_maps)
+
+
+def _volumes(job: RolloutJob, config_maps: list[Manifest]) -> list[V1Volume]:
+    volumes = [*(V1Volume(name=v, empty_dir=V1EmptyDirVolumeSource()) for v in SCRATCH_VOLUMES),
+               plan_volume(config_maps, SESSION_PLAN), plan_volume(config_maps, SIDECAR_PLAN, SIDECAR_PLAN_VOLUME)]
+    if (cache := _sidecar_tokenizer_cache(job)) is not None:
+        volumes.append(V1Volume(name=TOKENIZER_VOLUME, persistent_volume_claim=V1PersistentVolumeClaimVolumeSource(
+            claim_name=cache.claim_name, read_only=True)))
+    return volumes
+
+
+def _add_harness(spec: V1PodSpec, job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, env: HarnessEnv,
+                 harbor: ClusterHarborTask | None) -> None:
+    """The harness's containers: the session program running the harness CLI, or for a Harbor task the task's image
+    running the harness beside the session program (on the pod's own inputs only)."""
+    home = V1VolumeMount(name="home", mount_path=HOME_DIR)
+    mounts = [home, V1VolumeMount(name="artifacts", mount_path=ARTIFACTS_DIR), plan_mount()]
+    harness = _harness_container(job, plan, env, mounts)
+    if harbor is None:
+        spec.containers = [harness]
+        return
+    spec.init_containers = [*(spec.init_containers or []), bundle_init_container(job)]
+    spec.containers = [task_harness_container(harbor, harness.resources, home),
+                       session_container(cfg, {**env.to_env(), "HOME": HOME_DIR},
+                                         [V1VolumeMount(name="workspace", mount_path=WORKSPACE_DIR), *mounts],
+                                         WORKSPACE_DIR)]
+    spec.volumes = [*(spec.volumes or []), shared_volume()]
 
 
 def sidecar_plan(job: RolloutJob, plan: SessionPlan) -> SidecarPlan:
@@ -113,38 +125,31 @@ def sidecar_plan(job: RolloutJob, plan: SessionPlan) -> SidecarPlan:
                        upload_to=layout.session_uri(job.spec.output.uri, job.name, plan.index))
 
 
-def _volume(name: str) -> dict[str, Any]:
-    return {"name": name, "emptyDir": {}}
+def _health_probe(period_s: int, failures: int | None = None) -> V1Probe:
+    return V1Probe(http_get=V1HTTPGetAction(path="/health", port="proxy"), period_seconds=period_s,
+                   failure_threshold=failures)
 
 
-def _sidecar(job: RolloutJob, cfg: OperatorConfig, env: ProxySidecarEnv) -> dict[str, Any]:
+def _sidecar(job: RolloutJob, cfg: OperatorConfig, env: ProxySidecarEnv) -> V1Container:
     """The proxy: its plan from files, its flags its place's own (where it listens, its folders)."""
-    mounts = [{"name": "capture", "mountPath": CAPTURE_DIR},
-              {"name": "artifacts", "mountPath": ARTIFACTS_DIR, "readOnly": True},
-              {"name": "proxy-tmp", "mountPath": "/tmp"},
-              {**PLAN_MOUNT, "name": SIDECAR_PLAN_VOLUME}]
+    mounts = [V1VolumeMount(name="capture", mount_path=CAPTURE_DIR),
+              V1VolumeMount(name="artifacts", mount_path=ARTIFACTS_DIR, read_only=True),
+              V1VolumeMount(name="proxy-tmp", mount_path="/tmp"), plan_mount(SIDECAR_PLAN_VOLUME)]
     if (cache := _sidecar_tokenizer_cache(job)) is not None:
-        mounts.append({"name": "tokenizer-cache", "mountPath": cache.mount_path, "readOnly": True})
-    return {
-        "name": "proxy",
-        "image": cfg.proxy_image,
-        "command": ["tracefleet"],
-        "args": ["proxy", "--in-pod", "--host", "0.0.0.0", "--port", str(PROXY_PORT), "--capture-dir", CAPTURE_DIR,
-                 "--artifacts-dir", ARTIFACTS_DIR],
-        "restartPolicy": "Always",
-        "env": env_vars({**env.to_env(), **_tokenizer_env(job)}) + engine_api_key_env(job, podenv.ENGINE_API_KEY),
-        "envFrom": bucket_env_from(job),
-        "ports": [{"name": "proxy", "containerPort": PROXY_PORT}],
-        "startupProbe": {"httpGet": {"path": "/health", "port": "proxy"}, "periodSeconds": 1, "failureThreshold": 60},
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "proxy"}, "periodSeconds": 5},
-        "resources": proxy_resources(env.plan.proxy.mode, job.spec.inference.capture.proxy_resources),
-        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
-        "volumeMounts": mounts,
-    }
+        mounts.append(V1VolumeMount(name=TOKENIZER_VOLUME, mount_path=cache.mount_path, read_only=True))
+    return V1Container(
+        name="proxy", image=cfg.proxy_image, command=["tracefleet"],
+        args=["proxy", "--in-pod", "--host", "0.0.0.0", "--port", str(PROXY_PORT), "--capture-dir", CAPTURE_DIR,
+              "--artifacts-dir", ARTIFACTS_DIR],
+        restart_policy="Always",
+        env=env_vars({**env.to_env(), **_tokenizer_env(job)}) + engine_api_key_env(job, podenv.ENGINE_API_KEY),
+        env_from=bucket_env_from(job), ports=[V1ContainerPort(name="proxy", container_port=PROXY_PORT)],
+        startup_probe=_health_probe(1, 60), readiness_probe=_health_probe(5),
+        resources=resource_requirements(proxy_resources(env.plan.proxy.mode, job.spec.inference.capture.proxy_resources)),
+        security_context=container_security_context(read_only_root=True), volume_mounts=mounts)
 
 
-def _harness_container(job: RolloutJob, plan: SessionPlan, env: HarnessEnv, mounts: list[dict[str, Any]]
-                       ) -> dict[str, Any]:
+def _harness_container(job: RolloutJob, plan: SessionPlan, env: HarnessEnv, mounts: list[V1VolumeMount]) -> V1Container:
     """The runner's in-pod entrypoint (`tracefleet run --in-pod`): prepares the workspace, launches the preset's CLI
     against the sidecar and writes the artifacts the sidecar uploads."""
     h = job.spec.harness
@@ -152,17 +157,13 @@ def _harness_container(job: RolloutJob, plan: SessionPlan, env: HarnessEnv, moun
     # variables); the container has it too, for the pod program's own steps (workspace setup), as before. First:
     # the pod program's own inputs (TRACEFLEET_*, HOME) are not the job's to change.
     harness_env = {**{k: str(v) for k, v in (h.env or {}).items()}, **env.to_env(), "HOME": HOME_DIR}
-    return {
-        "name": "harness",
-        "image": h.image,
-        "command": ["tracefleet", "run", "--in-pod"],
-        "workingDir": plan.harness.workdir,
-        "env": env_vars(harness_env),
-        "resources": h.resources.model_dump(mode="json", exclude_none=True) if h.resources else HARNESS_RESOURCES,
-        "securityContext": container_security_context(),
-        "volumeMounts": [{"name": "workspace", "mountPath": SESSION_DIR},
-                         {"name": "workspace", "mountPath": plan.harness.workdir, "subPath": layout.WORKDIR}, *mounts],
-    }
+    return V1Container(
+        name="harness", image=h.image, command=["tracefleet", "run", "--in-pod"], working_dir=plan.harness.workdir,
+        env=env_vars(harness_env), resources=job_resources(h.resources) or HARNESS_RESOURCES,
+        security_context=container_security_context(),
+        volume_mounts=[V1VolumeMount(name="workspace", mount_path=SESSION_DIR),
+                       V1VolumeMount(name="workspace", mount_path=plan.harness.workdir, sub_path=layout.WORKDIR),
+                       *mounts])
 
 
 def _sidecar_tokenizer_cache(job: RolloutJob) -> ModelCache | None:

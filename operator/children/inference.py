@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import base64
 import secrets
-from typing import Any
+
+from kubernetes.client import (V1Container, V1ContainerPort, V1Deployment, V1DeploymentSpec, V1EmptyDirVolumeSource,
+                               V1EnvVar, V1EnvVarSource, V1HTTPGetAction, V1LabelSelector, V1ObjectMeta,
+                               V1PersistentVolumeClaimVolumeSource, V1PodSpec, V1PodTemplateSpec, V1Probe,
+                               V1ResourceRequirements, V1Secret, V1SecretKeySelector, V1Service, V1ServicePort,
+                               V1ServiceSpec, V1Volume, V1VolumeMount)
 
 from tracefleet.contract import podenv
 from tracefleet.contract.job import ManagedInference, RolloutJob, SecretKeyRef
 from tracefleet.operator import names as n
-from tracefleet.operator.children.inputs import env_vars
-from tracefleet.operator.children.metadata import Manifest, child_labels, metadata, namespace_of, pod_fields
+from tracefleet.operator.children.inputs import env_vars, job_resources
+from tracefleet.operator.children.metadata import Manifest, as_manifest, child_labels, job_pod_spec, namespace_of, object_meta
 from tracefleet.operator.children.security import NON_ROOT_UID, container_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.vllm import HEALTH_PATH, VLLM_API_KEY_ENV, VllmServer, vllm_server
@@ -52,7 +57,7 @@ def vllm_args(job: RolloutJob) -> list[str]:
     return _vllm(job).args
 
 
-def vllm_env(job: RolloutJob) -> list[dict[str, Any]]:
+def vllm_env(job: RolloutJob) -> list[V1EnvVar]:
     """vLLM's own variables (dev mode for pause and weight routes), the model cache as $HF_HOME (vLLM
     downloads into $HF_HOME/hub), and its API key from the Secret."""
     cache = _managed(job).model_cache
@@ -92,97 +97,81 @@ def engine_key_secret(job: RolloutJob) -> Manifest | None:
     if (ref := own_engine_key_ref(job)) is None:
         return None
     key = secrets.token_urlsafe(ENGINE_KEY_BYTES)
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": metadata(job, ref.name, n.COMPONENT_INFERENCE),
-            "data": {ref.key: base64.b64encode(key.encode()).decode()}}
+    return as_manifest(V1Secret(api_version="v1", kind="Secret", type="Opaque",
+                                metadata=object_meta(job, ref.name, n.COMPONENT_INFERENCE),
+                                data={ref.key: base64.b64encode(key.encode()).decode()}))
 
 
-def engine_api_key_env(job: RolloutJob, name: str) -> list[dict[str, Any]]:
+def engine_api_key_env(job: RolloutJob, name: str) -> list[V1EnvVar]:
     """`name` set from the engine's key Secret, or nothing when the engine needs no key."""
     if (ref := engine_key_ref(job)) is None:
         return []
-    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+    return [V1EnvVar(name=name, value_from=V1EnvVarSource(secret_key_ref=V1SecretKeySelector(name=ref.name, key=ref.key)))]
 
 
-def gate_container(job: RolloutJob, cfg: OperatorConfig) -> dict[str, Any]:
+GATE_RESOURCES = V1ResourceRequirements(requests={"cpu": "100m", "memory": "128Mi"}, limits={"memory": "512Mi"})
+
+
+def gate_container(job: RolloutJob, cfg: OperatorConfig) -> V1Container:
     """`tracefleet engine-gate` on the pod's port, in front of vLLM on loopback (tracefleet.proxy.engine_gate)."""
-    return {
-        "name": "gate",
-        "image": cfg.proxy_image,
-        "command": ["tracefleet"],
-        "args": ["engine-gate", "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
-                 "--engine", f"http://127.0.0.1:{VLLM_LOOPBACK_PORT}"],
-        "env": engine_api_key_env(job, podenv.ENGINE_API_KEY),
-        "ports": [{"name": "http", "containerPort": ENGINE_PORT}],
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+    return V1Container(
+        name="gate", image=cfg.proxy_image, command=["tracefleet"],
+        args=["engine-gate", "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
+              "--engine", f"http://127.0.0.1:{VLLM_LOOPBACK_PORT}"],
+        env=engine_api_key_env(job, podenv.ENGINE_API_KEY),
+        ports=[V1ContainerPort(name="http", container_port=ENGINE_PORT)], resources=GATE_RESOURCES,
         # the pod runs vLLM's image as it comes (root); the gate need not
-        "securityContext": {**container_security_context(), "runAsUser": NON_ROOT_UID, "runAsGroup": NON_ROOT_UID,
-                            "readOnlyRootFilesystem": True},
-    }
+        security_context=container_security_context(read_only_root=True, run_as=NON_ROOT_UID))
+
+
+def _health_probe(period_s: int, failures: int, timeout_s: int | None = None) -> V1Probe:
+    """Through the gate (the pod's port; vLLM answers loopback only): /health, not /v1/models, is the one route it lets
+    through keyless (and it answers 503 once the engine died)."""
+    return V1Probe(http_get=V1HTTPGetAction(path=HEALTH_PATH, port=ENGINE_PORT), period_seconds=period_s,
+                   failure_threshold=failures, timeout_seconds=timeout_s)
+
+
+def vllm_container(job: RolloutJob) -> V1Container:
+    """vLLM's OpenAI server; GPUs by `nvidia.com/gpu` limits (and requests), /dev/shm and the model cache mounted."""
+    m = _managed(job)
+    gpus = str(m.gpus())
+    given = job_resources(m.resources)
+    resources = V1ResourceRequirements(requests={GPU_RESOURCE: gpus, **((given and given.requests) or {})},
+                                       limits={GPU_RESOURCE: gpus, **((given and given.limits) or {})})
+    mounts = [V1VolumeMount(name="dshm", mount_path="/dev/shm")]
+    if m.model_cache is not None:
+        mounts.append(V1VolumeMount(name="model-cache", mount_path=m.model_cache.mount_path))
+    return V1Container(name="vllm", image=m.image, args=vllm_args(job), env=vllm_env(job), resources=resources,
+                       startup_probe=_health_probe(10, ENGINE_STARTUP_TIMEOUT_S // 10),
+                       readiness_probe=_health_probe(10, 3), liveness_probe=_health_probe(15, 4, timeout_s=5),
+                       volume_mounts=mounts)
 
 
 def inference_deployment(job: RolloutJob, cfg: OperatorConfig) -> Manifest:
-    """vLLM's OpenAI server on loopback behind the engine gate; GPUs by `nvidia.com/gpu` limits; /dev/shm as memory
-    emptyDir."""
+    """vLLM's OpenAI server on loopback behind the engine gate; /dev/shm as memory emptyDir."""
     m = _managed(job)
-    name = n.inference_name(job.name)
-    labels = child_labels(job, n.COMPONENT_INFERENCE)
-    selector = {n.LABEL_JOB: job.name, n.LABEL_COMPONENT: n.COMPONENT_INFERENCE}
-    gpus = str(m.gpus())
-    resources: dict[str, Any] = {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}}
-    given = m.resources.model_dump(mode="json", exclude_none=True) if m.resources else {}
-    resources["requests"].update(given.get("requests") or {})
-    resources["limits"].update(given.get("limits") or {})
-    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes = [V1Volume(name="dshm", empty_dir=V1EmptyDirVolumeSource(medium="Memory"))]
     if m.model_cache is not None:
-        volumes.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": m.model_cache.claim_name}})
-        mounts.append({"name": "model-cache", "mountPath": m.model_cache.mount_path})
-    # through the gate (the pod's port; vLLM answers loopback only): /health is the one route it lets through keyless
-    http = lambda path: {"httpGet": {"path": path, "port": ENGINE_PORT}}  # noqa: E731
-    container = {
-        "name": "vllm",
-        "image": m.image,
-        "args": vllm_args(job),
-        "env": vllm_env(job),
-        "resources": resources,
-        # /health, not /v1/models: only /health answers without the API key (and 503 once the engine died).
-        "startupProbe": {**http(HEALTH_PATH), "periodSeconds": 10, "failureThreshold": ENGINE_STARTUP_TIMEOUT_S // 10},
-        "readinessProbe": {**http(HEALTH_PATH), "periodSeconds": 10, "failureThreshold": 3},
-        "livenessProbe": {**http(HEALTH_PATH), "periodSeconds": 15, "failureThreshold": 4, "timeoutSeconds": 5},
-        "volumeMounts": mounts,
-    }
-    pod_spec: dict[str, Any] = {
-        "containers": [container, gate_container(job, cfg)],
-        "volumes": volumes,
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        **pod_fields(job, cfg.image_pull_secrets),
-    }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {**metadata(job, name, n.COMPONENT_INFERENCE)},
-        "spec": {
-            "replicas": 0 if job.spec.suspend else m.replicas,
-            "selector": {"matchLabels": selector},
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
-        },
-    }
+        volumes.append(V1Volume(name="model-cache", persistent_volume_claim=V1PersistentVolumeClaimVolumeSource(
+            claim_name=m.model_cache.claim_name)))
+    pod_spec = job_pod_spec(job, cfg.image_pull_secrets,
+                            V1PodSpec(containers=[vllm_container(job), gate_container(job, cfg)], volumes=volumes))
+    selector = {n.LABEL_JOB: job.name, n.LABEL_COMPONENT: n.COMPONENT_INFERENCE}
+    return as_manifest(V1Deployment(
+        api_version="apps/v1", kind="Deployment",
+        metadata=object_meta(job, n.inference_name(job.name), n.COMPONENT_INFERENCE),
+        spec=V1DeploymentSpec(replicas=0 if job.spec.suspend else m.replicas,
+                              selector=V1LabelSelector(match_labels=selector),
+                              template=V1PodTemplateSpec(metadata=V1ObjectMeta(
+                                  labels=child_labels(job, n.COMPONENT_INFERENCE)), spec=pod_spec))))
 
 
 def inference_service(job: RolloutJob) -> Manifest:
-    spec: dict[str, Any] = {
-        "selector": {n.LABEL_JOB: job.name, n.LABEL_COMPONENT: n.COMPONENT_INFERENCE},
-        "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http"}],
-    }
-    if (m := job.spec.inference.managed) is not None and m.replicas > 1:
-        # The prefix cache is per replica: one session's calls (one sidecar, one pod IP) stay on one replica,
-        # so each turn's prompt, which extends the last, is served from that replica's cache.
-        spec["sessionAffinity"] = "ClientIP"
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata(job, n.inference_name(job.name), n.COMPONENT_INFERENCE),
-        "spec": spec,
-    }
+    # The prefix cache is per replica: one session's calls (one sidecar, one pod IP) stay on one replica,
+    # so each turn's prompt, which extends the last, is served from that replica's cache.
+    replicas = m.replicas if (m := job.spec.inference.managed) is not None else 1
+    return as_manifest(V1Service(
+        api_version="v1", kind="Service", metadata=object_meta(job, n.inference_name(job.name), n.COMPONENT_INFERENCE),
+        spec=V1ServiceSpec(selector={n.LABEL_JOB: job.name, n.LABEL_COMPONENT: n.COMPONENT_INFERENCE},
+                           ports=[V1ServicePort(name="http", port=ENGINE_PORT, target_port="http")],
+                           session_affinity="ClientIP" if replicas > 1 else None)))

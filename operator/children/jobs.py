@@ -3,41 +3,54 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+
+from kubernetes.client import (V1Container, V1Job, V1JobSpec, V1ObjectMeta, V1PodFailurePolicy,
+                               V1PodFailurePolicyOnExitCodesRequirement, V1PodFailurePolicyOnPodConditionsPattern,
+                               V1PodFailurePolicyRule, V1PodSpec, V1PodTemplateSpec, V1ResourceRequirements)
 
 from tracefleet.contract.job import RolloutJob
 from tracefleet.contract.session import SessionPlan
 from tracefleet.operator import names as n
-from tracefleet.operator.children.inputs import bucket_env_from, env_vars
-from tracefleet.operator.children.metadata import Manifest, child_labels, metadata, pod_fields
+from tracefleet.operator.children.inputs import bucket_env_from, job_resources
+from tracefleet.operator.children.metadata import Manifest, as_manifest, child_labels, job_pod_spec, object_meta
 from tracefleet.operator.children.network_policy import evaluator_network_labels, network_labels
-from tracefleet.operator.children.plan_volume import PLAN_MOUNT, Child, plan_config_maps, plan_volume
+from tracefleet.operator.children.plan_volume import Child, plan_config_maps, plan_mount, plan_volume
 from tracefleet.contract.plan_files import PLAN_FOLDER, SESSION_PLAN, SESSION_PLANS
 from tracefleet.operator.children.security import container_security_context, pod_security_context
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, SealerEnv
-from tracefleet.operator.children.task_image import verifier_steps
+from tracefleet.operator.children.task_image import pod_program, verifier_steps
 from tracefleet.operator.harbor_tasks import ClusterHarborTask
 from tracefleet.operator.plans import for_sealer
 
 
-EVALUATOR_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
+EVALUATOR_RESOURCES = V1ResourceRequirements(requests={"cpu": "250m", "memory": "512Mi"}, limits={"memory": "2Gi"})
+SEALER_RESOURCES = V1ResourceRequirements(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "4Gi"})
 HARBOR_STEPS_S = 300
+SEALER_DEADLINE_S = 3600
+# Evictions and preemptions are not the evaluator's fault; a known-bad exit code is final.
+EVALUATOR_FAILURE_POLICY = V1PodFailurePolicy(rules=[
+    V1PodFailurePolicyRule(action="Ignore", on_pod_conditions=[V1PodFailurePolicyOnPodConditionsPattern(type="DisruptionTarget")]),
+    V1PodFailurePolicyRule(action="FailJob", on_exit_codes=V1PodFailurePolicyOnExitCodesRequirement(
+        container_name="evaluator", operator="In", values=[EVALUATOR_FATAL_EXIT_CODE])),
+])
 
 
-def _batch_pod_spec(job: RolloutJob, cfg: OperatorConfig, container: dict[str, Any], config_maps: list[Manifest],
-                    document: str) -> dict[str, Any]:
+def _batch_pod_spec(job: RolloutJob, cfg: OperatorConfig, container: V1Container, config_maps: list[Manifest],
+                    document: str) -> V1PodSpec:
     """A Job's pod: `container` and its plan, `document` of `config_maps` (children.plan_volume)."""
-    return {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": pod_security_context(),
-        "containers": [{**container, "securityContext": container_security_context(),
-                        "volumeMounts": [*container.get("volumeMounts", []), PLAN_MOUNT]}],
-        "volumes": [plan_volume(config_maps, document)],
-        **pod_fields(job, cfg.image_pull_secrets),
-    }
+    container.security_context = container_security_context()
+    container.volume_mounts = [*(container.volume_mounts or []), plan_mount()]
+    return job_pod_spec(job, cfg.image_pull_secrets, V1PodSpec(
+        restart_policy="Never", security_context=pod_security_context(), containers=[container],
+        volumes=[plan_volume(config_maps, document)]))
+
+
+def _batch_job(meta: V1ObjectMeta, template_labels: dict[str, str], pod_spec: V1PodSpec, *, backoff_limit: int,
+               deadline_s: int, failure_policy: V1PodFailurePolicy | None = None) -> Manifest:
+    return as_manifest(V1Job(api_version="batch/v1", kind="Job", metadata=meta, spec=V1JobSpec(
+        backoff_limit=backoff_limit, active_deadline_seconds=deadline_s, pod_failure_policy=failure_policy,
+        template=V1PodTemplateSpec(metadata=V1ObjectMeta(labels=template_labels), spec=pod_spec))))
 
 
 def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbor: ClusterHarborTask | None = None) -> Child:
@@ -53,62 +66,31 @@ def evaluator_job(job: RolloutJob, cfg: OperatorConfig, plan: SessionPlan, harbo
     config_maps = plan_config_maps(job, n.evaluator_job_name(job.name, session), n.COMPONENT_EVALUATOR, env)
     if harbor is not None:
         labels.update(network_labels(harbor, "verifier"))
-        return Child(_harbor_evaluator_job(job, cfg, session, harbor, labels, env, config_maps), config_maps)
-    assert e is not None
-    labels.update(evaluator_network_labels(job))
-    container = {
-        "name": "evaluator",
-        "image": job.spec.evaluator_image() or cfg.evaluator_image,
-        "command": ["python", "-m", n.POD_PROGRAMS, "evaluate"],
-        "env": env_vars(env.to_env()),
-        "envFrom": bucket_env_from(job),
-        "resources": EVALUATOR_RESOURCES,
-    }
-    return Child(_evaluator_manifest(job, session, labels,
-                                     _batch_pod_spec(job, cfg, container, config_maps, SESSION_PLAN),
-                                     math.ceil(plan.evaluator.timeout_s)),
-                 config_maps)
+        pod_spec, deadline_s = _harbor_evaluator_pod(job, cfg, harbor, env, config_maps)
+    else:
+        labels.update(evaluator_network_labels(job))
+        container = pod_program("evaluator", job.spec.evaluator_image() or cfg.evaluator_image, ["evaluate"],
+                                env.to_env(), bucket_env_from(job), EVALUATOR_RESOURCES)
+        pod_spec = _batch_pod_spec(job, cfg, container, config_maps, SESSION_PLAN)
+        deadline_s = math.ceil(plan.evaluator.timeout_s)
+    name = n.evaluator_job_name(job.name, session)
+    return Child(_batch_job(object_meta(job, name, n.COMPONENT_EVALUATOR, **labels),
+                            child_labels(job, n.COMPONENT_EVALUATOR, **labels), pod_spec, backoff_limit=2,
+                            deadline_s=deadline_s, failure_policy=EVALUATOR_FAILURE_POLICY), config_maps)
 
 
-def _harbor_evaluator_job(job: RolloutJob, cfg: OperatorConfig, session: int, harbor: ClusterHarborTask,
-                          labels: dict[str, str], env: EvaluatorEnv, config_maps: list[Manifest]) -> Manifest:
+def _harbor_evaluator_pod(job: RolloutJob, cfg: OperatorConfig, harbor: ClusterHarborTask, env: EvaluatorEnv,
+                          config_maps: list[Manifest]) -> tuple[V1PodSpec, int]:
+    """The pod of a Harbor task's evaluator Job (fetch, verify, report) and the Job's deadline."""
     h = job.spec.harness
-    fallback = h.resources.model_dump(mode="json", exclude_none=True) if h.resources else EVALUATOR_RESOURCES
+    fallback = job_resources(h.resources) or EVALUATOR_RESOURCES
     init, report, volumes = verifier_steps(cfg, harbor, env.to_env(), bucket_env_from(job), fallback)
     pod_spec = _batch_pod_spec(job, cfg, report, config_maps, SESSION_PLAN)
-    pod_spec["initContainers"] = init
-    pod_spec["volumes"] += volumes
-    if h.runtime_class_name:  # the agent's changes run again here
-        pod_spec["runtimeClassName"] = h.runtime_class_name
+    pod_spec.init_containers = init
+    pod_spec.volumes = [*(pod_spec.volumes or []), *volumes]
+    pod_spec.runtime_class_name = h.runtime_class_name or None  # the agent's changes run again here
     # the fetch and report steps' time on top of test.sh's
-    return _evaluator_manifest(job, session, labels, pod_spec, harbor.verifier_timeout_s + HARBOR_STEPS_S)
-
-
-def _evaluator_manifest(job: RolloutJob, session: int, labels: dict[str, str], pod_spec: dict[str, Any],
-                        deadline_s: int) -> Manifest:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": metadata(job, n.evaluator_job_name(job.name, session), n.COMPONENT_EVALUATOR, **labels),
-        "spec": {
-            "backoffLimit": 2,
-            "activeDeadlineSeconds": deadline_s,
-            # Evictions and preemptions are not the evaluator's fault; a known-bad exit code is final.
-            "podFailurePolicy": {
-                "rules": [
-                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
-                    {
-                        "action": "FailJob",
-                        "onExitCodes": {"containerName": "evaluator", "operator": "In", "values": [EVALUATOR_FATAL_EXIT_CODE]},
-                    },
-                ]
-            },
-            "template": {
-                "metadata": {"labels": child_labels(job, n.COMPONENT_EVALUATOR, **labels)},
-                "spec": pod_spec,
-            },
-        },
-    }
+    return pod_spec, harbor.verifier_timeout_s + HARBOR_STEPS_S
 
 
 def sealer_job(job: RolloutJob, cfg: OperatorConfig, seq: int, plans: list[SessionPlan]) -> Child:
@@ -117,32 +99,15 @@ def sealer_job(job: RolloutJob, cfg: OperatorConfig, seq: int, plans: list[Sessi
     Job is given the sessions' plans (tracefleet.operator.plans.for_sealer): it seals failed sessions too,
     whose pods may have left nothing that says which task they ran."""
     indices = [p.index for p in plans]
-    ranges = n.encode_ranges(indices)
     spec = job.spec
     env = SealerEnv(bucket=spec.output.uri, endpoint=cfg.bucket_endpoint, job=job.name, batch_seq=seq, sessions=indices,
                     plans=[for_sealer(p) for p in plans], plan_dir=PLAN_FOLDER)
     name = n.sealer_job_name(job.name, seq)
     config_maps = plan_config_maps(job, name, n.COMPONENT_SEALER, env)
-    container = {
-        "name": "sealer",
-        "image": cfg.proxy_image,
-        "command": ["python", "-m", n.POD_PROGRAMS, "seal"],
-        "env": env_vars(env.to_env()),
-        "envFrom": bucket_env_from(job),
-        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
-    }
-    manifest = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": metadata(job, name, n.COMPONENT_SEALER, **{n.LABEL_BATCH: str(seq)}),
-        "spec": {
-            "backoffLimit": 4,
-            "activeDeadlineSeconds": 3600,
-            "template": {
-                "metadata": {"labels": child_labels(job, n.COMPONENT_SEALER, **{n.LABEL_BATCH: str(seq)})},
-                "spec": _batch_pod_spec(job, cfg, container, config_maps, SESSION_PLANS),
-            },
-        },
-    }
-    manifest["metadata"]["annotations"] = {n.ANNOTATION_SESSIONS: ranges}
-    return Child(manifest, config_maps)
+    container = pod_program("sealer", cfg.proxy_image, ["seal"], env.to_env(), bucket_env_from(job), SEALER_RESOURCES)
+    batch = {n.LABEL_BATCH: str(seq)}
+    meta = object_meta(job, name, n.COMPONENT_SEALER, annotations={n.ANNOTATION_SESSIONS: n.encode_ranges(indices)},
+                       **batch)
+    return Child(_batch_job(meta, child_labels(job, n.COMPONENT_SEALER, **batch),
+                            _batch_pod_spec(job, cfg, container, config_maps, SESSION_PLANS), backoff_limit=4,
+                            deadline_s=SEALER_DEADLINE_S), config_maps)

@@ -8,16 +8,22 @@ missing waits for it (the kubelet retries the mount) rather than failing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from kubernetes.client import (V1ConfigMap, V1ConfigMapProjection, V1KeyToPath, V1ProjectedVolumeSource, V1Volume,
+                               V1VolumeMount, V1VolumeProjection)
 
 from tracefleet.contract.plan_files import CONFIG_MAP_BYTES, PLAN_FOLDER
 from tracefleet.contract.podenv import PodEnv
 from tracefleet.contract.job import RolloutJob
 from tracefleet.operator import names as n
-from tracefleet.operator.children.metadata import Manifest, metadata
+from tracefleet.operator.children.metadata import Manifest, as_manifest, object_meta
 
 PLAN_VOLUME = "plan"
-PLAN_MOUNT = {"name": PLAN_VOLUME, "mountPath": PLAN_FOLDER, "readOnly": True}
+
+
+def plan_mount(volume: str = PLAN_VOLUME) -> V1VolumeMount:
+    """Where a container reads its plan files (PLAN_FOLDER), read-only, from `volume` (plan_volume)."""
+    return V1VolumeMount(name=volume, mount_path=PLAN_FOLDER, read_only=True)
 
 
 @dataclass(frozen=True)
@@ -40,18 +46,18 @@ def plan_config_maps(job: RolloutJob, child: str, component: str, *envs: PodEnv)
             used = 0
         packs[-1][name] = text
         used += size
-    return [{"apiVersion": "v1", "kind": "ConfigMap",
-             "metadata": metadata(job, n.plan_config_map_name(child, i), component), "data": data}
+    return [as_manifest(V1ConfigMap(api_version="v1", kind="ConfigMap",
+                                    metadata=object_meta(job, n.plan_config_map_name(child, i), component), data=data))
             for i, data in enumerate(packs)]
 
 
-def plan_volume(config_maps: list[Manifest], document: str, name: str = PLAN_VOLUME) -> dict[str, Any]:
+def plan_volume(config_maps: list[Manifest], document: str, name: str = PLAN_VOLUME) -> V1Volume:
     """The volume that puts the files of `document` from `config_maps` in one folder (mounted at PLAN_FOLDER:
-    PLAN_MOUNT): a container sees its own plan only."""
+    plan_mount): a container sees its own plan only."""
     sources = []
     for cm in config_maps:
         keys = [key for key in cm["data"] if key.startswith(document + ".")]
         if keys:
-            sources.append({"configMap": {"name": cm["metadata"]["name"],
-                                          "items": [{"key": key, "path": key} for key in keys]}})
-    return {"name": name, "projected": {"sources": sources}}
+            sources.append(V1VolumeProjection(config_map=V1ConfigMapProjection(
+                name=cm["metadata"]["name"], items=[V1KeyToPath(key=key, path=key) for key in keys])))
+    return V1Volume(name=name, projected=V1ProjectedVolumeSource(sources=sources))

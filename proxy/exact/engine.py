@@ -1,6 +1,6 @@
 """`ExactTokenEngine`: the exact token-in implementation of the proxy's `TokenEngine` protocol.
 
-Per call: plan the prompt ids (splice the session's served ids + render only the new messages), send
+Per call: splice the prompt ids (the session's served ids + render only the new messages), send
 them as a token-id prompt to the engine's `/v1/completions` (`return_token_ids`, sampled-token
 `logprobs`, streamed), parse the sampled text with the model family's parser as it arrives (content
 and reasoning deltas at once, a tool call when complete), and remember the served call for the
@@ -20,7 +20,7 @@ import orjson
 from tracefleet.contract.capture import SpliceInfo
 from tracefleet.contract.sampling import SamplingOverride
 from tracefleet.formats.families import ModelFormat
-from tracefleet.formats.parsers import make_parser
+from tracefleet.formats.parsers import Event as ParsedEvent, make_parser
 
 from tracefleet.proxy.canonical import Conversation
 from tracefleet.proxy.engine_client import EngineClient
@@ -28,7 +28,7 @@ from tracefleet.proxy.errors import ProxyError
 from tracefleet.proxy.token_engine import (FALLBACK_MAX_TOKENS, CallState, Event, ServedModelName, canonical_finish,
                                            clamp_max_tokens, context_overflow, record_tool_call, sampling_record)
 from tracefleet.proxy.exact.render import render_conversation
-from tracefleet.proxy.exact.splice import SessionSplicer
+from tracefleet.proxy.exact.splice import SessionSplicer, SplicedPrompt
 
 def _size(conv: Conversation) -> int:
     return sum(len(p.text or "") + len(p.arguments or "") for m in conv.messages for p in m.parts)
@@ -96,23 +96,23 @@ class ExactTokenEngine(ServedModelName):
         splicer = self.splicer(state.session_id)
         try:
             if _size(conv) > 20_000:  # long histories: render + tokenize off the event loop
-                plan = await asyncio.to_thread(splicer.plan, conv)
+                spliced = await asyncio.to_thread(splicer.prompt, conv)
             else:
-                plan = splicer.plan(conv)
+                spliced = splicer.prompt(conv)
         except ValueError as exc:  # TemplateError: the conversation does not fit the template
             raise ProxyError("invalid_request", str(exc)) from exc
-        self._note_plan(state.call_id, plan)
-        state.prompt_ids = plan.prompt_ids
+        self._note_splice(state.call_id, spliced)
+        state.prompt_ids = spliced.prompt_ids
         model = await self.served_model()
         state.engine_model = model
         limit = await self.max_model_len()
-        if limit is not None and len(plan.prompt_ids) >= limit:
-            raise context_overflow(len(plan.prompt_ids), limit)
-        body = self._body(conv, model, plan.prompt_ids, limit, state.policy_version)
+        if limit is not None and len(spliced.prompt_ids) >= limit:
+            raise context_overflow(len(spliced.prompt_ids), limit)
+        body = self._body(conv, model, spliced.prompt_ids, limit, state.policy_version)
         state.sampling = sampling_record(conv, body, self.job_sampling)
         state.logprobs_mode = self.logprobs_mode
         kinds = {t.name: t.kind for t in conv.tools}
-        parser = make_parser(self.fmt.parser_name, plan.rendered.tools, prompt_text=plan.rendered.tail)
+        parser = make_parser(self.fmt.parser_name, spliced.rendered.tools, prompt_text=spliced.rendered.tail)
         state.engine_sent_at = time.time()
         started = False
         finish: str | None = None
@@ -125,7 +125,7 @@ class ExactTokenEngine(ServedModelName):
             state.take_usage(chunk.get("usage"))
             for choice in chunk.get("choices") or ():
                 echoed = choice.get("prompt_token_ids")
-                if echoed is not None and echoed != plan.prompt_ids:
+                if echoed is not None and echoed != spliced.prompt_ids:
                     raise ProxyError("engine_5xx", "engine reports a prompt other than the token ids sent")
                 tids = choice.get("token_ids")
                 if tids:
@@ -155,13 +155,13 @@ class ExactTokenEngine(ServedModelName):
         state.settle_usage()
         out_calls = [(tc.name, tc.arguments if tc.kind == "function" else orjson.dumps({"input": tc.arguments}).decode())
                      for tc in state.tool_calls]
-        splicer.record(state.call_id, plan, state.completion_ids, state.output_text, out_calls)
+        splicer.record(state.call_id, spliced, state.completion_ids, state.output_text, out_calls)
 
-    def _note_plan(self, call_id: str, plan: Any) -> None:
+    def _note_splice(self, call_id: str, spliced: SplicedPrompt) -> None:
         st = self.stats
         st["calls"] += 1
-        info = plan.info
-        if plan.retry_of is not None:
+        info = spliced.info
+        if spliced.retry_of is not None:
             st["retries"] += 1
         elif info.parent_call_id is not None:
             st["spliced"] += 1
@@ -171,14 +171,14 @@ class ExactTokenEngine(ServedModelName):
             self.new_root_reasons[reason] = self.new_root_reasons.get(reason, 0) + 1
         st["reused_tokens"] += info.reused_tokens
         st["rendered_tokens"] += info.rendered_tokens
-        full = plan.checked_full_ids
-        if full is not None and full != plan.prompt_ids:
+        full = spliced.checked_full_ids
+        if full is not None and full != spliced.prompt_ids:
             st["drift_avoided"] += 1  # a re-render would have conditioned on other tokens
         self._splices[call_id] = info
         while len(self._splices) > 4096:
             self._splices.popitem(last=False)
 
-    def _events(self, events: list[Any], kinds: dict[str, str], state: CallState) -> list[Event]:
+    def _events(self, events: list[ParsedEvent], kinds: dict[str, str], state: CallState) -> list[Event]:
         out: list[Event] = []
         for ev in events:
             if ev.kind == "text":

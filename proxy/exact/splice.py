@@ -37,18 +37,19 @@ from tracefleet.formats.families import ModelFormat
 from tracefleet.proxy.canonical import Conversation
 from tracefleet.proxy.exact.render import Rendered, render_conversation
 
-Key = tuple[Any, ...]
+ToolCallKey = tuple[str | None, str]  # (name, arguments as sorted JSON)
+Key = tuple[str | None, str, tuple[ToolCallKey, ...]]  # (role, text without whitespace, tool calls)
 _WS = re.compile(r"\s+")
 
 
-def _norm_text(text: Any) -> str:
+def _norm_text(text: str | list[dict[str, Any]] | None) -> str:
     if isinstance(text, list):  # content parts (images): text and URLs in order
         text = "".join(p.get("text") or (p.get("image_url") or {}).get("url", "") for p in text if isinstance(p, dict))
     # all whitespace out: a block list joined with or without separators is the same message
     return _WS.sub("", text or "")
 
 
-def _norm_args(args: Any) -> str:
+def _norm_args(args: str | dict[str, Any] | None) -> str:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
@@ -90,7 +91,7 @@ class ServedCall:
 
 
 @dataclass
-class Plan:
+class SplicedPrompt:
     prompt_ids: list[int]
     info: SpliceInfo
     rendered: Rendered
@@ -107,9 +108,9 @@ class SessionSplicer:
     verify_full: bool = False  # also tokenize the whole render each call and check the cut against it
     calls: OrderedDict[str, ServedCall] = field(default_factory=OrderedDict)
 
-    # -- planning --------------------------------------------------------------------------------
+    # -- splicing ------------------------------------------------------------------------------
 
-    def plan(self, conv: Conversation) -> Plan:
+    def prompt(self, conv: Conversation) -> SplicedPrompt:
         r = render_conversation(self.fmt, conv)
         keys = [message_key(m) for m in r.messages]
         tk = tools_key(r.tools)
@@ -130,21 +131,21 @@ class SessionSplicer:
             if retry:  # same prompt again: a sibling of the first attempt, not its child
                 info = SpliceInfo(parent_call_id=call.parent_call_id, reused_tokens=call.prompt_len,
                                   matched_messages=matched)
-                return Plan(call.served[:call.prompt_len].tolist(), info, r, keys, tk, retry_of=call.call_id)
+                return SplicedPrompt(call.served[:call.prompt_len].tolist(), info, r, keys, tk, retry_of=call.call_id)
             if matched < len(keys):
-                plan = self._extend(conv, r, keys, call, matched)
-                if plan is not None:
-                    return plan
+                spliced = self._extend(conv, r, keys, call, matched)
+                if spliced is not None:
+                    return spliced
                 reason = "boundary_mismatch"
             else:
                 reason = "ends_with_assistant"
         else:
             reason = "tools_changed" if tools_changed else self._why_new_root(keys, r)
         ids = self.fmt.encode(r.text)
-        return Plan(ids, SpliceInfo(rendered_tokens=len(ids), new_root_reason=reason), r, keys, tk,
+        return SplicedPrompt(ids, SpliceInfo(rendered_tokens=len(ids), new_root_reason=reason), r, keys, tk,
                     checked_full_ids=ids if self.verify_full else None)
 
-    def _extend(self, conv: Conversation, r: Rendered, keys: list[Key], call: ServedCall, matched: int) -> Plan | None:
+    def _extend(self, conv: Conversation, r: Rendered, keys: list[Key], call: ServedCall, matched: int) -> SplicedPrompt | None:
         eot = self.fmt.family.end_of_turn
         history = self.fmt.render(r.messages[:matched], r.tools, add_generation_prompt=False, **r.kwargs)
         n_turn_ends = history.count(eot)
@@ -173,19 +174,19 @@ class SessionSplicer:
         reused = call.served.tolist()
         info = SpliceInfo(parent_call_id=call.call_id, reused_tokens=len(reused), rendered_tokens=len(suffix),
                           matched_messages=matched)
-        return Plan(reused + suffix, info, r, keys, tools_key(r.tools), checked_full_ids=full)
+        return SplicedPrompt(reused + suffix, info, r, keys, tools_key(r.tools), checked_full_ids=full)
 
-    def _shared_keys(self, plan: Plan) -> list[Key]:
-        """The plan's message keys, each one its parent call's own object where they agree: a long session's
+    def _shared_keys(self, spliced: SplicedPrompt) -> list[Key]:
+        """The prompt's message keys, each one its parent call's own object where they agree: a long session's
         calls then share one copy of each message's text instead of holding one each (measured by
         bench/sidecar.py: 300 turns growing by 1.5 kB held ~60 MiB of duplicate keys)."""
-        parent = self.calls.get(plan.info.parent_call_id or "") if plan.info.parent_call_id else None
+        parent = self.calls.get(spliced.info.parent_call_id or "") if spliced.info.parent_call_id else None
         if parent is None and self.calls:
             parent = next(reversed(self.calls.values()))
         if parent is None:
-            return plan.keys
+            return spliced.keys
         history = [*parent.keys, parent.out_key]
-        keys = list(plan.keys)
+        keys = list(spliced.keys)
         for i in range(min(len(keys), len(history))):
             if keys[i] != history[i]:
                 break
@@ -221,19 +222,19 @@ class SessionSplicer:
 
     # -- recording -------------------------------------------------------------------------------
 
-    def record(self, call_id: str, plan: Plan, completion_ids: list[int], text: str,
+    def record(self, call_id: str, spliced: SplicedPrompt, completion_ids: list[int], text: str,
                calls: list[tuple[str, str]]) -> ServedCall:
         eot_id = self.fmt.end_of_turn_id
         served = ServedCall(
             call_id=call_id,
-            parent_call_id=plan.info.parent_call_id,
-            keys=self._shared_keys(plan),
+            parent_call_id=spliced.info.parent_call_id,
+            keys=self._shared_keys(spliced),
             out_key=output_key(text, calls),
-            served=array("i", plan.prompt_ids + list(completion_ids)),
-            prompt_len=len(plan.prompt_ids),
+            served=array("i", spliced.prompt_ids + list(completion_ids)),
+            prompt_len=len(spliced.prompt_ids),
             ended_with_eot=bool(completion_ids) and completion_ids[-1] == eot_id,
-            system=plan.keys[0][1] if plan.keys and plan.keys[0][0] == "system" else None,
-            tools_key=plan.tools_key,
+            system=spliced.keys[0][1] if spliced.keys and spliced.keys[0][0] == "system" else None,
+            tools_key=spliced.tools_key,
         )
         self.calls[call_id] = served
         while len(self.calls) > self.max_calls:

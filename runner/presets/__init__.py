@@ -10,7 +10,9 @@ hack/setup.d/50-harnesses.sh), and a line in PRESETS below.
 
 from __future__ import annotations
 
-from tracefleet.contract.semantics import harness_preset
+from pathlib import Path
+
+from tracefleet.contract.session import HarnessConfig
 
 from tracefleet.runner.presets import claude_code, codex, command, gemini_cli, opencode, pi, qwen_code
 from tracefleet.runner.presets.base import (
@@ -39,14 +41,28 @@ PRESETS: dict[str, Preset] = {
 REAL_HARNESSES = ("codex", "claude-code", "qwen-code", "pi", "gemini-cli", "opencode")
 
 
-def get_preset(name: str | None) -> Preset:
-    """The preset called `name` (None means the generic `command` preset). Unknown names raise KeyError
-    listing the known ones."""
-    key = harness_preset(name)
+def get_preset(name: str) -> Preset:
+    """The preset called `name`. Unknown names raise KeyError listing the known ones."""
     try:
-        return PRESETS[key]
+        return PRESETS[name]
     except KeyError:
         raise KeyError(f"unknown harness preset {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+def harness_launch(harness: HarnessConfig, *, prompt: str, workdir: Path, home: Path, base_url: str, api_key: str,
+                   model: str) -> HarnessLaunch:
+    """How a session's harness starts (argv, env, files): its preset's launch, for the `command` preset with the
+    job's command."""
+    preset = get_preset(harness.preset)
+    if isinstance(preset, CommandPreset):
+        return preset.launch(prompt=prompt, workdir=workdir, home=home, base_url=base_url, api_key=api_key, model=model,
+                             command=harness.command)
+    return preset.launch(prompt=prompt, workdir=workdir, home=home, base_url=base_url, api_key=api_key, model=model)
+
+
+def cli_pin(preset: str) -> Pin | None:
+    """The pinned CLI a harness of `preset` runs (None: the `command` preset runs the job's own program)."""
+    return None if isinstance(get_preset(preset), CommandPreset) else harness_pins()[preset]
 
 
 __all__ = [
@@ -59,7 +75,9 @@ __all__ = [
     "Pin",
     "Preset",
     "REAL_HARNESSES",
+    "cli_pin",
     "get_preset",
+    "harness_launch",
     "harness_pins",
     "installed_binary",
     "resolve_binary",

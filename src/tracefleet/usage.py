@@ -1,7 +1,7 @@
 """A mistake at the command line: what a component raises, and the exit status it ends in.
 
-Its own module (not `tracefleet.cli`) so that `python -m tracefleet.cli`, where the CLI module runs as
-`__main__`, still catches the one class every component raises.
+Its own module on the libraries' floor (not in `tracefleet.cli`, the top): every component raises it, and no
+component may import the command line above it.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from tracefleet.formats.parsers import parse_output
 from tracefleet.proxy.dialects.anthropic import Anthropic
 from tracefleet.proxy.dialects.openai_chat import OpenAIChat
 from tracefleet.proxy.exact.render import render_conversation
-from tracefleet.proxy.exact.splice import SessionSplicer
+from tracefleet.proxy.exact.splice import SessionSplicer, SplicedPrompt
 
 ANTHROPIC, CHAT = Anthropic(), OpenAIChat()
 BASH = {"name": "bash", "description": "Run a shell command", "input_schema": {
@@ -42,25 +42,25 @@ def gemma():
 
 
 class Session:
-    """Drives a splicer the way the proxy does: plan → (sampled ids) → parse → record."""
+    """Drives a splicer the way the proxy does: splice → (sampled ids) → parse → record."""
 
     def __init__(self, fmt) -> None:
         self.fmt = fmt
         self.sp = SessionSplicer(fmt, verify_full=True)
-        self.plans: list[Any] = []
+        self.spliced: list[SplicedPrompt] = []
         self.served: list[list[int]] = []  # prompt + completion per call
         self.n = 0
 
     def call(self, conv, sampled_text: str, *, eot: bool = True):
-        plan = self.sp.plan(conv)
+        spliced = self.sp.prompt(conv)
         comp = self.fmt.encode(sampled_text) + ([self.fmt.end_of_turn_id] if eot else [])
-        r = parse_output(self.fmt.family.name, sampled_text, plan.rendered.tools, prompt_text=plan.rendered.tail)
+        r = parse_output(self.fmt.family.name, sampled_text, spliced.rendered.tools, prompt_text=spliced.rendered.tail)
         self.n += 1
         cid = f"call{self.n}"
-        self.sp.record(cid, plan, comp, r.content, [(c.name, c.arguments) for c in r.calls])
-        self.plans.append(plan)
-        self.served.append(plan.prompt_ids + comp)
-        return plan, r
+        self.sp.record(cid, spliced, comp, r.content, [(c.name, c.arguments) for c in r.calls])
+        self.spliced.append(spliced)
+        self.served.append(spliced.prompt_ids + comp)
+        return spliced, r
 
 
 def _tool_text(command: str, thought: str = "") -> str:
@@ -69,16 +69,16 @@ def _tool_text(command: str, thought: str = "") -> str:
 
 
 def _assert_chain(s: Session, start: int = 1) -> None:
-    for k in range(start, len(s.plans)):
-        plan, prev = s.plans[k], s.served[k - 1]
-        assert plan.info.parent_call_id == f"call{k}", (k, plan.info)
-        assert plan.info.new_root_reason is None
-        assert plan.prompt_ids[:len(prev)] == prev  # byte-for-byte in token space
-        assert plan.info.reused_tokens == len(prev)
-        assert plan.info.rendered_tokens == len(plan.prompt_ids) - len(prev)
+    for k in range(start, len(s.spliced)):
+        spliced, prev = s.spliced[k], s.served[k - 1]
+        assert spliced.info.parent_call_id == f"call{k}", (k, spliced.info)
+        assert spliced.info.new_root_reason is None
+        assert spliced.prompt_ids[:len(prev)] == prev  # byte-for-byte in token space
+        assert spliced.info.reused_tokens == len(prev)
+        assert spliced.info.rendered_tokens == len(spliced.prompt_ids) - len(prev)
         # the rendered suffix is exactly the tail of a full render's ids
-        full = s.fmt.encode(plan.rendered.text)
-        assert full[-plan.info.rendered_tokens:] == plan.prompt_ids[len(prev):]
+        full = s.fmt.encode(spliced.rendered.text)
+        assert full[-spliced.info.rendered_tokens:] == spliced.prompt_ids[len(prev):]
 
 
 def _anthropic_history(turns: list[tuple[str, str]], mutate: int) -> list[dict[str, Any]]:
@@ -118,15 +118,15 @@ def test_mutated_anthropic_history_stays_one_exact_chain(fmt_name, request):
     for k, cmd in enumerate(commands):
         conv = _anthropic(_anthropic_history(turns, mutate=k), in_messages=k % 2 == 1)
         thought = f"step {k}" if fmt_name == "smollm2_qwen3" else ""
-        plan, parsed = s.call(conv, _tool_text(cmd, thought))
+        spliced, parsed = s.call(conv, _tool_text(cmd, thought))
         assert [c.name for c in parsed.calls] == ["bash"] and json.loads(parsed.calls[0].arguments) == {"command": cmd}
         turns.append((cmd, f"output of {cmd}\n" * (k + 1)))
     final = _anthropic(_anthropic_history(turns, mutate=7))
     s.call(final, "All tests pass.")
-    assert s.plans[0].info.new_root_reason == "new_conversation"
+    assert s.spliced[0].info.new_root_reason == "new_conversation"
     _assert_chain(s)
     # a full re-render would have conditioned the model on other tokens than it sampled
-    assert any(p.checked_full_ids != p.prompt_ids for p in s.plans[1:])
+    assert any(p.checked_full_ids != p.prompt_ids for p in s.spliced[1:])
 
 
 def test_qwen3_template_rewrites_history_but_the_chain_holds(smollm2_qwen3):
@@ -140,7 +140,7 @@ def test_qwen3_template_rewrites_history_but_the_chain_holds(smollm2_qwen3):
         msgs += [{"role": "assistant", "content": parsed.content, "reasoning_content": parsed.reasoning},
                  {"role": "user", "content": f"And plus {k + 1}?"}]
     _assert_chain(s)
-    last = s.plans[-1]
+    last = s.spliced[-1]
     assert "<think>\nadd 0\n</think>" not in last.rendered.text  # the template dropped it ...
     assert "<think>\nadd 0\n</think>" in fmt.tokenizer.decode(last.prompt_ids, skip_special_tokens=False)  # ... we did not
 
@@ -158,7 +158,7 @@ def test_chat_reserialised_arguments_and_parallel_results(smollm2):
     msgs += [{"role": "tool", "tool_call_id": "c0", "content": "a.txt"}, {"role": "tool", "tool_call_id": "c1", "content": "/w"}]
     s.call(CHAT.parse({"model": "m", "messages": msgs, "tools": tools}), "Done.")
     _assert_chain(s)
-    assert s.plans[1].info.matched_messages == 2
+    assert s.spliced[1].info.matched_messages == 2
 
 
 def test_new_roots_and_their_reasons(smollm2):
@@ -172,25 +172,25 @@ def test_new_roots_and_their_reasons(smollm2):
     compacted = _anthropic([{"role": "user", "content": "Fix the bug. Then run the tests."},
                             {"role": "assistant", "content": "Summary of the work so far."},
                             {"role": "user", "content": "Continue."}])
-    assert s.sp.plan(compacted).info.new_root_reason == "compaction"
+    assert s.sp.prompt(compacted).info.new_root_reason == "compaction"
     # sub-agent: a different system prompt
     sub = _anthropic([{"role": "user", "content": "Search the code for TODOs."}], system="You are a search sub-agent.")
-    plan = s.sp.plan(sub)
-    assert plan.info.new_root_reason == "sub_agent" and plan.info.parent_call_id is None
-    assert plan.prompt_ids == smollm2.encode(render_conversation(smollm2, sub).text)
+    spliced = s.sp.prompt(sub)
+    assert spliced.info.new_root_reason == "sub_agent" and spliced.info.parent_call_id is None
+    assert spliced.prompt_ids == smollm2.encode(render_conversation(smollm2, sub).text)
     # an earlier tool result edited: the longest served prefix still holds (a branch off call1)
     tail = [{"role": "assistant", "content": "Summary: listed and read a."}, {"role": "user", "content": "more"}]
     edited = _anthropic(_anthropic_history([("ls", "EDITED"), ("cat a", "out")], mutate=1) + tail)
-    branch = s.sp.plan(edited)
+    branch = s.sp.prompt(edited)
     assert branch.info.parent_call_id == "call1" and branch.prompt_ids[:len(s.served[0])] == s.served[0]
     # rewritten history: the first user turn edited, nothing served matches
     rewritten = _anthropic_history(turns, mutate=1) + tail
     rewritten[0] = {"role": "user", "content": "Fix the OTHER bug."}
-    assert s.sp.plan(_anthropic(rewritten)).info.new_root_reason == "rewritten_history"
+    assert s.sp.prompt(_anthropic(rewritten)).info.new_root_reason == "rewritten_history"
     # another tool list: another prompt
     other = _anthropic(_anthropic_history(turns[:1], mutate=1))
     other.tools = []
-    assert s.sp.plan(other).info.new_root_reason == "tools_changed"
+    assert s.sp.prompt(other).info.new_root_reason == "tools_changed"
 
 
 def test_auxiliary_calls_beside_the_conversation_are_labelled_so(smollm2):
@@ -204,9 +204,9 @@ def test_auxiliary_calls_beside_the_conversation_are_labelled_so(smollm2):
     assert s.call(main, _tool_text("ls"))[0].info.new_root_reason == "new_conversation"
     summary = _anthropic([{"role": "user", "content": "Summarize the session."}], system="You summarize.")
     summary.tools = []
-    assert s.sp.plan(summary).info.new_root_reason == "auxiliary"
+    assert s.sp.prompt(summary).info.new_root_reason == "auxiliary"
     sub = _anthropic([{"role": "user", "content": "Search the code for TODOs."}], system="You are a search sub-agent.")
-    assert s.sp.plan(sub).info.new_root_reason == "sub_agent"
+    assert s.sp.prompt(sub).info.new_root_reason == "sub_agent"
 
 
 def test_retry_is_a_sibling_with_the_same_prompt(smollm2):
@@ -214,9 +214,9 @@ def test_retry_is_a_sibling_with_the_same_prompt(smollm2):
     conv = _anthropic(_anthropic_history([], mutate=1))
     s.call(conv, _tool_text("ls"))
     s.call(_anthropic(_anthropic_history([("ls", "x")], mutate=1)), _tool_text("cat x"))
-    retry = s.sp.plan(_anthropic(_anthropic_history([("ls", "x")], mutate=2)))  # same meaning, other bytes
+    retry = s.sp.prompt(_anthropic(_anthropic_history([("ls", "x")], mutate=2)))  # same meaning, other bytes
     assert retry.retry_of == "call2" and retry.info.parent_call_id == "call1"
-    assert retry.prompt_ids == s.plans[1].prompt_ids
+    assert retry.prompt_ids == s.spliced[1].prompt_ids
 
 
 def test_length_stopped_turn_is_closed_with_the_end_of_turn_token(smollm2):
@@ -224,10 +224,10 @@ def test_length_stopped_turn_is_closed_with_the_end_of_turn_token(smollm2):
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "Tell me a story."}]
     _, parsed = s.call(CHAT.parse({"model": "m", "messages": msgs}), "Once upon a time there", eot=False)
     msgs += [{"role": "assistant", "content": parsed.content}, {"role": "user", "content": "Go on."}]
-    plan = s.sp.plan(CHAT.parse({"model": "m", "messages": msgs}))
+    spliced = s.sp.prompt(CHAT.parse({"model": "m", "messages": msgs}))
     prev = s.served[0]
-    assert plan.info.parent_call_id == "call1" and plan.prompt_ids[:len(prev)] == prev
-    assert plan.prompt_ids[len(prev)] == smollm2.end_of_turn_id
+    assert spliced.info.parent_call_id == "call1" and spliced.prompt_ids[:len(prev)] == prev
+    assert spliced.prompt_ids[len(prev)] == smollm2.end_of_turn_id
 
 
 def test_first_turn_equals_the_engines_own_render(smollm2):
@@ -235,8 +235,8 @@ def test_first_turn_equals_the_engines_own_render(smollm2):
     from tracefleet.formats.models import resolve_model
 
     conv = _anthropic(_anthropic_history([("ls", "a")], mutate=0))
-    plan = SessionSplicer(smollm2).plan(conv)
+    spliced = SessionSplicer(smollm2).prompt(conv)
     spec = resolve_model("smollm2")
-    text = render_chat(spec.template_file.read_text(), plan.rendered.messages, tools=plan.rendered.tools,
+    text = render_chat(spec.template_file.read_text(), spliced.rendered.messages, tools=spliced.rendered.tools,
                        **spec.template_vars(smollm2.tokenizer))
-    assert plan.prompt_ids == smollm2.tokenizer.encode(text, add_special_tokens=False)
+    assert spliced.prompt_ids == smollm2.tokenizer.encode(text, add_special_tokens=False)

@@ -1,5 +1,6 @@
 """The layering rules, read from the source: the contract floor (tracefleet.contract) imports only the standard
-library, pydantic and itself; every package imports only packages of its own layer or below (LAYERS, the order
+library, pydantic and itself; nothing in the floor's folder (src/tracefleet: the contract and the libraries) imports
+a component folder (FOLDER_EXCEPTIONS say why one may); every package imports only packages of its own layer or below (LAYERS, the order
 docs/index.md states); no two packages of tracefleet import each other, directly or around a cycle; nor do two
 files (a cycle closed by a lazy import is still one: the two files cannot be read apart).
 
@@ -16,11 +17,18 @@ from tracefleet.contract.diagnostics import BUILTIN_DIAGNOSTICS
 from tracefleet.diagnostics.library import BUILTINS
 
 REPO = Path(__file__).resolve().parents[2]
-# setup.py's folder mapping (docs/index.md, "Where things live")
-ROOTS = {"tracefleet": "src/tracefleet", "tracefleet.operator": "operator", "tracefleet.proxy": "proxy",
-         "tracefleet.runner": "runner", "tracefleet.traces": "traces", "tracefleet.engine": "engine",
-         "tracefleet.diagnostics": "diagnostics", "tracefleet.trainer": "trainer",
-         "tracefleet.dashboard": "dashboard"}
+
+
+def _setup_roots() -> dict[str, str]:
+    """setup.py's folder mapping, read from it (docs/index.md, "Where things live")."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    return next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                and [getattr(t, "id", None) for t in node.targets] == ["ROOTS"])
+
+
+ROOTS = _setup_roots()
+# `python -m tracefleet` runs tracefleet/__main__.py, which Python looks for only in the package's own folder.
+FOLDER_EXCEPTIONS = {"tracefleet.__main__"}
 FLOOR = "contract"
 FLOOR_THIRD_PARTY = {"pydantic", "pydantic_core", "typing_extensions"}
 # The layer order, lowest first, stated once: data flows up, imports flow down.
@@ -83,6 +91,19 @@ def test_the_floor_imports_nothing_above_it() -> None:
                     wrong.append(f"{module} imports {imported}")
             elif top not in sys.stdlib_module_names and top not in FLOOR_THIRD_PARTY and top != "__future__":
                 wrong.append(f"{module} imports {imported} (third-party: only pydantic on the floor)")
+    assert not wrong, "\n".join(wrong)
+
+
+def _root(module: str) -> str:
+    """The ROOTS entry (the folder) a module's file is in: the longest of them that names it or a package above."""
+    return max((r for r in ROOTS if module == r or module.startswith(r + ".")), key=len)
+
+
+def test_the_floor_folder_imports_no_component_folder() -> None:
+    """A newcomer reading the folders sees the layers: src/tracefleet holds the floor and the libraries only."""
+    wrong = sorted(f"{module} ({MODULES[module].relative_to(REPO)}) imports {imported} ({ROOTS[_root(imported)]}/)"
+                   for module, imports in GRAPH.items() if _root(module) == "tracefleet" and module not in FOLDER_EXCEPTIONS
+                   for imported in imports if imported.startswith("tracefleet.") and _root(imported) != "tracefleet")
     assert not wrong, "\n".join(wrong)
 
 

@@ -96,6 +96,7 @@ def test_wheel_has_no_top_level_operator(wheel_venv: tuple[Path, Path]) -> None:
     tops = {n.split("/", 1)[0] for n in names if "/" in n and ".dist-info/" not in n}
     assert tops == {"tracefleet"}, tops
     assert "tracefleet/operator/cli.py" in names and "tracefleet/contract/job.py" in names
+    assert "tracefleet/cli/__init__.py" in names and "tracefleet/images/build.py" in names  # the top folders too
     assert not [n for n in names if "/" not in n], "nothing may install outside the tracefleet namespace"
     entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "tracefleet = tracefleet.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()

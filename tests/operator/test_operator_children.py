@@ -201,6 +201,20 @@ def test_harness_pod_is_sandboxed_with_native_proxy_sidecar(job: RolloutJob, tmp
     assert {"name": "workspace", "mountPath": "/workspace", "subPath": "workdir"} in harness["volumeMounts"]
 
 
+def test_the_sidecars_flags_are_its_places_own(job: RolloutJob) -> None:
+    """Whatever the job says (engine, capture mode, sampling, limits), the sidecar's argument list is the same: the job's
+    proxy reaches it as its plan file, never as a flag."""
+    other = yaml.safe_load(MANAGED)
+    other["spec"]["inference"] = {"external": {"baseUrl": "http://10.1.2.3:8000", "model": "qwen"},
+                                  "capture": {"mode": "server"}, "sampling": {"temperature": 0.7, "topK": 20},
+                                  "policyVersion": 3}
+    other_job = RolloutJob.model_validate(other)
+    args = {tuple(harness_pod(j, CFG, plan_of(j, 0), 0).manifest["spec"]["initContainers"][0]["args"])
+            for j in (job, other_job)}
+    assert args == {("proxy", "--in-pod", "--host", "0.0.0.0", "--port", str(PROXY_PORT), "--capture-dir", "/capture",
+                     "--artifacts-dir", "/artifacts")}
+
+
 def proxy_plan_of(job: RolloutJob, tmp: Path) -> ProxyPlan:
     """The proxy plan the job's first harness pod's sidecar reads."""
     return child_reads(ProxySidecarEnv, harness_pod(job, CFG, plan_of(job, 0), 0), "proxy", tmp).plan.proxy

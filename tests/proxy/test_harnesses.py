@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tracefleet.contract.session import HarnessConfig
 from tracefleet.runner.presets import REAL_HARNESSES, get_preset
 
 from fixtures.harness_runs import harness_script, protocol_errors, run_through_proxy_process, session_problems
@@ -100,4 +101,4 @@ def test_command_preset_templates_arguments_and_exports_the_endpoint(tmp_path: P
         launch_of("command", tmp_path)
     with pytest.raises(KeyError, match="known: codex"):
         get_preset("no-such-harness")
-    assert get_preset(None) is get_preset("command")
+    assert get_preset(HarnessConfig().preset) is get_preset("command")  # no preset: the plan says `command`

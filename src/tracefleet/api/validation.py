@@ -209,12 +209,11 @@ def _harness_files(spec: dict[str, Any], inline: Any, base_dir: Path) -> list[Pr
     """The `command` harness's program and script, where its inline tasks' sessions run it (what `tracefleet
     run`'s preflight refuses; the PATH is that machine's, not checked here)."""
     from tracefleet.contract.job import is_remote
-    from tracefleet.contract.semantics import harness_preset
 
     harness = spec.get("harness")
+    # a harness with a command is the `command` preset's (HarnessSpec's rules refuse a command beside another preset)
     command = harness.get("command") if isinstance(harness, dict) else None
-    if (harness_preset(harness.get("preset") if isinstance(harness, dict) else None) != "command"
-            or not isinstance(command, list) or not all(isinstance(a, str) for a in command)
+    if (not isinstance(command, list) or not all(isinstance(a, str) for a in command)
             or not isinstance(inline, list) or spec["tasks"].get("harbor") or spec["tasks"].get("uri")):
         return []
     dirs: list[Path | None] = []

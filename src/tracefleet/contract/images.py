@@ -21,6 +21,7 @@ HARNESS_PREFIX = "harness-"
 # The presets whose CLI an image carries: every preset but `command`, which runs any program and so runs in the
 # tracefleet image itself (or an image of the user's).
 COMMAND_PRESET = "command"
+PRESET_PLACEHOLDER = "{preset}"  # in a harness image name template: the preset's name
 
 
 def release_tag() -> str:
@@ -34,3 +35,10 @@ def image_ref(registry: str, name: str, tag: str) -> str:
 
 def harness_image_name(preset: str) -> str:
     return f"{HARNESS_PREFIX}{preset}"
+
+
+def default_harness_image(preset: str, template: str, command_image: str) -> str:
+    """The image a harness of `preset` (its default applied: tracefleet.contract.session.HarnessConfig) runs in when
+    its job names none: `template` with {preset} replaced (the image `tracefleet images build` makes for its CLI), or
+    for the `command` preset the tracefleet image itself (`command_image`)."""
+    return command_image if preset == COMMAND_PRESET else template.replace(PRESET_PLACEHOLDER, preset)

@@ -117,12 +117,12 @@ def evaluator_spec(job: RolloutJob) -> EvaluatorSpec:
     )
 
 
-def harness_config(job: RolloutJob, task: Task) -> HarnessConfig:
-    """The harness of the job's sessions of `task`: its time limit is the job's, or a Harbor task's
-    [agent].timeout_sec when that is shorter (the one place this rule is written)."""
+def harness_config(job: RolloutJob, task: Task | None = None) -> HarnessConfig:
+    """The harness of the job's sessions of `task` (None: of any task, as the job states it): its time limit is the
+    job's, or a Harbor task's [agent].timeout_sec when that is shorter (the one place this rule is written)."""
     h = job.spec.harness
     timeout_s = float(h.session_timeout_seconds)
-    agent = task.harbor.agent_timeout_s if task.harbor is not None else None
+    agent = task.harbor.agent_timeout_s if task is not None and task.harbor is not None else None
     return HarnessConfig(preset=h.preset, command=list(h.command) if h.command else None, env=dict(h.env or {}),
                          timeout_s=min(timeout_s, agent) if agent else timeout_s, workdir=h.workspace.workdir)
 

@@ -28,8 +28,8 @@ from tracefleet.runner.containers.bundle import make_bundle
 from tracefleet.runner.containers.runtime import ContainerError, ContainerRuntime, last_line
 from tracefleet.runner.presets.base import harness_cache_dir, harness_pins
 
-REPO = Path(__file__).resolve().parents[3]
-DOCKERFILES = REPO / "images"
+REPO = Path(__file__).resolve().parents[1]
+DOCKERFILES = Path(__file__).resolve().parent  # images/<name>/Dockerfile, beside this builder
 # What the one image runs besides the proxy and the runner: the operator, and pytest for the `tests` evaluator's
 # default command (evaluator Jobs run in this image when a job names no image).
 IMAGE_EXTRAS = ("operator", "local")

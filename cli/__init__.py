@@ -113,6 +113,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: error: {type(exc).__name__}: {exc} (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
         return 1
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
