@@ -73,7 +73,8 @@ def probe_pod(name: str, labels: dict[str, str], port: int = PROBE_PORT) -> dict
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
             "spec": {"terminationGracePeriodSeconds": 1, "containers": [
-                {"name": "c", "image": BASE_IMAGE, "imagePullPolicy": "Never", "command": ["sh", "-c", echo_server(port)],
+                {"name": "c", "image": BASE_IMAGE, "imagePullPolicy": "Never",
+                 "command": ["sh", "-c", echo_server(port)],
                  "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
                  "ports": [{"containerPort": port}],
                  "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1}}]}}
@@ -120,7 +121,7 @@ class Cluster:
         return time.monotonic() - start
 
     def reaches(self, pod: str, host: str, port: int) -> bool:
-        """Whether a TCP connection from `pod` to host:port opens (3 s; a rejected one fails at once)."""
+        """Whether a TCP connection from `pod` to host:port opens within 3 s."""
         r = self.kube.kubectl("-n", NAMESPACE, "exec", pod, "--", "bash", "-c",
                               f"timeout 3 bash -c 'exec 3<>/dev/tcp/{host}/{port}' && echo open || echo closed",
                               timeout=30)
@@ -191,7 +192,8 @@ def test_a_harness_pod_reaches_only_dns_the_engine_and_the_bucket(cluster: Clust
             assert cluster.resolves(pod, bucket_host) == bucket_vip, pod
             assert cluster.bucket_answers(pod, bucket_host) == ips["bucket"], pod
             blocked = {"other pod": (ips["other"], PROBE_PORT), **not_pods}
-            assert {k: cluster.reaches(pod, h, p) for k, (h, p) in blocked.items()} == dict.fromkeys(blocked, False), pod
+            reached = {k: cluster.reaches(pod, h, p) for k, (h, p) in blocked.items()}
+            assert reached == dict.fromkeys(blocked, False), pod
         assert cluster.reaches("harness", node.host, engine.port)  # the engine: the harness's sidecar's
         assert not cluster.reaches("sealer", node.host, engine.port)  # a sealer has no business with it
     finally:
@@ -223,8 +225,9 @@ def test_how_soon_a_policy_holds(cluster: Cluster, node) -> None:
             assert time.monotonic() - applied < 30, "the policy did not take effect in 30 s"
         took = time.monotonic() - applied
 
-        # a pod born under the policy: one connection every 50 ms from its container's first instant, timestamped
-        loop = (f"for i in $(seq 80); do if timeout 1 bash -c 'exec 3<>/dev/tcp/{target}/{PROBE_PORT}'; "
+        # a pod born under the policy: a connection every 50 ms from its container's first instant, timestamped (a
+        # refused one waits out its 0.5 s: kube-router's REJECT answer does not get back into a fenced pod)
+        loop = (f"for i in $(seq 40); do if timeout 0.5 bash -c 'exec 3<>/dev/tcp/{target}/{PROBE_PORT}'; "
                 "then echo $(date +%s.%N) open; else echo $(date +%s.%N) closed; fi; sleep 0.05; done")
         cluster.apply({"apiVersion": "v1", "kind": "Pod",
                        "metadata": {"name": "newcomer", "namespace": NAMESPACE, "labels": labels},
@@ -236,7 +239,7 @@ def test_how_soon_a_policy_holds(cluster: Cluster, node) -> None:
             assert time.monotonic() < deadline, pod_status(node, NAMESPACE, "newcomer")
             time.sleep(0.5)
         tries = [line.split() for line in cluster.kube.kubectl("-n", NAMESPACE, "logs", "newcomer").stdout.splitlines()]
-        assert len(tries) == 80 and tries[-1][1] == "closed", tries
+        assert len(tries) == 40 and tries[-1][1] == "closed", tries
         opened = [float(t) for t, result in tries if result == "open"]
         window = opened[-1] - float(tries[0][0]) if opened else 0.0
         print(f"a policy in effect on a running pod {took:.1f} s after kubectl apply; a new pod under it: "
