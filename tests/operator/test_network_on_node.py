@@ -136,7 +136,7 @@ class Cluster:
         """What the bucket's server answers to a GET from `pod` (the address of the pod behind the Service)."""
         script = (f"exec 3<>/dev/tcp/{host}/{BUCKET_PORT} && printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3 && tail -1 <&3")
         r = self.kube.kubectl("-n", NAMESPACE, "exec", pod, "--", "timeout", "5", "bash", "-c", script, timeout=30)
-        return r.stdout.strip()
+        return r.stdout.strip() or r.stderr.strip()
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +179,12 @@ def test_a_harness_pod_reaches_only_dns_the_engine_and_the_bucket(cluster: Clust
         bucket_vip = cluster.service(NAMESPACE, "bucket")["spec"]["clusterIP"]
         ips = {p: cluster.ip(p) for p in ("bucket", "harness", "sealer", "other")}
 
-        # the pod no policy selects reaches all of it: what the policies block below is there to reach
+        # the pod no policy selects reaches all of it: what the policies block below is there to reach; and the
+        # bucket through its Service once kube-proxy has its endpoint (a moment after the pod is Ready)
+        deadline = time.monotonic() + 30
+        while cluster.bucket_answers("other", bucket_host) != ips["bucket"]:
+            assert time.monotonic() < deadline, "the bucket's Service did not answer a pod no policy selects in 30 s"
+            time.sleep(0.5)
         not_pods = {"API Service": ("10.96.0.1", 443), "API server": (node.host, api_port),
                       "this machine": (node.host, elsewhere.port), "outside": (outside, 53)}
         assert {k: cluster.reaches("other", h, p) for k, (h, p) in not_pods.items()} == dict.fromkeys(not_pods, True)
