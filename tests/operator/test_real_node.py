@@ -10,7 +10,7 @@ import json
 import threading
 import time
 
-from fixtures.node import CLUSTER_DOMAIN, POD_SUBNET, pod_status
+from fixtures.node import CLUSTER_DOMAIN, POD_SUBNET, echo_server, pod_status
 from tracefleet.runner.containers.runtime import BASE_IMAGE
 
 
@@ -58,13 +58,6 @@ def test_pods_get_an_address_each_and_reach_this_machine(node, container_runtime
         node.kube.kubectl("delete", "pod", *names, "--wait=false")
 
 
-# A one-line server in the base image's own Perl (Debian's minbase has no other): answers every connection with
-# the address of the pod that served it.
-SERVE = ("perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalPort => 8080, Listen => 5, ReuseAddr => 1) "
-         "or die; while ($c = $s->accept) { $c->recv($r, 1024); "
-         "print $c \"HTTP/1.0 200 OK\\r\\n\\r\\n$ENV{POD_IP}\\n\"; close $c }'")
-
-
 def test_a_service_name_leads_a_pod_to_another_pod_and_to_the_api_server(node, container_runtime) -> None:
     """Cluster DNS and kube-proxy: a pod reaches another pod through a Service's name, and the API server through the
     `kubernetes` Service's short name (the pod's search path), as an in-cluster client (the operator's pod) does."""
@@ -72,7 +65,7 @@ def test_a_service_name_leads_a_pod_to_another_pod_and_to_the_api_server(node, c
     server = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "echo", "namespace": "default",
                                                               "labels": {"app": "echo"}},
               "spec": {"containers": [{"name": "c", "image": BASE_IMAGE, "imagePullPolicy": "Never",
-                                       "command": ["sh", "-c", SERVE],
+                                       "command": ["sh", "-c", echo_server()],
                                        "env": [{"name": "POD_IP",
                                                 "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
                                        "ports": [{"containerPort": 8080}],
