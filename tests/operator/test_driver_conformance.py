@@ -508,6 +508,14 @@ def test_local_and_node_runs_give_a_trainer_the_same_batches(node: Any, installe
         "TRACEFLEET_BASE_URL", "TRACEFLEET_API_KEY", "TRACEFLEET_MODEL", "TRACEFLEET_PROMPT", "TRACEFLEET_WORKDIR")
         for k in env), env
     assert sorted(len(b["rows"]) for b in cluster_batches) == sorted(len(b["rows"]) for b in local_batches) == [3, 6]
+    # the harness that failed after its call: its pod Failed, and still `tracefleet run --in-pod` kept what it did
+    # (the change it made, its result with the harness's own exit code) and the sidecar uploaded it
+    (failed_row,) = [r for b in cluster_batches for r in b["rows"] if "session_error:harness" in r["fail_closed_reasons"]]
+    artifacts = layout.artifacts_prefix(JOB, int(failed_row["session_id"].rsplit("-s", 1)[1]))
+    cluster = open_bucket(f"{prefix}/cluster", **s3.bucket_options())
+    result = json.loads(cluster.get(artifacts + layout.RESULT))
+    assert (result["status"], result["stage"], result["harness_exit_code"]) == ("error", "harness", 3), result
+    assert "seen-env.json" in cluster.get(artifacts + layout.PATCH).decode()
 
     # the cluster's batches as a trainer consumed them: whole groups, GRPO advantages that are not all zero
     assert len(trained) == 2 and sorted(len(t["groups"]) for t in trained) == [1, 2]
