@@ -1,4 +1,5 @@
-"""The pods a RolloutJob becomes, run for real as local processes (what KWOK cannot run).
+"""The pods a RolloutJob becomes, run for real: on the real node (tests/fixtures/node.py) where it can hold them, else
+as local processes on the imitation kubelet (tests/fixtures/pods.py; what each needs to move: docs/testing.md).
 
 The containers come from the objects `operator/children/` builds for a real RolloutJob: their
 command, args and env are used as they are, with only what a kubelet does applied here (envFrom the
@@ -8,6 +9,8 @@ the quickstart agent (`command` preset) and its task's tests.
 
 harness pod (proxy sidecar + `tracefleet run --in-pod`) → SIGTERM the sidecar → capture + artifacts
 in S3 → evaluator Job (`tests` preset) writes reward.json → sealer Job seals a batch → trace reader.
+On the node: the evaluator Job of a session that uploaded nothing (a failed harness's pod: the driver-conformance
+test).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,7 @@ from tracefleet.traces.reader import BatchReader
 
 from fixtures.abandoning_client import abandon, request_bytes
 from fixtures.hub_cache import write_hub_model
+from fixtures.node_jobs import NAMESPACE, TRACEFLEET_IMAGE, Installed, pod_report
 from fixtures.pods import child_kubelet, run_job_container, run_pod
 
 REPO = Path(__file__).resolve().parents[2]
@@ -150,16 +155,35 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
     assert (trace.meta.harness, trace.meta.outcome) == ("command", "ok")
 
 
-def test_evaluator_fails_closed_when_the_harness_uploaded_nothing(scripted_engine, s3, tmp_path: Path) -> None:
-    bucket_uri = f"s3://{s3.create_bucket()}/runs"
-    job = rollout_job(scripted_engine, bucket_uri)
-    creds = {"bucket-credentials": {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}}
-    ev = evaluator_job(job, OperatorConfig(bucket_endpoint=s3.endpoint), plan_of(job, 0))
-    done = run_job_container(ev.manifest, child_kubelet(ev, tmp_path, creds), tmp_path)
-    assert done.returncode == EVALUATOR_FATAL_EXIT_CODE, done.stdout + done.stderr
-    reward = json.loads(open_bucket(bucket_uri, **s3.bucket_options()).get("podpath/sessions/0/reward.json"))
-    # storage, not the agent: the infrastructure's (left out of training), and final (nothing to judge again)
-    assert reward["reward"] == 0.0 and reward["status"] == "unavailable" and "session.patch" in reward["message"]
+def test_evaluator_fails_closed_on_the_node_when_the_harness_uploaded_nothing(node, installed: Installed, cluster_s3,
+                                                                            host_engine) -> None:
+    """The evaluator Job the operator builds, run by the kubelet of the real node (its plan's ConfigMaps and the
+    Job applied as they are, without the RolloutJob that would own them), for a session that uploaded nothing."""
+    output = f"s3://{installed.bucket}/podpath-{uuid.uuid4().hex[:8]}/runs"
+    job = rollout_job(host_engine, output)
+    job.spec.harness.image = TRACEFLEET_IMAGE  # the evaluator's too (the job names no evaluator image)
+    ev = evaluator_job(job, OperatorConfig(), plan_of(job, 0))
+    name = ev.manifest["metadata"]["name"]
+    for obj in [*ev.config_maps, ev.manifest]:
+        obj["metadata"].pop("ownerReferences")  # no RolloutJob here: the garbage collector would take it
+        obj["metadata"]["namespace"] = NAMESPACE
+        assert node.kube.kubectl("apply", "-f", "-", input=json.dumps(obj)).returncode == 0
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            pods = installed.core.list_namespaced_pod(NAMESPACE, label_selector=f"job-name={name}").items
+            states = [s.state.terminated for p in pods for s in p.status.container_statuses or [] if s.state.terminated]
+            if states or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert [s.exit_code for s in states][:1] == [EVALUATOR_FATAL_EXIT_CODE], pod_report(node.kube, installed.pods)
+        reward = json.loads(open_bucket(output, **cluster_s3.bucket_options()).get("podpath/sessions/0/reward.json"))
+        # storage, not the agent: the infrastructure's (left out of training), and final (nothing to judge again)
+        assert reward["reward"] == 0.0 and reward["status"] == "unavailable" and "session.patch" in reward["message"]
+    finally:
+        node.kube.kubectl("-n", NAMESPACE, "delete", "job", name, "--cascade=background", "--wait=false")
+        for cm in ev.config_maps:
+            node.kube.kubectl("-n", NAMESPACE, "delete", "configmap", cm["metadata"]["name"], "--wait=false")
 
 
 def test_upload_is_idempotent_skips_links_and_keeps_files_on_failure(s3, tmp_path: Path, monkeypatch) -> None:
@@ -197,9 +221,6 @@ def test_kwok_finishes_annotated_harness_pods_with_their_sidecar(kube, scripted_
     """hack/controlplane/kwok-stages.yaml: a harness pod as the operator builds it, annotated with
     tracefleet.io/kwok-delay, stays Running that long, then finishes (Succeeded, or Failed with the
     annotated exit code) and its native proxy sidecar is stopped with it."""
-    import time
-    import uuid
-
     from kubernetes import client
 
     ns = f"podpath-{uuid.uuid4().hex[:6]}"
