@@ -9,8 +9,8 @@ the quickstart agent (`command` preset) and its task's tests.
 
 harness pod (proxy sidecar + `tracefleet run --in-pod`) → SIGTERM the sidecar → capture + artifacts
 in S3 → evaluator Job (`tests` preset) writes reward.json → sealer Job seals a batch → trace reader.
-On the node: the evaluator Job of a session that uploaded nothing (a failed harness's pod: the driver-conformance
-test).
+On the node: the evaluator Job of a session that uploaded nothing, and the sidecar's exact capture with the tokenizer
+from its mounted cache (a failed harness's pod is the driver-conformance test's).
 """
 
 from __future__ import annotations
@@ -164,10 +164,7 @@ def test_evaluator_fails_closed_on_the_node_when_the_harness_uploaded_nothing(no
     job.spec.harness.image = TRACEFLEET_IMAGE  # the evaluator's too (the job names no evaluator image)
     ev = evaluator_job(job, OperatorConfig(), plan_of(job, 0))
     name = ev.manifest["metadata"]["name"]
-    for obj in [*ev.config_maps, ev.manifest]:
-        obj["metadata"].pop("ownerReferences")  # no RolloutJob here: the garbage collector would take it
-        obj["metadata"]["namespace"] = NAMESPACE
-        assert node.kube.kubectl("apply", "-f", "-", input=json.dumps(obj)).returncode == 0
+    apply_child(node, ev)
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -290,27 +287,75 @@ def test_plans_at_the_schemas_maxima_reach_their_programs(scripted_engine, tmp_p
     assert json.loads(done.stdout.strip().splitlines()[-1])["traces"] == 1024
 
 
-def test_sidecar_renders_exactly_with_the_tokenizer_from_its_mounted_cache(scripted_engine, tmp_path: Path) -> None:
-    """The default capture mode (auto) in a pod: the sidecar resolves the job's hub model id in the claim
-    the operator mounts read-only (laid out as vLLM leaves it), offline, and captures in exact mode."""
-    scripted_engine.configure(no_tools_text=FIXED_CALC)
-    job = rollout_job(scripted_engine, str(tmp_path / "bucket"))
+# One model call through the session's proxy (argv: its v1 URL, key, model), the answer to stdout.
+ONE_CALL = """
+import json, sys, urllib.request
+url, key, model = sys.argv[1:4]
+req = urllib.request.Request(url + "/chat/completions", headers={"Authorization": "Bearer " + key,
+    "Content-Type": "application/json"}, data=json.dumps({"model": model, "max_tokens": 64,
+    "messages": [{"role": "user", "content": "fix add"}]}).encode())
+print(json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]["message"]["content"])
+"""
+
+
+def apply_child(node, child) -> None:  # noqa: ANN001 - the fixture's, and a plan_volume.Child
+    """A pod or Job as the operator builds it, with its plan's ConfigMaps, in the chart's namespace on the node,
+    without the RolloutJob that would own them (the garbage collector would take them)."""
+    for obj in [*child.config_maps, child.manifest]:
+        obj["metadata"].pop("ownerReferences")
+        obj["metadata"]["namespace"] = NAMESPACE
+        r = node.kube.kubectl("apply", "-f", "-", input=json.dumps(obj))
+        assert r.returncode == 0, r.stderr
+
+
+def test_sidecar_renders_exactly_with_the_tokenizer_from_its_mounted_cache_on_the_node(
+        node, installed: Installed, cluster_s3, host_engine, tmp_path: Path) -> None:
+    """The default capture mode (auto) in a harness pod on the real node: the sidecar resolves the job's hub model id
+    in the claim the operator mounts read-only (a PersistentVolume on the node's disk, laid out as vLLM leaves it),
+    offline, and captures in exact mode."""
+    host_engine.configure(no_tools_text=FIXED_CALC)
+    run = uuid.uuid4().hex[:8]
+    output = f"s3://{installed.bucket}/podpath-{run}/runs"
+    job = rollout_job(host_engine, output)
+    job.spec.harness.image = TRACEFLEET_IMAGE
+    job.spec.harness.command = ["python", "-c", ONE_CALL, "{base_url_v1}", "{api_key}", "{model}"]
+    job.spec.tasks.inline[0].workspace = None  # the checkout's calc folder is not in the image
     job.spec.inference.capture = Capture.model_validate(
-        {"tokenizer": "acme/tiny-chat", "tokenizerCache": {"claimName": "tok", "mountPath": "/models"}})
+        {"tokenizer": "acme/tiny-chat", "tokenizerCache": {"claimName": f"tok-{run}", "mountPath": "/models"}})
     assert job.spec.inference.capture.mode == "auto"
+    cache = tmp_path / "tokenizer-cache"
+    write_hub_model(cache, "acme/tiny-chat")  # what the claim holds
+    volume = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"tok-{run}"},
+              "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
+                       "hostPath": {"path": str(cache), "type": "Directory"},
+                       "claimRef": {"namespace": NAMESPACE, "name": f"tok-{run}"}}}
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": f"tok-{run}", "namespace": NAMESPACE},
+             "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": f"tok-{run}",
+                      "resources": {"requests": {"storage": "1Gi"}}}}
     child = harness_pod(job, OperatorConfig(), plan_of(job, 0), attempt=0)
-    pod = child.manifest
-    kubelet = child_kubelet(child, tmp_path / "pod", {"bucket-credentials": {}})
-    write_hub_model(tmp_path / "pod" / "tokenizer-cache", "acme/tiny-chat")  # what the claim holds
-    env = kubelet.process(pod["spec"]["initContainers"][0])[1]
-    assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"] == str(tmp_path / "pod" / "tokenizer-cache")
-    harness, proxy_rc, out = run_pod(pod, kubelet)
-    assert harness.returncode == 0, harness.stdout + harness.stderr
-    assert proxy_rc == 0 and "capture mode exact" in out, out
-    log = read_capture_log(tmp_path / "bucket" / "podpath" / "sessions" / "0" / "capture.jsonl")
-    (rec,) = log.records
-    assert rec.status == "ok" and rec.mode == "exact" and rec.splice is not None
-    assert rec.splice.new_root_reason == "new_conversation" and rec.completion_ids
+    name = child.manifest["metadata"]["name"]
+    try:
+        for obj in (volume, claim):
+            assert node.kube.kubectl("apply", "-f", "-", input=json.dumps(obj)).returncode == 0
+        apply_child(node, child)
+        deadline = time.monotonic() + 180
+        while installed.pods.phases.get(name, [""])[-1] not in ("Succeeded", "Failed") and time.monotonic() < deadline:
+            time.sleep(1)
+        proxy_log = node.kube.kubectl("-n", NAMESPACE, "logs", name, "-c", "proxy").stdout
+        assert installed.pods.phases.get(name, [""])[-1] == "Succeeded", pod_report(node.kube, installed.pods)
+        assert "capture mode exact" in proxy_log, proxy_log
+        capture = tmp_path / "capture.jsonl"
+        capture.write_bytes(open_bucket(output, **cluster_s3.bucket_options()).get("podpath/sessions/0/capture.jsonl"))
+        (rec,) = read_capture_log(capture).records
+        assert rec.status == "ok" and rec.mode == "exact" and rec.splice is not None
+        assert rec.splice.new_root_reason == "new_conversation" and rec.completion_ids
+    finally:
+        host_engine.reset()
+        node.kube.kubectl("-n", NAMESPACE, "delete", "pod", name, "--wait=false")
+        node.kube.kubectl("-n", NAMESPACE, "delete", "pvc", f"tok-{run}", "--wait=false")
+        node.kube.kubectl("delete", "pv", f"tok-{run}", "--wait=false")
+        for cm in child.config_maps:
+            node.kube.kubectl("-n", NAMESPACE, "delete", "configmap", cm["metadata"]["name"], "--wait=false")
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
