@@ -20,6 +20,7 @@ from tracefleet.contract import environment, layout
 from tracefleet.contract.job import is_remote
 from tracefleet.contract.semantics import SETUP_TIMEOUT_S
 from tracefleet.runner.task import Task
+from tracefleet.tarballs import extract_all
 
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "tracefleet",
@@ -91,7 +92,7 @@ def _materialize(task: Task, dest: Path) -> None:
                 zf.extractall(dest)
         else:
             with tarfile.open(src) as tf:
-                tf.extractall(dest, filter="data")
+                extract_all(tf, dest)
         # An archive of one top-level folder is that folder.
         entries = list(dest.iterdir())
         if len(entries) == 1 and entries[0].is_dir() and not (dest / ".git").exists():

@@ -32,6 +32,7 @@ from tracefleet.runner.pod.harness_pod import PodPlace
 from tracefleet.runner.sandbox import ProcessResult
 from tracefleet.runner.session import SessionFolders
 from tracefleet.runner.workspace import tree_patch
+from tracefleet.tarballs import extract_member
 
 POLL_S = 0.2
 # The launcher lists the root filesystem before it says ready; a slow image pull is the kubelet's (the container
@@ -188,6 +189,6 @@ def _unpack(tar_path: Path, dest: Path, prefix: str = "") -> None:
             if rel is None:
                 continue
             try:
-                tar.extract(member.replace(name=rel, deep=False), dest, filter="data")
+                extract_member(tar, member, dest, rel)
             except (tarfile.TarError, KeyError, OSError):
                 continue  # a link out of the folder or to a member left out: the patch goes on without it

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fixtures.pods import pod_inputs
+from fixtures.pod_reads import pod_inputs
 from tracefleet.contract import layout
 from tracefleet.contract.job import RolloutJob
 from fixtures.plans import inline_job

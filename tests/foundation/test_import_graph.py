@@ -34,7 +34,8 @@ FLOOR_THIRD_PARTY = {"pydantic", "pydantic_core", "typing_extensions"}
 # The layer order, lowest first, stated once: data flows up, imports flow down.
 LAYERS = (
     {FLOOR},  # every message that crosses a process
-    {"usage", "bucket", "formats", "sockets", "process_group", "cluster_config", "vllm", "harbor", "api"},  # libraries
+    {"usage", "bucket", "formats", "sockets", "process_group", "cluster_config", "vllm", "harbor", "api",
+     "tarballs"},  # libraries
     {"proxy", "engine", "traces"},  # the components a session's model calls and rows go through
     {"runner", "diagnostics", "dashboard"},  # one session end to end, and what reads its rows
     {"operator", "images"},  # the drivers' cluster side and the images they run

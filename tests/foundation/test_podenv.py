@@ -18,7 +18,7 @@ from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.contract.job import RolloutJob
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.contract.podenv import EvaluatorEnv, HarnessEnv, PodEnvError, ProxySidecarEnv, SealerEnv
-from fixtures.pods import child_reads, pod_inputs
+from fixtures.pod_reads import child_reads, pod_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,11 +1,14 @@
 """Driver conformance (design invariant 6): one RolloutJob run by `tracefleet run` and by the operator on
-the test cluster gives a trainer the same batches (tracefleet.contract.semantics).
+a real node gives a trainer the same batches (tracefleet.contract.semantics).
 
-Real parts: the control plane + KWOK, SeaweedFS, the scripted engine, the operator as a subprocess.
-KWOK cannot run code, so the test plays the kubelet for the pods the operator creates, with the pods'
-own containers as the operator built them (tests/fixtures/drivers.py and pods.py): each harness
-pod (proxy sidecar + `tracefleet run --in-pod`, uploading to S3), then the pod's phase as its exit code
-says; each evaluator Job and sealer Job with its own environment.
+Real parts: the real node (tests/fixtures/node.py: kubelet, containerd, CNI, cluster DNS) with the chart installed by
+`helm install` (the operator as its Deployment) and SeaweedFS in the cluster on its usual HTTP port
+(tests/fixtures/node_jobs.py), the scripted engine on this machine's address, the images `tracefleet images build`
+makes. Each harness pod (proxy native sidecar + `tracefleet run --in-pod` in the tracefleet image), each evaluator Job
+and sealer Job runs on the node; the kubelet reports their phases. `tracefleet run` runs the same job here, against the
+same engine and the same bucket (through the Service's address, as a trainer reads it). Measured (2 cores shared
+with other sessions' suites): `kubectl apply` to Succeeded 63 s for the inline job (first sealed batch 40 s), 81 s
+for the Harbor job; `tracefleet run` 9 s and 11 s.
 
 The job: 3 tasks × 3 samples, a deterministic harness whose rewards differ within each group, one
 session that fails after its model call (not retried: its failure is data), one that fails before its
@@ -14,7 +17,9 @@ run (it exits 75 at both judgings: the infrastructure's, left out of its group's
 trainer reads it, counted in the manifest, the run's summary and status.counters.infrastructure; the other
 samples' advantages are those of the group without it). A sampling engine gives each
 sample of a task a different answer, and which sample index gets which answer depends on scheduling;
-here the harness draws its behaviour from a per-task counter for the same reason. So rows are compared
+here the harness draws its behaviour from a per-task counter for the same reason (`DrawingEngine`: a file here, where
+`tracefleet run`'s harness reaches only its proxy; at the engine's address for a pod, the one address a harness pod
+may reach besides its sidecar). So rows are compared
 per group as multisets, and every column a trainer reads must agree except timings:
 
 - `session_id` / `trace_id` / `sample_index` ↔ row content: which draw a session got (see above); the
@@ -31,7 +36,8 @@ folder here, the task source on the cluster: where its tests are read again). So
 pod's sidecar was given (tracefleet.contract.plan.plan_proxy in both) equals the one `tracefleet run`'s in-process
 proxy ran (LocalRun.proxy_plan), field by field.
 
-The harness reports the environment it saw (every variable but the machine's PATH/locale, with this
+The harness reports the environment it saw (every variable but the place's own: the machine's PATH/locale, the
+image's and the cluster's (KUBERNETES_*, HOSTNAME), with this
 session's own proxy address, secret, HOME and workspace named instead of spelled out): a digest of it is
 in its model call (so in the tokens) and the whole of it in the evaluator's output (trace metadata).
 The job's `spec.harness.env` overrides a preset variable (NO_COLOR) and tries to route the harness
@@ -40,8 +46,8 @@ elsewhere (OPENAI_BASE_URL), which the session's own endpoint overrides (tracefl
 A Harbor job, the same comparison: 2 Harbor task folders in an s3:// source × 2 samples, an agent (Node.js, one
 model call, its answer to a file in the task's /app) judged by each task's tests/test.sh: one solved (reward.txt),
 one not, with reward.json's second metric. Locally each session runs in a podman container of the task's image; on
-the cluster the task-image containers of each harness pod and evaluator Job run in podman as well
-(fixtures.pods.run_task_image_pod / run_task_image_job), the tracefleet-image ones as above. Every compared column
+the node each harness pod runs the task's image (the base image, loaded into containerd) with the harness image's
+bundle copied in by its init container, and each evaluator Job's verifier a fresh container of it. Every compared column
 agrees, the evaluation's metrics, the task's [metadata] and the diagnostics included; what differs is outside the
 rows (container names, the pod's volume paths, the engine's timings), so nothing more is excluded. Two real
 differences this found, fixed at the root: the pods' task had no [metadata] (now both drivers make it with
@@ -52,30 +58,35 @@ container's launcher now keeps its working directory as the image has it: runner
 
 from __future__ import annotations
 
+import http.client
 import json
 import textwrap
 import threading
-import time
+import uuid
 from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
-from fixtures.drivers import CREDENTIALS_SECRET, PlayedCluster, submit
-from fixtures.pods import cluster_config_maps, reads
+from fixtures.node_jobs import (CREDENTIALS_SECRET, HARNESS_IMAGE, NAMESPACE, TRACEFLEET_IMAGE, Installed, apply_job,
+                                assert_children_ran)
+from fixtures.pod_reads import cluster_config_maps, reads
 from fixtures.harbor_tasks import ANSWER_AGENT_JS, ANSWER_TEST_SH, answer_task_toml
 from fixtures.local_runs import run_local
 from tracefleet.bucket import open_bucket
 from tracefleet.contract import layout, semantics
+from tracefleet.contract import task_image as ti
 from tracefleet.contract.podenv import HarnessEnv, ProxySidecarEnv
 from tracefleet.contract.proxy_plan import ProxyPlan
 from tracefleet.contract.session import SessionPlan
 from tracefleet.operator import names as n
+from tracefleet.runner.containers.runtime import BASE_IMAGE
 from tracefleet.traces.reader import BatchReader
 
-REPO = Path(__file__).resolve().parents[2]
-CALC = REPO / "examples" / "quickstart" / "tasks" / "calc"
 JOB = "conform"
 TASKS, SAMPLES, PER_BATCH = 3, 3, 4  # 2 groups per batch: 2 batches
 
@@ -89,8 +100,9 @@ DRAWS = {
 HARNESS = textwrap.dedent(
     """
     import fcntl, hashlib, json, os, re, sys, urllib.request
+    # the place's own: the machine's, the image's (its ENV), the cluster's (Service variables, the pod's name)
     MACHINE = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "SSL_CERT_FILE", "SSL_CERT_DIR", "PWD", "OLDPWD",
-               "SHLVL", "_"}
+               "SHLVL", "_", "HOSTNAME", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PIP_DISABLE_PIP_VERSION_CHECK"}
     own = [(os.environ["OPENAI_API_KEY"], "<secret>"), (os.getcwd(), "<workdir>"), (os.environ["HOME"], "<home>")]
 
     def seen(value):
@@ -99,15 +111,18 @@ HARNESS = textwrap.dedent(
             value = value.replace(real, name)
         return value
 
-    env = {k: seen(v) for k, v in sorted(os.environ.items()) if k not in MACHINE}
+    env = {k: seen(v) for k, v in sorted(os.environ.items()) if k not in MACHINE and not k.startswith("KUBERNETES_")}
     json.dump(env, open("seen-env.json", "w"), sort_keys=True)
     digest = hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
-    counters, task = sys.argv[1], sys.argv[2]
-    with open(os.path.join(counters, task), "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        f.seek(0)
-        k = len(f.read())
-        f.write("x")
+    counters, draws, task = sys.argv[1:4]
+    if os.path.isdir(counters):  # this machine's (`tracefleet run`: the harness reaches only its proxy)
+        with open(os.path.join(counters, task), "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            k = len(f.read())
+            f.write("x")
+    else:  # a pod's: the engine's address
+        k = int(urllib.request.urlopen(f"{draws}/{task}", timeout=30).read())
     draw = json.loads(os.environ["CONFORM_DRAWS"])[task][k]
     if draw == "fail-before-call":
         sys.exit(4)
@@ -137,6 +152,82 @@ EVALUATOR = textwrap.dedent(
                       "harness_env": json.load(open("seen-env.json"))}))
     """
 )
+DRAWS_PATH = "/conform-draws"
+
+
+class DrawingEngine:
+    """The engine as the job names it: every request forwarded to the scripted engine, and GET DRAWS_PATH/<task>
+    counting the starts of each task's harness in a pod (the k-th start reads k). At the engine's address because a
+    harness pod reaches nothing else beyond its sidecar (its NetworkPolicy). `tracefleet run`'s harness reaches only
+    its proxy (a loopback-only network namespace) but shares this machine's files: it counts in `counters`, a
+    folder no pod has. One command line for both drivers, so one plan."""
+
+    def __init__(self, engine: Any, host: str, counters: Path) -> None:
+        self.engine, self.model, self.counters = engine, engine.model, counters
+        counters.mkdir(exist_ok=True)
+        self.counts: Counter[str] = Counter()
+        lock = threading.Lock()
+        target = engine.url.split("://", 1)[1]
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _reply(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+                self.send_response(status)
+                for key, value in headers:
+                    if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _forward(self) -> None:
+                if self.command == "GET" and self.path.startswith(DRAWS_PATH + "/"):
+                    with lock:
+                        task = self.path.rsplit("/", 1)[1]
+                        k = outer.counts[task]
+                        outer.counts[task] += 1
+                    self._reply(200, [("Content-Type", "text/plain")], str(k).encode())
+                    return
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                conn = http.client.HTTPConnection(target, timeout=300)
+                try:
+                    headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                    conn.request(self.command, self.path, body=body or None, headers=headers)
+                    r = conn.getresponse()
+                    self._reply(r.status, r.getheaders(), r.read())
+                finally:
+                    conn.close()
+
+            do_GET = do_POST = do_PUT = do_DELETE = _forward
+
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}"
+        self.draws = self.url + DRAWS_PATH
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def starts(self) -> dict[str, int]:
+        """How often each task's harness started since the last call, in either driver: sessions plus retries."""
+        here = Counter({f.name: len(f.read_text()) for f in self.counters.iterdir()})
+        for f in self.counters.iterdir():
+            f.unlink()
+        out, self.counts = dict(sorted((self.counts + here).items())), Counter()
+        return out
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def drawing_engine(node: Any, host_engine: Any, tmp_path: Path) -> Iterator[DrawingEngine]:
+    engine = DrawingEngine(host_engine, node.host, tmp_path / "counters")
+    yield engine
+    engine.close()
 
 
 # a preset default the job overrides (the command preset sets NO_COLOR=1), and a variable that routes the
@@ -144,39 +235,26 @@ EVALUATOR = textwrap.dedent(
 USER_ENV = {"NO_COLOR": "0", "OPENAI_BASE_URL": "http://192.0.2.1:9/v1"}
 
 
-def manifest(engine: Any, tmp: Path, output: str, ns: str | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": JOB, **({"namespace": ns} if ns else {})}
+def manifest(engine: DrawingEngine, output: str) -> dict[str, Any]:
+    """The job, the same for both drivers: the tracefleet image's python runs the harness and the evaluator."""
     return {
         "apiVersion": "tracefleet.io/v1alpha1",
         "kind": "RolloutJob",
-        "metadata": meta,
+        "metadata": {"name": JOB},
         "spec": {
             "inference": {"external": {"baseUrl": engine.url, "model": engine.model}, "capture": {"mode": "server"},
                           # stated, so both drivers' proxies are compared on more than defaults
                           "sampling": {"temperature": 1.0}, "engineTimeouts": {"interTokenSeconds": 120}},
-            "harness": {"preset": "command", "image": "reg.local/tracefleet:test",
-                        "command": ["python", str(tmp / "harness.py"), str(tmp / "counters"), "{prompt}"],
+            "harness": {"preset": "command", "image": TRACEFLEET_IMAGE,
+                        "command": ["python", "-c", HARNESS, str(engine.counters), engine.draws, "{prompt}"],
                         "env": {"CONFORM_DRAWS": json.dumps(DRAWS), **USER_ENV}, "sessionTimeoutSeconds": 120},
-            "tasks": {"inline": [{"id": f"t{i}", "prompt": f"t{i}", "workspace": {"repo": str(CALC)}} for i in range(TASKS)],
-                      "samplesPerTask": SAMPLES},
-            "evaluator": {"preset": "command", "command": ["python", str(tmp / "evaluate.py")], "timeoutSeconds": 60},
+            "tasks": {"inline": [{"id": f"t{i}", "prompt": f"t{i}"} for i in range(TASKS)], "samplesPerTask": SAMPLES},
+            "evaluator": {"preset": "command", "command": ["python", "-c", EVALUATOR], "timeoutSeconds": 60},
             "output": {"uri": output, "credentialsSecretRef": {"name": CREDENTIALS_SECRET}, "tracesPerBatch": PER_BATCH},
             "parallelism": 3,
             "maxRetries": 2,
         },
     }
-
-
-def reset_counters(tmp: Path) -> None:
-    counters = tmp / "counters"
-    counters.mkdir(exist_ok=True)
-    for f in counters.iterdir():
-        f.unlink()
-
-
-def starts(tmp: Path) -> dict[str, int]:
-    """How often each task's harness started: sessions plus retries."""
-    return {f.name: len(f.read_text()) for f in sorted((tmp / "counters").iterdir())}
 
 
 # ---------------------------------------------------------------- what a trainer reads
@@ -328,19 +406,18 @@ def local_plans(job_file: Path, tmp: Path, engine: Any) -> tuple[list[SessionPla
             run.proxy_plan(engine.url, engine.model))
 
 
-def assert_same_plans(local: tuple[list[SessionPlan], ProxyPlan], played: PlayedCluster, ns: str, job: str,
-                      tmp: Path) -> None:
+def assert_same_plans(local: tuple[list[SessionPlan], ProxyPlan], cluster: Installed, job: str, tmp: Path) -> None:
     """The SessionPlan each first-attempt harness pod was given (its plan files, mounted from its ConfigMaps, read as
     the pod program reads them) equals the one `tracefleet run` built for that session, field by field; and so does
     the ProxyPlan its sidecar was given to the one `tracefleet run`'s in-process proxy ran."""
     local, proxy = local
-    pods = played.core.list_namespaced_pod(ns, label_selector=n.job_selector(job, n.COMPONENT_HARNESS)).items
-    config_maps = cluster_config_maps(played.core, ns)
+    pods = cluster.core.list_namespaced_pod(NAMESPACE, label_selector=n.job_selector(job, n.COMPONENT_HARNESS)).items
+    config_maps = cluster_config_maps(cluster.core, NAMESPACE)
     shipped: dict[int, SessionPlan] = {}
     for pod in pods:
         if pod.metadata.labels[n.LABEL_ATTEMPT] != "0":
             continue
-        spec = played.api.sanitize_for_serialization(pod)["spec"]
+        spec = cluster.core.api_client.sanitize_for_serialization(pod)["spec"]
         program = "session" if len(spec["containers"]) > 1 else "harness"  # a Harbor task's pod: the session program
         plan = reads(HarnessEnv, spec, program, config_maps, tmp / pod.metadata.name).plan
         shipped[plan.index] = plan
@@ -357,31 +434,25 @@ def assert_same_plans(local: tuple[list[SessionPlan], ProxyPlan], played: Played
                                for k in sorted({*here, *there}) if here.get(k) != there.get(k)]
 
 
-def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: Any, scripted_engine: Any, operator: Any,
-                                                               tmp_path: Path) -> None:
-    ns, operator_log = operator
-    (tmp_path / "harness.py").write_text(HARNESS)
-    (tmp_path / "evaluate.py").write_text(EVALUATOR)
-    bucket_name = s3.create_bucket()
-    creds = {**s3.env(), "AWS_DEFAULT_REGION": s3.region}
+def test_local_and_node_runs_give_a_trainer_the_same_batches(node: Any, installed: Installed, cluster_s3: Any,
+                                                            drawing_engine: DrawingEngine, tmp_path: Path) -> None:
+    engine, s3 = drawing_engine, cluster_s3
+    prefix = f"s3://{installed.bucket}/conform-{uuid.uuid4().hex[:8]}"
+    creds = s3.env()
 
     # ---- tracefleet run
-    reset_counters(tmp_path)
-    local, local_s = run_local(manifest(scripted_engine, tmp_path, f"s3://{bucket_name}/local"), tmp_path, env=creds, timeout_s=400)
+    local, local_s = run_local(manifest(engine, f"{prefix}/local"), tmp_path, env=creds, timeout_s=400)
     assert local.returncode == 0, local.stdout + local.stderr
-    local_starts = starts(tmp_path)
+    local_starts = engine.starts()
     assert "retry 1/2" in local.stderr, local.stderr  # the failure before the model call was retried
 
-    # ---- the operator on the cluster, through the real pod data path
-    reset_counters(tmp_path)
-    submit(kube, ns, manifest(scripted_engine, tmp_path, f"s3://{bucket_name}/cluster", ns), creds)
-
+    # ---- the operator on the node: kubectl apply, the kubelet runs every pod
     # a trainer follows the cluster's batches while the job runs
-    cluster_reader = BatchReader(f"s3://{bucket_name}/cluster", JOB, consumer="trainer", **s3.bucket_options())
+    cluster_reader = BatchReader(f"{prefix}/cluster", JOB, consumer="trainer", **s3.bucket_options())
     trained: list[dict[str, Any]] = []
 
     def trainer() -> None:
-        for batch in cluster_reader.follow(poll_s=0.5, timeout_s=300):
+        for batch in cluster_reader.follow(poll_s=0.5, timeout_s=400):
             t = batch.tensors()
             trained.append({"groups": set(batch.table.column("group_id").to_pylist()),
                             "advantages": t["sequence_advantages"].numpy().copy(), "loss_tokens": float(t["loss_mask"].sum())})
@@ -391,31 +462,35 @@ def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: A
 
     follower = threading.Thread(target=trainer, daemon=True)
     follower.start()
-    played = PlayedCluster(kube, ns, JOB, {CREDENTIALS_SECRET: creds}, tmp_path / "pods")
-    started = time.monotonic()
-    status = played.run_until_finished(400, operator_log)
-    cluster_s = time.monotonic() - started
-    follower.join(60)
-    assert status["phase"] == "Succeeded", status
-    print(f"local run {local_s:.1f} s, cluster run {cluster_s:.1f} s")
+    try:
+        status, _ = apply_job(node, installed, s3, manifest(engine, f"{prefix}/cluster"))
+        follower.join(60)
+        assert status["phase"] == "Succeeded", status
+        print(f"local run {local_s:.1f} s")
+        # every child pod ran on the node, as the kubelet reported it: the failed sessions' harness pods Failed
+        children = assert_children_ran(node, installed, JOB, all_succeeded=False)
+        failed = sorted(pod.metadata.labels[n.LABEL_COMPONENT] for name, pod in children.items()
+                        if installed.pods.phases[name][-1] == "Failed")
+        assert failed.count(n.COMPONENT_HARNESS) == 2, failed  # fail-before-call (then retried), fail-after-call
+        assert n.COMPONENT_SEALER not in failed, failed
+        # ---- the plans: each session's, as each driver built it (tracefleet.contract.plan.plan_sessions in both)
+        assert_same_plans(local_plans(tmp_path / "job.yaml", tmp_path, engine), installed, JOB, tmp_path / "shipped")
+        pods = installed.core.list_namespaced_pod(NAMESPACE, label_selector=n.job_selector(JOB, n.COMPONENT_HARNESS)).items
+    finally:
+        installed.delete(JOB)
     # the sample whose evaluator could not run, counted by both drivers
     assert status["counters"]["infrastructure"] == 1, status
     assert "ok 6, the policy's failures 2, the infrastructure's 1" in local.stdout, local.stdout
 
     # maxRetries, the same in both drivers: the failure before the first model call ran again (t2: one more
     # start), the failure after it did not (t1: three starts)
-    assert starts(tmp_path) == local_starts == {"t0": 3, "t1": 3, "t2": 4}
-    pods = played.core.list_namespaced_pod(ns, label_selector=n.job_selector(JOB, n.COMPONENT_HARNESS)).items
+    assert engine.starts() == local_starts == {"t0": 3, "t1": 3, "t2": 4}
     attempts = Counter(int(p.metadata.labels[n.LABEL_ATTEMPT]) for p in pods)
     assert attempts == {0: 9, 1: 1}, attempts
 
-    # ---- the plans: each session's, as each driver built it (tracefleet.contract.plan.plan_sessions in both)
-    assert_same_plans(local_plans(tmp_path / "job.yaml", tmp_path, scripted_engine), played, ns, JOB,
-                      tmp_path / "shipped")
-
     # ---- what a trainer reads from either bucket
-    local_batches = read_batches(BatchReader(f"s3://{bucket_name}/local", JOB, **s3.bucket_options()))
-    cluster_batches = read_batches(BatchReader(f"s3://{bucket_name}/cluster", JOB, **s3.bucket_options()))
+    local_batches = read_batches(BatchReader(f"{prefix}/local", JOB, **s3.bucket_options()))
+    cluster_batches = read_batches(BatchReader(f"{prefix}/cluster", JOB, **s3.bucket_options()))
     assert_expected_semantics(local_batches, "local")
     assert_expected_semantics(cluster_batches, "cluster")
     assert sessions_by_group(cluster_batches) == sessions_by_group(local_batches) == {
@@ -433,6 +508,14 @@ def test_local_and_cluster_runs_give_a_trainer_the_same_batches(kube: Any, s3: A
         "TRACEFLEET_BASE_URL", "TRACEFLEET_API_KEY", "TRACEFLEET_MODEL", "TRACEFLEET_PROMPT", "TRACEFLEET_WORKDIR")
         for k in env), env
     assert sorted(len(b["rows"]) for b in cluster_batches) == sorted(len(b["rows"]) for b in local_batches) == [3, 6]
+    # the harness that failed after its call: its pod Failed, and still `tracefleet run --in-pod` kept what it did
+    # (the change it made, its result with the harness's own exit code) and the sidecar uploaded it
+    (failed_row,) = [r for b in cluster_batches for r in b["rows"] if "session_error:harness" in r["fail_closed_reasons"]]
+    artifacts = layout.artifacts_prefix(JOB, int(failed_row["session_id"].rsplit("-s", 1)[1]))
+    cluster = open_bucket(f"{prefix}/cluster", **s3.bucket_options())
+    result = json.loads(cluster.get(artifacts + layout.RESULT))
+    assert (result["status"], result["stage"], result["harness_exit_code"]) == ("error", "harness", 3), result
+    assert "seen-env.json" in cluster.get(artifacts + layout.PATCH).decode()
 
     # the cluster's batches as a trainer consumed them: whole groups, GRPO advantages that are not all zero
     assert len(trained) == 2 and sorted(len(t["groups"]) for t in trained) == [1, 2]
@@ -452,13 +535,15 @@ HARBOR_TESTS = {
                'if [ -s /app/answer.txt ]; then a=1; else a=0; fi\n'
                'printf \'{"reward": %s, "answered": %s}\\n\' $r $a > /logs/verifier/reward.json\n',
 }
-def harbor_manifest(engine: Any, tasks: str, output: str, ns: str | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": HARBOR_JOB, **({"namespace": ns} if ns else {})}
+
+
+def harbor_manifest(engine: Any, tasks: str, output: str) -> dict[str, Any]:
+    """The Harbor job, the same for both drivers: the harness image's bundle (its Node.js) runs the agent."""
     return {
-        "apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob", "metadata": meta,
+        "apiVersion": "tracefleet.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": HARBOR_JOB},
         "spec": {
             "inference": {"external": {"baseUrl": engine.url, "model": engine.model}, "capture": {"mode": "server"}},
-            "harness": {"preset": "command", "image": "reg.local/bundle:test", "sessionTimeoutSeconds": 120,
+            "harness": {"preset": "command", "image": HARNESS_IMAGE, "sessionTimeoutSeconds": 120,
                         "command": ["node", "-e", ANSWER_AGENT_JS, "{base_url_v1}", "{api_key}", "{model}", "{prompt}"]},
             "tasks": {"harbor": {"uri": tasks}, "samplesPerTask": HARBOR_SAMPLES},
             "output": {"uri": output, "credentialsSecretRef": {"name": CREDENTIALS_SECRET},
@@ -468,41 +553,49 @@ def harbor_manifest(engine: Any, tasks: str, output: str, ns: str | None = None)
     }
 
 
-def test_a_harbor_job_gives_a_trainer_the_same_batches_from_both_drivers(kube: Any, s3: Any, scripted_engine: Any,
-                                                                        operator: Any, container_runtime: Any,
-                                                                        tmp_path: Path, monkeypatch: Any) -> None:
-    ns, operator_log = operator
-    scripted_engine.configure(no_tools_text="42")
-    bucket_name = s3.create_bucket()
-    creds = {**s3.env(), "AWS_DEFAULT_REGION": s3.region}
-    source = open_bucket(f"s3://{bucket_name}/tasks", **s3.bucket_options())
+def test_a_harbor_job_gives_a_trainer_the_same_batches_from_both_drivers(node: Any, installed: Installed,
+                                                                        cluster_s3: Any, host_engine: Any,
+                                                                        container_runtime: Any, tmp_path: Path,
+                                                                        monkeypatch: Any) -> None:
+    """Each harness pod runs its task's own image on the node (the base image, loaded into containerd)."""
+    s3 = cluster_s3
+    node.load_image(container_runtime, BASE_IMAGE)
+    host_engine.configure(no_tools_text="42")
+    prefix = f"s3://{installed.bucket}/conform-harbor-{uuid.uuid4().hex[:8]}"
+    creds = s3.env()
+    source = open_bucket(f"{prefix}/tasks", **s3.bucket_options())
     for name, test_sh in HARBOR_TESTS.items():
         files = {"task.toml": answer_task_toml(f'difficulty = "{name}-level"'), "tests/test.sh": test_sh,
                  "instruction.md": f"Write the answer to answer.txt ({name}).\n"}
         for rel, text in files.items():
             source.put(f"{name}/{rel}", text.encode())
-    tasks = f"s3://{bucket_name}/tasks"
+    tasks = f"{prefix}/tasks"
+    try:
+        local, local_s = run_local(harbor_manifest(host_engine, tasks, f"{prefix}/local"), tmp_path, env=creds,
+                                   timeout_s=300)
+        assert local.returncode == 0, local.stdout + local.stderr
+        print(f"harbor job: local run {local_s:.1f} s")
+        try:
+            status, _ = apply_job(node, installed, s3, harbor_manifest(host_engine, tasks, f"{prefix}/cluster"),
+                                  timeout_s=300)
+            assert status["phase"] == "Succeeded", status
+            children = assert_children_ran(node, installed, HARBOR_JOB)
+            harness = [p for p in children.values() if p.metadata.labels[n.LABEL_COMPONENT] == n.COMPONENT_HARNESS]
+            assert {c.image for p in harness for c in p.spec.containers} >= {BASE_IMAGE}  # the task's own image
+            for key, value in creds.items():  # the local planner reads the task source as `tracefleet run` did
+                monkeypatch.setenv(key, value)
+            plans = local_plans(tmp_path / "job.yaml", tmp_path, host_engine)
+            assert [(p.task.id, p.harness.timeout_s, p.evaluator.type) for p in plans[0]] == [
+                ("answer", 120, "harbor"), ("answer", 120, "harbor"), ("metrics", 120, "harbor"),
+                ("metrics", 120, "harbor")]
+            assert_same_plans(plans, installed, HARBOR_JOB, tmp_path / "shipped")
+        finally:
+            installed.delete(HARBOR_JOB)
+    finally:
+        host_engine.reset()
 
-    local, local_s = run_local(harbor_manifest(scripted_engine, tasks, f"s3://{bucket_name}/local"), tmp_path,
-                               env=creds, timeout_s=300)
-    assert local.returncode == 0, local.stdout + local.stderr
-
-    submit(kube, ns, harbor_manifest(scripted_engine, tasks, f"s3://{bucket_name}/cluster", ns), creds)
-    played = PlayedCluster(kube, ns, HARBOR_JOB, {CREDENTIALS_SECRET: creds}, tmp_path / "pods",
-                           runtime=container_runtime)
-    started = time.monotonic()
-    status = played.run_until_finished(300, operator_log)
-    print(f"harbor job: local run {local_s:.1f} s, cluster run {time.monotonic() - started:.1f} s")
-    assert status["phase"] == "Succeeded", status
-    for key, value in creds.items():  # the local planner reads the task source as `tracefleet run` did
-        monkeypatch.setenv(key, value)
-    plans = local_plans(tmp_path / "job.yaml", tmp_path, scripted_engine)
-    assert [(p.task.id, p.harness.timeout_s, p.evaluator.type) for p in plans[0]] == [
-        ("answer", 120, "harbor"), ("answer", 120, "harbor"), ("metrics", 120, "harbor"), ("metrics", 120, "harbor")]
-    assert_same_plans(plans, played, ns, HARBOR_JOB, tmp_path / "shipped")
-
-    local_batches = read_batches(BatchReader(f"s3://{bucket_name}/local", HARBOR_JOB, **s3.bucket_options()))
-    cluster_batches = read_batches(BatchReader(f"s3://{bucket_name}/cluster", HARBOR_JOB, **s3.bucket_options()))
+    local_batches = read_batches(BatchReader(f"{prefix}/local", HARBOR_JOB, **s3.bucket_options()))
+    cluster_batches = read_batches(BatchReader(f"{prefix}/cluster", HARBOR_JOB, **s3.bucket_options()))
     for batches in (local_batches, cluster_batches):
         rows = [r for b in batches for r in b["rows"]]
         summary = Counter((r["task_id"], r["reward"], r["outcome"], r["num_trainable"] > 0) for r in rows)
@@ -516,6 +609,10 @@ def test_a_harbor_job_gives_a_trainer_the_same_batches_from_both_drivers(kube: A
                                                                                      by_group(local_batches)))
     # the session's patch the diagnostics read: the agent's change in the task's /app, from the pod's change set as
     # from the local container (an empty one flagged the cluster's solved rows as success without work)
-    cluster = open_bucket(f"s3://{bucket_name}/cluster", **s3.bucket_options())
+    cluster = open_bucket(f"{prefix}/cluster", **s3.bucket_options())
     patch = cluster.get(layout.artifacts_prefix(HARBOR_JOB, 0) + layout.PATCH).decode()
     assert "diff --git a/answer.txt b/answer.txt" in patch and "+42" in patch, patch
+    # the agent ran in the task's /app, in the task container, and its change set came back with the artifacts
+    artifacts = layout.artifacts_prefix(HARBOR_JOB, 0)
+    assert cluster.get(artifacts + "harness.stdout").decode().strip() == "answered in /app"
+    assert {artifacts + name for name in (ti.CHANGES, ti.DELETED)} <= {o.key for o in cluster.list(artifacts)}

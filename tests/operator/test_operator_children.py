@@ -17,7 +17,7 @@ from tracefleet.operator import names as n
 from tracefleet.contract import podenv
 from tracefleet.api import DEFAULT_VLLM_IMAGE
 from fixtures.plans import plan_of
-from fixtures.pods import child_reads
+from fixtures.pod_reads import child_reads
 from tracefleet.contract.podenv import EvaluatorEnv, HarnessEnv, ProxySidecarEnv
 from tracefleet.contract.proxy_plan import ProxyPlan
 from tracefleet.vllm import vllm_server

@@ -32,7 +32,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from fixtures.controlplane import free_port
-from fixtures.pods import cluster_config_maps, reads
+from fixtures.pod_reads import cluster_config_maps, reads
 from tracefleet.contract import layout
 from tracefleet.contract import semantics
 from tracefleet.bucket import open_bucket

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fixtures.pods import pod_inputs
+from fixtures.pod_reads import pod_inputs
 from tracefleet.contract import layout
 from fixtures.plans import inline_plans
 from tracefleet.bucket import open_bucket

@@ -1,4 +1,5 @@
-"""The pods a RolloutJob becomes, run for real as local processes (what KWOK cannot run).
+"""The pods a RolloutJob becomes, run for real: on the real node (tests/fixtures/node.py) where it can hold them, else
+as local processes on the imitation kubelet (tests/fixtures/pods.py; what each needs to move: docs/testing.md).
 
 The containers come from the objects `operator/children/` builds for a real RolloutJob: their
 command, args and env are used as they are, with only what a kubelet does applied here (envFrom the
@@ -8,6 +9,8 @@ the quickstart agent (`command` preset) and its task's tests.
 
 harness pod (proxy sidecar + `tracefleet run --in-pod`) → SIGTERM the sidecar → capture + artifacts
 in S3 → evaluator Job (`tests` preset) writes reward.json → sealer Job seals a batch → trace reader.
+On the node: the evaluator Job of a session that uploaded nothing, and the sidecar's exact capture with the tokenizer
+from its mounted cache (a failed harness's pod is the driver-conformance test's).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,7 @@ from tracefleet.traces.reader import BatchReader
 
 from fixtures.abandoning_client import abandon, request_bytes
 from fixtures.hub_cache import write_hub_model
+from fixtures.node_jobs import NAMESPACE, TRACEFLEET_IMAGE, Installed, pod_report
 from fixtures.pods import child_kubelet, run_job_container, run_pod
 
 REPO = Path(__file__).resolve().parents[2]
@@ -150,16 +155,32 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
     assert (trace.meta.harness, trace.meta.outcome) == ("command", "ok")
 
 
-def test_evaluator_fails_closed_when_the_harness_uploaded_nothing(scripted_engine, s3, tmp_path: Path) -> None:
-    bucket_uri = f"s3://{s3.create_bucket()}/runs"
-    job = rollout_job(scripted_engine, bucket_uri)
-    creds = {"bucket-credentials": {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}}
-    ev = evaluator_job(job, OperatorConfig(bucket_endpoint=s3.endpoint), plan_of(job, 0))
-    done = run_job_container(ev.manifest, child_kubelet(ev, tmp_path, creds), tmp_path)
-    assert done.returncode == EVALUATOR_FATAL_EXIT_CODE, done.stdout + done.stderr
-    reward = json.loads(open_bucket(bucket_uri, **s3.bucket_options()).get("podpath/sessions/0/reward.json"))
-    # storage, not the agent: the infrastructure's (left out of training), and final (nothing to judge again)
-    assert reward["reward"] == 0.0 and reward["status"] == "unavailable" and "session.patch" in reward["message"]
+def test_evaluator_fails_closed_on_the_node_when_the_harness_uploaded_nothing(node, installed: Installed, cluster_s3,
+                                                                            host_engine) -> None:
+    """The evaluator Job the operator builds, run by the kubelet of the real node (its plan's ConfigMaps and the
+    Job applied as they are, without the RolloutJob that would own them), for a session that uploaded nothing."""
+    output = f"s3://{installed.bucket}/podpath-{uuid.uuid4().hex[:8]}/runs"
+    job = rollout_job(host_engine, output)
+    job.spec.harness.image = TRACEFLEET_IMAGE  # the evaluator's too (the job names no evaluator image)
+    ev = evaluator_job(job, OperatorConfig(), plan_of(job, 0))
+    name = ev.manifest["metadata"]["name"]
+    apply_child(node, ev)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            pods = installed.core.list_namespaced_pod(NAMESPACE, label_selector=f"job-name={name}").items
+            states = [s.state.terminated for p in pods for s in p.status.container_statuses or [] if s.state.terminated]
+            if states or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert [s.exit_code for s in states][:1] == [EVALUATOR_FATAL_EXIT_CODE], pod_report(node.kube, installed.pods)
+        reward = json.loads(open_bucket(output, **cluster_s3.bucket_options()).get("podpath/sessions/0/reward.json"))
+        # storage, not the agent: the infrastructure's (left out of training), and final (nothing to judge again)
+        assert reward["reward"] == 0.0 and reward["status"] == "unavailable" and "session.patch" in reward["message"]
+    finally:
+        node.kube.kubectl("-n", NAMESPACE, "delete", "job", name, "--cascade=background", "--wait=false")
+        for cm in ev.config_maps:
+            node.kube.kubectl("-n", NAMESPACE, "delete", "configmap", cm["metadata"]["name"], "--wait=false")
 
 
 def test_upload_is_idempotent_skips_links_and_keeps_files_on_failure(s3, tmp_path: Path, monkeypatch) -> None:
@@ -197,9 +218,6 @@ def test_kwok_finishes_annotated_harness_pods_with_their_sidecar(kube, scripted_
     """hack/controlplane/kwok-stages.yaml: a harness pod as the operator builds it, annotated with
     tracefleet.io/kwok-delay, stays Running that long, then finishes (Succeeded, or Failed with the
     annotated exit code) and its native proxy sidecar is stopped with it."""
-    import time
-    import uuid
-
     from kubernetes import client
 
     ns = f"podpath-{uuid.uuid4().hex[:6]}"
@@ -269,45 +287,75 @@ def test_plans_at_the_schemas_maxima_reach_their_programs(scripted_engine, tmp_p
     assert json.loads(done.stdout.strip().splitlines()[-1])["traces"] == 1024
 
 
-def test_in_pod_exit_code_reflects_a_failed_harness_and_artifacts_still_upload(scripted_engine, tmp_path: Path) -> None:
-    """A harness that exits 3 after editing a file: `tracefleet run --in-pod` exits 1 (status error), the
-    diff is still collected, and the sidecar uploads it (here to a local-directory bucket)."""
-    job = rollout_job(scripted_engine, str(tmp_path / "bucket"))
-    job.spec.harness.command = ["python", "-c", "import sys; open('x.txt', 'w').write('partial'); sys.exit(3)"]
-    child = harness_pod(job, OperatorConfig(), plan_of(job, 0), attempt=0)
-    pod = child.manifest
-    kubelet = child_kubelet(child, tmp_path / "pod", {"bucket-credentials": {}})
-    harness, proxy_rc, out = run_pod(pod, kubelet, timeout_s=120)
-    assert harness.returncode == 1, harness.stdout + harness.stderr
-    assert proxy_rc == 0, out
-    session = tmp_path / "bucket" / "podpath" / "sessions" / "0"
-    result = json.loads((session / "artifacts" / "result.json").read_text())
-    assert result["status"] == "error" and result["stage"] == "harness" and result["harness_exit_code"] == 3
-    assert "+partial" in (session / "artifacts" / "session.patch").read_text()
-    assert (session / "capture.jsonl").read_bytes() == b""  # no model calls: an explicit empty log
+# One model call through the session's proxy (argv: its v1 URL, key, model), the answer to stdout.
+ONE_CALL = """
+import json, sys, urllib.request
+url, key, model = sys.argv[1:4]
+req = urllib.request.Request(url + "/chat/completions", headers={"Authorization": "Bearer " + key,
+    "Content-Type": "application/json"}, data=json.dumps({"model": model, "max_tokens": 64,
+    "messages": [{"role": "user", "content": "fix add"}]}).encode())
+print(json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]["message"]["content"])
+"""
 
 
-def test_sidecar_renders_exactly_with_the_tokenizer_from_its_mounted_cache(scripted_engine, tmp_path: Path) -> None:
-    """The default capture mode (auto) in a pod: the sidecar resolves the job's hub model id in the claim
-    the operator mounts read-only (laid out as vLLM leaves it), offline, and captures in exact mode."""
-    scripted_engine.configure(no_tools_text=FIXED_CALC)
-    job = rollout_job(scripted_engine, str(tmp_path / "bucket"))
+def apply_child(node, child) -> None:  # noqa: ANN001 - the fixture's, and a plan_volume.Child
+    """A pod or Job as the operator builds it, with its plan's ConfigMaps, in the chart's namespace on the node,
+    without the RolloutJob that would own them (the garbage collector would take them)."""
+    for obj in [*child.config_maps, child.manifest]:
+        obj["metadata"].pop("ownerReferences")
+        obj["metadata"]["namespace"] = NAMESPACE
+        r = node.kube.kubectl("apply", "-f", "-", input=json.dumps(obj))
+        assert r.returncode == 0, r.stderr
+
+
+def test_sidecar_renders_exactly_with_the_tokenizer_from_its_mounted_cache_on_the_node(
+        node, installed: Installed, cluster_s3, host_engine, tmp_path: Path) -> None:
+    """The default capture mode (auto) in a harness pod on the real node: the sidecar resolves the job's hub model id
+    in the claim the operator mounts read-only (a PersistentVolume on the node's disk, laid out as vLLM leaves it),
+    offline, and captures in exact mode."""
+    host_engine.configure(no_tools_text=FIXED_CALC)
+    run = uuid.uuid4().hex[:8]
+    output = f"s3://{installed.bucket}/podpath-{run}/runs"
+    job = rollout_job(host_engine, output)
+    job.spec.harness.image = TRACEFLEET_IMAGE
+    job.spec.harness.command = ["python", "-c", ONE_CALL, "{base_url_v1}", "{api_key}", "{model}"]
+    job.spec.tasks.inline[0].workspace = None  # the checkout's calc folder is not in the image
     job.spec.inference.capture = Capture.model_validate(
-        {"tokenizer": "acme/tiny-chat", "tokenizerCache": {"claimName": "tok", "mountPath": "/models"}})
+        {"tokenizer": "acme/tiny-chat", "tokenizerCache": {"claimName": f"tok-{run}", "mountPath": "/models"}})
     assert job.spec.inference.capture.mode == "auto"
+    cache = tmp_path / "tokenizer-cache"
+    write_hub_model(cache, "acme/tiny-chat")  # what the claim holds
+    volume = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"tok-{run}"},
+              "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
+                       "hostPath": {"path": str(cache), "type": "Directory"},
+                       "claimRef": {"namespace": NAMESPACE, "name": f"tok-{run}"}}}
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": f"tok-{run}", "namespace": NAMESPACE},
+             "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": f"tok-{run}",
+                      "resources": {"requests": {"storage": "1Gi"}}}}
     child = harness_pod(job, OperatorConfig(), plan_of(job, 0), attempt=0)
-    pod = child.manifest
-    kubelet = child_kubelet(child, tmp_path / "pod", {"bucket-credentials": {}})
-    write_hub_model(tmp_path / "pod" / "tokenizer-cache", "acme/tiny-chat")  # what the claim holds
-    env = kubelet.process(pod["spec"]["initContainers"][0])[1]
-    assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"] == str(tmp_path / "pod" / "tokenizer-cache")
-    harness, proxy_rc, out = run_pod(pod, kubelet)
-    assert harness.returncode == 0, harness.stdout + harness.stderr
-    assert proxy_rc == 0 and "capture mode exact" in out, out
-    log = read_capture_log(tmp_path / "bucket" / "podpath" / "sessions" / "0" / "capture.jsonl")
-    (rec,) = log.records
-    assert rec.status == "ok" and rec.mode == "exact" and rec.splice is not None
-    assert rec.splice.new_root_reason == "new_conversation" and rec.completion_ids
+    name = child.manifest["metadata"]["name"]
+    try:
+        for obj in (volume, claim):
+            assert node.kube.kubectl("apply", "-f", "-", input=json.dumps(obj)).returncode == 0
+        apply_child(node, child)
+        deadline = time.monotonic() + 180
+        while installed.pods.phases.get(name, [""])[-1] not in ("Succeeded", "Failed") and time.monotonic() < deadline:
+            time.sleep(1)
+        proxy_log = node.kube.kubectl("-n", NAMESPACE, "logs", name, "-c", "proxy").stdout
+        assert installed.pods.phases.get(name, [""])[-1] == "Succeeded", pod_report(node.kube, installed.pods)
+        assert "capture mode exact" in proxy_log, proxy_log
+        capture = tmp_path / "capture.jsonl"
+        capture.write_bytes(open_bucket(output, **cluster_s3.bucket_options()).get("podpath/sessions/0/capture.jsonl"))
+        (rec,) = read_capture_log(capture).records
+        assert rec.status == "ok" and rec.mode == "exact" and rec.splice is not None
+        assert rec.splice.new_root_reason == "new_conversation" and rec.completion_ids
+    finally:
+        host_engine.reset()
+        node.kube.kubectl("-n", NAMESPACE, "delete", "pod", name, "--wait=false")
+        node.kube.kubectl("-n", NAMESPACE, "delete", "pvc", f"tok-{run}", "--wait=false")
+        node.kube.kubectl("delete", "pv", f"tok-{run}", "--wait=false")
+        for cm in child.config_maps:
+            node.kube.kubectl("-n", NAMESPACE, "delete", "configmap", cm["metadata"]["name"], "--wait=false")
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

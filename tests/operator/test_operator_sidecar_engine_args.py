@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fixtures.plans import plan_of
-from fixtures.pods import child_reads
+from fixtures.pod_reads import child_reads
 from tracefleet.contract.podenv import ProxySidecarEnv
 from tracefleet.contract.proxy_plan import ProxyPlan
 from tracefleet.operator.children.harness import harness_pod

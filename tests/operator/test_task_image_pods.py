@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from fixtures.harnesses import harness_binary_path
-from fixtures.pods import pod_inputs
+from fixtures.pod_reads import pod_inputs
 from tracefleet.bucket import open_bucket
 from tracefleet.contract import layout
 from tracefleet.contract import task_image as ti

@@ -1,7 +1,7 @@
-"""On the test cluster (kube-apiserver + KWOK, SeaweedFS, the operator; the kubelet played as in
-tests/operator/test_driver_conformance.py): a RolloutJob whose engine is the session's real vLLM (external),
-its sessions in flight while a trainer outside the cluster updates the policy through the engine only
-(`tracefleet.trainer.update_policy`): no sidecar is called, and none could be (a sidecar's admin API is closed:
+"""On the test cluster (kube-apiserver + KWOK, SeaweedFS, the operator; the kubelet played by
+tests/fixtures/drivers.py, not yet on the real node: docs/testing.md): a RolloutJob whose engine is the session's
+real vLLM (external), its sessions in flight while a trainer outside the cluster updates the policy through the
+engine only (`tracefleet.trainer.update_policy`): no sidecar is called, and none could be (a sidecar's admin API is closed:
 its token is random and known to no one).
 
 The two `before` sessions make one short call, meet at a barrier, then stream a long call; the trainer

@@ -8,6 +8,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from tracefleet.tarballs import extract_all
+
 TARBALL_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
 
@@ -24,7 +26,7 @@ def _unpack(tarball: Path, into: Path) -> Path:
     try:
         with tarfile.open(tarball) as archive:
             # "data": no absolute paths, no `..`, no links out of the folder, no device files.
-            archive.extractall(into, filter="data")
+            extract_all(archive, into)
     except (tarfile.TarError, OSError) as err:
         raise TaskSourceError(f"{tarball}: cannot unpack: {err}") from err
     # `tar czf tb2.tgz tb2/` wraps the task folders in one folder: the source is that folder.
