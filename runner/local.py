@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 from urllib.parse import urlsplit
 
+from tracefleet.bucket import malformed_uri
 from tracefleet.contract import layout
 from tracefleet.contract.job import Counters, RolloutJob
 from tracefleet.contract.progress import LOCAL, DriverProcess, JobProgress, eta_seconds
@@ -231,7 +232,7 @@ class LocalRun:
         self.base_dir = options.job_path.resolve().parent
         self.acceptance = Acceptance.parse(options.accept) if options.accept else None
         self.output_uri = options.output or self.job.spec.output.uri
-        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:/?(?!/)", self.output_uri):  # s3:/b, s3:b: a folder named `s3:` else
+        if malformed_uri(self.output_uri):
             raise SystemExit(f"output {self.output_uri!r}: a bucket URI is s3://BUCKET/PREFIX (a folder: a path)")
         if "://" not in self.output_uri and not Path(self.output_uri).is_absolute():
             # A relative output path is relative to where the command runs, like any CLI path.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 from tracefleet.trainer.loop import (
@@ -14,6 +13,7 @@ from tracefleet.trainer.loop import (
     DEFAULT_WARM_LR,
     TRAINER_THREADS,
 )
+from tracefleet.bucket import uri_scheme
 from tracefleet.usage import UsageError, positive_int
 
 EPILOG = """\
@@ -92,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--warm-start {args.warm_start}: no such folder")
     if args.minutes is not None and args.minutes <= 0:
         raise UsageError("--minutes must be more than 0")
-    if args.output is not None and re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", str(args.output)):
+    if args.output is not None and uri_scheme(args.output) is not None:
         raise UsageError(f"--output {args.output}: the run's folder on this machine, not a bucket URI (the loop trains "
                          "from the batches it seals there)")
     options = LoopOptions(job_path=args.job, iterations=args.iterations, minutes=args.minutes, lr=args.lr,
