@@ -27,7 +27,9 @@ Overlays (tracefleet.traces.overlay): verdicts `tracefleet diagnose --write-over
 already sealed. `read` (and `follow`) apply the job's overlays by default: a session an overlay
 quarantines is marked `quarantined` in the batch it reads and left out exactly like one quarantined at
 sealing, its findings are in the `diagnostics` column (`Batch.findings()`), `Batch.overlays` lists what was
-applied; `BatchReader(..., overlays=False)` reads the sealed data alone.
+applied. Re-judgings (tracefleet.traces.rejudge) apply first: a session a rerun judged again (its evaluator
+could not judge it when it was sealed) has its newest verdict on its rows, in the batch that sealed it, never a
+second row. `BatchReader(..., overlays=False)` reads the sealed data alone.
 
 Only manifests make batches visible; every object is checked against the manifest's size and sha256.
 The cursor (`<job>/consumers/<consumer>.json`, {"next_seq": N}) moves only on `commit`, so a trainer that
@@ -59,6 +61,7 @@ from tracefleet.contract.batch import BatchManifest
 
 from tracefleet.traces.batch import list_values, parquet_to_table, table_to_traces
 from tracefleet.traces.overlay import Overlay, apply_overlays, current_overlays
+from tracefleet.traces.rejudge import RejudgedSession, Rejudging, apply_rejudgings, current_rejudgings
 from tracefleet.traces.schema import Trace
 from tracefleet.traces.seal import sealed_seqs
 from tracefleet.traces.versions import NOT_SAMPLED, Stale, stale_bound, token_versions
@@ -299,6 +302,7 @@ class BatchReader:
         self.verify = verify
         self.apply_overlays = overlays
         self._overlays: dict[str, Overlay] = {}  # by key: overlay objects are never rewritten
+        self._rejudgings: dict[str, Rejudging] = {}  # by key: the same
         self._position: int | None = None
 
     # listing --------------------------------------------------------------------------------------
@@ -328,11 +332,16 @@ class BatchReader:
         if not self.apply_overlays:
             return Batch(manifest=manifest, table=table)
         overlays = self.overlays()
+        table = apply_rejudgings(table, self.rejudgings())  # the verdict first, a diagnostic's overlay on top
         return Batch(manifest=manifest, table=apply_overlays(table, overlays), overlays=overlays)
 
     def overlays(self) -> list[Overlay]:
         """The job's overlays as they are now (each diagnostic's newest): one listing."""
         return current_overlays(self.bucket, self.job, self._overlays)
+
+    def rejudgings(self) -> dict[str, RejudgedSession]:
+        """The job's re-judged sessions' newest verdicts, by session id: one listing."""
+        return current_rejudgings(self.bucket, self.job, self._rejudgings)
 
     # consuming ------------------------------------------------------------------------------------
     def _cursor_key(self) -> str:

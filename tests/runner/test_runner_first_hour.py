@@ -97,6 +97,9 @@ def test_rerun_after_a_fix_runs_what_failed_before_a_model_call_and_fresh_starts
     assert "2 sealed session(s) of job 'rerun' failed before their first model call (an infrastructure failure): " \
            "running them again" in second.stderr, second.stderr
     assert "sessions       2 run now, 0 already sealed earlier, 2 in the job" in second.stdout, second.stdout
+    # the job's sessions, once each: the rows the first run sealed for them count no more
+    assert "judged 2, quarantined 0, dropped 0" in second.stdout and "the infrastructure's 0" in second.stdout, \
+        second.stdout
     assert sorted(r["sample_index"] for r in rows(tmp_path / "out", "rerun") if r["num_tokens"]) == [0, 1]
     # 3. nothing left to run: it says so, and how to start over
     third = run(path, "--engine-url", url)

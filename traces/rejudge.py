@@ -1,0 +1,110 @@
+"""Re-judgings: a rerun's new verdicts on sealed sessions the judge could not judge, applied by the reader.
+
+What is judged again, and why, is tracefleet.contract.rejudge's; this module writes a rerun's verdicts as one object
+(`<job>/rejudged/<stamp>.json`) and gives a session's rows their newest verdict when a batch is read. No row is
+sealed twice and no sealed batch rewritten: the session's rows stay in the batch that sealed them, with its group,
+and their verdict columns are what the newest re-judging says:
+
+- `fail_closed_reasons`: the judging's reasons (`evaluator_<status>`) replaced by the new verdict's, the session's
+  others (its capture, its tool calls, a row without tokens) kept; `outcome` and `outcome_kind` follow from them
+  (tracefleet.contract.semantics.outcome_kind), so a session judged now is `ok` or the policy's, and trained on;
+- `reward` the new reward under the fail-closed rules, `evaluator_reward` the evaluator's;
+- `diagnostics` and `quarantined` the job's diagnostics over the evidence with the new verdict (they replace the
+  sealed findings, which judged a session without a verdict);
+- `metadata_json` the same, its `extra.evaluation` the new judging and `extra.rejudged` why and when.
+Diagnostic overlays (tracefleet.traces.overlay) apply after, on top. Several reruns: each session's newest wins.
+
+Reading cost: one listing of `<job>/rejudged/` per batch read; the objects are immutable, fetched once.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+
+from tracefleet.bucket import Bucket
+from tracefleet.contract.diagnostics import quarantined_reward
+from tracefleet.contract.layout import rejudged_key, rejudged_prefix
+from tracefleet.contract.rejudge import RejudgedSession, Rejudging, judging_reason
+from tracefleet.contract.semantics import outcome_kind
+from tracefleet.traces.batch import FINDING_TYPE, finding_row
+from tracefleet.traces.overlay import overlay_stamp
+
+__all__ = ["RejudgedSession", "Rejudging", "apply_rejudgings", "current_rejudgings", "write_rejudging"]
+
+
+def write_rejudging(bucket: Bucket, rejudging: Rejudging) -> str:
+    """Write `rejudging` as a new object (never over another); its key."""
+    key = rejudged_key(rejudging.job, overlay_stamp())
+    if not bucket.create_exclusive(key, rejudging.model_dump_json().encode()):
+        raise FileExistsError(f"re-judging {key} already exists")
+    return key
+
+
+def current_rejudgings(bucket: Bucket, job: str, cache: dict[str, Rejudging] | None = None) -> dict[str, RejudgedSession]:
+    """Each re-judged session's newest verdict, by session id, from one listing; `cache` (key -> Rejudging) saves
+    fetching an object again."""
+    cache = {} if cache is None else cache
+    out: dict[str, RejudgedSession] = {}
+    for obj in sorted(bucket.list(rejudged_prefix(job)), key=lambda o: o.key):  # stamps sort by writing time
+        if not obj.key.endswith(".json"):
+            continue
+        if obj.key not in cache:
+            cache[obj.key] = Rejudging.model_validate_json(bucket.get(obj.key))
+        out.update(cache[obj.key].sessions)
+    return out
+
+
+def rejudged_reasons(sealed: list[str], verdict: RejudgedSession) -> list[str]:
+    """A row's fail-closed reasons with its judging's replaced by the verdict's, in the judging's place."""
+    out: list[str] = []
+    placed = False
+    for reason in sealed:
+        if not judging_reason(reason):
+            out.append(reason)
+        elif not placed:
+            out += verdict.reasons
+            placed = True
+    return out if placed else verdict.reasons + out
+
+
+def apply_rejudgings(table: pa.Table, verdicts: dict[str, RejudgedSession]) -> pa.Table:
+    """`table` with each re-judged session's rows given its verdict (module doc); the table itself when none of its
+    sessions was judged again."""
+    if not verdicts or table.num_rows == 0:
+        return table
+    sids = table.column("session_id").to_pylist()
+    rows = [i for i, s in enumerate(sids) if s in verdicts]
+    if not rows:
+        return table
+    names = table.column_names
+    columns: dict[str, list[Any]] = {name: table.column(name).to_pylist() for name in (
+        "reward", "evaluator_reward", "outcome", "fail_closed_reasons", "outcome_kind", "diagnostics", "quarantined",
+        "metadata_json") if name in names}
+    for i in rows:
+        verdict = verdicts[sids[i]]
+        meta = json.loads(columns["metadata_json"][i])
+        reasons = rejudged_reasons(list(columns["fail_closed_reasons"][i] or []), verdict)
+        answered = (meta.get("stats") or {}).get("answered_calls", 1) > 0
+        reward = verdict.reward if not reasons else min(verdict.reward, 0.0) if verdict.reward is not None else 0.0
+        if verdict.quarantined:
+            reward = quarantined_reward(reward)
+        row = {"reward": reward, "evaluator_reward": verdict.reward, "outcome": "fail_closed" if reasons else "ok",
+               "fail_closed_reasons": reasons, "outcome_kind": outcome_kind(reasons, model_answered=answered).value,
+               "diagnostics": [finding_row(f) for f in verdict.findings], "quarantined": verdict.quarantined}
+        for name, value in row.items():
+            if name in columns:
+                columns[name][i] = value
+        extra = meta.setdefault("extra", {})
+        extra["rejudged"] = {"why": verdict.why, "before": extra.get("evaluation")}
+        extra.update(evaluation=verdict.evaluation.model_dump(mode="json"), session_status=verdict.status,
+                     session_stage=verdict.stage, session_error=verdict.error)
+        meta.update({k: v for k, v in row.items() if k != "diagnostics"}, diagnostics=verdict.findings)
+        columns["metadata_json"][i] = json.dumps(meta)
+    for name, values in columns.items():
+        field = table.schema.field(name)
+        type_ = pa.list_(FINDING_TYPE) if name == "diagnostics" else field.type
+        table = table.set_column(names.index(name), field.name, pa.array(values, type_))
+    return table
