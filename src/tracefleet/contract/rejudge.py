@@ -6,7 +6,8 @@ read by `BatchReader`, which gives each re-judged session's rows their new verdi
 beside them, as a diagnostic's overlay does.
 
 Which sealed sessions a rerun judges again (`rejudges`): those the judge could not judge, and only those —
-- the evaluator reported `unavailable` (it could not run or report: the row is the infrastructure's), or
+- the evaluator reported `unavailable` (it could not run or report: the row is the infrastructure's),
+- no verdict was kept for a session whose harness finished (`evaluator_missing` alone: its judging was lost), or
 - the judging timed out and the job's evaluator differs now from the one that timed out (`timeoutSeconds` raised,
   another command): a timeout under the same evaluator is the policy's outcome (the agent's code runs under the
   judge) and stays.
@@ -21,12 +22,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from tracefleet.contract.semantics import EVALUATOR_REASON, REWARD_MISSING
+from tracefleet.contract.semantics import EVALUATOR_REASON, REWARD_MISSING, SESSION_FAILURE_PREFIX
 from tracefleet.contract.session import EvalOutcome
 
 REJUDGING_VERSION = 1
 # why a sealed session is judged again
 UNAVAILABLE = "unavailable"  # its evaluator could not run or report
+NEVER_JUDGED = "never judged"  # its harness finished, and no verdict was kept (its judging was lost)
 EVALUATOR_CHANGED = "timed out; the evaluator changed"  # its judging timed out under an evaluator the job no longer has
 
 
@@ -37,11 +39,14 @@ def judging_reason(reason: str) -> bool:
 
 
 def rejudges(fail_closed_reasons: list[str], evaluation: dict[str, Any] | None, evaluator_now: str) -> str | None:
-    """Why a sealed session is judged again on a rerun (UNAVAILABLE, EVALUATOR_CHANGED), None when it is not:
+    """Why a sealed session is judged again on a rerun (UNAVAILABLE, NEVER_JUDGED, EVALUATOR_CHANGED), None when not:
     `fail_closed_reasons` its rows', `evaluation` its verdict as sealed (the row metadata's `extra.evaluation`),
     `evaluator_now` the fingerprint of the job's evaluator (tracefleet.contract.session.evaluator_fingerprint)."""
     if EVALUATOR_REASON.format("unavailable") in fail_closed_reasons:
         return UNAVAILABLE
+    if EVALUATOR_REASON.format("missing") in fail_closed_reasons and not any(
+            r.startswith(SESSION_FAILURE_PREFIX) for r in fail_closed_reasons):
+        return NEVER_JUDGED  # a session that failed before its judging (its harness timed out) was never to be judged
     if EVALUATOR_REASON.format("timeout") in fail_closed_reasons:
         before = ((evaluation or {}).get("details") or {}).get("evaluator_spec")
         # a verdict sealed before it recorded its evaluator cannot say the evaluator changed: it stays
@@ -53,7 +58,7 @@ def rejudges(fail_closed_reasons: list[str], evaluation: dict[str, Any] | None, 
 class RejudgedSession(BaseModel):
     """One session's new verdict, and what follows from it for its rows."""
 
-    why: str  # UNAVAILABLE or EVALUATOR_CHANGED
+    why: str  # UNAVAILABLE, NEVER_JUDGED or EVALUATOR_CHANGED
     evaluation: EvalOutcome  # the new judging
     reward: float | None  # the evaluator's reward (the rows' evaluator_reward)
     reasons: list[str] = Field(default_factory=list)  # the judging's fail-closed reasons now (none: it judged)
