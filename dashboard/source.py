@@ -36,6 +36,7 @@ from tracefleet.contract import layout
 from tracefleet.contract.batch import BatchManifest, ManifestPack
 from tracefleet.contract.progress import JobProgress, progress_state
 from tracefleet.dashboard.manifest_cache import ManifestCache
+from tracefleet.traces.rejudge import Rejudged, Rejudging, apply_rejudgings, current_rejudgings, rejudged_manifest
 
 LOOP_LOG = "loop.jsonl"  # a `tracefleet train` run's per-step records (tracefleet.trainer.loop)
 LOOP_BATCHES = "batches"  # a loop's own bucket folder inside its run folder
@@ -141,6 +142,10 @@ class JobSource:
     _reading: set[int] = field(default_factory=set)  # seqs whose manifest is being read
     _progress_stamp: str | None = None
     cache: ManifestCache | None = None  # manifests kept between starts (a bucket where each read is a round trip)
+    # what reruns judged again (tracefleet.traces.rejudge): the rows and counts shown are as a reader reads them
+    rejudged: Rejudged = field(default_factory=Rejudged)
+    rejudged_at: float = -float("inf")
+    _rejudgings: dict[str, Rejudging] = field(default_factory=dict)
 
     def refresh(self, pool: ThreadPoolExecutor, deadline: float | None = None,
                 rendering: Callable[[], bool] = lambda: False) -> None:
@@ -150,6 +155,8 @@ class JobSource:
         is being made (`rendering`: the GIL is one, the person's page goes first). A seq folder without its
         manifest is a batch being sealed: not there yet."""
         self.read_progress()
+        if time.monotonic() - self.rejudged_at >= COUNT_FINISHED_EVERY_S:
+            self.read_rejudgings()
         stamps, names = self._listed_manifests() if self.cache is not None else ({}, {})
         seqs = sorted(stamps) if self.cache is not None else sorted(
             int(d) for d in self.view.list_dirs(layout.batches_prefix(self.name)) if _SEQ.match(d))
@@ -160,7 +167,7 @@ class JobSource:
                 continue
             kept = self.cache.get(self._cache_key(seq), stamps[seq]) if self.cache is not None else None
             if kept is not None:
-                self.manifests[seq] = kept
+                self._keep(kept)
                 continue
             todo.append(seq)
         if todo:
@@ -173,6 +180,26 @@ class JobSource:
             futures.append(pool.submit(self._read_manifest, seq, rendering, stamps.get(seq, "")))
         if futures:
             wait(futures, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def _keep(self, sealed: BatchManifest) -> None:
+        """A batch's manifest as shown: its counts as its rows read now (a rerun may have judged some again)."""
+        self.manifests[sealed.seq] = rejudged_manifest(sealed, self.rejudged.batches)
+
+    def read_rejudgings(self) -> None:
+        """What reruns judged again (one listing; each object fetched once): the manifests they recounted shown so,
+        the rows of their batches read again with the verdicts."""
+        self.rejudged_at = time.monotonic()
+        try:
+            found = current_rejudgings(self.view, self.name, self._rejudgings)
+        except ValueError as exc:  # an object that does not read: the sealed verdicts stay shown
+            say_once(f"{self.path}: a re-judging unreadable: {_validation_line(exc)}")
+            return
+        changed = {seq for seq, counts in found.batches.items() if self.rejudged.batches.get(seq) != counts}
+        self.rejudged = found
+        for seq in changed:
+            if seq in self.manifests:
+                self._keep(self.manifests[seq])
+            self.rows.pop(seq, None)
 
     def read_progress(self) -> None:
         """The running count and ETA the job's driver writes as it goes (a job sealed by an older tracefleet: none).
@@ -231,7 +258,7 @@ class JobSource:
                 seq = manifest.seq
                 if seq not in listed or (seq in names and not {o.name for o in manifest.objects} <= names[seq]):
                     continue
-                self.manifests[seq] = manifest
+                self._keep(manifest)
                 if self.cache is not None:
                     self.cache.put(self._cache_key(seq), stamps.get(seq, ""), manifest.model_dump_json().encode())
 
@@ -246,7 +273,7 @@ class JobSource:
             time.sleep(0.005)
         try:
             data = self.view.get(layout.manifest_key(self.name, seq))
-            self.manifests[seq] = BatchManifest.model_validate_json(data)
+            self._keep(BatchManifest.model_validate_json(data))
             if self.cache is not None:
                 self.cache.put(self._cache_key(seq), stamp, data)
         except (ObjectNotFound, BucketError):
@@ -265,7 +292,8 @@ class JobSource:
                 data = self.view.get(layout.batch_object_key(self.name, seq, obj.name))
                 schema = pq.read_schema(io.BytesIO(data))
                 columns = [c for c in ROW_COLUMNS if c in schema.names]
-                rows += pq.read_table(io.BytesIO(data), columns=columns).to_pylist()
+                table = pq.read_table(io.BytesIO(data), columns=columns)
+                rows += apply_rejudgings(table, self.rejudged.sessions).to_pylist()
             for r in rows:
                 r["seq"] = seq
             self.rows[seq] = rows

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tracefleet.bucket import Bucket
 from tracefleet.contract import layout
@@ -28,7 +29,8 @@ from tracefleet.runner.session import eval_context, judge
 from tracefleet.runner.sink import RejudgeCandidate
 from tracefleet.runner.tracing import evaluator_status
 from tracefleet.runner.workspace import WorkspaceError, prepare_workspace
-from tracefleet.traces.rejudge import write_rejudging
+from tracefleet.traces.reader import BatchReader
+from tracefleet.traces.rejudge import apply_rejudgings, batch_counts, current_rejudgings, write_rejudging
 
 
 @dataclass
@@ -70,8 +72,18 @@ def rejudge(bucket: Bucket, job: str, candidates: Sequence[RejudgeCandidate], pl
                 report.left[candidate.session_id] = f"{candidate.session_id}: rebuilding its task's workspace failed: {exc}"
         say(f"session {candidate.session_id} ({candidate.why}) is not judged again: {report.left[candidate.session_id]}")
     if report.verdicts:
-        report.key = write_rejudging(bucket, Rejudging(job=job, sessions=report.verdicts))
+        seqs = {c.seq for c in candidates if c.session_id in report.verdicts}
+        report.key = write_rejudging(bucket, Rejudging(job=job, sessions=report.verdicts,
+                                                       batches=_recounted(bucket, job, seqs, report.verdicts)))
     return report
+
+
+def _recounted(bucket: Bucket, job: str, seqs: set[int], verdicts: dict[str, RejudgedSession]) -> dict[int, dict[str, Any]]:
+    """Each batch in `seqs`: its manifest's counts from its rows with every verdict so far (earlier re-judgings'
+    and `verdicts`)."""
+    reader = BatchReader(bucket, job)
+    every = {**current_rejudgings(bucket, job).sessions, **verdicts}
+    return {seq: batch_counts(apply_rejudgings(reader.read_table(seq), every)) for seq in sorted(seqs)}
 
 
 def _judged_again(bucket: Bucket, plan: SessionPlan, evidence: SessionEvidence, why: str, work_dir: Path) -> RejudgedSession:

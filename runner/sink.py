@@ -53,6 +53,7 @@ class RejudgeCandidate:
     task_id: str
     sample_index: int
     why: str
+    seq: int  # the batch holding its rows
 
 
 def sealed_sessions(rows: Iterable[dict[str, Any]]) -> dict[str, SealedSession]:
@@ -143,7 +144,7 @@ class BatchSink:
         again: set[tuple[str, int]] = set()
         candidates: dict[str, RejudgeCandidate] = {}
         reader = BatchReader(self.bucket, self.job)
-        verdicts = current_rejudgings(self.bucket, self.job)
+        verdicts = current_rejudgings(self.bucket, self.job).sessions
         for seq in reader.seqs():
             self.sealed_batches += 1
             table = apply_rejudgings(reader.read_table(seq), verdicts)
@@ -161,7 +162,7 @@ class BatchSink:
                 why = rejudges(reasons, (meta.get("extra") or {}).get("evaluation"), evaluators.get(key, ""))
                 candidates.pop(row["session_id"], None)  # a later row of the session says it anew
                 if why is not None:
-                    candidates[row["session_id"]] = RejudgeCandidate(row["session_id"], task, int(sample), why)
+                    candidates[row["session_id"]] = RejudgeCandidate(row["session_id"], task, int(sample), why, seq)
         self.failed_before_model = len(again - keys)
         self.to_rejudge = [c for c in candidates.values() if (c.task_id, c.sample_index) in keys]
         return keys

@@ -61,7 +61,7 @@ from tracefleet.contract.batch import BatchManifest
 
 from tracefleet.traces.batch import list_values, parquet_to_table, table_to_traces
 from tracefleet.traces.overlay import Overlay, apply_overlays, current_overlays
-from tracefleet.traces.rejudge import RejudgedSession, Rejudging, apply_rejudgings, current_rejudgings
+from tracefleet.traces.rejudge import Rejudged, Rejudging, apply_rejudgings, current_rejudgings, rejudged_manifest
 from tracefleet.traces.schema import Trace
 from tracefleet.traces.seal import sealed_seqs
 from tracefleet.traces.versions import NOT_SAMPLED, Stale, stale_bound, token_versions
@@ -94,8 +94,8 @@ def check_behaviour_logprobs(table: pa.Table) -> None:
 
 @dataclass
 class Batch:
-    manifest: BatchManifest
-    table: pa.Table  # the sealed rows, with the overlays applied
+    manifest: BatchManifest  # its counts as its rows read (re-judgings applied)
+    table: pa.Table  # the sealed rows, with the re-judgings and overlays applied
     overlays: list[Overlay] = field(default_factory=list)  # the job's overlays when read (each diagnostic's newest)
     _traces: list[Trace] | None = field(default=None, repr=False)
 
@@ -313,7 +313,12 @@ class BatchReader:
         return BatchManifest.model_validate_json(self.bucket.get(manifest_key(self.job, seq)))
 
     def batches(self) -> list[BatchManifest]:
-        return [self.manifest(s) for s in self.seqs()]
+        """Every sealed batch's manifest, its counts as its rows read now (re-judgings: `read`)."""
+        manifests = [self.manifest(s) for s in self.seqs()]
+        if not self.apply_overlays:
+            return manifests
+        batches = self.rejudgings().batches
+        return [rejudged_manifest(m, batches) for m in manifests]
 
     # reading --------------------------------------------------------------------------------------
     def read_table(self, batch: int | BatchManifest) -> pa.Table:
@@ -332,15 +337,17 @@ class BatchReader:
         if not self.apply_overlays:
             return Batch(manifest=manifest, table=table)
         overlays = self.overlays()
-        table = apply_rejudgings(table, self.rejudgings())  # the verdict first, a diagnostic's overlay on top
-        return Batch(manifest=manifest, table=apply_overlays(table, overlays), overlays=overlays)
+        rejudged = self.rejudgings()
+        table = apply_rejudgings(table, rejudged.sessions)  # the verdict first, a diagnostic's overlay on top
+        return Batch(manifest=rejudged_manifest(manifest, rejudged.batches), table=apply_overlays(table, overlays),
+                     overlays=overlays)
 
     def overlays(self) -> list[Overlay]:
         """The job's overlays as they are now (each diagnostic's newest): one listing."""
         return current_overlays(self.bucket, self.job, self._overlays)
 
-    def rejudgings(self) -> dict[str, RejudgedSession]:
-        """The job's re-judged sessions' newest verdicts, by session id: one listing."""
+    def rejudgings(self) -> Rejudged:
+        """The job's re-judged sessions' newest verdicts and their batches' counts now: one listing."""
         return current_rejudgings(self.bucket, self.job, self._rejudgings)
 
     # consuming ------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ and their verdict columns are what the newest re-judging says:
 - `reward` the new reward under the fail-closed rules, `evaluator_reward` the evaluator's;
 - `diagnostics` and `quarantined` the job's diagnostics over the evidence with the new verdict (they replace the
   sealed findings, which judged a session without a verdict);
-- `metadata_json` the same, its `extra.evaluation` the new judging and `extra.rejudged` why and when.
+- `metadata_json` the same, its `extra.evaluation` the new judging and `extra.rejudged` why and when;
+- the batch's manifest counts (`rejudged_manifest`): recounted from its rows by the rerun, kept in the re-judging.
 Diagnostic overlays (tracefleet.traces.overlay) apply after, on top. Several reruns: each session's newest wins.
 
 Reading cost: one listing of `<job>/rejudged/` per batch read; the objects are immutable, fetched once.
@@ -20,6 +21,7 @@ Reading cost: one listing of `<job>/rejudged/` per batch read; the objects are i
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -29,10 +31,16 @@ from tracefleet.contract.diagnostics import quarantined_reward
 from tracefleet.contract.layout import rejudged_key, rejudged_prefix
 from tracefleet.contract.rejudge import RejudgedSession, Rejudging, judging_reason
 from tracefleet.contract.semantics import outcome_kind
-from tracefleet.traces.batch import FINDING_TYPE, finding_row
+from tracefleet.contract.batch import BatchManifest
+from tracefleet.traces.batch import FINDING_TYPE, finding_row, summarize, table_to_traces
 from tracefleet.traces.overlay import overlay_stamp
 
-__all__ = ["RejudgedSession", "Rejudging", "apply_rejudgings", "current_rejudgings", "write_rejudging"]
+__all__ = ["Rejudged", "RejudgedSession", "Rejudging", "apply_rejudgings", "batch_counts", "current_rejudgings",
+           "rejudged_manifest", "write_rejudging"]
+
+# the manifest's fields that count its rows (what a verdict can change), not those naming the batch
+COUNT_FIELDS = {"traces", "sessions", "groups", "tokens", "trainable_tokens", "builders", "reward", "quarantined_sessions",
+                "dropped_sessions", "diagnostics", "outcome_kinds"}
 
 
 def write_rejudging(bucket: Bucket, rejudging: Rejudging) -> str:
@@ -43,18 +51,42 @@ def write_rejudging(bucket: Bucket, rejudging: Rejudging) -> str:
     return key
 
 
-def current_rejudgings(bucket: Bucket, job: str, cache: dict[str, Rejudging] | None = None) -> dict[str, RejudgedSession]:
-    """Each re-judged session's newest verdict, by session id, from one listing; `cache` (key -> Rejudging) saves
-    fetching an object again."""
+@dataclass
+class Rejudged:
+    """A job's re-judgings as they stand: each session's newest verdict, each batch's newest counts."""
+
+    sessions: dict[str, RejudgedSession] = field(default_factory=dict)  # by session id
+    batches: dict[int, dict[str, Any]] = field(default_factory=dict)  # by seq: its manifest's counts now
+
+
+def current_rejudgings(bucket: Bucket, job: str, cache: dict[str, Rejudging] | None = None) -> Rejudged:
+    """The job's re-judgings, the newest winning, from one listing; `cache` (key -> Rejudging) saves fetching an
+    object again."""
     cache = {} if cache is None else cache
-    out: dict[str, RejudgedSession] = {}
+    out = Rejudged()
     for obj in sorted(bucket.list(rejudged_prefix(job)), key=lambda o: o.key):  # stamps sort by writing time
         if not obj.key.endswith(".json"):
             continue
         if obj.key not in cache:
             cache[obj.key] = Rejudging.model_validate_json(bucket.get(obj.key))
-        out.update(cache[obj.key].sessions)
+        out.sessions.update(cache[obj.key].sessions)
+        out.batches.update(cache[obj.key].batches)
     return out
+
+
+def rejudged_manifest(manifest: BatchManifest, batches: dict[int, dict[str, Any]]) -> BatchManifest:
+    """`manifest` with its counts as its rows read now (a re-judging's `batches`); itself when none of its sessions
+    was judged again. Its identity (seq, batch id, objects) is the sealed one."""
+    counts = batches.get(manifest.seq)
+    if counts is None:
+        return manifest
+    return BatchManifest.model_validate({**manifest.model_dump(), **counts})
+
+
+def batch_counts(table: pa.Table) -> dict[str, Any]:
+    """A batch's manifest counts from its rows (with verdicts applied): what a re-judging records for it."""
+    return BatchManifest.model_validate({"job": "", "batch_id": "", **summarize(table_to_traces(table))}).model_dump(
+        mode="json", include=COUNT_FIELDS)
 
 
 def rejudged_reasons(sealed: list[str], verdict: RejudgedSession) -> list[str]:
@@ -71,8 +103,8 @@ def rejudged_reasons(sealed: list[str], verdict: RejudgedSession) -> list[str]:
 
 
 def apply_rejudgings(table: pa.Table, verdicts: dict[str, RejudgedSession]) -> pa.Table:
-    """`table` with each re-judged session's rows given its verdict (module doc); the table itself when none of its
-    sessions was judged again."""
+    """`table` with each re-judged session's rows given its verdict (module doc), in the verdict columns it has (the
+    dashboard reads the scalar ones); the table itself when none of its sessions was judged again."""
     if not verdicts or table.num_rows == 0:
         return table
     sids = table.column("session_id").to_pylist()
@@ -85,7 +117,7 @@ def apply_rejudgings(table: pa.Table, verdicts: dict[str, RejudgedSession]) -> p
         "metadata_json") if name in names}
     for i in rows:
         verdict = verdicts[sids[i]]
-        meta = json.loads(columns["metadata_json"][i])
+        meta = json.loads(columns["metadata_json"][i]) if "metadata_json" in columns else {}
         reasons = rejudged_reasons(list(columns["fail_closed_reasons"][i] or []), verdict)
         answered = (meta.get("stats") or {}).get("answered_calls", 1) > 0
         reward = verdict.reward if not reasons else min(verdict.reward, 0.0) if verdict.reward is not None else 0.0
@@ -97,6 +129,8 @@ def apply_rejudgings(table: pa.Table, verdicts: dict[str, RejudgedSession]) -> p
         for name, value in row.items():
             if name in columns:
                 columns[name][i] = value
+        if "metadata_json" not in columns:
+            continue
         extra = meta.setdefault("extra", {})
         extra["rejudged"] = {"why": verdict.why, "before": extra.get("evaluation")}
         extra.update(evaluation=verdict.evaluation.model_dump(mode="json"), session_status=verdict.status,

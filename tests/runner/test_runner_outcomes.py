@@ -20,6 +20,7 @@ import pytest
 
 from fixtures.command_harness import MODEL_CALL
 from fixtures.local_runs import calc_task, command_job, run_local
+from tracefleet.dashboard.source import Source
 from tracefleet.traces.advantages import group_advantages
 from tracefleet.traces.reader import BatchReader
 
@@ -158,6 +159,14 @@ def test_a_rerun_judges_again_what_the_judge_could_not_without_running_the_harne
     assert batch.advantages().tolist() == pytest.approx([dict(zip([f"{JOB}-s{i}" for i in range(3)], want))[s]
                                                          for s in sessions])
     assert batch.traces()[sessions.index(f"{JOB}-s0")].meta.reward == 1.0
+    # its counts as its rows read now, where manifests are read (`traces ls`, the dashboard)
+    assert batch.manifest.outcome_kinds == reader.batches()[0].outcome_kinds == {"ok": 3}
+    assert (batch.manifest.reward.fail_closed, batch.manifest.reward.positive) == (0, 2)
+    source = Source(str(tmp_path / "out"))  # the dashboard shows the same
+    source.refresh()
+    shown = source.jobs[JOB]
+    assert shown.manifests[0].outcome_kinds == {"ok": 3}
+    assert {r["session_id"]: r["outcome_kind"] for r in shown.load_rows(0)}[f"{JOB}-s0"] == "ok"
     # the sealed data itself is as it was
     sealed = BatchReader(str(tmp_path / "out"), JOB, overlays=False).read(0).table.to_pylist()
     assert next(r for r in sealed if r["session_id"] == f"{JOB}-s0")["outcome_kind"] == "infrastructure"

@@ -78,3 +78,7 @@ class Rejudging(BaseModel):
     job: str
     created_at: float = Field(default_factory=time.time)
     sessions: dict[str, RejudgedSession] = Field(default_factory=dict)  # by session id
+    # each batch holding a session judged again: its manifest's counts (sessions by outcome kind, reward statistics,
+    # quarantines, findings: tracefleet.traces.batch.summarize's fields) with every verdict so far on its rows, which
+    # readers of manifests (`traces ls`, the dashboard, Batch.manifest) show over the sealed ones
+    batches: dict[int, dict[str, Any]] = Field(default_factory=dict)
