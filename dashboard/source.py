@@ -36,7 +36,7 @@ from tracefleet.contract import layout
 from tracefleet.contract.batch import BatchManifest, ManifestPack
 from tracefleet.contract.progress import JobProgress, progress_state
 from tracefleet.dashboard.manifest_cache import ManifestCache
-from tracefleet.traces.rejudge import Rejudged, Rejudging, apply_rejudgings, current_rejudgings, rejudged_manifest
+from tracefleet.traces.rejudge import Rejudged, Rejudging, current_rejudgings, read_as_now, rejudged_manifest
 
 LOOP_LOG = "loop.jsonl"  # a `tracefleet train` run's per-step records (tracefleet.trainer.loop)
 LOOP_BATCHES = "batches"  # a loop's own bucket folder inside its run folder
@@ -195,6 +195,7 @@ class JobSource:
             say_once(f"{self.path}: a re-judging unreadable: {_validation_line(exc)}")
             return
         changed = {seq for seq, counts in found.batches.items() if self.rejudged.batches.get(seq) != counts}
+        changed |= {seq for seq in self.rows if found.superseded != self.rejudged.superseded}
         self.rejudged = found
         for seq in changed:
             if seq in self.manifests:
@@ -293,7 +294,7 @@ class JobSource:
                 schema = pq.read_schema(io.BytesIO(data))
                 columns = [c for c in ROW_COLUMNS if c in schema.names]
                 table = pq.read_table(io.BytesIO(data), columns=columns)
-                rows += apply_rejudgings(table, self.rejudged.sessions).to_pylist()
+                rows += read_as_now(table, self.rejudged, seq).to_pylist()
             for r in rows:
                 r["seq"] = seq
             self.rows[seq] = rows

@@ -368,6 +368,18 @@ class LocalRun:
         self._rejudged = rejudge(sink.bucket, self.job.name, sink.to_rejudge, planned, self.work_dir / "rejudge", self._say)
         sink.rejudged(self._rejudged.verdicts)
 
+    def _supersede(self, sink: BatchSink) -> None:
+        """The sessions this run ran again (they failed before their first model call) are read from their new
+        batch only: their earlier rows, without a token, are no longer read (tracefleet.traces.rejudge)."""
+        from tracefleet.bucket import BucketError
+        from tracefleet.runner.rejudge import supersede
+
+        try:
+            supersede(sink.bucket, self.job.name, sink.resealed, sink.runs_again_from)
+        except BucketError as exc:
+            self._say(f"the earlier rows of {len(sink.resealed)} session(s) run again stay readable beside their new "
+                      f"ones: {exc}")
+
     def _say(self, text: str) -> None:
         prefix = "\r\033[K" if self._tty else ""
         print(f"{prefix}tracefleet: {text}", file=self.out, flush=True)
@@ -460,6 +472,7 @@ class LocalRun:
             # Whatever finished is sealed, also after Ctrl-C: a partial batch is still a whole batch.
             for ref in sink.flush():
                 progress.batches.append(ref)
+            self._supersede(sink)
             progress_writer.close(progress.job_progress(self.job.name, finished=True, interrupted=interrupted))
             self._summary(progress, sink, interrupted)
             admin.close()

@@ -30,7 +30,7 @@ from tracefleet.runner.sink import RejudgeCandidate
 from tracefleet.runner.tracing import evaluator_status
 from tracefleet.runner.workspace import WorkspaceError, prepare_workspace
 from tracefleet.traces.reader import BatchReader
-from tracefleet.traces.rejudge import apply_rejudgings, batch_counts, current_rejudgings, write_rejudging
+from tracefleet.traces.rejudge import batch_counts, current_rejudgings, read_as_now, write_rejudging
 
 
 @dataclass
@@ -78,12 +78,26 @@ def rejudge(bucket: Bucket, job: str, candidates: Sequence[RejudgeCandidate], pl
     return report
 
 
-def _recounted(bucket: Bucket, job: str, seqs: set[int], verdicts: dict[str, RejudgedSession]) -> dict[int, dict[str, Any]]:
-    """Each batch in `seqs`: its manifest's counts from its rows with every verdict so far (earlier re-judgings'
-    and `verdicts`)."""
+def _recounted(bucket: Bucket, job: str, seqs: set[int], verdicts: dict[str, RejudgedSession] | None = None,
+               superseded: dict[str, int] | None = None) -> dict[int, dict[str, Any]]:
+    """Each batch in `seqs`: its manifest's counts from its rows as read with every re-judging so far and
+    `verdicts`, `superseded` (this rerun's)."""
     reader = BatchReader(bucket, job)
-    every = {**current_rejudgings(bucket, job).sessions, **verdicts}
-    return {seq: batch_counts(apply_rejudgings(reader.read_table(seq), every)) for seq in sorted(seqs)}
+    now = current_rejudgings(bucket, job)
+    now.sessions.update(verdicts or {})
+    now.superseded.update(superseded or {})
+    return {seq: batch_counts(read_as_now(reader.read_table(seq), now, seq)) for seq in sorted(seqs)}
+
+
+def supersede(bucket: Bucket, job: str, resealed: dict[str, int], sealed_in: dict[str, int]) -> str | None:
+    """Sessions this run ran again and sealed anew (`resealed`: session id -> its new batch) no longer read from the
+    batch of their earlier rows (`sealed_in`: session id -> that batch), that batch recounted without them; the
+    re-judging's key (None: none ran again)."""
+    if not resealed:
+        return None
+    earlier = {sealed_in[sid] for sid in resealed if sid in sealed_in}
+    return write_rejudging(bucket, Rejudging(job=job, superseded=dict(resealed),
+                                             batches=_recounted(bucket, job, earlier, superseded=resealed)))
 
 
 def _judged_again(bucket: Bucket, plan: SessionPlan, evidence: SessionEvidence, why: str, work_dir: Path) -> RejudgedSession:

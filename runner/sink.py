@@ -26,7 +26,7 @@ from tracefleet.contract.semantics import DROPPED_BY_DIAGNOSTICS, DiagnosticsCou
 from tracefleet.contract import layout
 from tracefleet.bucket import BucketError, open_bucket, spool_dir
 from tracefleet.traces.reader import BatchReader
-from tracefleet.traces.rejudge import apply_rejudgings, current_rejudgings
+from tracefleet.traces.rejudge import current_rejudgings, read_as_now
 from tracefleet.traces.seal import SealError, Sealer
 
 
@@ -111,6 +111,8 @@ class BatchSink:
         self.sealed_batches = 0  # the job's batches already in the output when this run began
         self.failed_before_model = 0  # sealed sessions that failed before a model call: this run runs them again
         self.to_rejudge: list[RejudgeCandidate] = []  # sealed sessions the judge could not judge: judged again
+        self.runs_again_from: dict[str, int] = {}  # sealed sessions this run runs again -> the batch of their rows
+        self.resealed: dict[str, int] = {}  # of those, sealed again by this run -> the batch of their new rows
         self.errors: list[str] = []
         self.evidence_errors: list[str] = []
 
@@ -144,10 +146,10 @@ class BatchSink:
         again: set[tuple[str, int]] = set()
         candidates: dict[str, RejudgeCandidate] = {}
         reader = BatchReader(self.bucket, self.job)
-        verdicts = current_rejudgings(self.bucket, self.job).sessions
+        rejudged = current_rejudgings(self.bucket, self.job)
         for seq in reader.seqs():
             self.sealed_batches += 1
-            table = apply_rejudgings(reader.read_table(seq), verdicts)
+            table = read_as_now(reader.read_table(seq), rejudged, seq)
             rows = table.select([c for c in ROW_COLUMNS if c in table.column_names]).to_pylist()
             self._sessions.update(sealed_sessions(rows))
             for row in rows:
@@ -156,7 +158,11 @@ class BatchSink:
                     continue
                 key = (task, int(sample))
                 meta = json.loads(meta) if meta else {}
-                (again if runs_again(reasons, meta.get("stats", {}).get("calls", 0)) else keys).add(key)
+                if runs_again(reasons, meta.get("stats", {}).get("calls", 0)):
+                    again.add(key)
+                    self.runs_again_from[row["session_id"]] = seq
+                else:
+                    keys.add(key)
                 if evaluators is None:
                     continue
                 why = rejudges(reasons, (meta.get("extra") or {}).get("evaluation"), evaluators.get(key, ""))
@@ -172,10 +178,11 @@ class BatchSink:
         if not verdicts:
             return
         reader = BatchReader(self.bucket, self.job)
+        rejudged = current_rejudgings(self.bucket, self.job)
         for seq in reader.seqs():
             table = reader.read_table(seq)
             if set(table.column("session_id").to_pylist()) & set(verdicts):
-                table = apply_rejudgings(table, verdicts)
+                table = read_as_now(table, rejudged, seq)
                 self._sessions.update(sealed_sessions(
                     table.select([c for c in ROW_COLUMNS if c in table.column_names]).to_pylist()))
 
@@ -186,7 +193,7 @@ class BatchSink:
             self.errors.append(str(exc))
             return []
         self.sealed_traces += manifest.traces
-        self._sessions.update(sealed_sessions(
+        self._sealed_now(manifest.seq, sealed_sessions(
             {"session_id": t.meta.session_id, "outcome_kind": t.meta.outcome_kind.value, "quarantined": t.meta.quarantined,
              "fail_closed_reasons": t.meta.fail_closed_reasons, "diagnostics": t.meta.diagnostics} for t in traces))
         return [f"{self.job_uri}/batches/{manifest.seq:06d}"]
@@ -195,7 +202,13 @@ class BatchSink:
         """A batch an earlier attempt staged, sealed now: counted from its rows (its traces are not at hand)."""
         self.sealed_traces += manifest.traces
         table = BatchReader(self.bucket, self.job).read_table(manifest)
-        self._sessions.update(sealed_sessions(table.select([c for c in ROW_COLUMNS if c in table.column_names]).to_pylist()))
+        self._sealed_now(manifest.seq, sealed_sessions(
+            table.select([c for c in ROW_COLUMNS if c in table.column_names]).to_pylist()))
+
+    def _sealed_now(self, seq: int, sessions: dict[str, SealedSession]) -> None:
+        """Sessions this run sealed in batch `seq`: counted as these rows say, and those it ran again noted."""
+        self._sessions.update(sessions)
+        self.resealed.update({sid: seq for sid in sessions if sid in self.runs_again_from})
 
     def add(self, group_id: str, session_traces: list[Any]) -> list[str]:
         """One finished session's traces (none when the session is not to be sealed, e.g. not accepted).

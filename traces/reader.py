@@ -29,7 +29,8 @@ quarantines is marked `quarantined` in the batch it reads and left out exactly l
 sealing, its findings are in the `diagnostics` column (`Batch.findings()`), `Batch.overlays` lists what was
 applied. Re-judgings (tracefleet.traces.rejudge) apply first: a session a rerun judged again (its evaluator
 could not judge it when it was sealed) has its newest verdict on its rows, in the batch that sealed it, never a
-second row. `BatchReader(..., overlays=False)` reads the sealed data alone.
+second row; a session a rerun ran again is read from its newest batch only. `BatchReader(..., overlays=False)` reads
+the sealed data alone.
 
 Only manifests make batches visible; every object is checked against the manifest's size and sha256.
 The cursor (`<job>/consumers/<consumer>.json`, {"next_seq": N}) moves only on `commit`, so a trainer that
@@ -61,7 +62,7 @@ from tracefleet.contract.batch import BatchManifest
 
 from tracefleet.traces.batch import list_values, parquet_to_table, table_to_traces
 from tracefleet.traces.overlay import Overlay, apply_overlays, current_overlays
-from tracefleet.traces.rejudge import Rejudged, Rejudging, apply_rejudgings, current_rejudgings, rejudged_manifest
+from tracefleet.traces.rejudge import Rejudged, Rejudging, current_rejudgings, read_as_now, rejudged_manifest
 from tracefleet.traces.schema import Trace
 from tracefleet.traces.seal import sealed_seqs
 from tracefleet.traces.versions import NOT_SAMPLED, Stale, stale_bound, token_versions
@@ -338,7 +339,7 @@ class BatchReader:
             return Batch(manifest=manifest, table=table)
         overlays = self.overlays()
         rejudged = self.rejudgings()
-        table = apply_rejudgings(table, rejudged.sessions)  # the verdict first, a diagnostic's overlay on top
+        table = read_as_now(table, rejudged, manifest.seq)  # the verdict first, a diagnostic's overlay on top
         return Batch(manifest=rejudged_manifest(manifest, rejudged.batches), table=apply_overlays(table, overlays),
                      overlays=overlays)
 

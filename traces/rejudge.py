@@ -15,6 +15,10 @@ and their verdict columns are what the newest re-judging says:
 - the batch's manifest counts (`rejudged_manifest`): recounted from its rows by the rerun, kept in the re-judging.
 Diagnostic overlays (tracefleet.traces.overlay) apply after, on top. Several reruns: each session's newest wins.
 
+A session a rerun ran again (it failed before its first model call, so its sealed row holds no token) is sealed
+again in a new batch; the re-judging names it in `superseded`, and its earlier row is no longer read: each session
+is read once, as its newest rows say.
+
 Reading cost: one listing of `<job>/rejudged/` per batch read; the objects are immutable, fetched once.
 """
 
@@ -36,7 +40,7 @@ from tracefleet.traces.batch import FINDING_TYPE, finding_row, summarize, table_
 from tracefleet.traces.overlay import overlay_stamp
 
 __all__ = ["Rejudged", "RejudgedSession", "Rejudging", "apply_rejudgings", "batch_counts", "current_rejudgings",
-           "rejudged_manifest", "write_rejudging"]
+           "read_as_now", "rejudged_manifest", "without_superseded", "write_rejudging"]
 
 # the manifest's fields that count its rows (what a verdict can change), not those naming the batch
 COUNT_FIELDS = {"traces", "sessions", "groups", "tokens", "trainable_tokens", "builders", "reward", "quarantined_sessions",
@@ -57,6 +61,7 @@ class Rejudged:
 
     sessions: dict[str, RejudgedSession] = field(default_factory=dict)  # by session id
     batches: dict[int, dict[str, Any]] = field(default_factory=dict)  # by seq: its manifest's counts now
+    superseded: dict[str, int] = field(default_factory=dict)  # session id -> the batch holding its rows now
 
 
 def current_rejudgings(bucket: Bucket, job: str, cache: dict[str, Rejudging] | None = None) -> Rejudged:
@@ -71,7 +76,22 @@ def current_rejudgings(bucket: Bucket, job: str, cache: dict[str, Rejudging] | N
             cache[obj.key] = Rejudging.model_validate_json(bucket.get(obj.key))
         out.sessions.update(cache[obj.key].sessions)
         out.batches.update(cache[obj.key].batches)
+        out.superseded.update(cache[obj.key].superseded)
     return out
+
+
+def without_superseded(table: pa.Table, superseded: dict[str, int], seq: int) -> pa.Table:
+    """Batch `seq`'s rows but those of sessions whose rows a later batch holds (a rerun ran them again); the table
+    itself when it has none."""
+    if not superseded or table.num_rows == 0:
+        return table
+    keep = [superseded.get(s, seq) == seq for s in table.column("session_id").to_pylist()]
+    return table if all(keep) else table.filter(pa.array(keep, pa.bool_()))
+
+
+def read_as_now(table: pa.Table, rejudged: Rejudged, seq: int) -> pa.Table:
+    """Batch `seq`'s sealed rows as a reader reads them now: superseded rows left out, verdicts applied."""
+    return apply_rejudgings(without_superseded(table, rejudged.superseded, seq), rejudged.sessions)
 
 
 def rejudged_manifest(manifest: BatchManifest, batches: dict[int, dict[str, Any]]) -> BatchManifest:

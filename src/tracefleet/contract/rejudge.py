@@ -72,7 +72,7 @@ class RejudgedSession(BaseModel):
 
 
 class Rejudging(BaseModel):
-    """One rerun's re-judgings (`<job>/rejudged/<stamp>.json`)."""
+    """One rerun's re-judgings (`<job>/rejudged/<stamp>.json`), and the sessions it ran again (`superseded`)."""
 
     rejudging_version: int = REJUDGING_VERSION
     job: str
@@ -82,3 +82,7 @@ class Rejudging(BaseModel):
     # quarantines, findings: tracefleet.traces.batch.summarize's fields) with every verdict so far on its rows, which
     # readers of manifests (`traces ls`, the dashboard, Batch.manifest) show over the sealed ones
     batches: dict[int, dict[str, Any]] = Field(default_factory=dict)
+    # sessions a rerun ran again (they failed before their first model call: tracefleet.contract.semantics.runs_again)
+    # -> the batch holding their rows now: their rows sealed in an earlier batch (one without a token, the
+    # infrastructure's) are no longer read, so each session is read once
+    superseded: dict[str, int] = Field(default_factory=dict)
