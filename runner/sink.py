@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tracefleet.contract.rejudge import rejudges
+from tracefleet.contract.rejudge import RejudgedSession, rejudges
 from tracefleet.contract.semantics import DROPPED_BY_DIAGNOSTICS, DiagnosticsCounts, OutcomeCounts, next_batches, runs_again
 from tracefleet.contract import layout
 from tracefleet.bucket import BucketError, open_bucket, spool_dir
@@ -153,11 +153,11 @@ class BatchSink:
             rows = table.select([c for c in ROW_COLUMNS if c in table.column_names]).to_pylist()
             self._sessions.update(sealed_sessions(rows))
             for row in rows:
-                task, sample, reasons, meta = row["task_id"], row["sample_index"], row["fail_closed_reasons"] or [], row["metadata_json"]
+                task, sample, reasons = row["task_id"], row["sample_index"], row["fail_closed_reasons"] or []
                 if task is None or sample is None:
                     continue
                 key = (task, int(sample))
-                meta = json.loads(meta) if meta else {}
+                meta = json.loads(row["metadata_json"]) if row["metadata_json"] else {}
                 if runs_again(reasons, meta.get("stats", {}).get("calls", 0)):
                     again.add(key)
                     self.runs_again_from[row["session_id"]] = seq
@@ -173,7 +173,7 @@ class BatchSink:
         self.to_rejudge = [c for c in candidates.values() if (c.task_id, c.sample_index) in keys]
         return keys
 
-    def rejudged(self, verdicts: dict[str, Any]) -> None:
+    def rejudged(self, verdicts: dict[str, RejudgedSession]) -> None:
         """Count the sessions a rerun judged again as their new verdicts say (re-read from their batches)."""
         if not verdicts:
             return
