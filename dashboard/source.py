@@ -22,6 +22,7 @@ import re
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -32,17 +33,20 @@ import pyarrow.parquet as pq
 
 from tracefleet.bucket import BucketError, BucketNotFound, ObjectInfo, ObjectNotFound, open_bucket
 from tracefleet.contract import layout
-from tracefleet.contract.batch import BatchManifest
+from tracefleet.contract.batch import BatchManifest, ManifestPack
 from tracefleet.contract.progress import JobProgress, progress_state
 from tracefleet.dashboard.manifest_cache import ManifestCache
+from tracefleet.traces.rejudge import Rejudged, Rejudging, current_rejudgings, read_as_now, rejudged_manifest
 
 LOOP_LOG = "loop.jsonl"  # a `tracefleet train` run's per-step records (tracefleet.trainer.loop)
 LOOP_BATCHES = "batches"  # a loop's own bucket folder inside its run folder
 # folders that never hold a job or a loop: a job's own parts, a loop's checkpoints and work folders
-_NOT_A_JOB = {layout.SESSIONS, layout.EVIDENCE_DIR, layout.OVERLAYS_DIR, layout.CONSUMERS, "checkpoints", "work", "tensorboard"}
+_NOT_A_JOB = {layout.SESSIONS, layout.EVIDENCE_DIR, layout.OVERLAYS_DIR, layout.REJUDGED_DIR, layout.PACKS_DIR,
+              layout.CONSUMERS, "checkpoints", "work", "tensorboard"}
 _SEQ = re.compile(r"^\d{6,}$")
 MAX_DEPTH = 5
 MANIFEST_READERS = 16
+PACK_WORTH_IT = 10  # batches of a manifest pack's hundred still to read for the pack to be read instead
 COUNT_FINISHED_EVERY_S = 5.0  # a listing of every session's evidence: not at every poll
 # a batch's columns the dashboard reads: scalars and short lists, not the token streams
 ROW_COLUMNS = ["trace_id", "session_id", "task_id", "group_id", "sample_index", "reward", "evaluator_reward", "outcome",
@@ -138,6 +142,10 @@ class JobSource:
     _reading: set[int] = field(default_factory=set)  # seqs whose manifest is being read
     _progress_stamp: str | None = None
     cache: ManifestCache | None = None  # manifests kept between starts (a bucket where each read is a round trip)
+    # what reruns judged again (tracefleet.traces.rejudge): the rows and counts shown are as a reader reads them
+    rejudged: Rejudged = field(default_factory=Rejudged)
+    rejudged_at: float = -float("inf")
+    _rejudgings: dict[str, Rejudging] = field(default_factory=dict)
 
     def refresh(self, pool: ThreadPoolExecutor, deadline: float | None = None,
                 rendering: Callable[[], bool] = lambda: False) -> None:
@@ -147,22 +155,52 @@ class JobSource:
         is being made (`rendering`: the GIL is one, the person's page goes first). A seq folder without its
         manifest is a batch being sealed: not there yet."""
         self.read_progress()
-        stamps = self._listed_manifests() if self.cache is not None else {}
+        if time.monotonic() - self.rejudged_at >= COUNT_FINISHED_EVERY_S:
+            self.read_rejudgings()
+        stamps, names = self._listed_manifests() if self.cache is not None else ({}, {})
         seqs = sorted(stamps) if self.cache is not None else sorted(
             int(d) for d in self.view.list_dirs(layout.batches_prefix(self.name)) if _SEQ.match(d))
         self.listed = len(seqs)
-        futures = []
+        todo = []
         for seq in seqs:
             if seq in self.manifests or seq in self._reading or seq in self.bad_manifests:
                 continue
             kept = self.cache.get(self._cache_key(seq), stamps[seq]) if self.cache is not None else None
             if kept is not None:
-                self.manifests[seq] = kept
+                self._keep(kept)
                 continue
+            todo.append(seq)
+        if todo:
+            self._read_packs(pool, todo, stamps, names, deadline)
+        futures = []
+        for seq in todo:
+            if seq in self.manifests:
+                continue  # it came in a pack
             self._reading.add(seq)
             futures.append(pool.submit(self._read_manifest, seq, rendering, stamps.get(seq, "")))
         if futures:
             wait(futures, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def _keep(self, sealed: BatchManifest) -> None:
+        """A batch's manifest as shown: its counts as its rows read now (a rerun may have judged some again)."""
+        self.manifests[sealed.seq] = rejudged_manifest(sealed, self.rejudged.batches)
+
+    def read_rejudgings(self) -> None:
+        """What reruns judged again (one listing; each object fetched once): the manifests they recounted shown so,
+        the rows of their batches read again with the verdicts."""
+        self.rejudged_at = time.monotonic()
+        try:
+            found = current_rejudgings(self.view, self.name, self._rejudgings)
+        except ValueError as exc:  # an object that does not read: the sealed verdicts stay shown
+            say_once(f"{self.path}: a re-judging unreadable: {_validation_line(exc)}")
+            return
+        changed = {seq for seq, counts in found.batches.items() if self.rejudged.batches.get(seq) != counts}
+        changed |= {seq for seq in self.rows if found.superseded != self.rejudged.superseded}
+        self.rejudged = found
+        for seq in changed:
+            if seq in self.manifests:
+                self._keep(self.manifests[seq])
+            self.rows.pop(seq, None)
 
     def read_progress(self) -> None:
         """The running count and ETA the job's driver writes as it goes (a job sealed by an older tracefleet: none).
@@ -181,15 +219,52 @@ class JobSource:
             self.progress, self.progress_error = None, _validation_line(exc)
             say_once(f"{self.path}: progress unreadable: {self.progress_error}")
 
-    def _listed_manifests(self) -> dict[int, str]:
-        """{seq: its manifest's stamp} from one listing of the job's batches (every object: a page holds 1,000, two
-        objects a batch), where only sealed batches have a manifest."""
-        found = {}
+    def _listed_manifests(self) -> tuple[dict[int, str], dict[int, set[str]]]:
+        """({seq: its manifest's stamp}, {seq: its objects' names}) from one listing of the job's batches (every
+        object: a page holds 1,000, two objects a batch), where only sealed batches have a manifest."""
+        found: dict[int, str] = {}
+        names: dict[int, set[str]] = {}
         for obj in self.view.list(layout.batches_prefix(self.name)):
             parts = obj.key.rsplit("/", 2)
-            if len(parts) == 3 and parts[2] == layout.MANIFEST and _SEQ.match(parts[1]):
-                found[int(parts[1])] = obj.stamp
-        return found
+            if len(parts) == 3 and _SEQ.match(parts[1]):
+                names.setdefault(int(parts[1]), set()).add(parts[2])
+                if parts[2] == layout.MANIFEST:
+                    found[int(parts[1])] = obj.stamp
+        return found, names
+
+    def _read_packs(self, pool: ThreadPoolExecutor, todo: list[int], stamps: dict[int, str],
+                    names: dict[int, set[str]], deadline: float | None) -> None:
+        """The manifests of `todo` that manifest packs hold (tracefleet.contract.batch.ManifestPack: one object for a
+        hundred batches), where a pack's range misses at least PACK_WORTH_IT of them (else one listing more would
+        cost what it saves). A pack's manifest is taken for a listed batch only, and, where the listing named the
+        batch's objects, only when its data object is the one listed (a job run again under its name)."""
+        size = layout.MANIFEST_PACK_SIZE
+        missing = Counter(seq // size * size for seq in todo)
+        worth = {first for first, n in missing.items() if n >= PACK_WORTH_IT}
+        if not worth:
+            return
+        try:
+            firsts = [f for obj in self.view.list(layout.packs_prefix(self.name))
+                      if (f := layout.manifest_pack_first(obj.key)) is not None and f in worth]
+        except BucketError:
+            return
+        listed = set(todo)
+
+        def read(first: int) -> None:
+            try:
+                pack = ManifestPack.model_validate_json(self.view.get(layout.manifest_pack_key(self.name, first)))
+            except (BucketError, ValueError):
+                return  # the batches' own manifests are read instead
+            for manifest in pack.manifests:
+                seq = manifest.seq
+                if seq not in listed or (seq in names and not {o.name for o in manifest.objects} <= names[seq]):
+                    continue
+                self._keep(manifest)
+                if self.cache is not None:
+                    self.cache.put(self._cache_key(seq), stamps.get(seq, ""), manifest.model_dump_json().encode())
+
+        futures = [pool.submit(read, first) for first in firsts]
+        wait(futures, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _cache_key(self, seq: int) -> str:
         return f"{self.view.uri}/{layout.manifest_key(self.name, seq)}"
@@ -199,7 +274,7 @@ class JobSource:
             time.sleep(0.005)
         try:
             data = self.view.get(layout.manifest_key(self.name, seq))
-            self.manifests[seq] = BatchManifest.model_validate_json(data)
+            self._keep(BatchManifest.model_validate_json(data))
             if self.cache is not None:
                 self.cache.put(self._cache_key(seq), stamp, data)
         except (ObjectNotFound, BucketError):
@@ -218,7 +293,8 @@ class JobSource:
                 data = self.view.get(layout.batch_object_key(self.name, seq, obj.name))
                 schema = pq.read_schema(io.BytesIO(data))
                 columns = [c for c in ROW_COLUMNS if c in schema.names]
-                rows += pq.read_table(io.BytesIO(data), columns=columns).to_pylist()
+                table = pq.read_table(io.BytesIO(data), columns=columns)
+                rows += read_as_now(table, self.rejudged, seq).to_pylist()
             for r in rows:
                 r["seq"] = seq
             self.rows[seq] = rows

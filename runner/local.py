@@ -8,7 +8,8 @@ Resuming: a (task, sample) whose traces are already in a sealed batch of this jo
 so a rerun with the same job name after Ctrl-C (or a crash) continues without duplicating. Session ids
 are the cluster's (`<job>-s<index>`, tracefleet.contract.session.session_id); each run keeps its captures
 and session folders in its own `capture/<run>/` and `sessions/<run>/` under the work dir, so a rerun
-never appends to an earlier run's capture log, and a retry registers as `<session id>-a<attempt>`.
+never appends to an earlier run's capture log, and a retry registers as `<session id>-a<attempt>`. A rerun also
+judges again, without their harness, the sealed sessions the judge could not judge (tracefleet.runner.rejudge).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 from urllib.parse import urlsplit
 
+from tracefleet.bucket import malformed_uri
 from tracefleet.contract import layout
 from tracefleet.contract.job import Counters, RolloutJob
 from tracefleet.contract.progress import LOCAL, DriverProcess, JobProgress, eta_seconds
@@ -40,6 +42,7 @@ from tracefleet.contract.semantics import (
     quarantine_verdict,
     should_retry,
 )
+from tracefleet.contract.session import evaluator_fingerprint
 from tracefleet.contract.plan import job_tasks_of, plan_proxy, plan_sessions, task_specs
 from tracefleet.contract.proxy_plan import ProxyPlan
 from tracefleet.runner.failures import failure_line, outcomes_line, run_verdict, status_line
@@ -54,6 +57,7 @@ from tracefleet.runner.session import run as run_in_place
 from tracefleet.runner.task import Task, harbor_tasks, with_image
 
 if TYPE_CHECKING:
+    from tracefleet.runner.rejudge import RejudgeReport
     from tracefleet.runner.containers.place import ContainerPlace
     from tracefleet.runner.containers.runtime import ContainerRuntime
     from tracefleet.runner.services import EngineProcess
@@ -231,7 +235,7 @@ class LocalRun:
         self.base_dir = options.job_path.resolve().parent
         self.acceptance = Acceptance.parse(options.accept) if options.accept else None
         self.output_uri = options.output or self.job.spec.output.uri
-        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:/?(?!/)", self.output_uri):  # s3:/b, s3:b: a folder named `s3:` else
+        if malformed_uri(self.output_uri):
             raise SystemExit(f"output {self.output_uri!r}: a bucket URI is s3://BUCKET/PREFIX (a folder: a path)")
         if "://" not in self.output_uri and not Path(self.output_uri).is_absolute():
             # A relative output path is relative to where the command runs, like any CLI path.
@@ -246,6 +250,7 @@ class LocalRun:
         self._quarantine_exceeded = False  # the QuarantineRateExceeded condition, as last reported
         self._runtime: ContainerRuntime | None = None  # the container runtime, when a Harbor task runs in its image
         self._containers = 0  # sessions that run in their task's container
+        self._rejudged: RejudgeReport | None = None  # what this run judged again of the sealed sessions
 
     # ------------------------------------------------------------------ Harbor tasks' images
 
@@ -356,6 +361,28 @@ class LocalRun:
         self._quarantine_exceeded = verdict.exceeded
         return verdict
 
+    def _rejudge(self, sink: BatchSink, planned: dict[tuple[str, int], SessionPlan]) -> None:
+        """Judge again the sealed sessions the judge could not judge (tracefleet.runner.rejudge): no harness runs."""
+        from tracefleet.runner.rejudge import rejudge
+
+        whys = Counter(c.why for c in sink.to_rejudge)
+        self._say(f"judging again {len(sink.to_rejudge)} sealed session(s) of job {self.job.name!r} the judge could not "
+                  f"judge ({', '.join(f'{n} {why}' for why, n in sorted(whys.items()))}); their harness does not run again")
+        self._rejudged = rejudge(sink.bucket, self.job.name, sink.to_rejudge, planned, self.work_dir / "rejudge", self._say)
+        sink.rejudged(self._rejudged.verdicts)
+
+    def _supersede(self, sink: BatchSink) -> None:
+        """The sessions this run ran again (they failed before their first model call) are read from their new
+        batch only: their earlier rows, without a token, are no longer read (tracefleet.traces.rejudge)."""
+        from tracefleet.bucket import BucketError
+        from tracefleet.runner.rejudge import supersede
+
+        try:
+            supersede(sink.bucket, self.job.name, sink.resealed, sink.runs_again_from)
+        except BucketError as exc:
+            self._say(f"the earlier rows of {len(sink.resealed)} session(s) run again stay readable beside their new "
+                      f"ones: {exc}")
+
     def _say(self, text: str) -> None:
         prefix = "\r\033[K" if self._tty else ""
         print(f"{prefix}tracefleet: {text}", file=self.out, flush=True)
@@ -376,9 +403,12 @@ class LocalRun:
         self._check_diagnostics()
         sink = BatchSink(self.output_uri, self.job.name,
                          groups_per_batch=groups_per_batch(spec.output.traces_per_batch, spec.tasks.samples_per_task))
-        sealed = sink.sealed_keys()
+        planned = {(p.task.id, p.sample_index): p for p in self.plans(tasks, None)}
+        sealed = sink.sealed_keys({k: evaluator_fingerprint(p.evaluator) for k, p in planned.items()})
         if (line := previous_run(sink.bucket, self.job.name)) is not None:
             self._say(line)
+        if sink.to_rejudge and not self.options.fresh:
+            self._rejudge(sink, planned)
         if self.options.fresh:
             self._say(f"--fresh: every session of job {self.job.name!r} runs again; its {sink.sealed_batches} sealed "
                       f"batch(es) at {sink.job_uri} stay as they are (nothing is deleted: a trainer that read them "
@@ -445,6 +475,7 @@ class LocalRun:
             # Whatever finished is sealed, also after Ctrl-C: a partial batch is still a whole batch.
             for ref in sink.flush():
                 progress.batches.append(ref)
+            self._supersede(sink)
             progress_writer.close(progress.job_progress(self.job.name, finished=True, interrupted=interrupted))
             self._summary(progress, sink, interrupted)
             admin.close()
@@ -612,6 +643,7 @@ class LocalRun:
             ("diagnostics", f"judged {d.judged}, quarantined {d.quarantined}, dropped {d.dropped} (sessions in sealed batches)"),
             # status.counters.infrastructure on a cluster (tracefleet.contract.semantics.OutcomeKind)
             ("outcomes", outcomes_line(sink.outcomes)),
+            *([("re-judged", self._rejudged.line())] if self._rejudged is not None else []),
             ("findings", findings_line(self.results)),
             *([("quarantine", f"{QUARANTINE_RATE_EXCEEDED}={quarantine.exceeded} ({quarantine.reason}): {quarantine.message}")]
               if d.judged else []),

@@ -53,6 +53,7 @@ from tracefleet.contract.session import (
     SessionStatus,
     Stage,
     Task,
+    evaluator_fingerprint,
 )
 from tracefleet.contract.semantics import JUDGE_ATTEMPTS
 from tracefleet.diagnostics.evidence import HarnessEvidence, SessionEvidence, read_tail, session_evidence
@@ -194,11 +195,13 @@ def collect_stage(workspace: PreparedWorkspace, dest: Path, result: SessionResul
 def judge(plan: SessionPlan, ctx: EvalContext) -> EvalOutcome:
     """The plan's evaluator on a finished session (here, or in the evaluator Job); never raises. A judging that
     reports `unavailable` (it could not run or report: tracefleet.contract.semantics) is run again over the same
-    patch, JUDGE_ATTEMPTS in all, REJUDGE_PAUSE_S apart; the last verdict says how many ran (`details.attempts`)."""
+    patch, JUDGE_ATTEMPTS in all, REJUDGE_PAUSE_S apart; the last verdict says how many ran (`details.attempts`) and
+    which evaluator judged (`details.evaluator_spec`, tracefleet.contract.session.evaluator_fingerprint)."""
+    asked = {"evaluator_spec": evaluator_fingerprint(plan.evaluator)}  # what a rerun compares (contract.rejudge)
     try:
         evaluator = get_evaluator(plan.evaluator)
     except Exception as exc:  # noqa: BLE001 - an evaluator that cannot be built judges nothing the agent did
-        return EvalOutcome(status="unavailable", message=f"{type(exc).__name__}: {exc}")
+        return EvalOutcome(status="unavailable", message=f"{type(exc).__name__}: {exc}", details=asked)
     for attempt in range(1, JUDGE_ATTEMPTS + 1):
         outcome = evaluator.evaluate(ctx)
         if outcome.status != "unavailable" or attempt == JUDGE_ATTEMPTS:
@@ -206,6 +209,7 @@ def judge(plan: SessionPlan, ctx: EvalContext) -> EvalOutcome:
         time.sleep(REJUDGE_PAUSE_S)
     if attempt > 1:
         outcome.details["attempts"] = attempt
+    outcome.details.update(asked)
     return outcome
 
 

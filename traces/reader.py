@@ -27,7 +27,10 @@ Overlays (tracefleet.traces.overlay): verdicts `tracefleet diagnose --write-over
 already sealed. `read` (and `follow`) apply the job's overlays by default: a session an overlay
 quarantines is marked `quarantined` in the batch it reads and left out exactly like one quarantined at
 sealing, its findings are in the `diagnostics` column (`Batch.findings()`), `Batch.overlays` lists what was
-applied; `BatchReader(..., overlays=False)` reads the sealed data alone.
+applied. Re-judgings (tracefleet.traces.rejudge) apply first: a session a rerun judged again (its evaluator
+could not judge it when it was sealed) has its newest verdict on its rows, in the batch that sealed it, never a
+second row; a session a rerun ran again is read from its newest batch only. `BatchReader(..., overlays=False)` reads
+the sealed data alone.
 
 Only manifests make batches visible; every object is checked against the manifest's size and sha256.
 The cursor (`<job>/consumers/<consumer>.json`, {"next_seq": N}) moves only on `commit`, so a trainer that
@@ -59,6 +62,7 @@ from tracefleet.contract.batch import BatchManifest
 
 from tracefleet.traces.batch import list_values, parquet_to_table, table_to_traces
 from tracefleet.traces.overlay import Overlay, apply_overlays, current_overlays
+from tracefleet.traces.rejudge import Rejudged, Rejudging, current_rejudgings, read_as_now, rejudged_manifest
 from tracefleet.traces.schema import Trace
 from tracefleet.traces.seal import sealed_seqs
 from tracefleet.traces.versions import NOT_SAMPLED, Stale, stale_bound, token_versions
@@ -91,8 +95,8 @@ def check_behaviour_logprobs(table: pa.Table) -> None:
 
 @dataclass
 class Batch:
-    manifest: BatchManifest
-    table: pa.Table  # the sealed rows, with the overlays applied
+    manifest: BatchManifest  # its counts as its rows read (re-judgings applied)
+    table: pa.Table  # the sealed rows, with the re-judgings and overlays applied
     overlays: list[Overlay] = field(default_factory=list)  # the job's overlays when read (each diagnostic's newest)
     _traces: list[Trace] | None = field(default=None, repr=False)
 
@@ -299,6 +303,7 @@ class BatchReader:
         self.verify = verify
         self.apply_overlays = overlays
         self._overlays: dict[str, Overlay] = {}  # by key: overlay objects are never rewritten
+        self._rejudgings: dict[str, Rejudging] = {}  # by key: the same
         self._position: int | None = None
 
     # listing --------------------------------------------------------------------------------------
@@ -309,7 +314,12 @@ class BatchReader:
         return BatchManifest.model_validate_json(self.bucket.get(manifest_key(self.job, seq)))
 
     def batches(self) -> list[BatchManifest]:
-        return [self.manifest(s) for s in self.seqs()]
+        """Every sealed batch's manifest, its counts as its rows read now (re-judgings: `read`)."""
+        manifests = [self.manifest(s) for s in self.seqs()]
+        if not self.apply_overlays:
+            return manifests
+        batches = self.rejudgings().batches
+        return [rejudged_manifest(m, batches) for m in manifests]
 
     # reading --------------------------------------------------------------------------------------
     def read_table(self, batch: int | BatchManifest) -> pa.Table:
@@ -328,11 +338,18 @@ class BatchReader:
         if not self.apply_overlays:
             return Batch(manifest=manifest, table=table)
         overlays = self.overlays()
-        return Batch(manifest=manifest, table=apply_overlays(table, overlays), overlays=overlays)
+        rejudged = self.rejudgings()
+        table = read_as_now(table, rejudged, manifest.seq)  # the verdict first, a diagnostic's overlay on top
+        return Batch(manifest=rejudged_manifest(manifest, rejudged.batches), table=apply_overlays(table, overlays),
+                     overlays=overlays)
 
     def overlays(self) -> list[Overlay]:
         """The job's overlays as they are now (each diagnostic's newest): one listing."""
         return current_overlays(self.bucket, self.job, self._overlays)
+
+    def rejudgings(self) -> Rejudged:
+        """The job's re-judged sessions' newest verdicts and their batches' counts now: one listing."""
+        return current_rejudgings(self.bucket, self.job, self._rejudgings)
 
     # consuming ------------------------------------------------------------------------------------
     def _cursor_key(self) -> str:

@@ -5,6 +5,7 @@ Bucket layout (stable; readers rely on it):
     <prefix>/<job>/batches/<seq:06d>/traces-<batch_id>.parquet   data (written first)
     <prefix>/<job>/batches/<seq:06d>/manifest.json               written last, conditional create
     <prefix>/<job>/consumers/<consumer>.json                     a reader's cursor {"next_seq": N}
+    <prefix>/<job>/manifest-packs/<first:06d>.json               a hundred manifests in one object (write_pack)
 
 A batch exists iff its `manifest.json` exists; the manifest lists every data object with its size and
 sha256, and readers read only what it lists. Protocol:
@@ -40,8 +41,9 @@ import pyarrow as pa
 
 from tracefleet.bucket import Bucket, BucketError, ObjectNotFound, spool_dir
 
-from tracefleet.contract.layout import MANIFEST, batch_dir, batch_key_parts, batches_prefix, data_object_name, job_root, manifest_key
-from tracefleet.contract.batch import BatchManifest, ObjectEntry
+from tracefleet.contract.layout import (MANIFEST, MANIFEST_PACK_SIZE, batch_dir, batch_key_parts, batches_prefix,
+                                        data_object_name, job_root, manifest_key, manifest_pack_key)
+from tracefleet.contract.batch import BatchManifest, ManifestPack, ObjectEntry
 
 from tracefleet.traces.batch import summarize, table_to_parquet, table_to_traces, traces_to_table
 from tracefleet.traces.schema import Trace
@@ -129,6 +131,7 @@ class Sealer:
             self.bucket.put_file(key, staged / obj.name)
             claimed = manifest.model_copy(update={"seq": seq, "created_at": time.time()})
             if self.bucket.create_exclusive(manifest_key(self.job, seq), claimed.model_dump_json(indent=2).encode()):
+                write_pack(self.bucket, self.job, claimed)
                 return claimed
             existing = self._read_manifest(seq)
             if existing is not None and existing.batch_id == manifest.batch_id:
@@ -154,6 +157,21 @@ class Sealer:
         """Upload every staged batch (oldest first). Stops at the first failure, raising SealError."""
         pending = sorted(self.pending(), key=lambda p: (p / MANIFEST).stat().st_mtime)
         return [self.upload(p) for p in pending]
+
+
+def write_pack(bucket: Bucket, job: str, sealed: BatchManifest) -> bool:
+    """After `sealed` (just claimed), the manifest pack it completes (tracefleet.contract.batch.ManifestPack), when
+    it is the last of one: the earlier manifests read back (seqs are contiguous: they exist). Best effort, whether
+    written: a reader without the pack reads the manifests one by one."""
+    first = sealed.seq + 1 - MANIFEST_PACK_SIZE
+    if first < 0 or first % MANIFEST_PACK_SIZE:
+        return False
+    try:
+        manifests = [BatchManifest.model_validate_json(bucket.get(manifest_key(job, seq))) for seq in range(first, sealed.seq)]
+        pack = ManifestPack(job=job, first=first, manifests=[*manifests, sealed])
+        return bucket.create_exclusive(manifest_pack_key(job, first), pack.model_dump_json().encode())
+    except (BucketError, ValueError):
+        return False
 
 
 def _write_durable(path: Path, data: bytes) -> None:

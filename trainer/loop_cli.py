@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
+from tracefleet.bucket import uri_scheme
 from tracefleet.trainer.loop import (
     ADVANTAGES,
     DEFAULT_EPOCHS,
@@ -115,7 +115,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError("--minutes must be more than 0")
     if args.explore is not None and args.task_sampling != "spread":
         raise UsageError("--explore applies to --task-sampling spread only")
-    if args.output is not None and re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", str(args.output)):
+    if args.output is not None and uri_scheme(args.output) is not None:
         raise UsageError(f"--output {args.output}: the run's folder on this machine, not a bucket URI (the loop trains "
                          "from the batches it seals there)")
     options = LoopOptions(job_path=args.job, iterations=args.iterations, minutes=args.minutes, lr=args.lr,

@@ -19,6 +19,7 @@ endpoint is wrong), `BucketAccessDenied` (credentials), `ObjectNotFound`.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
@@ -368,6 +369,25 @@ class S3Bucket:
 
     def delete(self, key: str) -> None:
         self._call("delete_object", key, Key=self._key(key))
+
+
+# A URI scheme (RFC 3986) of two characters or more, at the start of a text: `s3:`, `file:`, `gs:`; one letter is a
+# drive (`C:`), not a scheme.
+URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
+
+
+def uri_scheme(text: str | os.PathLike[str]) -> str | None:
+    """The scheme `text` starts with (`s3` of `s3://b/p`, also of `s3:/b`), None for a path."""
+    match = URI_SCHEME.match(os.fspath(text))
+    return match.group(0)[:-1] if match else None
+
+
+def malformed_uri(text: str | os.PathLike[str]) -> bool:
+    """Whether `text` names a scheme without the `//` a bucket URI has after it (`s3:/b`, `s3:b`): a mistyped URI,
+    which read as a path would be a folder named `s3:`."""
+    text = os.fspath(text)
+    scheme = uri_scheme(text)
+    return scheme is not None and not text[len(scheme) + 1 :].startswith("//")
 
 
 def open_bucket(uri: str | os.PathLike[str], **options: Any) -> LocalBucket | S3Bucket:

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from fixtures.command_harness import MODEL_CALL  # one chat call, then exit 0: a harness that works (the fix)
+from tracefleet.traces.reader import BatchReader
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "tracefleet.cli"]
@@ -97,7 +98,15 @@ def test_rerun_after_a_fix_runs_what_failed_before_a_model_call_and_fresh_starts
     assert "2 sealed session(s) of job 'rerun' failed before their first model call (an infrastructure failure): " \
            "running them again" in second.stderr, second.stderr
     assert "sessions       2 run now, 0 already sealed earlier, 2 in the job" in second.stdout, second.stdout
+    # the job's sessions, once each: the rows the first run sealed for them count no more
+    assert "judged 2, quarantined 0, dropped 0" in second.stdout and "the infrastructure's 0" in second.stdout, \
+        second.stdout
     assert sorted(r["sample_index"] for r in rows(tmp_path / "out", "rerun") if r["num_tokens"]) == [0, 1]
+    # as a trainer reads them: each session once, its newest rows (the earlier row without a token is not read)
+    reader = BatchReader(str(tmp_path / "out"), "rerun")
+    read = [(seq, r) for seq in reader.seqs() for r in reader.read(seq).table.to_pylist()]
+    assert sorted((seq, r["session_id"]) for seq, r in read) == [(1, "rerun-s0"), (1, "rerun-s1")]
+    assert all(r["num_tokens"] for _, r in read) and reader.read(0).manifest.sessions == 0
     # 3. nothing left to run: it says so, and how to start over
     third = run(path, "--engine-url", url)
     assert third.returncode == 0 and "nothing to run (`--fresh` runs them all again" in third.stderr, third.stderr

@@ -20,6 +20,7 @@ import pytest
 
 from fixtures.command_harness import MODEL_CALL
 from fixtures.local_runs import calc_task, command_job, run_local
+from tracefleet.dashboard.source import Source
 from tracefleet.traces.advantages import group_advantages
 from tracefleet.traces.reader import BatchReader
 
@@ -53,13 +54,20 @@ EVALUATOR = textwrap.dedent(
 )
 
 
-def test_an_evaluator_that_cannot_run_leaves_its_sample_out_of_training(scripted_engine: Any, tmp_path: Path) -> None:
+def judge_down_job(tmp_path: Path) -> dict[str, Any]:
+    """The job of 3 samples whose grading service is down for its first (HARNESS, EVALUATOR); its harness counts its
+    starts in harness-starts, its evaluator its judgings in judgings."""
     (tmp_path / "harness.py").write_text(HARNESS)
     (tmp_path / "evaluate.py").write_text(EVALUATOR)
     job = command_job(JOB, [calc_task("calc", "fix add")], tmp_path / "out", samples=3, per_batch=3, parallelism=1,
                       evaluator={"preset": "command", "timeoutSeconds": 120,
                                  "command": ["python", str(tmp_path / "evaluate.py"), str(tmp_path / "judgings")]})
     job["spec"]["harness"]["command"] += [str(tmp_path / "harness-starts")]
+    return job
+
+
+def test_an_evaluator_that_cannot_run_leaves_its_sample_out_of_training(scripted_engine: Any, tmp_path: Path) -> None:
+    job = judge_down_job(tmp_path)
     done, _ = run_local(job, tmp_path, engine_url=str(scripted_engine.url), timeout_s=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert len((tmp_path / "judgings").read_text()) == 5  # 2 + 2 (judged again) + 1
@@ -107,3 +115,101 @@ def test_an_evaluator_that_cannot_run_leaves_its_sample_out_of_training(scripted
     assert t["sequence_advantages"].tolist() == pytest.approx(aligned)
     # trained on as a reward of 0, it would have pushed the others' advantages
     assert batch.advantages(include_infrastructure=True).tolist() != pytest.approx(aligned, abs=1e-3)
+
+
+def test_a_rerun_judges_again_what_the_judge_could_not_without_running_the_harness(scripted_engine: Any,
+                                                                                     tmp_path: Path) -> None:
+    """The same job, its grading service back: `tracefleet run` again on the same output judges s0 again over its
+    kept patch (the harness does not start again), its sealed row gets the verdict as a trainer reads it (no second
+    row, no new batch), and the summary counts the job's 3 sessions (tracefleet.contract.rejudge)."""
+    job = judge_down_job(tmp_path)
+    first, _ = run_local(job, tmp_path, engine_url=str(scripted_engine.url), timeout_s=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert len((tmp_path / "harness-starts").read_text()) == 3
+    reader = BatchReader(str(tmp_path / "out"), JOB)
+    assert reader.read(0).training_table().column("session_id").to_pylist() == [f"{JOB}-s1", f"{JOB}-s2"]
+
+    again, _ = run_local(job, tmp_path, engine_url=str(scripted_engine.url), timeout_s=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert len((tmp_path / "harness-starts").read_text()) == 3  # no harness ran
+    assert len((tmp_path / "judgings").read_text()) == 6  # one judging more: s0's, and it judged
+    assert (f"judging again 1 sealed session(s) of job {JOB!r} the judge could not judge (1 unavailable); their "
+            "harness does not run again") in again.stderr, again.stderr
+    assert "re-judged" in again.stdout and "1 sealed session(s) the judge could not judge, judged again without their " \
+        "harness: 1 judged" in again.stdout, again.stdout
+    # the job's sessions, once each: no attempt counted twice
+    assert "judged 3, quarantined 0, dropped 0" in again.stdout, again.stdout
+    assert "ok 3, the policy's failures 0, the infrastructure's 0" in again.stdout, again.stdout
+    assert "0 run now, 3 already sealed earlier, 3 in the job" in again.stdout, again.stdout
+
+    assert reader.seqs() == [0]  # no batch added
+    batch = reader.read(0)
+    sessions = batch.table.column("session_id").to_pylist()
+    assert sorted(set(sessions)) == [f"{JOB}-s{i}" for i in range(3)] and len(sessions) == len(set(sessions))
+    rows = {r["session_id"]: r for r in batch.table.to_pylist()}
+    s0 = rows[f"{JOB}-s0"]
+    assert (s0["outcome_kind"], s0["outcome"], s0["fail_closed_reasons"], s0["reward"], s0["evaluator_reward"]) == (
+        "ok", "ok", [], 1.0, 1.0)
+    extra = json.loads(s0["metadata_json"])["extra"]
+    assert (extra["evaluation"]["status"], extra["rejudged"]["why"], extra["rejudged"]["before"]["status"]) == (
+        "ok", "unavailable", "unavailable")
+    # trained on now, with its group: rewards 1, 1, 0
+    assert batch.training_table().column("session_id").to_pylist() == [f"{JOB}-s0", f"{JOB}-s1", f"{JOB}-s2"]
+    want = group_advantages([1.0, 1.0, 0.0], ["g"] * 3, ["s0", "s1", "s2"]).tolist()
+    assert batch.advantages().tolist() == pytest.approx([dict(zip([f"{JOB}-s{i}" for i in range(3)], want))[s]
+                                                         for s in sessions])
+    assert batch.traces()[sessions.index(f"{JOB}-s0")].meta.reward == 1.0
+    # its counts as its rows read now, where manifests are read (`traces ls`, the dashboard)
+    assert batch.manifest.outcome_kinds == reader.batches()[0].outcome_kinds == {"ok": 3}
+    assert (batch.manifest.reward.fail_closed, batch.manifest.reward.positive) == (0, 2)
+    source = Source(str(tmp_path / "out"))  # the dashboard shows the same
+    source.refresh()
+    shown = source.jobs[JOB]
+    assert shown.manifests[0].outcome_kinds == {"ok": 3}
+    assert {r["session_id"]: r["outcome_kind"] for r in shown.load_rows(0)}[f"{JOB}-s0"] == "ok"
+    # the sealed data itself is as it was
+    sealed = BatchReader(str(tmp_path / "out"), JOB, overlays=False).read(0).table.to_pylist()
+    assert next(r for r in sealed if r["session_id"] == f"{JOB}-s0")["outcome_kind"] == "infrastructure"
+
+    # judged: a third run has nothing to judge again, and counts the same
+    third, _ = run_local(job, tmp_path, engine_url=str(scripted_engine.url), timeout_s=300)
+    assert third.returncode == 0 and "judging again" not in third.stderr, third.stderr
+    assert "judged 3, quarantined 0, dropped 0" in third.stdout, third.stdout
+
+
+SLOW_EVALUATOR = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    time.sleep(4)
+    sys.exit(subprocess.run([sys.executable, "-m", "pytest", "-q"]).returncode)
+    """
+)
+
+
+def test_a_judging_that_timed_out_is_judged_again_only_under_a_changed_evaluator(scripted_engine: Any,
+                                                                                 tmp_path: Path) -> None:
+    """A judging that timed out is the policy's (the agent's code runs under the judge): a rerun of the same job
+    leaves it; once `timeoutSeconds` is raised, a rerun judges it again, without the harness."""
+    (tmp_path / "harness.py").write_text(HARNESS)
+    (tmp_path / "evaluate.py").write_text(SLOW_EVALUATOR)
+    evaluator = {"preset": "command", "timeoutSeconds": 2, "command": ["python", str(tmp_path / "evaluate.py")]}
+    job = command_job("judge-slow", [calc_task("calc", "fix add")], tmp_path / "out", samples=1, per_batch=1,
+                      evaluator=evaluator)
+    job["spec"]["harness"]["command"] += [str(tmp_path / "harness-starts")]
+    first, _ = run_local(job, tmp_path, engine_url=str(scripted_engine.url), timeout_s=300)
+    # the run's only session did not get through: the run says so (exit 1), its row is sealed
+    assert first.returncode == 1 and "evaluator command ran past its limit of 2 s" in first.stdout, first.stdout
+    reader = BatchReader(str(tmp_path / "out"), "judge-slow")
+    (row,) = reader.read(0).table.to_pylist()
+    assert (row["outcome_kind"], row["fail_closed_reasons"]) == ("policy", ["evaluator_timeout"])
+
+    same, _ = run_local(job, tmp_path, engine_url=str(scripted_engine.url), timeout_s=300)
+    assert same.returncode == 0 and "judging again" not in same.stderr, same.stderr
+
+    evaluator["timeoutSeconds"] = 60
+    changed, _ = run_local(job, tmp_path, engine_url=str(scripted_engine.url), timeout_s=300)
+    assert changed.returncode == 0, changed.stdout + changed.stderr
+    assert "(1 timed out; the evaluator changed)" in changed.stderr, changed.stderr
+    assert len((tmp_path / "harness-starts").read_text()) == 1
+    (row,) = reader.read(0).table.to_pylist()
+    assert (row["outcome_kind"], row["fail_closed_reasons"], row["reward"]) == ("ok", [], 1.0)

@@ -15,6 +15,7 @@ from tracefleet.bucket import BucketNotFound, BucketUnreachable, LocalBucket, S3
 from tracefleet.traces import BatchReader, SealError, Sealer, SessionInfo, Trace, build_traces
 from tracefleet.traces.seal import sealed_seqs
 from tracefleet.traces.synthetic import SyntheticSession
+from fixtures.sealed_jobs import synthetic_traces
 
 
 def make_traces(tmp: Path, session: str, *, turns: int = 3, reward: float = 1.0, group: str = "g0", seed: int = 0) -> list[Trace]:
@@ -243,3 +244,16 @@ def test_padded_tensors_and_group_advantages(tmp_path: Path) -> None:
     # several traces of one session count once in the group statistics
     shared = group_advantages([1.0, 1.0, 0.0], ["g", "g", "g"], ["a", "a", "b"], normalize_std=False)
     assert np.allclose(shared, [0.5, 0.5, -0.5])
+
+
+def test_the_sealer_of_every_hundredth_batch_packs_the_hundred_manifests(tmp_path: Path) -> None:
+    """tracefleet.contract.batch.ManifestPack: written by the sealer of batch 99 (and 199...), the manifests as sealed."""
+    from tracefleet.contract.batch import ManifestPack
+    from tracefleet.contract.layout import manifest_pack_key, packs_prefix
+
+    bucket = open_bucket(tmp_path / "out")
+    sealer = Sealer(bucket, "packed", spool=tmp_path / "spool")
+    sealed = [sealer.seal(synthetic_traces(i, 1, job="packed")) for i in range(101)]
+    assert [o.key for o in bucket.list(packs_prefix("packed"))] == [manifest_pack_key("packed", 0)]
+    pack = ManifestPack.model_validate_json(bucket.get(manifest_pack_key("packed", 0)))
+    assert (pack.first, pack.manifests) == (0, sealed[:100])

@@ -62,3 +62,14 @@ class BatchManifest(BaseModel):
     # left out of training. Empty in batches sealed before outcome kinds.
     outcome_kinds: dict[OutcomeKind, int] = Field(default_factory=dict)
     objects: list[ObjectEntry] = Field(default_factory=list)
+
+
+class ManifestPack(BaseModel):
+    """`<job>/manifest-packs/<first:06d>.json` (layout.manifest_pack_key): the manifests of MANIFEST_PACK_SIZE sealed
+    batches in a row, from `first`, as they were sealed; written once, by the sealer of the last of them. A reader of
+    every manifest (the dashboard's first view) reads one object for a hundred batches: on S3 each GET is a round
+    trip and about a millisecond of the client's CPU. A batch's own manifest stays what makes it exist."""
+
+    job: str
+    first: int
+    manifests: list[BatchManifest] = Field(default_factory=list)

@@ -177,3 +177,42 @@ def overlay_key_parts(job: str, key: str) -> tuple[str, str] | None:
     if not _OVERLAY_NAME.match(diagnostic) or "/" in name or not name.endswith(".json"):
         return None
     return diagnostic, name[: -len(".json")]
+
+
+# ---- re-judgings (tracefleet.traces.rejudge): new verdicts on sealed sessions the judge could not judge
+
+REJUDGED_DIR = "rejudged"
+
+
+def rejudged_prefix(job: str) -> str:
+    return f"{job_root(job)}/{REJUDGED_DIR}/"
+
+
+def rejudged_key(job: str, stamp: str) -> str:
+    """One rerun's re-judgings, written once: `<job>/rejudged/<stamp>.json`; `stamp` sorts by writing time, so a
+    session judged again by a later rerun is found in a later key."""
+    return f"{rejudged_prefix(job)}{stamp}.json"
+
+
+# ---- manifest packs (tracefleet.contract.batch.ManifestPack): a hundred sealed manifests in one object
+
+PACKS_DIR = "manifest-packs"
+MANIFEST_PACK_SIZE = 100
+_PACK_NAME = re.compile(r"^(\d{6,})\.json$")
+
+
+def packs_prefix(job: str) -> str:
+    return f"{job_root(job)}/{PACKS_DIR}/"
+
+
+def manifest_pack_key(job: str, first: int) -> str:
+    """The pack of the manifests of batches `first` .. `first + MANIFEST_PACK_SIZE - 1` (`first` a multiple of it)."""
+    if first % MANIFEST_PACK_SIZE:
+        raise ValueError(f"a manifest pack starts at a multiple of {MANIFEST_PACK_SIZE}, not at {first}")
+    return f"{packs_prefix(job)}{first:06d}.json"
+
+
+def manifest_pack_first(key: str) -> int | None:
+    """The first seq of a pack's key (the bucket's prefix in front or not), None for any other key."""
+    match = _PACK_NAME.match(key.rsplit("/", 1)[-1])
+    return int(match.group(1)) if match and f"/{PACKS_DIR}/" in f"/{key}" else None

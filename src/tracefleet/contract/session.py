@@ -19,6 +19,8 @@ proxy sidecar on a cluster; locally a capture folder per run and a capture name 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -134,6 +136,18 @@ class EvaluatorSpec(BaseModel):
     timeout_s: float = EVALUATOR_TIMEOUT_S
     live_workspace: bool = False  # command: judge the harness's live workspace instead of a fresh copy
     env: dict[str, str] = Field(default_factory=dict)
+
+
+# Environment variables of this name prefix are the place's (the evaluator Job's artifacts folder), not the job's.
+_PLACE_ENV_PREFIX = "TRACEFLEET_"
+
+
+def evaluator_fingerprint(spec: EvaluatorSpec) -> str:
+    """What the job asked of its evaluator, as a short hash (a verdict's `details.evaluator_spec`): a rerun re-judges
+    a judging that timed out only when the evaluator it would judge with now differs (tracefleet.runner.rejudge)."""
+    asked = spec.model_dump(mode="json")
+    asked["env"] = {k: v for k, v in sorted(spec.env.items()) if not k.startswith(_PLACE_ENV_PREFIX)}
+    return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class EvalOutcome(BaseModel):
