@@ -197,7 +197,7 @@ def judge(plan: SessionPlan, ctx: EvalContext) -> EvalOutcome:
     reports `unavailable` (it could not run or report: tracefleet.contract.semantics) is run again over the same
     patch, JUDGE_ATTEMPTS in all, REJUDGE_PAUSE_S apart; the last verdict says how many ran (`details.attempts`) and
     which evaluator judged (`details.evaluator_spec`, tracefleet.contract.session.evaluator_fingerprint)."""
-    asked = {"evaluator_spec": evaluator_fingerprint(plan.evaluator)}  # what a rerun compares (contract.rejudge)
+    asked = judged_by(plan)
     try:
         evaluator = get_evaluator(plan.evaluator)
     except Exception as exc:  # noqa: BLE001 - an evaluator that cannot be built judges nothing the agent did
@@ -211,6 +211,12 @@ def judge(plan: SessionPlan, ctx: EvalContext) -> EvalOutcome:
         outcome.details["attempts"] = attempt
     outcome.details.update(asked)
     return outcome
+
+
+def judged_by(plan: SessionPlan) -> dict[str, str]:
+    """The verdict details that say which evaluator judged (what a rerun compares: tracefleet.contract.rejudge), on
+    every verdict: judge()'s and the Harbor verifier Job's."""
+    return {"evaluator_spec": evaluator_fingerprint(plan.evaluator)}
 
 
 def eval_context(plan: SessionPlan, workspace: PreparedWorkspace, patch: str, session_dir: Path, result: SessionResult,

@@ -32,7 +32,7 @@ from tracefleet.harbor.folders import task_folders
 from tracefleet.harbor.sources import TaskSourceError, is_tarball, open_source
 from tracefleet.runner.containers.harbor_outcome import eval_outcome_of_verdict, verdict_here
 from tracefleet.runner.pod.evaluator_job import store_verdict
-
+from tracefleet.runner.session import judged_by
 
 
 def task_tests(uri: str, task: str, dest: Path, scratch: Path) -> None:
@@ -88,6 +88,8 @@ def report(bucket: Bucket, env: EvaluatorEnv, eval_dir: Path = Path(ti.EVAL_DIR)
     def judging(plan: SessionPlan, result: SessionResult, artifacts: Path, tmp: Path) -> tuple[EvalOutcome, int]:
         harbor = plan.task.harbor
         timeout_s = harbor.verifier_timeout_s if harbor is not None and harbor.verifier_timeout_s else 0.0
-        return eval_outcome_of_verdict(verdict_here(eval_dir, logs, timeout_s)), 0
+        outcome = eval_outcome_of_verdict(verdict_here(eval_dir, logs, timeout_s))
+        outcome.details.update(judged_by(plan))  # as judge() marks a local Harbor verdict
+        return outcome, 0
 
     return store_verdict(bucket, env, judging)
