@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -32,7 +33,7 @@ from fixtures.plans import plan_of
 from tracefleet.contract.job import Capture, RolloutJob
 from tracefleet.bucket import open_bucket
 from tracefleet.contract.capture import read_capture_log
-from tracefleet.operator.children.harness import harness_pod
+from tracefleet.operator.children.harness import harness_pod, session_secret, sidecar_plan
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
 from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, ProxySidecarEnv
 from tracefleet.operator.config import OperatorConfig
@@ -46,6 +47,7 @@ from fixtures.node_jobs import NAMESPACE, TRACEFLEET_IMAGE, Installed, pod_repor
 from fixtures.pods import child_kubelet, run_job_container, run_pod
 
 REPO = Path(__file__).resolve().parents[2]
+TRACEFLEET = Path(sys.executable).parent / "tracefleet"
 QUICKSTART = REPO / "examples" / "quickstart"
 # The bug-fix task the quickstart used to ship (its folder stays in examples/quickstart/tasks/calc).
 CALC_TASK = {
@@ -359,24 +361,32 @@ def test_sidecar_renders_exactly_with_the_tokenizer_from_its_mounted_cache_on_th
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_sidecar_records_and_cancels_a_call_its_harness_abandons(scripted_engine, tmp_path: Path, stream: bool) -> None:
-    """A harness container that hangs up mid-generation (its own client timeout), against the proxy sidecar
-    run with the argv and env the operator gives it: the call is recorded (`client_disconnect`) within a
-    second, the engine stops generating it at once, and the record reaches the bucket when the pod stops."""
+def test_sidecar_program_records_and_cancels_a_call_its_harness_abandons(scripted_engine, tmp_path: Path,
+                                                                         stream: bool) -> None:
+    """The sidecar program (`tracefleet proxy --in-pod`, a plain process here) given the plan and secret the operator
+    writes for a harness pod's sidecar, its folders this test's: a client that hangs up mid-generation (a harness's
+    own client timeout) gets its call recorded (`client_disconnect`) within a second, the engine stops generating it
+    at once, and the record reaches the bucket when the program is stopped as a pod's sidecar is (SIGTERM)."""
     scripted_engine.configure(token_delay_s=0.02, no_tools_text=" ".join(f"word{i}" for i in range(2000)))
     job = rollout_job(scripted_engine, str(tmp_path / "bucket"))
-    child = harness_pod(job, OperatorConfig(), plan_of(job, 0), attempt=0)
-    pod = child.manifest
-    kubelet = child_kubelet(child, tmp_path / "pod", {"bucket-credentials": {}})
-    argv, env, cwd = kubelet.process(pod["spec"]["initContainers"][0])
-    sidecar_env = ProxySidecarEnv.from_env(env)
+    plan_dir, capture_dir, artifacts, port_file = (tmp_path / d for d in ("plan", "capture", "artifacts", "port"))
+    sidecar_env = ProxySidecarEnv(plan=sidecar_plan(job, plan_of(job, 0)), session_secret=session_secret(),
+                                  plan_dir=str(plan_dir))
+    plan_dir.mkdir()
+    for name, text in sidecar_env.plan_parts().items():
+        (plan_dir / name).write_text(text)
     session_id, secret = sidecar_env.plan.session_id, sidecar_env.session_secret
-    capture = Path(argv[argv.index("--capture-dir") + 1]) / f"{session_id}.jsonl"
-    sidecar = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+    capture = capture_dir / f"{session_id}.jsonl"
+    sidecar = subprocess.Popen(
+        [str(TRACEFLEET), "proxy", "--in-pod", "--port", "0", "--port-file", str(port_file), "--capture-dir",
+         str(capture_dir), "--artifacts-dir", str(artifacts)],
+        env={**os.environ, **sidecar_env.to_env()}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
     try:
-        assert wait_until(lambda: _answers(f"http://127.0.0.1:{kubelet.port}/health"), 60), "the sidecar never listened"
-        hung_up = abandon("127.0.0.1", kubelet.port, request_bytes("openai-chat", stream, secret), stream, hold_s=10,
+        assert wait_until(lambda: port_file.exists() and _answers(f"http://127.0.0.1:{port_file.read_text()}/health"),
+                          60), "the sidecar never listened"
+        port = int(port_file.read_text())
+        hung_up = abandon("127.0.0.1", port, request_bytes("openai-chat", stream, secret), stream, hold_s=10,
                           ready=lambda: scripted_engine.running() == 1 and time.sleep(0.3) is None)
         assert wait_until(lambda: capture.exists() and read_capture_log(capture).records, 1.0), \
             f"no record within a second of the hang-up ({time.time() - hung_up:.2f}s)"
@@ -384,7 +394,7 @@ def test_sidecar_records_and_cancels_a_call_its_harness_abandons(scripted_engine
         assert rec.error is not None and rec.error.kind == "client_disconnect" and rec.stream == stream, rec
         assert wait_until(lambda: scripted_engine.running() == 0, 5.0), "the engine request is still running"
     finally:
-        os.killpg(sidecar.pid, signal.SIGTERM)  # the harness is gone: the kubelet stops the sidecar
+        os.killpg(sidecar.pid, signal.SIGTERM)  # the harness is gone: a pod's sidecar is stopped so
         out, _ = sidecar.communicate(timeout=60)
     assert sidecar.returncode == 0, out
     (uploaded,) = read_capture_log(tmp_path / "bucket" / "podpath" / "sessions" / "0" / "capture.jsonl").records
