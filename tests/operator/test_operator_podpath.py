@@ -32,7 +32,7 @@ from tracefleet.bucket import open_bucket
 from tracefleet.contract.capture import read_capture_log
 from tracefleet.operator.children.harness import harness_pod, session_secret, sidecar_plan
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
-from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, HarnessEnv, ProxySidecarEnv, SealerEnv
+from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, ProxySidecarEnv, SealerEnv
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.operator.plans import job_plans, job_tasks
 from tracefleet.proxy.upload import upload_outputs
@@ -41,7 +41,7 @@ from tracefleet.traces.reader import BatchReader
 from fixtures.abandoning_client import abandon, request_bytes
 from fixtures.hub_cache import write_hub_model
 from fixtures.node_jobs import NAMESPACE, TRACEFLEET_IMAGE, Installed, pod_report
-from fixtures.pod_programs import run_job_program, run_session_program, start_sidecar
+from fixtures.pod_programs import run_job_program, run_session_pair, start_sidecar
 from fixtures.pod_reads import child_reads
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,13 +99,7 @@ def test_pod_programs_run_a_session_end_to_end(scripted_engine, s3, tmp_path: Pa
     assert proxy_c["restartPolicy"] == "Always" and harness_c["command"] == ["tracefleet", "run", "--in-pod"]
     # the bucket's credentials reach the sidecar only
     assert [e["secretRef"]["name"] for e in proxy_c["envFrom"]] == ["bucket-credentials"] and "envFrom" not in harness_c
-    session_env = child_reads(HarnessEnv, child, "harness", tmp_path / "pod")
-    sidecar = start_sidecar(child_reads(ProxySidecarEnv, child, "proxy", tmp_path / "pod"), tmp_path / "sidecar",
-                            Path(session_env.artifacts_dir), creds)
-    try:
-        harness = run_session_program(session_env, sidecar, tmp_path / "session")
-    finally:
-        proxy_rc, out = sidecar.stop()
+    harness, proxy_rc, out = run_session_pair(job, cfg, plan_of(job, 0), tmp_path, creds)
     assert harness.returncode == 0, harness.stdout + harness.stderr
     summary = json.loads(harness.stdout.strip().splitlines()[-1])
     assert summary["status"] == "completed" and summary["patch_bytes"] > 0
@@ -272,15 +266,8 @@ def test_plans_at_the_schemas_maxima_reach_their_programs(scripted_engine, tmp_p
     job.spec.tasks.inline[0].prompt = prompt
     plans = job_plans(job, job_tasks(job))
     plan = plans[1023]
-    child = harness_pod(job, OperatorConfig(), plan, attempt=0)
-    assert len(child.config_maps) > 1  # over a ConfigMap's 1 MiB: split
-    session_env = child_reads(HarnessEnv, child, "harness", tmp_path / "pod")
-    sidecar = start_sidecar(child_reads(ProxySidecarEnv, child, "proxy", tmp_path / "pod"), tmp_path / "sidecar",
-                            Path(session_env.artifacts_dir))
-    try:
-        harness = run_session_program(session_env, sidecar, tmp_path / "session")
-    finally:
-        proxy_rc, out = sidecar.stop()
+    assert len(harness_pod(job, OperatorConfig(), plan, attempt=0).config_maps) > 1  # over a ConfigMap's 1 MiB: split
+    harness, proxy_rc, out = run_session_pair(job, OperatorConfig(), plan, tmp_path)
     assert proxy_rc == 0 and "uploaded" in out, out
     # the session program ran its planned session (whether a harness takes a prompt this long is the harness's: the
     # command preset passes it as TRACEFLEET_PROMPT, one variable, as `tracefleet run` does)
