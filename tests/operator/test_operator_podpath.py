@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import signal
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from fixtures.plans import plan_of
