@@ -6,7 +6,6 @@ pytest_plugins = [
     "fixtures.engines",
     "fixtures.harnesses",
     "fixtures.vllm",
-    "fixtures.drivers",
     "fixtures.containers",
     "fixtures.node",
     "fixtures.node_jobs",

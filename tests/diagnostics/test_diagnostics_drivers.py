@@ -1,9 +1,9 @@
-"""Diagnostics mean the same in both drivers (issue 14, "the same job on the test cluster through the pod
-path gives the same findings as locally"): the planted-hacks job of tests/fixtures/planted.py, with the
-evaluator's protection off, through a real harness CLI (Codex), run by `tracefleet run` and by the operator
-on the test cluster (the kubelet played with the pods' own containers: tests/fixtures/drivers.py).
-The harness pod runs `tracefleet run --in-pod` as the operator's pod spec says, and finds the CLI where
-a harness image puts it: on its PATH.
+"""Diagnostics mean the same in both drivers (issue 14, "the same job through the pod path gives the same findings
+as locally"): the planted-hacks job of tests/fixtures/planted.py, with the evaluator's protection off, through a real
+harness CLI (Codex), run by `tracefleet run` and by the pod path's programs (tests/fixtures/pod_programs.py: each
+harness pod's sidecar and session program, each evaluator Job's and sealer Job's program, as plain processes given
+what the operator writes for their containers). The session program finds the CLI where a harness image puts it: on
+its PATH. (The operator starting those pods on a real node: the driver-conformance test, tests/fixtures/node_jobs.py.)
 
 Per task, what a trainer reads from either bucket agrees and is the intended outcome: the findings
 (name, version, severity, message, file, line, action, and whether one names a call: call ids are random
@@ -20,14 +20,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fixtures.drivers import CREDENTIALS_SECRET, PlayedCluster, submit
 from fixtures.local_runs import run_local
 from fixtures.harnesses import harness_binary_path
+from fixtures.pod_programs import run_job_programs
 from fixtures.planted import (CLEAN, FINAL_TEXT, HACKS, hack_evidence, marker, planted_diagnostics, planted_evaluator,
                               planted_script, planted_tasks)
+from tracefleet.contract.job import RolloutJob
 from tracefleet.diagnostics.evidence import stored_evidence
 from tracefleet.diagnostics.library import BUILTINS
 from tracefleet.formats.shell_tools import COMMAND_KEYS
+from tracefleet.operator.config import OperatorConfig
 from tracefleet.runner.presets import harness_pins
 from tracefleet.traces.reader import BatchReader
 
@@ -54,7 +56,7 @@ def manifest(engine: Any, tmp: Path, output: str, ns: str | None = None) -> dict
             "tasks": {"inline": planted_tasks(tmp, protection=False, clean=CLEAN_SESSIONS), "samplesPerTask": 1},
             "evaluator": planted_evaluator(protection=False),
             "diagnostics": planted_diagnostics("quarantine"),
-            "output": {"uri": output, "credentialsSecretRef": {"name": CREDENTIALS_SECRET}, "tracesPerBatch": PER_BATCH},
+            "output": {"uri": output, "credentialsSecretRef": {"name": "bucket-creds"}, "tracesPerBatch": PER_BATCH},
             "parallelism": 3,
         },
     }
@@ -111,9 +113,8 @@ def stored_evidence_by_task(uri: str, options: dict[str, Any]) -> dict[str, dict
     return out
 
 
-def test_planted_hacks_get_the_same_findings_locally_and_on_the_cluster(kube: Any, s3: Any, scripted_engine: Any,
-                                                                        operator: Any, tmp_path: Path) -> None:
-    ns, operator_log = operator
+def test_planted_hacks_get_the_same_findings_locally_and_through_the_pod_programs(s3: Any, scripted_engine: Any,
+                                                                                 tmp_path: Path) -> None:
     scripted_engine.configure(**planted_script(PRESET))
     bucket_name = s3.create_bucket()
     creds = {**s3.env(), "AWS_DEFAULT_REGION": s3.region}
@@ -122,15 +123,12 @@ def test_planted_hacks_get_the_same_findings_locally_and_on_the_cluster(kube: An
     local, local_s = run_local(manifest(scripted_engine, tmp_path, f"s3://{bucket_name}/local"), tmp_path, env=creds, timeout_s=300)
     assert local.returncode == 0, local.stdout + local.stderr
 
-    # ---- the operator on the cluster, through the real pod data path
-    submit(kube, ns, manifest(scripted_engine, tmp_path, f"s3://{bucket_name}/cluster", ns), creds)
-    played = PlayedCluster(kube, ns, JOB, {CREDENTIALS_SECRET: creds}, tmp_path / "pods",
-                           image_path=[harness_image_path(tmp_path)], pod_timeout_s=300)
+    # ---- the pod path's programs
+    cluster = manifest(scripted_engine, tmp_path, f"s3://{bucket_name}/cluster", "default")
+    job = RolloutJob.model_validate({**cluster, "metadata": {**cluster["metadata"], "uid": f"uid-{JOB}"}})
     started = time.monotonic()
-    status = played.run_until_finished(300, operator_log)
-    cluster_s = time.monotonic() - started
-    assert status["phase"] == "Succeeded", status
-    print(f"local run {local_s:.1f} s, cluster run {cluster_s:.1f} s")
+    run_job_programs(job, OperatorConfig(), tmp_path / "pods", creds, tools=[harness_image_path(tmp_path)])
+    print(f"local run {local_s:.1f} s, pod programs {time.monotonic() - started:.1f} s")
 
     local_rows = findings_by_task(BatchReader(f"s3://{bucket_name}/local", JOB, **s3.bucket_options()))
     cluster_rows = findings_by_task(BatchReader(f"s3://{bucket_name}/cluster", JOB, **s3.bucket_options()))

@@ -1,40 +1,35 @@
-"""The pods a RolloutJob becomes, run for real: on the real node (tests/fixtures/node.py) where it can hold them, else
-as local processes on the imitation kubelet (tests/fixtures/pods.py; what each needs to move: docs/testing.md).
+"""The pods a RolloutJob becomes: on the real node (tests/fixtures/node.py) where they run as pods, and their programs
+run as plain processes (tests/fixtures/pod_programs.py) given what the operator writes for them (the variables and
+plan files of the children `operator/children/` builds, read as fixtures.pod_reads does), for what the programs do
+with the checkout's files (the quickstart agent and its calc task, in no image). Real parts: the scripted engine, the
+S3 server, the quickstart agent (`command` preset) and its task's tests.
 
-The containers come from the objects `operator/children/` builds for a real RolloutJob: their
-command, args and env are used as they are, with only what a kubelet does applied here (envFrom the
-credentials Secret, `$(VAR)` expansion in args, volume mount paths mapped to local folders, the pod's
-fixed proxy port mapped to a free loopback port). Real parts: the scripted engine, the S3 server,
-the quickstart agent (`command` preset) and its task's tests.
-
-harness pod (proxy sidecar + `tracefleet run --in-pod`) → SIGTERM the sidecar → capture + artifacts
-in S3 → evaluator Job (`tests` preset) writes reward.json → sealer Job seals a batch → trace reader.
-On the node: the evaluator Job of a session that uploaded nothing, and the sidecar's exact capture with the tokenizer
-from its mounted cache (a failed harness's pod is the driver-conformance test's).
+The programs: the proxy sidecar (`tracefleet proxy --in-pod`) + the session program (`tracefleet run --in-pod`) →
+SIGTERM the sidecar → capture + artifacts in S3 → the evaluator program (`tests` preset) writes reward.json → the
+sealer program seals a batch → trace reader; the same at the schema's maxima; the sidecar program with a client
+that hangs up. On the node: the evaluator Job of a session that uploaded nothing, and the sidecar's exact capture with
+the tokenizer from its mounted cache (a harness pod end to end, a failed harness's included, is the
+driver-conformance test's).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
-import signal
-import subprocess
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from fixtures.plans import plan_of
 from tracefleet.contract.job import Capture, RolloutJob
 from tracefleet.bucket import open_bucket
 from tracefleet.contract.capture import read_capture_log
-from tracefleet.operator.children.harness import harness_pod
+from tracefleet.operator.children.harness import harness_pod, session_secret, sidecar_plan
 from tracefleet.operator.children.jobs import evaluator_job, sealer_job
-from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, ProxySidecarEnv
+from tracefleet.contract.podenv import EVALUATOR_FATAL_EXIT_CODE, EvaluatorEnv, ProxySidecarEnv, SealerEnv
 from tracefleet.operator.config import OperatorConfig
 from tracefleet.operator.plans import job_plans, job_tasks
 from tracefleet.proxy.upload import upload_outputs
@@ -43,7 +38,8 @@ from tracefleet.traces.reader import BatchReader
 from fixtures.abandoning_client import abandon, request_bytes
 from fixtures.hub_cache import write_hub_model
 from fixtures.node_jobs import NAMESPACE, TRACEFLEET_IMAGE, Installed, pod_report
-from fixtures.pods import child_kubelet, run_job_container, run_pod
+from fixtures.pod_programs import run_job_program, run_session_pair, start_sidecar
+from fixtures.pod_reads import child_reads
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart"
@@ -83,24 +79,24 @@ def rollout_job(engine: Any, bucket_uri: str, samples: int = 1) -> RolloutJob:
     return RolloutJob.model_validate(manifest)
 
 
-def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tmp_path: Path) -> None:
+def test_pod_programs_run_a_session_end_to_end(scripted_engine, s3, tmp_path: Path) -> None:
+    """The harness pod's programs, then the evaluator's and the sealer's, each given what the operator writes for
+    its container, up to the batch a trainer reads."""
     scripted_engine.configure(no_tools_text=FIXED_CALC)
     bucket_uri = f"s3://{s3.create_bucket()}/runs"
     job = rollout_job(scripted_engine, bucket_uri)
     cfg = OperatorConfig(bucket_endpoint=s3.endpoint)
-    creds = {"bucket-credentials": {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}}
+    creds = {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}  # the endpoint is the operator's
     bucket = open_bucket(bucket_uri, **s3.bucket_options())
 
-    # ---- the harness pod: proxy sidecar (native, starts first) + the harness container
+    # ---- the harness pod's programs: the proxy sidecar (native, starts first), then the session program
     child = harness_pod(job, cfg, plan_of(job, 0), attempt=0)
-    pod = child.manifest
-    kubelet = child_kubelet(child, tmp_path / "pod", creds)
-    (proxy_c,) = pod["spec"]["initContainers"]
-    (harness_c,) = pod["spec"]["containers"]
+    (proxy_c,) = child.manifest["spec"]["initContainers"]
+    (harness_c,) = child.manifest["spec"]["containers"]
     assert proxy_c["restartPolicy"] == "Always" and harness_c["command"] == ["tracefleet", "run", "--in-pod"]
-    argv, env, cwd = kubelet.process(proxy_c)
-    assert "--in-pod" in argv and "AWS_ACCESS_KEY_ID" in env and "AWS_ACCESS_KEY_ID" not in kubelet.process(harness_c)[1]
-    harness, proxy_rc, out = run_pod(pod, kubelet)
+    # the bucket's credentials reach the sidecar only
+    assert [e["secretRef"]["name"] for e in proxy_c["envFrom"]] == ["bucket-credentials"] and "envFrom" not in harness_c
+    harness, proxy_rc, out = run_session_pair(job, cfg, plan_of(job, 0), tmp_path, creds)
     assert harness.returncode == 0, harness.stdout + harness.stderr
     summary = json.loads(harness.stdout.strip().splitlines()[-1])
     assert summary["status"] == "completed" and summary["patch_bytes"] > 0
@@ -130,7 +126,8 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
 
     # ---- the evaluator Job (tests preset: FAIL_TO_PASS / PASS_TO_PASS on a fresh patched copy)
     ev = evaluator_job(job, cfg, plan_of(job, 0))
-    done = run_job_container(ev.manifest, child_kubelet(ev, tmp_path / "eval", creds), tmp_path)
+    done = run_job_program("evaluate", child_reads(EvaluatorEnv, ev, "evaluator", tmp_path / "eval"), tmp_path / "eval",
+                           creds)
     assert done.returncode == 0, done.stdout + done.stderr
     reward = json.loads(bucket.get(prefix + "reward.json"))
     assert reward["status"] == "ok" and reward["reward"] == 1.0, reward
@@ -140,7 +137,7 @@ def test_harness_pod_evaluator_and_sealer_run_end_to_end(scripted_engine, s3, tm
 
     # ---- the sealer Job, then what a trainer reads
     seal = sealer_job(job, cfg, 1, [plan_of(job, 0)])
-    done = run_job_container(seal.manifest, child_kubelet(seal, tmp_path / "seal", creds), tmp_path)
+    done = run_job_program("seal", child_reads(SealerEnv, seal, "sealer", tmp_path / "seal"), tmp_path / "seal", creds)
     assert done.returncode == 0, done.stdout + done.stderr
     sealed = json.loads(done.stdout.strip().splitlines()[-1])
     assert sealed["batch_id"] == "k8s-000001" and sealed["traces"] == 1
@@ -266,9 +263,8 @@ def test_plans_at_the_schemas_maxima_reach_their_programs(scripted_engine, tmp_p
     job.spec.tasks.inline[0].prompt = prompt
     plans = job_plans(job, job_tasks(job))
     plan = plans[1023]
-    child = harness_pod(job, OperatorConfig(), plan, attempt=0)
-    assert len(child.config_maps) > 1  # over a ConfigMap's 1 MiB: split
-    harness, proxy_rc, out = run_pod(child.manifest, child_kubelet(child, tmp_path / "pod", {"bucket-credentials": {}}))
+    assert len(harness_pod(job, OperatorConfig(), plan, attempt=0).config_maps) > 1  # over a ConfigMap's 1 MiB: split
+    harness, proxy_rc, out = run_session_pair(job, OperatorConfig(), plan, tmp_path)
     assert proxy_rc == 0 and "uploaded" in out, out
     # the session program ran its planned session (whether a harness takes a prompt this long is the harness's: the
     # command preset passes it as TRACEFLEET_PROMPT, one variable, as `tracefleet run` does)
@@ -277,12 +273,12 @@ def test_plans_at_the_schemas_maxima_reach_their_programs(scripted_engine, tmp_p
     assert (result["session_id"], result["task_id"]) == ("podpath-s1023", "calc-add"), harness.stdout + harness.stderr
 
     ev = evaluator_job(job, OperatorConfig(), plan)
-    done = run_job_container(ev.manifest, child_kubelet(ev, tmp_path / "eval", {"bucket-credentials": {}}), tmp_path)
+    done = run_job_program("evaluate", child_reads(EvaluatorEnv, ev, "evaluator", tmp_path / "eval"), tmp_path / "eval")
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads((session / "reward.json").read_text())["task_id"] == "calc-add"
 
     seal = sealer_job(job, OperatorConfig(), 1, plans)
-    done = run_job_container(seal.manifest, child_kubelet(seal, tmp_path / "seal", {"bucket-credentials": {}}), tmp_path)
+    done = run_job_program("seal", child_reads(SealerEnv, seal, "sealer", tmp_path / "seal"), tmp_path / "seal")
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["traces"] == 1024
 
@@ -359,24 +355,21 @@ def test_sidecar_renders_exactly_with_the_tokenizer_from_its_mounted_cache_on_th
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_sidecar_records_and_cancels_a_call_its_harness_abandons(scripted_engine, tmp_path: Path, stream: bool) -> None:
-    """A harness container that hangs up mid-generation (its own client timeout), against the proxy sidecar
-    run with the argv and env the operator gives it: the call is recorded (`client_disconnect`) within a
-    second, the engine stops generating it at once, and the record reaches the bucket when the pod stops."""
+def test_sidecar_program_records_and_cancels_a_call_its_harness_abandons(scripted_engine, tmp_path: Path,
+                                                                         stream: bool) -> None:
+    """The sidecar program (`tracefleet proxy --in-pod`, a plain process here) given the plan and secret the operator
+    writes for a harness pod's sidecar, its folders this test's: a client that hangs up mid-generation (a harness's
+    own client timeout) gets its call recorded (`client_disconnect`) within a second, the engine stops generating it
+    at once, and the record reaches the bucket when the program is stopped as a pod's sidecar is (SIGTERM)."""
     scripted_engine.configure(token_delay_s=0.02, no_tools_text=" ".join(f"word{i}" for i in range(2000)))
     job = rollout_job(scripted_engine, str(tmp_path / "bucket"))
-    child = harness_pod(job, OperatorConfig(), plan_of(job, 0), attempt=0)
-    pod = child.manifest
-    kubelet = child_kubelet(child, tmp_path / "pod", {"bucket-credentials": {}})
-    argv, env, cwd = kubelet.process(pod["spec"]["initContainers"][0])
-    sidecar_env = ProxySidecarEnv.from_env(env)
+    sidecar_env = ProxySidecarEnv(plan=sidecar_plan(job, plan_of(job, 0)), session_secret=session_secret())
     session_id, secret = sidecar_env.plan.session_id, sidecar_env.session_secret
-    capture = Path(argv[argv.index("--capture-dir") + 1]) / f"{session_id}.jsonl"
-    sidecar = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+    sidecar = start_sidecar(sidecar_env, tmp_path / "sidecar", tmp_path / "artifacts")
+    capture = sidecar.capture_dir / f"{session_id}.jsonl"
     try:
-        assert wait_until(lambda: _answers(f"http://127.0.0.1:{kubelet.port}/health"), 60), "the sidecar never listened"
-        hung_up = abandon("127.0.0.1", kubelet.port, request_bytes("openai-chat", stream, secret), stream, hold_s=10,
+        port = sidecar.port
+        hung_up = abandon("127.0.0.1", port, request_bytes("openai-chat", stream, secret), stream, hold_s=10,
                           ready=lambda: scripted_engine.running() == 1 and time.sleep(0.3) is None)
         assert wait_until(lambda: capture.exists() and read_capture_log(capture).records, 1.0), \
             f"no record within a second of the hang-up ({time.time() - hung_up:.2f}s)"
@@ -384,18 +377,10 @@ def test_sidecar_records_and_cancels_a_call_its_harness_abandons(scripted_engine
         assert rec.error is not None and rec.error.kind == "client_disconnect" and rec.stream == stream, rec
         assert wait_until(lambda: scripted_engine.running() == 0, 5.0), "the engine request is still running"
     finally:
-        os.killpg(sidecar.pid, signal.SIGTERM)  # the harness is gone: the kubelet stops the sidecar
-        out, _ = sidecar.communicate(timeout=60)
-    assert sidecar.returncode == 0, out
+        returncode, out = sidecar.stop()  # the harness is gone
+    assert returncode == 0, out
     (uploaded,) = read_capture_log(tmp_path / "bucket" / "podpath" / "sessions" / "0" / "capture.jsonl").records
     assert uploaded.call_id == rec.call_id and uploaded.error.kind == "client_disconnect"
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def wait_until(check: Any, timeout_s: float) -> Any:

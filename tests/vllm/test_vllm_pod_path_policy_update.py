@@ -1,8 +1,9 @@
-"""On the test cluster (kube-apiserver + KWOK, SeaweedFS, the operator; the kubelet played by
-tests/fixtures/drivers.py, not yet on the real node: docs/testing.md): a RolloutJob whose engine is the session's
-real vLLM (external), its sessions in flight while a trainer outside the cluster updates the policy through the
-engine only (`tracefleet.trainer.update_policy`): no sidecar is called, and none could be (a sidecar's admin API is closed:
-its token is random and known to no one).
+"""Through the pod path's programs (tests/fixtures/pod_programs.py: each harness pod's sidecar and session program,
+each evaluator Job's and sealer Job's program, as plain processes given what the operator writes for their
+containers, `parallelism` sessions at once as the operator starts them; SeaweedFS): a RolloutJob whose engine is the
+session's real vLLM (external), its sessions in flight while a trainer updates the policy through the engine only
+(`tracefleet.trainer.update_policy`): no sidecar is called, and none could be (a sidecar's admin API is closed: its
+token is random and known to no one).
 
 The two `before` sessions make one short call, meet at a barrier, then stream a long call; the trainer
 syncs once both are streaming (mode=keep: both calls are kept, not cut). The `after` session starts only
@@ -28,10 +29,13 @@ import httpx
 import numpy as np
 
 from fixtures.checkpoints import changed_checkpoint
-from fixtures.drivers import CREDENTIALS_SECRET, PlayedCluster, submit
+from fixtures.pod_programs import run_job_programs
 from fixtures.proxy_on_vllm import RUNS_TO_CAP, served_model_dir
 from tracefleet.contract import environment
-from tracefleet.operator import names as n
+from tracefleet.contract.job import RolloutJob
+from tracefleet.operator.children.harness import harness_pod
+from tracefleet.operator.config import OperatorConfig
+from tracefleet.operator.plans import job_plans, job_tasks
 from tracefleet.traces.reader import BatchReader
 from tracefleet.trainer import EngineControl, update_policy
 
@@ -106,12 +110,12 @@ EVALUATOR = textwrap.dedent(
 )
 
 
-def manifest(vllm: Any, tmp: Path, output: str, ns: str) -> dict[str, Any]:
+def manifest(vllm: Any, tmp: Path, output: str) -> dict[str, Any]:
     command = ["python", str(tmp / "harness.py"), str(tmp / "signals"), "{prompt}", RUNS_TO_CAP, str(LONG_TOKENS)]
     return {
         "apiVersion": "tracefleet.io/v1alpha1",
         "kind": "RolloutJob",
-        "metadata": {"name": JOB, "namespace": ns},
+        "metadata": {"name": JOB, "namespace": "default", "uid": f"uid-{JOB}"},
         "spec": {
             "inference": {"external": {"baseUrl": vllm.url, "model": vllm.model, "logprobsMode": vllm.logprobs_mode},
                           "capture": {"mode": "server"}},
@@ -121,7 +125,7 @@ def manifest(vllm: Any, tmp: Path, output: str, ns: str) -> dict[str, Any]:
                                  for task, role in ROLES.items()],
                       "samplesPerTask": 1},
             "evaluator": {"preset": "command", "command": ["python", str(tmp / "evaluate.py")], "timeoutSeconds": 60},
-            "output": {"uri": output, "credentialsSecretRef": {"name": CREDENTIALS_SECRET}, "builder": "per-request",
+            "output": {"uri": output, "credentialsSecretRef": {"name": "bucket-creds"}, "builder": "per-request",
                        "tracesPerBatch": 3},
             "parallelism": 2,
             "maxRetries": 0,
@@ -150,9 +154,8 @@ def rescored(vllm: Any, rows: list[list[int]]) -> list[np.ndarray]:
     return out
 
 
-def test_cluster_sessions_in_flight_across_a_sync_get_true_token_versions(
-        vllm_server: Any, kube: Any, s3: Any, operator: Any, tmp_path: Path) -> None:
-    ns, operator_log = operator
+def test_pod_path_sessions_in_flight_across_a_sync_get_true_token_versions(vllm_server: Any, s3: Any,
+                                                                           tmp_path: Path) -> None:
     (tmp_path / "harness.py").write_text(HARNESS)
     (tmp_path / "evaluate.py").write_text(EVALUATOR)
     signals = tmp_path / "signals"
@@ -166,7 +169,7 @@ def test_cluster_sessions_in_flight_across_a_sync_get_true_token_versions(
     engine = EngineControl(vllm_server.url)
     synced: dict[str, Any] = {}
 
-    def trainer() -> None:  # outside the cluster: it knows the engine's URL, nothing of the pods
+    def trainer() -> None:  # it knows the engine's URL, nothing of the sidecars
         try:
             wait_for(signals, "ready", BEFORE)
             (signals / "go").touch()
@@ -177,26 +180,22 @@ def test_cluster_sessions_in_flight_across_a_sync_get_true_token_versions(
 
     started = time.monotonic()
     try:
-        submit(kube, ns, manifest(vllm_server, tmp_path, f"s3://{bucket}/out", ns), creds)
+        job = RolloutJob.model_validate(manifest(vllm_server, tmp_path, f"s3://{bucket}/out"))
         sync = threading.Thread(target=trainer, daemon=True)
         sync.start()
-        played = PlayedCluster(kube, ns, JOB, {CREDENTIALS_SECRET: creds}, tmp_path / "pods", pod_timeout_s=240)
-        status = played.run_until_finished(300, operator_log)
+        run_job_programs(job, OperatorConfig(), tmp_path / "pods", creds, parallelism=job.spec.parallelism)
         sync.join(30)
-        cluster_s = time.monotonic() - started
+        job_s = time.monotonic() - started
         assert "error" not in synced, synced.get("error")
         report = synced["report"]
-        assert status["phase"] == "Succeeded", status
 
         # the trainer called the engine and nothing else; no sidecar could have been called: none has an admin token
         assert {s.engine for s in report.steps} == {vllm_server.url.rstrip("/")}, report.steps
         assert report.modes == {vllm_server.url.rstrip("/"): "keep"} and report.in_flight[0].kept == BEFORE, report
-        pods = played.core.list_namespaced_pod(ns, label_selector=n.job_selector(JOB, n.COMPONENT_HARNESS)).items
-        assert len(pods) == len(ROLES)
-        for pod in pods:
-            sidecar = pod.spec.init_containers[0]
-            assert "--admin-token" not in sidecar.args
-            assert all(e.name != environment.ADMIN_TOKEN for e in sidecar.env or [])
+        for plan in job_plans(job, job_tasks(job)):  # each harness pod as the operator builds it
+            (sidecar,) = harness_pod(job, OperatorConfig(), plan, attempt=0).manifest["spec"]["initContainers"]
+            assert "--admin-token" not in sidecar["args"]
+            assert all(e["name"] != environment.ADMIN_TOKEN for e in sidecar["env"])
 
         # what a trainer reads: every row, with the version of every token
         reader = BatchReader(f"s3://{bucket}/out", JOB, **s3.bucket_options())
@@ -250,6 +249,6 @@ def test_cluster_sessions_in_flight_across_a_sync_get_true_token_versions(
     assert telling[0] > 0 and telling[1] > 0, telling
     steps = {k: round(v, 3) for k, v in report.step_seconds().items()}
     after_start = min(lg["started_at"] for lg in logs.values() if lg["role"] == "after") - update_ended
-    print(f"cluster job {cluster_s:.1f} s (the `after` session started {after_start:.1f} s after the update); "
+    print(f"job {job_s:.1f} s (the `after` session started {after_start:.1f} s after the update); "
           f"update {report.seconds:.2f} s (paused {report.paused_seconds:.2f} s, steps {steps}); {len(rows)} rows, "
           f"max |engine - rescored| {worst:.1e}, tokens telling the versions apart {telling}")
