@@ -122,14 +122,14 @@ def gate_container(job: RolloutJob, cfg: OperatorConfig) -> dict[str, Any]:
 
 
 def inference_deployment(job: RolloutJob, cfg: OperatorConfig) -> Manifest:
-    """vLLM's OpenAI server on loopback behind the engine gate; GPUs by `nvidia.com/gpu` limits; /dev/shm as memory
-    emptyDir."""
+    """vLLM's OpenAI server on loopback behind the engine gate; GPUs by `nvidia.com/gpu` limits (none with
+    gpusPerReplica 0: vLLM's CPU build); /dev/shm as memory emptyDir."""
     m = _managed(job)
     name = n.inference_name(job.name)
     labels = child_labels(job, n.COMPONENT_INFERENCE)
     selector = {n.LABEL_JOB: job.name, n.LABEL_COMPONENT: n.COMPONENT_INFERENCE}
-    gpus = str(m.gpus())
-    resources: dict[str, Any] = {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}}
+    gpus = {GPU_RESOURCE: str(m.gpus())} if m.gpus() else {}  # none: vLLM's CPU build, on any node
+    resources: dict[str, Any] = {"limits": dict(gpus), "requests": dict(gpus)}
     given = m.resources.model_dump(mode="json", exclude_none=True) if m.resources else {}
     resources["requests"].update(given.get("requests") or {})
     resources["limits"].update(given.get("limits") or {})

@@ -83,7 +83,8 @@ class CommandPreset:
             "ANTHROPIC_BASE_URL": base_url,
             "ANTHROPIC_API_KEY": api_key,
         }
-        return HarnessLaunch(argv=[render_argument(arg, values) for arg in template], env=env, files={PROMPT_FILE: prompt})
+        return HarnessLaunch(argv=[render_argument(arg, values) for arg in template], env=env,
+                             files={PROMPT_FILE: prompt})
 
 
 PRESET = CommandPreset()
