@@ -9,4 +9,5 @@ pytest_plugins = [
     "fixtures.drivers",
     "fixtures.containers",
     "fixtures.node",
+    "fixtures.node_jobs",
 ]
