@@ -78,7 +78,7 @@ def vllm_cpu_image(node, container_runtime, tmp_path_factory: pytest.TempPathFac
     (context / "Containerfile").write_text(
         f"FROM {BASE_IMAGE}\n"
         "RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
-        "python3 libnuma1 g++ >/dev/null && rm -rf /var/lib/apt/lists/*\n"
+        "python3 python3-dev libnuma1 g++ openssl >/dev/null && rm -rf /var/lib/apt/lists/*\n"
         f"ENV {' '.join(f'{k}={v}' for k, v in env.items())}\n"
         f'ENTRYPOINT ["python3", "-m", "{SERVER_MODULE}"]\n')
     container_runtime.run("build", "-q", "-t", VLLM_CPU_IMAGE, str(context), timeout=900)  # cached by layer
@@ -162,10 +162,13 @@ def test_the_managed_cpu_engine_and_its_pod_killed_mid_session(node, installed: 
     print(f"{job}: InferenceReady {engine_ready:.0f} s after apply; the second session running at "
           f"{first_sealed:.0f} s; engine pod killed at {killed:.0f} s; {status['phase']} at {finished:.0f} s; "
           f"events {job_events(kube, job)}; counters {status.get('counters')}")
-    assert ready and status["phase"] == "Succeeded" and status["counters"]["succeeded"] == 2, status
-    assert len(engine_pods(installed, job)) == 2  # the Deployment made another
     uri = manifest["spec"]["output"]["uri"]
     bucket = open_bucket(uri, **cluster_s3.bucket_options())
+    if status["phase"] != "Succeeded":  # each session's own words
+        for s in (0, 1):
+            print(s, bucket.get(layout.session_prefix(job, s) + layout.ARTIFACTS + layout.RESULT).decode()[-1500:])
+    assert ready and status["phase"] == "Succeeded" and status["counters"]["succeeded"] == 2, status
+    assert len(engine_pods(installed, job)) == 2  # the Deployment made another
     local = tmp_path / layout.CAPTURE_LOG
     local.write_bytes(bucket.get(layout.capture_key(job, 1)))
     calls = read_capture_log(local).records
