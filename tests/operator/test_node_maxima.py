@@ -9,6 +9,9 @@ from starting at all.
 - The sealer Job of one group at the schema's most samples per task (1,024 sessions sealed in one batch, its plans
   ~310 bytes a session), built by the operator's own `sealer_job` and run from the chart's image: it reads every
   session's plan and seals 1,024 rows. (A whole job of 1,024 harness pods does not fit a test on one 2-core node.)
+
+Measured (2 cores, shared): the longest prompt's job from `kubectl apply` to its sealed batch in 12.5-17.4 s, to
+Succeeded in 15.6-20.5 s; the 1,024 sessions' plans (1,405,695 bytes in two ConfigMaps) sealed in 22.9 s.
 """
 
 from __future__ import annotations
