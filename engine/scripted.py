@@ -50,6 +50,7 @@ class ScriptRoute(BaseModel):
     commands: list[str] = Field(default_factory=list)
     steps: list[ScriptStep] = Field(default_factory=list)
     final_text: str | None = None
+    first_token_delay_s: float | None = None  # holds these conversations' calls (a session held open mid-way)
 
 
 class Script(BaseModel):
@@ -69,8 +70,10 @@ class Script(BaseModel):
         for route in self.routes:
             if route.marker in conversation:
                 rounds = len(route.steps) if route.steps else len(route.commands)
+                delay = self.first_token_delay_s if route.first_token_delay_s is None else route.first_token_delay_s
                 return self.model_copy(update={"commands": route.commands, "steps": route.steps, "tool_rounds": rounds,
-                                               "final_text": route.final_text or self.final_text, "routes": []})
+                                               "final_text": route.final_text or self.final_text, "routes": [],
+                                               "first_token_delay_s": delay})
         return self
 
 
@@ -231,8 +234,10 @@ def stand_in_logprob(position: int, token_id: int) -> float:
 
 
 class ScriptedStream:
-    def __init__(self, backend: "ScriptedBackend", request: GenerationRequest, ids: list[int]) -> None:
+    def __init__(self, backend: "ScriptedBackend", request: GenerationRequest, ids: list[int],
+                 script: Script | None = None) -> None:
         self.backend = backend
+        self.script = script  # the conversation's (routed); None: the backend's as it is when the stream starts
         self.request = request
         self.ids = ids
         k = request.params.prompt_logprobs
@@ -250,7 +255,7 @@ class ScriptedStream:
         return [(tid, lp)] + [((tid + j) % vocab, round(lp - 0.5 * j, 6)) for j in range(1, k)] if k else []
 
     def __iter__(self) -> Iterator[SampledToken]:
-        script = self.backend.script
+        script = self.script or self.backend.script
         cancelled = self.request.cancelled
         if script.first_token_delay_s:
             time.sleep(script.first_token_delay_s)
@@ -277,18 +282,23 @@ class ScriptedBackend:
         self.stop_token_ids = stop_token_ids or tokenizer.eos_token_ids
         self.end_of_turn = min(self.stop_token_ids)
 
-    def decision(self, request: GenerationRequest) -> Decision:
+    def _routed(self, request: GenerationRequest) -> tuple[Script, ChatContext]:
         text = None if request.chat else self.tokenizer.decode(request.prompt_ids, skip_special_tokens=False)
         chat = request.chat or chat_from_prompt_text(text or "")
         script = self.script
         if script.routes:
             script = script.routed(text if text is not None else conversation_text(chat))
+        return script, chat
+
+    def decision(self, request: GenerationRequest) -> Decision:
+        script, chat = self._routed(request)
         return decide(script, chat.tools, count_tool_results(chat))
 
     def generate(self, request: GenerationRequest) -> ScriptedStream:
-        text = self.decision(request).text
+        script, chat = self._routed(request)
+        text = decide(script, chat.tools, count_tool_results(chat)).text
         ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.end_of_turn]
-        return ScriptedStream(self, request, ids)
+        return ScriptedStream(self, request, ids, script if self.script.routes else None)
 
 
 def scripted_backend_for(model: str = "smollm2", script: Script | None = None, max_model_len: int = 131072,

@@ -96,8 +96,14 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
             logger.info("ttlSecondsAfterFinished elapsed: deleting %s", body["metadata"]["name"])
             state.reconciler.kube.delete_rolloutjob(body["metadata"]["namespace"], body["metadata"]["name"])
 
-    @kopf.on.delete(n.GROUP, n.VERSION, n.PLURAL, optional=True, registry=registry)
-    def forget(body: kopf.Body, **_: Any) -> None:
+    # A watching handler, not @kopf.on.delete: kopf keeps the last handled spec of an object that has any
+    # resource-changing handler in an annotation, and a job's spec may be larger than annotations hold (256 KiB; a
+    # 262,144-character prompt is up to 1 MiB, 3 MiB as kopf writes it): every patch of such a job failed, its
+    # finalizer was never removed and it could not be deleted (found on the real node).
+    @kopf.on.event(n.GROUP, n.VERSION, n.PLURAL, registry=registry)
+    def forget(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        if event.get("type") != "DELETED":
+            return
         # Children go with ownerReferences (cascading GC); only in-memory caches need dropping.
         state.reconciler.forget(body["metadata"].get("uid", ""))
         if state.reconciler.harness is not None:

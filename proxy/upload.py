@@ -10,6 +10,9 @@ complete on disk; uvicorn's shutdown closes the sessions, and only then is anyth
     PREFIX/artifacts/<path>     every regular file under --artifacts-dir (git diff, harness logs, result.json)
     PREFIX/upload.json          written last: what was uploaded (keys, sizes, sha256), so a reader knows it is whole
 
+A run the harness entrypoint reports stopped (its pod deleted mid-session) uploads the same under
+PREFIX/stopped/<ms>/ (layout.STOPPED): the session runs again, and that run must not overwrite its captured calls.
+
 Uploading is idempotent (same keys, same bytes; a rerun overwrites with identical objects). A failed
 upload is logged with what to do and the local files are left where they are. Bucket credentials come
 from the environment (AWS_* / TRACEFLEET_S3_ENDPOINT), as in `tracefleet.bucket.open_bucket`.
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tracefleet.contract import layout
+from tracefleet.contract.session import SessionStatus
 from tracefleet.bucket import BucketError, open_bucket
 
 # Native sidecars get terminationGracePeriodSeconds (30 s by default) for all of this.
@@ -37,6 +41,7 @@ UPLOAD_ATTEMPTS = 3
 # On pod deletion harness and sidecar get SIGTERM together; the harness entrypoint writes result.json
 # last (tracefleet.runner.pod), so wait this long for it before taking the artifacts.
 ARTIFACTS_WAIT_S = 10.0
+STOPPED_STATUS: SessionStatus = "stopped"
 
 
 @dataclass
@@ -142,6 +147,19 @@ def upload_outputs(prefix: str, capture_dir: Path, session_ids: list[str], artif
     return report
 
 
+def run_prefix(prefix: str, artifacts_dir: Path | None) -> str:
+    """Where this run uploads: the session's prefix, or a folder of its own under it (layout.STOPPED) when the harness
+    entrypoint says the run was stopped (its pod deleted), so the session's next run cannot overwrite what it captured."""
+    result = _read_regular(artifacts_dir / layout.RESULT) if artifacts_dir is not None else None
+    try:
+        stopped = result is not None and json.loads(result).get("status") == STOPPED_STATUS
+    except ValueError:
+        stopped = False
+    if not stopped:
+        return prefix
+    return f"{prefix.rstrip('/')}/{layout.STOPPED}{int(time.time() * 1000)}/"
+
+
 def serve_then_upload(server: Any, sockets: list[Any], *, prefix: str, capture_dir: Path, session_ids: list[str],
                       artifacts_dir: Path | None) -> int:
     """Run the uvicorn server until SIGTERM/SIGINT (or it stops by itself), then upload.
@@ -163,7 +181,7 @@ def serve_then_upload(server: Any, sockets: list[Any], *, prefix: str, capture_d
                 time.sleep(0.1)
             if not (artifacts_dir / layout.RESULT).exists():
                 _log(f"no {artifacts_dir / layout.RESULT} after {ARTIFACTS_WAIT_S:.0f}s: uploading the artifacts as they are")
-        report = upload_outputs(prefix, capture_dir, session_ids, artifacts_dir)
+        report = upload_outputs(run_prefix(prefix, artifacts_dir), capture_dir, session_ids, artifacts_dir)
         for s, handler in previous.items():
             signal.signal(s, handler)
     if report.skipped:

@@ -131,6 +131,22 @@ def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
         timings[stage] = round(time.monotonic() - started, 4)
 
 
+STDIN_SHELL = ("/bin/sh", "-c")
+
+
+def harness_argv(launch: HarnessLaunch) -> list[str]:
+    """The launch's argv, its standard input redirected from its `stdin_file` when it has one: by a shell in front of
+    it, so that every place (this machine, a container, a pod, a task image) runs it the same way, from HOME there."""
+    if launch.stdin_file is None:
+        return list(launch.argv)
+    return [*STDIN_SHELL, f'exec "$@" < "$HOME/{launch.stdin_file}"', "sh", *launch.argv]
+
+
+def harness_program(argv: list[str]) -> str:
+    """The harness's own program in an argv harness_argv made (the one after the shell, when there is one)."""
+    return argv[4] if argv[:2] == list(STDIN_SHELL) else argv[0]
+
+
 # ---- the stages
 
 
@@ -266,7 +282,7 @@ def run(plan: SessionPlan, place: Place) -> SessionRun:
             env = harness_environment(launch.env, place.user_env(plan), endpoint, str(folders.home))
             (folders.artifacts / "harness.json").write_text(
                 json.dumps({"argv": launch.argv, "env_keys": sorted(env), "files": sorted(launch.files)}, indent=1))
-            proc = place.run(plan, list(launch.argv), cwd=workspace.workdir, home=folders.home, env=env,
+            proc = place.run(plan, harness_argv(launch), cwd=workspace.workdir, home=folders.home, env=env,
                              timeout_s=max(0.0, deadline - time.monotonic()), stdout_path=stdout, stderr_path=stderr)
             wait_stage(proc, plan, result, stopped=place.stopped_reason, logs=folders.artifacts)
     except StageFailed as failed:

@@ -80,7 +80,10 @@ def run_tests(workdir: Path) -> tuple[bool, str]:
 
 def main() -> int:
     workdir = Path.cwd()
-    prompt = " ".join(sys.argv[1:]) or os.environ.get("TRACEFLEET_PROMPT", "") or sys.stdin.read()
+    # TRACEFLEET_PROMPT is left out for a prompt over 128 KiB; TRACEFLEET_PROMPT_FILE always holds it
+    prompt_file = os.environ.get("TRACEFLEET_PROMPT_FILE")
+    prompt = (" ".join(sys.argv[1:]) or os.environ.get("TRACEFLEET_PROMPT", "")
+              or (Path(prompt_file).read_text() if prompt_file else sys.stdin.read()))
     files = source_files(workdir)
     if not files:
         print("agent: no source files to fix", file=sys.stderr)

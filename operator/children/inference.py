@@ -132,12 +132,13 @@ def _health_probe(period_s: int, failures: int, timeout_s: int | None = None) ->
 
 
 def vllm_container(job: RolloutJob) -> V1Container:
-    """vLLM's OpenAI server; GPUs by `nvidia.com/gpu` limits (and requests), /dev/shm and the model cache mounted."""
+    """vLLM's OpenAI server; GPUs by `nvidia.com/gpu` limits (and requests), none with gpusPerReplica 0 (vLLM's CPU
+    build, on any node); /dev/shm and the model cache mounted."""
     m = _managed(job)
-    gpus = str(m.gpus())
+    gpus = {GPU_RESOURCE: str(m.gpus())} if m.gpus() else {}
     given = job_resources(m.resources)
-    resources = V1ResourceRequirements(requests={GPU_RESOURCE: gpus, **((given and given.requests) or {})},
-                                       limits={GPU_RESOURCE: gpus, **((given and given.limits) or {})})
+    resources = V1ResourceRequirements(requests={**gpus, **((given and given.requests) or {})} or None,
+                                       limits={**gpus, **((given and given.limits) or {})} or None)
     mounts = [V1VolumeMount(name="dshm", mount_path="/dev/shm")]
     if m.model_cache is not None:
         mounts.append(V1VolumeMount(name="model-cache", mount_path=m.model_cache.mount_path))
@@ -148,7 +149,8 @@ def vllm_container(job: RolloutJob) -> V1Container:
 
 
 def inference_deployment(job: RolloutJob, cfg: OperatorConfig) -> Manifest:
-    """vLLM's OpenAI server on loopback behind the engine gate; /dev/shm as memory emptyDir."""
+    """vLLM's OpenAI server on loopback behind the engine gate (none with gpusPerReplica 0: vLLM's CPU build);
+    /dev/shm as memory emptyDir."""
     m = _managed(job)
     volumes = [V1Volume(name="dshm", empty_dir=V1EmptyDirVolumeSource(medium="Memory"))]
     if m.model_cache is not None:

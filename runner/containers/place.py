@@ -63,7 +63,7 @@ from tracefleet.runner.containers.session_record import CHANGE_SET, CONTAINER_RE
 from tracefleet.runner.containers.verifier import READY_MARGIN_S, Verifier, go_ahead, hold, release, write_fifo
 from tracefleet.runner.proxy_admin import ProxyAdmin
 from tracefleet.runner.sandbox import ProcessResult, SandboxOptions, base_env, run_sandboxed
-from tracefleet.runner.session import HostPlace, SessionFolders
+from tracefleet.runner.session import HostPlace, SessionFolders, harness_program
 from tracefleet.runner.workspace import tree_patch
 
 NODE_IN_CONTAINER = f"{TOOLS_DIR}/bin/node"
@@ -274,7 +274,7 @@ class ContainerPlace(HostPlace):
         harbor = plan.task.harbor
         assert harbor is not None and harbor.image, "ContainerPlace runs Harbor tasks with an image"
         artifacts = stdout_path.parent
-        cache, program = harness_cache_dir(), Path(argv[0])
+        cache, program = harness_cache_dir(), Path(harness_program(argv))
         # a harness binary named outside the cache (TRACEFLEET_*_BIN) is mounted too: a container started ahead lacks it
         program = program if program.is_absolute() and program.exists() \
             and not program.resolve().is_relative_to(cache.resolve()) else None

@@ -35,13 +35,28 @@ COMMON_ENV: dict[str, str] = {
 }
 
 
+# Linux refuses to start a process with any one argument or environment entry over MAX_ARG_STRLEN bytes (32 pages,
+# the terminating NUL included), and a task's prompt may hold 262,144 characters (up to 1 MiB of UTF-8). A prompt
+# that does not fit is written to PROMPT_FILE in the session's HOME instead: a CLI reads it as its standard input,
+# a `command` program by TRACEFLEET_PROMPT_FILE.
+MAX_ARG_STRLEN = 32 * 4096
+PROMPT_FILE = ".tracefleet/prompt"  # relative to HOME
+
+
+def fits_argument(text: str, *, name: str = "") -> bool:
+    """Whether `text` can be one argument (or, with `name`, the environment entry NAME=text) of a process."""
+    return len(name.encode()) + (1 if name else 0) + len(text.encode()) + 1 <= MAX_ARG_STRLEN
+
+
 @dataclass(frozen=True)
 class HarnessLaunch:
-    """How to start one harness session. `files`: path relative to HOME -> content, written before start."""
+    """How to start one harness session. `files`: path relative to HOME -> content, written before start;
+    `stdin_file`: one of them (relative to HOME) the harness reads as its standard input (None: no input)."""
 
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
+    stdin_file: str | None = None
 
 
 class Preset(Protocol):
@@ -64,6 +79,11 @@ class LaunchContext:
     base_url: str  # proxy root (with any /s/<id> prefix), no trailing slash, no /v1
     api_key: str
     model: str
+
+    @property
+    def prompt_on_stdin(self) -> bool:
+        """The prompt is too long for an argument: the CLI reads it from its standard input (PROMPT_FILE)."""
+        return not fits_argument(self.prompt)
 
 
 @dataclass(frozen=True)
@@ -134,4 +154,7 @@ class CliPreset:
         )
         made = self.build(ctx)
         env = {**COMMON_ENV, "HOME": str(ctx.home), **made.env}
-        return HarnessLaunch(argv=made.argv, env=env, files=made.files)
+        if not ctx.prompt_on_stdin:
+            return HarnessLaunch(argv=made.argv, env=env, files=made.files)
+        return HarnessLaunch(argv=made.argv, env=env, files={**made.files, PROMPT_FILE: ctx.prompt},
+                             stdin_file=PROMPT_FILE)

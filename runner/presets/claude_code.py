@@ -17,7 +17,8 @@ def build(ctx: LaunchContext) -> HarnessLaunch:
     return HarnessLaunch(
         argv=[
             ctx.binary, "-p", "--output-format", "stream-json", "--verbose",
-            "--model", ctx.model, "--allowedTools", ALLOWED_TOOLS, "--", ctx.prompt,
+            "--model", ctx.model, "--allowedTools", ALLOWED_TOOLS,
+            *([] if ctx.prompt_on_stdin else ["--", ctx.prompt]),  # without one, `-p` reads stdin
         ],
         env={
             "ANTHROPIC_BASE_URL": ctx.base_url,

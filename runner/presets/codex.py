@@ -56,7 +56,7 @@ def build(ctx: LaunchContext) -> HarnessLaunch:
         argv=[
             ctx.binary, "exec", "--json", "--skip-git-repo-check",
             "--dangerously-bypass-approvals-and-sandbox", "--ephemeral",
-            "-C", str(ctx.workdir), "-m", ctx.model, "--", ctx.prompt,
+            "-C", str(ctx.workdir), "-m", ctx.model, "--", "-" if ctx.prompt_on_stdin else ctx.prompt,  # `-`: stdin
         ],
         env={API_KEY_ENV: ctx.api_key, "CODEX_HOME": str(ctx.home / ".codex")},
         files={".codex/config.toml": config_toml(ctx)},

@@ -24,7 +24,7 @@ def build(ctx: LaunchContext) -> HarnessLaunch:
     return HarnessLaunch(
         argv=[
             ctx.binary, "--approval-mode", "yolo", "--skip-trust", "--output-format", "stream-json",
-            "--model", ctx.model, "-p", ctx.prompt,
+            "--model", ctx.model, *([] if ctx.prompt_on_stdin else ["-p", ctx.prompt]),  # piped stdin: headless
         ],
         env={
             "GOOGLE_GEMINI_BASE_URL": ctx.base_url,

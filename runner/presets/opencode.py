@@ -36,7 +36,8 @@ def config(ctx: LaunchContext) -> dict:
 def build(ctx: LaunchContext) -> HarnessLaunch:
     return HarnessLaunch(
         # `run` takes the message as positional words; "--" keeps a prompt starting with "-" a message.
-        argv=[ctx.binary, "run", "--model", f"{PROVIDER}/{ctx.model}", "--format", "json", "--", ctx.prompt],
+        argv=[ctx.binary, "run", "--model", f"{PROVIDER}/{ctx.model}", "--format", "json",
+              *([] if ctx.prompt_on_stdin else ["--", ctx.prompt])],  # no message: stdin is
         env={
             environment.HARNESS_API_KEY: ctx.api_key,
             "OPENCODE_DISABLE_AUTOUPDATE": "1",

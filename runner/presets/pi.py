@@ -30,7 +30,7 @@ def build(ctx: LaunchContext) -> HarnessLaunch:
     return HarnessLaunch(
         argv=[
             ctx.binary, "--provider", PROVIDER, "--model", ctx.model, "--mode", "json", "--no-session",
-            "--offline", "-p", ctx.prompt,
+            "--offline", "-p", *([] if ctx.prompt_on_stdin else [ctx.prompt]),  # piped stdin: the message, trimmed
         ],
         env={API_KEY_ENV: ctx.api_key, "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0"},
         files={

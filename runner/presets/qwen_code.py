@@ -23,7 +23,9 @@ def build(ctx: LaunchContext) -> HarnessLaunch:
     return HarnessLaunch(
         argv=[
             ctx.binary, "--auth-type", "openai", "--approval-mode", "yolo", "--output-format", "stream-json",
-            "--model", ctx.model, "-p", ctx.prompt,
+            "--model", ctx.model,
+            # piped stdin: headless, the prompt as `<stdin>\n\n<-p>` (two newlines added at its end)
+            *([] if ctx.prompt_on_stdin else ["-p", ctx.prompt]),
         ],
         env={
             "OPENAI_BASE_URL": v1(ctx.base_url),

@@ -32,7 +32,8 @@ def cache_dir() -> Path:
 HARNESS_BASE_URL = "TRACEFLEET_BASE_URL"  # the proxy, with the session's path
 HARNESS_API_KEY = "TRACEFLEET_API_KEY"  # the session secret (also what Codex, Pi and OpenCode configs name)
 HARNESS_MODEL = "TRACEFLEET_MODEL"
-HARNESS_PROMPT = "TRACEFLEET_PROMPT"
+HARNESS_PROMPT = "TRACEFLEET_PROMPT"  # unset when the prompt is over one environment entry's limit
+HARNESS_PROMPT_FILE = "TRACEFLEET_PROMPT_FILE"  # the prompt, always, as a file
 HARNESS_WORKDIR = "TRACEFLEET_WORKDIR"
 
 # ---- what an evaluator's command or hook reads (runner/evaluators sets them)

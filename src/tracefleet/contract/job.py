@@ -184,7 +184,8 @@ class ManagedInference(WireModel):
     )
     tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="vLLM --tensor-parallel-size.")
     gpus_per_replica: int | None = Field(
-        default=None, ge=0, le=64, description="nvidia.com/gpu per replica; defaults to tensorParallelSize."
+        default=None, ge=0, le=64, description="nvidia.com/gpu per replica; defaults to tensorParallelSize. 0: none, for "
+        "a cluster without GPUs (an image of vLLM's CPU build)."
     )
     replicas: int = Field(default=1, ge=1, le=1024, description="Inference replicas behind one Service.")
     extra_args: list[Annotated[str, StringConstraints(max_length=4096)]] | None = Field(
@@ -202,9 +203,9 @@ class ManagedInference(WireModel):
 
     x_rules = (
         Rule(
-            cel="!has(self.gpusPerReplica) || self.gpusPerReplica >= self.tensorParallelSize",
-            message="gpusPerReplica must be at least tensorParallelSize",
-            check=lambda m: m.gpus_per_replica is None or m.gpus_per_replica >= m.tensor_parallel_size,
+            cel="!has(self.gpusPerReplica) || self.gpusPerReplica == 0 || self.gpusPerReplica >= self.tensorParallelSize",
+            message="gpusPerReplica must be 0 (no GPU: vLLM's CPU build) or at least tensorParallelSize",
+            check=lambda m: m.gpus_per_replica in (None, 0) or m.gpus_per_replica >= m.tensor_parallel_size,
             field_path=".gpusPerReplica",
         ),
     )

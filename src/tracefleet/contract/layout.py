@@ -37,6 +37,10 @@ BODIES = "bodies/"
 ARTIFACTS = "artifacts/"
 UPLOAD_MANIFEST = "upload.json"
 REWARD = "reward.json"
+# A run of the session that was stopped (its pod deleted: suspend, eviction, `kubectl delete`) uploads under
+# STOPPED/<milliseconds since the epoch>/ instead: the session runs again (semantics: a stopped session is neither
+# failed nor retried, it is run again), and the run that seals must not overwrite the calls the stopped one captured.
+STOPPED = "stopped/"
 
 # The harness's artifacts.
 PATCH = "session.patch"  # git diff of the workspace against the task's base commit
