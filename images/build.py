@@ -3,8 +3,10 @@
 The tracefleet image installs a wheel of this checkout built here (`pip wheel`, with a fixed SOURCE_DATE_EPOCH so
 an unchanged tree gives the same bytes and the layer stays cached) over a layer of its dependencies: the
 project's own plus the `IMAGE_EXTRAS`, at the versions installed in the environment running this command (the
-versions the tests ran with), so a change to the code rebuilds only the last layer. Each harness image is the
-tracefleet image plus one harness bundle (tracefleet.runner.containers.bundle) made from the pinned CLI that
+versions the tests ran with), so a change to the code rebuilds only the last layer. The operator image is the
+tracefleet image plus the `OPERATOR_EXTRAS` (kopf and the Kubernetes client, which only the operator imports): the
+pods of a job pull the smaller image, and a node holding both stores the shared layers once. Each harness image is
+the tracefleet image plus one harness bundle (tracefleet.runner.containers.bundle) made from the pinned CLI that
 hack/setup.d/50-harnesses.sh installed and the Node.js on this machine's PATH: the host must be Linux on the
 images' architecture, with a Node.js built for glibc (the official builds and Debian's are).
 """
@@ -30,9 +32,10 @@ from tracefleet.runner.presets.base import harness_cache_dir, harness_pins
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILES = Path(__file__).resolve().parent  # images/<name>/Dockerfile, beside this builder
-# What the one image runs besides the proxy and the runner: the operator, and pytest for the `tests` evaluator's
-# default command (evaluator Jobs run in this image when a job names no image).
-IMAGE_EXTRAS = ("operator", "local")
+# What the tracefleet image runs besides the proxy and the runner: pytest for the `tests` evaluator's default command
+# (evaluator Jobs run in this image when a job names no image).
+IMAGE_EXTRAS = ("local",)
+OPERATOR_EXTRAS = ("operator",)  # the operator image's layer over the tracefleet image
 # The base when none is given: the one these registry-free machines make (hack/setup.d/55-containers.sh) when
 # the runtime has it, else Debian's from Docker Hub. Any Debian-based image works, also one with its own Python
 # (python:3.12-slim): the Dockerfile installs Debian's python3 only when the base has none.
@@ -56,6 +59,7 @@ class ImagePlan:
     base: str
     harnesses: tuple[str, ...]  # presets whose harness image is built
     tracefleet: bool = True
+    operator: bool = True
 
     def ref(self, name: str) -> str:
         return names.image_ref(self.registry, name, self.tag)
@@ -63,11 +67,15 @@ class ImagePlan:
     def tracefleet_ref(self) -> str:
         return self.ref(names.TRACEFLEET)
 
+    def operator_ref(self) -> str:
+        return self.ref(names.OPERATOR)
+
     def harness_ref(self, preset: str) -> str:
         return self.ref(names.harness_image_name(preset))
 
     def refs(self) -> list[str]:
-        return [self.tracefleet_ref()] * self.tracefleet + [self.harness_ref(p) for p in self.harnesses]
+        return ([self.tracefleet_ref()] * self.tracefleet + [self.operator_ref()] * self.operator
+                + [self.harness_ref(p) for p in self.harnesses])
 
 
 def harness_presets() -> tuple[str, ...]:
@@ -77,18 +85,20 @@ def harness_presets() -> tuple[str, ...]:
 
 def image_names() -> list[str]:
     """Every image name `build` can make, as `--only` takes them."""
-    return [names.TRACEFLEET, *(names.harness_image_name(p) for p in harness_presets())]
+    return [names.TRACEFLEET, names.OPERATOR, *(names.harness_image_name(p) for p in harness_presets())]
 
 
 def plan(registry: str, tag: str, base: str, only: Iterable[str] = ()) -> ImagePlan:
-    """The images to build (`only`: names from `image_names()`; empty: all of them). A harness image is built over
-    the tracefleet image of the same registry and tag, so asking for one alone still needs that image here."""
+    """The images to build (`only`: names from `image_names()`; empty: all of them). The operator and harness
+    images are built over the tracefleet image of the same registry and tag, so asking for one alone still needs
+    that image here."""
     wanted = list(only) or image_names()
     unknown = [w for w in wanted if w not in image_names()]
     if unknown:
         raise ImageBuildError(f"unknown image {', '.join(unknown)}: one of {', '.join(image_names())}")
     presets = tuple(p for p in harness_presets() if names.harness_image_name(p) in wanted)
-    return ImagePlan(registry=registry, tag=tag, base=base, harnesses=presets, tracefleet=names.TRACEFLEET in wanted)
+    return ImagePlan(registry=registry, tag=tag, base=base, harnesses=presets, tracefleet=names.TRACEFLEET in wanted,
+                     operator=names.OPERATOR in wanted)
 
 
 def default_base(runtime: ContainerRuntime) -> str:
@@ -107,7 +117,8 @@ class Built:
 
 def build_all(runtime: ContainerRuntime, p: ImagePlan, *, push: bool = False, no_cache: bool = False,
               log_dir: Path | None = None, say: Callable[[str], None] = print) -> list[Built]:
-    """Build (and with `push`, push) every image of the plan, the tracefleet image first."""
+    """Build (and with `push`, push) every image of the plan, the tracefleet image first (the others are built
+    over it)."""
     # a rebuild moves a tag; the image it named would stay behind untagged (about 1 GB each)
     before = {ref: runtime.image_id(ref) for ref in p.refs()}
     try:
@@ -123,19 +134,23 @@ def _built(runtime: ContainerRuntime, p: ImagePlan, flags: list[str], push: bool
     if p.tracefleet:
         done.append(_one(runtime, p.tracefleet_ref(), "tracefleet", _tracefleet_context(work / "tracefleet"),
                          {"BASE": p.base}, push, log_dir, say, [*flags, *_pip_cert_secret()]))
-    elif p.harnesses and not runtime.image_exists(p.tracefleet_ref()):
-        raise ImageBuildError(f"the harness images are built over {p.tracefleet_ref()}, which is not here: "
-                              f"build it too (--only {names.TRACEFLEET} ...)")
+    elif (p.operator or p.harnesses) and not runtime.image_exists(p.tracefleet_ref()):
+        raise ImageBuildError(f"the operator and harness images are built over {p.tracefleet_ref()}, which is not "
+                              f"here: build it too (--only {names.TRACEFLEET} ...)")
+    over = {"TRACEFLEET_IMAGE": p.tracefleet_ref()}
+    if p.operator:
+        done.append(_one(runtime, p.operator_ref(), "operator", _operator_context(work / "operator"), over, push,
+                         log_dir, say, [*flags, *_pip_cert_secret()]))
     for preset in p.harnesses:
         context = _harness_context(work, preset)
         done.append(_one(runtime, p.harness_ref(preset), "harness", context,
-                         {"TRACEFLEET_IMAGE": p.tracefleet_ref()}, push, log_dir, say, flags))
+                         over, push, log_dir, say, flags))
     return done
 
 
 def _remove_replaced(runtime: ContainerRuntime, before: dict[str, str | None]) -> None:
-    """Remove the images a build took the tags of, the harness images before the tracefleet image they were built
-    over; one a container or another tag still holds stays (the runtime refuses)."""
+    """Remove the images a build took the tags of, the operator and harness images before the tracefleet image
+    they were built over; one a container or another tag still holds stays (the runtime refuses)."""
     for ref, old in reversed(before.items()):
         if old is not None and runtime.image_id(ref) != old:
             runtime.run("rmi", old, check=False, timeout=120)
@@ -194,6 +209,16 @@ def _tracefleet_context(folder: Path) -> Path:
     return folder
 
 
+def _operator_context(folder: Path) -> Path:
+    """requirements.txt (the operator's extras) and constraints.txt (their versions here): the same text for the
+    same versions, so the layer stays cached."""
+    _fresh(folder)
+    operator = extra_requirements(OPERATOR_EXTRAS)
+    (folder / "requirements.txt").write_text("\n".join(operator) + "\n")
+    (folder / "constraints.txt").write_text("\n".join(installed_versions(operator)) + "\n")
+    return folder
+
+
 def _source_copy(dest: Path) -> Path:
     """The checkout's files as git sees them (tracked, and new ones not ignored): setuptools packs whatever its
     build/ folder holds, so a wheel built in the checkout could carry a module deleted since."""
@@ -211,9 +236,14 @@ def _source_copy(dest: Path) -> Path:
 
 
 def image_requirements() -> list[str]:
+    """The tracefleet image's: the project's dependencies and the `IMAGE_EXTRAS`."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    extras = project["optional-dependencies"]
-    return [*project["dependencies"], *(req for extra in IMAGE_EXTRAS for req in extras[extra])]
+    return [*project["dependencies"], *extra_requirements(IMAGE_EXTRAS)]
+
+
+def extra_requirements(extras: Iterable[str]) -> list[str]:
+    wanted = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    return [req for extra in extras for req in wanted[extra]]
 
 
 def installed_versions(requirements: list[str] | None = None) -> list[str]:
