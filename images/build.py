@@ -4,9 +4,10 @@ The tracefleet image installs a wheel of this checkout built here (`pip wheel`, 
 an unchanged tree gives the same bytes and the layer stays cached) over a layer of its dependencies: the
 project's own plus the `IMAGE_EXTRAS`, at the versions installed in the environment running this command (the
 versions the tests ran with), so a change to the code rebuilds only the last layer. The operator image is the
-tracefleet image plus the `OPERATOR_EXTRAS` (kopf and the Kubernetes client, which only the operator imports): the
-pods of a job pull the smaller image, and a node holding both stores the shared layers once. Each harness image is
-the tracefleet image plus one harness bundle (tracefleet.runner.containers.bundle) made from the pinned CLI that
+same Dockerfile's `operator` stage: the same layers plus the `OPERATOR_EXTRAS` (kopf and the Kubernetes client,
+which only the operator imports) below the wheel, so the pods of a job pull the smaller image, a node holding both
+stores the shared layers once, and a change to the code rebuilds the wheel's layer alone in both. Each harness
+image is the tracefleet image plus one harness bundle (tracefleet.runner.containers.bundle) made from the pinned CLI that
 hack/setup.d/50-harnesses.sh installed and the Node.js on this machine's PATH: the host must be Linux on the
 images' architecture, with a Node.js built for glibc (the official builds and Debian's are).
 """
@@ -35,7 +36,7 @@ DOCKERFILES = Path(__file__).resolve().parent  # images/<name>/Dockerfile, besid
 # What the tracefleet image runs besides the proxy and the runner: pytest for the `tests` evaluator's default command
 # (evaluator Jobs run in this image when a job names no image).
 IMAGE_EXTRAS = ("local",)
-OPERATOR_EXTRAS = ("operator",)  # the operator image's layer over the tracefleet image
+OPERATOR_EXTRAS = ("operator",)  # the operator image's layer over the tracefleet image's dependencies
 # The base when none is given: the one these registry-free machines make (hack/setup.d/55-containers.sh) when
 # the runtime has it, else Debian's from Docker Hub. Any Debian-based image works, also one with its own Python
 # (python:3.12-slim): the Dockerfile installs Debian's python3 only when the base has none.
@@ -89,9 +90,8 @@ def image_names() -> list[str]:
 
 
 def plan(registry: str, tag: str, base: str, only: Iterable[str] = ()) -> ImagePlan:
-    """The images to build (`only`: names from `image_names()`; empty: all of them). The operator and harness
-    images are built over the tracefleet image of the same registry and tag, so asking for one alone still needs
-    that image here."""
+    """The images to build (`only`: names from `image_names()`; empty: all of them). A harness image is built over
+    the tracefleet image of the same registry and tag, so asking for one alone still needs that image here."""
     wanted = list(only) or image_names()
     unknown = [w for w in wanted if w not in image_names()]
     if unknown:
@@ -131,26 +131,26 @@ def _built(runtime: ContainerRuntime, p: ImagePlan, flags: list[str], push: bool
            say: Callable[[str], None]) -> list[Built]:
     work = environment.cache_dir() / "images"
     done: list[Built] = []
-    if p.tracefleet:
-        done.append(_one(runtime, p.tracefleet_ref(), "tracefleet", _tracefleet_context(work / "tracefleet"),
-                         {"BASE": p.base}, push, log_dir, say, [*flags, *_pip_cert_secret()]))
-    elif (p.operator or p.harnesses) and not runtime.image_exists(p.tracefleet_ref()):
-        raise ImageBuildError(f"the operator and harness images are built over {p.tracefleet_ref()}, which is not "
-                              f"here: build it too (--only {names.TRACEFLEET} ...)")
-    over = {"TRACEFLEET_IMAGE": p.tracefleet_ref()}
-    if p.operator:
-        done.append(_one(runtime, p.operator_ref(), "operator", _operator_context(work / "operator"), over, push,
-                         log_dir, say, [*flags, *_pip_cert_secret()]))
+    if p.tracefleet or p.operator:  # two stages of one Dockerfile, one context
+        context = _tracefleet_context(work / "tracefleet")
+        for wanted, ref, stage in ((p.tracefleet, p.tracefleet_ref(), "tracefleet"),
+                                   (p.operator, p.operator_ref(), "operator")):
+            if wanted:
+                done.append(_one(runtime, ref, "tracefleet", context, {"BASE": p.base}, push, log_dir, say,
+                                 [*flags, "--target", stage, *_pip_cert_secret()]))
+    if p.harnesses and not runtime.image_exists(p.tracefleet_ref()):
+        raise ImageBuildError(f"the harness images are built over {p.tracefleet_ref()}, which is not here: "
+                              f"build it too (--only {names.TRACEFLEET} ...)")
     for preset in p.harnesses:
         context = _harness_context(work, preset)
         done.append(_one(runtime, p.harness_ref(preset), "harness", context,
-                         over, push, log_dir, say, flags))
+                         {"TRACEFLEET_IMAGE": p.tracefleet_ref()}, push, log_dir, say, flags))
     return done
 
 
 def _remove_replaced(runtime: ContainerRuntime, before: dict[str, str | None]) -> None:
-    """Remove the images a build took the tags of, the operator and harness images before the tracefleet image
-    they were built over; one a container or another tag still holds stays (the runtime refuses)."""
+    """Remove the images a build took the tags of, the harness images before the tracefleet image they were built
+    over; one a container or another tag still holds stays (the runtime refuses)."""
     for ref, old in reversed(before.items()):
         if old is not None and runtime.image_id(ref) != old:
             runtime.run("rmi", old, check=False, timeout=120)
@@ -193,7 +193,7 @@ def _fresh(folder: Path) -> Path:
 
 def _tracefleet_context(folder: Path) -> Path:
     """The wheel of this checkout, requirements.txt (the dependencies of the image's extras) and constraints.txt
-    (this environment's versions of everything installed)."""
+    (this environment's versions of everything installed), and the same two for the operator's extras."""
     _fresh(folder)
     if not (REPO / "pyproject.toml").is_file():
         raise ImageBuildError(f"no source checkout at {REPO}: `tracefleet images build` runs from a clone of the repository")
@@ -206,16 +206,9 @@ def _tracefleet_context(folder: Path) -> Path:
         raise ImageBuildError(f"pip wheel of {REPO} failed: {last_line(proc.stderr or proc.stdout)}")
     (folder / "requirements.txt").write_text("\n".join(image_requirements()) + "\n")
     (folder / "constraints.txt").write_text("\n".join(installed_versions()) + "\n")
-    return folder
-
-
-def _operator_context(folder: Path) -> Path:
-    """requirements.txt (the operator's extras) and constraints.txt (their versions here): the same text for the
-    same versions, so the layer stays cached."""
-    _fresh(folder)
     operator = extra_requirements(OPERATOR_EXTRAS)
-    (folder / "requirements.txt").write_text("\n".join(operator) + "\n")
-    (folder / "constraints.txt").write_text("\n".join(installed_versions(operator)) + "\n")
+    (folder / "operator-requirements.txt").write_text("\n".join(operator) + "\n")
+    (folder / "operator-constraints.txt").write_text("\n".join(installed_versions(operator)) + "\n")
     return folder
 
 
