@@ -7,9 +7,9 @@ versions the tests ran with), so a change to the code rebuilds only the last lay
 same Dockerfile's `operator` stage: the same layers plus the `OPERATOR_EXTRAS` (kopf and the Kubernetes client,
 which only the operator imports) below the wheel, so the pods of a job pull the smaller image, a node holding both
 stores the shared layers once, and a change to the code rebuilds the wheel's layer alone in both. Each harness
-image is the tracefleet image plus one harness bundle (tracefleet.runner.containers.bundle) made from the pinned CLI that
-hack/setup.d/50-harnesses.sh installed and the Node.js on this machine's PATH: the host must be Linux on the
-images' architecture, with a Node.js built for glibc (the official builds and Debian's are).
+image is the tracefleet image plus one harness bundle (tracefleet.runner.containers.bundle) made from the pinned
+CLI that hack/setup.d/50-harnesses.sh installed and the Node.js on this machine's PATH: the host must be Linux on
+the images' architecture, with a Node.js built for glibc (the official builds and Debian's are).
 """
 
 from __future__ import annotations
@@ -117,8 +117,8 @@ class Built:
 
 def build_all(runtime: ContainerRuntime, p: ImagePlan, *, push: bool = False, no_cache: bool = False,
               log_dir: Path | None = None, say: Callable[[str], None] = print) -> list[Built]:
-    """Build (and with `push`, push) every image of the plan, the tracefleet image first (the others are built
-    over it)."""
+    """Build (and with `push`, push) every image of the plan, the tracefleet image first (the harness images are
+    built over it)."""
     # a rebuild moves a tag; the image it named would stay behind untagged (about 1 GB each)
     before = {ref: runtime.image_id(ref) for ref in p.refs()}
     try:
