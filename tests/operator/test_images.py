@@ -5,8 +5,8 @@ Deployment, serves the chart's namespace with the chart's namespaced RBAC on the
 examples/k8s/first-job.yaml, writes its status and creates its harness pods with the images the chart names.
 
 The build is cached by layer: cold (a fresh machine) about 3 minutes for the tracefleet image and a harness image,
-warm seconds (the operator image: the tracefleet image's layers but the code's, then its packages and the code). A harness image is built for the smallest
-CLI only; `make images` builds all six the same way."""
+warm seconds (the operator image: the tracefleet image's layers but the code's, then its packages and the code). A
+harness image is built for the smallest CLI only; `make images` builds all six the same way."""
 
 from __future__ import annotations
 
