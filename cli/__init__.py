@@ -59,7 +59,7 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("tasks", "tracefleet.runner.containers.cli",
                "build Harbor task folders' environment images (named by content, cached, optionally pushed)"),
     Subcommand("images", "tracefleet.images.cli",
-               "build the images the Helm chart and the operator name (tracefleet and one per harness CLI)"),
+               "build the images the Helm chart and the operator name (tracefleet, its operator, one per harness CLI)"),
     Subcommand("validate", "tracefleet.api.cli_validate", "check RolloutJob manifests and print every problem with its field path"),
 )
 

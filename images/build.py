@@ -3,10 +3,13 @@
 The tracefleet image installs a wheel of this checkout built here (`pip wheel`, with a fixed SOURCE_DATE_EPOCH so
 an unchanged tree gives the same bytes and the layer stays cached) over a layer of its dependencies: the
 project's own plus the `IMAGE_EXTRAS`, at the versions installed in the environment running this command (the
-versions the tests ran with), so a change to the code rebuilds only the last layer. Each harness image is the
-tracefleet image plus one harness bundle (tracefleet.runner.containers.bundle) made from the pinned CLI that
-hack/setup.d/50-harnesses.sh installed and the Node.js on this machine's PATH: the host must be Linux on the
-images' architecture, with a Node.js built for glibc (the official builds and Debian's are).
+versions the tests ran with), so a change to the code rebuilds only the last layer. The operator image is the
+same Dockerfile's `operator` stage: the same layers plus the `OPERATOR_EXTRAS` (kopf and the Kubernetes client,
+which only the operator imports) below the wheel, so the pods of a job pull the smaller image, a node holding both
+stores the shared layers once, and a change to the code rebuilds the wheel's layer alone in both. Each harness
+image is the tracefleet image plus one harness bundle (tracefleet.runner.containers.bundle) made from the pinned
+CLI that hack/setup.d/50-harnesses.sh installed and the Node.js on this machine's PATH: the host must be Linux on
+the images' architecture, with a Node.js built for glibc (the official builds and Debian's are).
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from tracefleet.runner.presets.base import harness_cache_dir, harness_pins
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILES = Path(__file__).resolve().parent  # images/<name>/Dockerfile, beside this builder
-# What the one image runs besides the proxy and the runner: the operator, and pytest for the `tests` evaluator's
-# default command (evaluator Jobs run in this image when a job names no image).
-IMAGE_EXTRAS = ("operator", "local")
+# What the tracefleet image runs besides the proxy and the runner: pytest for the `tests` evaluator's default command
+# (evaluator Jobs run in this image when a job names no image).
+IMAGE_EXTRAS = ("local",)
+OPERATOR_EXTRAS = ("operator",)  # the operator image's layer over the tracefleet image's dependencies
 # The base when none is given: the one these registry-free machines make (hack/setup.d/55-containers.sh) when
 # the runtime has it, else Debian's from Docker Hub. Any Debian-based image works, also one with its own Python
 # (python:3.12-slim): the Dockerfile installs Debian's python3 only when the base has none.
@@ -56,6 +60,7 @@ class ImagePlan:
     base: str
     harnesses: tuple[str, ...]  # presets whose harness image is built
     tracefleet: bool = True
+    operator: bool = True
 
     def ref(self, name: str) -> str:
         return names.image_ref(self.registry, name, self.tag)
@@ -63,11 +68,15 @@ class ImagePlan:
     def tracefleet_ref(self) -> str:
         return self.ref(names.TRACEFLEET)
 
+    def operator_ref(self) -> str:
+        return self.ref(names.OPERATOR)
+
     def harness_ref(self, preset: str) -> str:
         return self.ref(names.harness_image_name(preset))
 
     def refs(self) -> list[str]:
-        return [self.tracefleet_ref()] * self.tracefleet + [self.harness_ref(p) for p in self.harnesses]
+        return ([self.tracefleet_ref()] * self.tracefleet + [self.operator_ref()] * self.operator
+                + [self.harness_ref(p) for p in self.harnesses])
 
 
 def harness_presets() -> tuple[str, ...]:
@@ -77,7 +86,7 @@ def harness_presets() -> tuple[str, ...]:
 
 def image_names() -> list[str]:
     """Every image name `build` can make, as `--only` takes them."""
-    return [names.TRACEFLEET, *(names.harness_image_name(p) for p in harness_presets())]
+    return [names.TRACEFLEET, names.OPERATOR, *(names.harness_image_name(p) for p in harness_presets())]
 
 
 def plan(registry: str, tag: str, base: str, only: Iterable[str] = ()) -> ImagePlan:
@@ -88,7 +97,8 @@ def plan(registry: str, tag: str, base: str, only: Iterable[str] = ()) -> ImageP
     if unknown:
         raise ImageBuildError(f"unknown image {', '.join(unknown)}: one of {', '.join(image_names())}")
     presets = tuple(p for p in harness_presets() if names.harness_image_name(p) in wanted)
-    return ImagePlan(registry=registry, tag=tag, base=base, harnesses=presets, tracefleet=names.TRACEFLEET in wanted)
+    return ImagePlan(registry=registry, tag=tag, base=base, harnesses=presets, tracefleet=names.TRACEFLEET in wanted,
+                     operator=names.OPERATOR in wanted)
 
 
 def default_base(runtime: ContainerRuntime) -> str:
@@ -107,7 +117,8 @@ class Built:
 
 def build_all(runtime: ContainerRuntime, p: ImagePlan, *, push: bool = False, no_cache: bool = False,
               log_dir: Path | None = None, say: Callable[[str], None] = print) -> list[Built]:
-    """Build (and with `push`, push) every image of the plan, the tracefleet image first."""
+    """Build (and with `push`, push) every image of the plan, the tracefleet image first (the harness images are
+    built over it)."""
     # a rebuild moves a tag; the image it named would stay behind untagged (about 1 GB each)
     before = {ref: runtime.image_id(ref) for ref in p.refs()}
     try:
@@ -120,10 +131,14 @@ def _built(runtime: ContainerRuntime, p: ImagePlan, flags: list[str], push: bool
            say: Callable[[str], None]) -> list[Built]:
     work = environment.cache_dir() / "images"
     done: list[Built] = []
-    if p.tracefleet:
-        done.append(_one(runtime, p.tracefleet_ref(), "tracefleet", _tracefleet_context(work / "tracefleet"),
-                         {"BASE": p.base}, push, log_dir, say, [*flags, *_pip_cert_secret()]))
-    elif p.harnesses and not runtime.image_exists(p.tracefleet_ref()):
+    if p.tracefleet or p.operator:  # two stages of one Dockerfile, one context
+        context = _tracefleet_context(work / "tracefleet")
+        for wanted, ref, stage in ((p.tracefleet, p.tracefleet_ref(), "tracefleet"),
+                                   (p.operator, p.operator_ref(), "operator")):
+            if wanted:
+                done.append(_one(runtime, ref, "tracefleet", context, {"BASE": p.base}, push, log_dir, say,
+                                 [*flags, "--target", stage, *_pip_cert_secret()]))
+    if p.harnesses and not runtime.image_exists(p.tracefleet_ref()):
         raise ImageBuildError(f"the harness images are built over {p.tracefleet_ref()}, which is not here: "
                               f"build it too (--only {names.TRACEFLEET} ...)")
     for preset in p.harnesses:
@@ -178,7 +193,7 @@ def _fresh(folder: Path) -> Path:
 
 def _tracefleet_context(folder: Path) -> Path:
     """The wheel of this checkout, requirements.txt (the dependencies of the image's extras) and constraints.txt
-    (this environment's versions of everything installed)."""
+    (this environment's versions of everything installed), and the same two for the operator's extras."""
     _fresh(folder)
     if not (REPO / "pyproject.toml").is_file():
         raise ImageBuildError(f"no source checkout at {REPO}: `tracefleet images build` runs from a clone of the repository")
@@ -191,6 +206,9 @@ def _tracefleet_context(folder: Path) -> Path:
         raise ImageBuildError(f"pip wheel of {REPO} failed: {last_line(proc.stderr or proc.stdout)}")
     (folder / "requirements.txt").write_text("\n".join(image_requirements()) + "\n")
     (folder / "constraints.txt").write_text("\n".join(installed_versions()) + "\n")
+    operator = extra_requirements(OPERATOR_EXTRAS)
+    (folder / "operator-requirements.txt").write_text("\n".join(operator) + "\n")
+    (folder / "operator-constraints.txt").write_text("\n".join(installed_versions(operator)) + "\n")
     return folder
 
 
@@ -211,9 +229,14 @@ def _source_copy(dest: Path) -> Path:
 
 
 def image_requirements() -> list[str]:
+    """The tracefleet image's: the project's dependencies and the `IMAGE_EXTRAS`."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    extras = project["optional-dependencies"]
-    return [*project["dependencies"], *(req for extra in IMAGE_EXTRAS for req in extras[extra])]
+    return [*project["dependencies"], *extra_requirements(IMAGE_EXTRAS)]
+
+
+def extra_requirements(extras: Iterable[str]) -> list[str]:
+    wanted = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    return [req for extra in extras for req in wanted[extra]]
 
 
 def installed_versions(requirements: list[str] | None = None) -> list[str]:

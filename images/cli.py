@@ -18,13 +18,14 @@ from tracefleet.runner.containers.runtime import ContainerError, require_runtime
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "Build tracefleet's images from this checkout: REGISTRY/tracefleet:TAG (the operator, the capture proxy, "
-        "sealer and evaluator Jobs) and REGISTRY/harness-PRESET:TAG for each harness CLI (that image plus the "
-        "pinned CLI). The Helm chart's image.registry and image.tag name the same images."
+        "Build tracefleet's images from this checkout: REGISTRY/tracefleet:TAG (the capture proxy, sealer and "
+        "evaluator Jobs), REGISTRY/tracefleet-operator:TAG (that image plus the operator's packages) and "
+        "REGISTRY/harness-PRESET:TAG for each harness CLI (that image plus the pinned CLI). The Helm chart's "
+        "image.registry and image.tag name the same images."
     )
     parser.epilog = ("examples:\n  tracefleet images build\n"
                      "  tracefleet images build --registry registry.example.com/team --tag dev --push\n"
-                     "  tracefleet images build --only tracefleet --only harness-codex --base python:3.12-slim\n"
+                     "  tracefleet images build --only tracefleet --only tracefleet-operator --base python:3.12-slim\n"
                      "  tracefleet images list --registry registry.example.com/team")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)

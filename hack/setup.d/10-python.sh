@@ -9,7 +9,7 @@ set -euo pipefail
 case "${TRACEFLEET_SETUP_DOOR:-test}" in
   quickstart) extras="local" ;;
   train) extras="local,trainer" ;;
-  images) extras="local,operator" ;;  # tracefleet.images.build.IMAGE_EXTRAS, at the versions installed here
+  images) extras="local,operator" ;;  # images.build IMAGE_EXTRAS and OPERATOR_EXTRAS, at the versions installed here
   *) extras="local,test,operator" ;;
 esac
 .venv/bin/python -m pip install -q -e ".[$extras]"

@@ -57,9 +57,26 @@ def test_the_first_example_runs_on_the_defaults() -> None:
 def test_images_command_lists_names_and_refuses_an_unknown_one() -> None:
     run = [sys.executable, "-m", "tracefleet.cli", "images"]
     listed = subprocess.run([*run, "list", "--registry", "r.example/x/", "--tag", "t"], capture_output=True, text=True)
-    assert listed.returncode == 0 and listed.stdout.split()[:2] == ["r.example/x/tracefleet:t", "r.example/x/harness-codex:t"]
+    assert listed.returncode == 0 and listed.stdout.split()[:3] == [
+        "r.example/x/tracefleet:t", "r.example/x/tracefleet-operator:t", "r.example/x/harness-codex:t"]
     bad = subprocess.run([*run, "build", "--only", "harness-vim"], capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "harness-vim" in bad.stderr
+
+
+# The modules of what a job's pods run (the tracefleet image): `tracefleet proxy --in-pod` (the sidecar),
+# `tracefleet run --in-pod` (the session program), `python -m tracefleet.runner.pod evaluate|seal` (evaluator and
+# sealer Jobs), `tracefleet engine-gate` (a managed engine pod), through the CLI's own dispatch.
+POD_PROGRAMS = ("tracefleet.cli", "tracefleet.proxy.cli", "tracefleet.runner.cli", "tracefleet.runner.pod",
+                "tracefleet.proxy.engine_gate")
+
+
+def test_the_pod_programs_import_neither_the_operator_nor_the_trainer() -> None:
+    """The tracefleet image carries neither the operator's packages nor the trainer's (images/build.py): a pod
+    program importing one would fail there. Here, where every package is installed, the import graph says so."""
+    probe = (f"import sys; import {', '.join(POD_PROGRAMS)}; "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'kopf', 'kubernetes', 'torch', 'tracefleet'}))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["['tracefleet']"], r.stdout + r.stderr
 
 
 def test_the_first_example_seals_batches_with_a_real_model(cpu_engine, tmp_path: Path) -> None:

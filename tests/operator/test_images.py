@@ -1,10 +1,12 @@
-"""The images, as a user gets them: `tracefleet images build` makes them with real podman, and the operator image,
+"""The images, as a user gets them: `tracefleet images build` makes them with real podman; the tracefleet image a
+job's pods run carries neither the operator's packages nor the trainer's; and the operator image,
 run as a container (host network, the kubeconfig mounted) with exactly the arguments the chart gives its
 Deployment, serves the chart's namespace with the chart's namespaced RBAC on the real API server: it reconciles
 examples/k8s/first-job.yaml, writes its status and creates its harness pods with the images the chart names.
 
 The build is cached by layer: cold (a fresh machine) about 3 minutes for the tracefleet image and a harness image,
-warm seconds. A harness image is built for the smallest CLI only; `make images` builds all six the same way."""
+warm seconds (the operator image: the tracefleet image's layers but the code's, then its packages and the code). A
+harness image is built for the smallest CLI only; `make images` builds all six the same way."""
 
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 REGISTRY = "localhost/tracefleet-test"
 TAG = images.release_tag()
 HARNESS = "qwen-code"  # the smallest CLI (55 MB)
-REFS = [f"{REGISTRY}/tracefleet:{TAG}", f"{REGISTRY}/harness-{HARNESS}:{TAG}"]  # what the build tags
+ONLY = (images.TRACEFLEET, images.OPERATOR, images.harness_image_name(HARNESS))
+REFS = [f"{REGISTRY}/{name}:{TAG}" for name in ONLY]  # what the build tags
 NAMESPACE = "tf-images"
 RELEASE = "img"
 CHART_MEMORY_REQUEST_MIB = 288  # charts/tracefleet/values.yaml resources.requests.memory
@@ -46,8 +49,7 @@ def tracefleet(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 def built(container_runtime) -> list[str]:
     before = {ref: container_runtime.image_id(ref) for ref in REFS}  # a rebuild over an earlier run's images
     start = time.monotonic()
-    r = tracefleet("images", "build", "--registry", REGISTRY, "--only", images.TRACEFLEET,
-                   "--only", images.harness_image_name(HARNESS), timeout=1200)
+    r = tracefleet("images", "build", "--registry", REGISTRY, *(f"--only={name}" for name in ONLY), timeout=1200)
     assert r.returncode == 0, r.stdout + r.stderr
     print(f"images built in {time.monotonic() - start:.0f} s:\n{r.stdout}")
     # the images the rebuilt tags named before are gone, not left behind untagged (about 1 GB each)
@@ -57,21 +59,39 @@ def built(container_runtime) -> list[str]:
 
 
 def test_build_tags_what_list_names_and_the_images_run(built: list[str], container_runtime) -> None:
-    listed = tracefleet("images", "list", "--registry", REGISTRY, "--only", images.TRACEFLEET,
-                        "--only", images.harness_image_name(HARNESS), timeout=60).stdout.split()
+    listed = tracefleet("images", "list", "--registry", REGISTRY, *(f"--only={name}" for name in ONLY),
+                        timeout=60).stdout.split()
     assert built == listed == REFS
-    # non-root, the operator's and the runner's dependencies, git for the workspace, pytest for `tests` evaluators
+    # non-root, git for the workspace, pytest for `tests` evaluators, every pod program's module, and neither the
+    # operator's packages nor the trainer's (a module of a pod program importing them fails here)
     r = container_runtime.run("run", "--rm", built[0], "sh", "-c",
-                              "id -u && git --version && python -c 'import kopf, kubernetes, pytest, "
-                              "tracefleet.operator.cli, tracefleet.proxy.cli, tracefleet.runner.pod; print(1)'",
-                              timeout=120)
+                              f"id -u && git --version && python -c '{POD_PROGRAMS_IMPORT}'", timeout=120)
     uid, git, imported = r.stdout.split("\n")[:3]
-    assert uid == "65532" and git.startswith("git version") and imported == "1", r.stdout + r.stderr
+    assert uid == "65532" and git.startswith("git version") and imported == "[]", r.stdout + r.stderr
+    # the operator image: the same user, the operator's packages over the tracefleet image's layers up to the code
+    # (the wheel's two layers: a change to the code rebuilds only those in either image)
+    r = container_runtime.run("run", "--rm", built[1], "sh", "-c",
+                              "id -u && python -c 'import kopf, kubernetes, tracefleet.operator.cli; print(1)'",
+                              timeout=120)
+    assert r.stdout.split() == ["65532", "1"], r.stdout + r.stderr
+    pods, operator = layers(container_runtime, built[0]), layers(container_runtime, built[1])
+    assert pods[:-2] == operator[:len(pods) - 2] and len(operator) == len(pods) + 2
     # the harness image: the pinned CLI on PATH (the bundle's node), where `tracefleet run --in-pod` finds it
     pin = harness_pins()[HARNESS]
-    r = container_runtime.run("run", "--rm", built[1], "sh", "-c", f"command -v {pin.bin} && {pin.bin} --version",
+    r = container_runtime.run("run", "--rm", built[2], "sh", "-c", f"command -v {pin.bin} && {pin.bin} --version",
                               timeout=120)
     assert r.stdout.split() == ["/opt/tracefleet/bundle/bin/" + pin.bin, pin.version], r.stdout + r.stderr
+
+
+# what a job's pods run (the proxy sidecar, the session program, evaluator and sealer Jobs, the engine gate); prints
+# the operator's and trainer's packages found installed
+POD_PROGRAMS_IMPORT = ("import importlib.util, pytest, tracefleet.proxy.cli, tracefleet.proxy.engine_gate, "
+                       "tracefleet.runner.cli, tracefleet.runner.pod; "
+                       "print([m for m in (\"kopf\", \"kubernetes\", \"torch\") if importlib.util.find_spec(m)])")
+
+
+def layers(runtime, ref: str) -> list[str]:
+    return json.loads(runtime.run("image", "inspect", "--format", "{{json .RootFS.Layers}}", ref, timeout=60).stdout)
 
 
 class Models(http.server.BaseHTTPRequestHandler):
@@ -121,7 +141,7 @@ def test_operator_image_reconciles_the_example_with_the_charts_rbac(built, conta
     t0 = time.monotonic()
     container, kubeconfig = chart_operator(kube, tmp_path)
     print(f"chart installed in {time.monotonic() - t0:.0f} s")
-    assert container["image"] == built[0]
+    assert container["image"] == built[1]  # the operator image; the children run the tracefleet image
     metrics_port, liveness_port = free_port(), free_port()
     # the chart's own arguments; only the listeners move to free ports (host network, shared with other tests)
     args = [a for a in container["args"] if not a.startswith(("--metrics-port=", "--liveness-port="))]

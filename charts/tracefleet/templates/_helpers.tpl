@@ -60,6 +60,11 @@ app.kubernetes.io/component: operator
 {{- include "tracefleet.imageRef" (dict "root" . "name" .Values.image.repository) -}}
 {{- end -}}
 
+{{/* The operator's own image: the tracefleet image plus the operator's packages. */}}
+{{- define "tracefleet.operatorImage" -}}
+{{- include "tracefleet.imageRef" (dict "root" . "name" .Values.image.operatorRepository) -}}
+{{- end -}}
+
 {{/* The operator's --harness-image template: the harness image of each preset ({preset} kept for the operator). */}}
 {{- define "tracefleet.harnessImage" -}}
 {{- include "tracefleet.imageRef" (dict "root" . "name" "harness-{preset}") -}}

@@ -1,8 +1,10 @@
 """The names of the images tracefleet is made of: what `tracefleet images build` tags, what the Helm chart's
 defaults and the operator's flags name, and what a RolloutJob names in spec.harness.image.
 
-    REGISTRY/tracefleet:TAG            the operator, the capture proxy sidecar, sealer and evaluator Jobs, the
-                                       session program (`tracefleet run --in-pod`) of a `command` harness
+    REGISTRY/tracefleet:TAG            the capture proxy sidecar, sealer and evaluator Jobs, the session program
+                                       (`tracefleet run --in-pod`) of a `command` harness, a managed engine's gate
+    REGISTRY/tracefleet-operator:TAG   the tracefleet image plus the operator's packages (kopf, the Kubernetes
+                                       client): the Helm chart's Deployment; no pod of a job carries them
     REGISTRY/harness-PRESET:TAG        the tracefleet image plus one harness CLI (a bundle at BUNDLE_SOURCE_DIR,
                                        its bin/ on PATH): a harness pod's harness container, and the bundle
                                        image an init container copies into a Harbor task's pod
@@ -17,6 +19,7 @@ from importlib import metadata
 
 DEFAULT_REGISTRY = "ghcr.io/tracefleet"
 TRACEFLEET = "tracefleet"
+OPERATOR = "tracefleet-operator"
 HARNESS_PREFIX = "harness-"
 # The presets whose CLI an image carries: every preset but `command`, which runs any program and so runs in the
 # tracefleet image itself (or an image of the user's).
