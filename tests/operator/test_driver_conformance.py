@@ -506,7 +506,7 @@ def test_local_and_node_runs_give_a_trainer_the_same_batches(node: Any, installe
     assert env["OPENAI_BASE_URL"] == "<session endpoint>/v1" and env["OPENAI_API_KEY"] == "<secret>", env
     assert env["HOME"] == "<home>" and not any(k.startswith("TRACEFLEET_") and k not in (
         "TRACEFLEET_BASE_URL", "TRACEFLEET_API_KEY", "TRACEFLEET_MODEL", "TRACEFLEET_PROMPT", "TRACEFLEET_PROMPT_FILE",
-            "TRACEFLEET_WORKDIR")
+        "TRACEFLEET_WORKDIR")
         for k in env), env
     assert sorted(len(b["rows"]) for b in cluster_batches) == sorted(len(b["rows"]) for b in local_batches) == [3, 6]
     # the harness that failed after its call: its pod Failed, and still `tracefleet run --in-pod` kept what it did
