@@ -39,7 +39,6 @@ from fixtures.node_jobs import (
     Installed,
     children_left,
     job_events,
-    job_status,
     kubectl_apply,
     wait_for,
 )
@@ -145,7 +144,7 @@ def test_the_managed_cpu_engine_and_its_pod_killed_mid_session(node, installed: 
     kube = node.kube
     applied = kubectl_apply(kube, manifest)
     ready = wait_for("InferenceReady", lambda: any(
-        c["type"] == "InferenceReady" and c["status"] == "True" for c in (job_status(installed, job) or {}).get(
+        c["type"] == "InferenceReady" and c["status"] == "True" for c in (installed.status(job) or {}).get(
             "conditions") or []), 900, every_s=2)
     engine_ready = time.monotonic() - applied
     second = n.harness_pod_name(job, 1, 0)
@@ -159,7 +158,7 @@ def test_the_managed_cpu_engine_and_its_pod_killed_mid_session(node, installed: 
     killed = time.monotonic() - applied
 
     def done() -> dict[str, Any] | None:
-        status = job_status(installed, job)
+        status = installed.status(job)
         return status if status and status.get("phase") in ("Succeeded", "Failed") else None
 
     status = wait_for(f"{job} finished", done, 900, every_s=2)
@@ -185,5 +184,5 @@ def test_the_managed_cpu_engine_and_its_pod_killed_mid_session(node, installed: 
     traces = [t for seq in reader.seqs() for t in reader.read(seq).traces()]
     assert sorted({t.meta.session_id for t in traces}) == [f"{job}-s0", f"{job}-s1"]
     assert all(int(t.loss_mask.sum()) > 0 for t in traces if t.meta.session_id == f"{job}-s0")
-    wait_for(f"{job} deleted after its TTL", lambda: job_status(installed, job) is None, 60)
+    wait_for(f"{job} deleted after its TTL", lambda: installed.status(job) is None, 60)
     wait_for(f"{job}'s children deleted", lambda: not children_left(kube, job), 120, every_s=1)

@@ -29,7 +29,6 @@ from fixtures.node_jobs import (
     Installed,
     children_left,
     job_events,
-    job_status,
     kubectl_apply,
     wait_for,
 )
@@ -73,7 +72,7 @@ def holding_engine(host_engine):
 
 def finished(cluster: Installed, job: str, timeout_s: float = 300) -> dict[str, Any]:
     def phase() -> dict[str, Any] | None:
-        status = job_status(cluster, job)
+        status = cluster.status(job)
         return status if status and status.get("phase") in ("Succeeded", "Failed") else None
     return wait_for(f"{job} finished", phase, timeout_s)
 
@@ -93,7 +92,7 @@ def gone_after_ttl(node, cluster: Installed, job: str) -> float:
         got = node.kube.kubectl("-n", NAMESPACE, "get", "rolloutjob", job, "-o", "jsonpath={.metadata}").stdout
         return f"{got}\n{children_left(node.kube, job)}\n{cluster.operator_log()}"
 
-    wait_for(f"{job} deleted after its TTL", lambda: job_status(cluster, job) is None, 60, report=report)
+    wait_for(f"{job} deleted after its TTL", lambda: cluster.status(job) is None, 60, report=report)
     wait_for(f"{job}'s children deleted", lambda: not children_left(node.kube, job), 90, every_s=1, report=report)
     return time.monotonic() - start
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.engines import EngineProcess
-from fixtures.node_jobs import CALLING_HARNESS, NAMESPACE, REFS, Installed, job_status, run_job, wait_for
+from fixtures.node_jobs import CALLING_HARNESS, NAMESPACE, REFS, Installed, run_job, wait_for
 from tracefleet.bucket import open_bucket
 from tracefleet.contract import environment, layout
 from tracefleet.contract.capture import read_capture_log
@@ -80,7 +80,7 @@ def test_the_longest_prompt_reaches_the_harness_on_the_real_node(node, installed
     (message,) = (record.canonical or {})["messages"]
     assert "".join(p["text"] for p in message["parts"]) == LONGEST
     # run_job deleted it: a spec this large once kept kopf from removing the finalizer (its diffbase annotation)
-    wait_for(f"{job} deleted", lambda: job_status(installed, job) is None, 60, report=installed.operator_log)
+    wait_for(f"{job} deleted", lambda: installed.status(job) is None, 60, report=installed.operator_log)
 
 
 def test_a_sealer_of_the_most_samples_per_task_on_the_real_node(node, installed: Installed, cluster_s3) -> None:
