@@ -3,7 +3,7 @@
     .venv/bin/python bench/harness_loop.py [--seeds 0 1 2] [--minutes 20] [--demos 64] [--warm-epochs 3]
         [--score-limit 50] [--score-train 24] [--base-sample 8] [--base-models gemma3-270m]
         [--base-presets codex] [--base-context 8192] [--train-flat] [--task-sampling spread] [--explore 0.25]
-        [--group-size 2] [--advantage dr-grpo] [--flat-groups drop]
+        [--group-size 2] [--advantage dr-grpo] [--flat-groups drop] [--kl 0.05]
         [--job examples/harness-train/job.yaml]
         [--held-out examples/harness-train/held-out.yaml examples/harness-train/held-out-novel.yaml]
         [--vllm-url URL] [--out DIR]
@@ -209,6 +209,7 @@ def main() -> int:
     p.add_argument("--group-size", type=int, help="sessions per task in a group (default: the job's samplesPerTask)")
     p.add_argument("--advantage", choices=ADVANTAGES, default="grpo")
     p.add_argument("--flat-groups", choices=FLAT_GROUPS, default="keep")
+    p.add_argument("--kl", type=float, default=0.0, help="the KL penalty towards the warm start (0: none)")
     p.add_argument("--job", type=Path, default=EXAMPLE / "job.yaml")
     p.add_argument("--held-out", type=Path, nargs="+",
                    default=[EXAMPLE / "held-out.yaml", EXAMPLE / "held-out-novel.yaml"],
@@ -256,7 +257,7 @@ def main() -> int:
         for seed in a.seeds:
             print(f"--- seed {seed}: {a.demos} demonstrations, warm start {a.warm_epochs} epochs at {a.warm_lr:g}, "
                   f"GRPO {a.minutes:g} min at {a.lr:g}; tasks in {a.task_sampling}, groups of "
-                  f"{a.group_size or 'the job'}, advantage {a.advantage}, flat groups {a.flat_groups}", flush=True)
+                  f"{a.group_size or 'the job'}, advantage {a.advantage}, flat groups {a.flat_groups}, KL {a.kl:g}", flush=True)
             r = run_loop(LoopOptions(job_path=a.job, iterations=a.iterations, minutes=a.minutes, lr=a.lr,
                                      max_lag=a.max_lag, seed=seed, traces_per_step=a.traces_per_step,
                                      output=out / f"seed-{seed}", engine_url=url, held_out=a.held_out,
@@ -264,7 +265,7 @@ def main() -> int:
                                      warm_epochs=a.warm_epochs, warm_lr=a.warm_lr, score_limit=a.score_limit,
                                      score_train=a.score_train, train_flat=a.train_flat,
                                      task_sampling=a.task_sampling, explore=a.explore, group_size=a.group_size,
-                                     advantage=a.advantage, flat_groups=a.flat_groups))
+                                     advantage=a.advantage, flat_groups=a.flat_groups, kl=a.kl))
             rows.append(seed_row(seed, r) | {"load": load()})
             print(json.dumps(rows[-1]), flush=True)
             (out / "bench.json").write_text(json.dumps({"base": base, "seeds": rows}, indent=1))

@@ -22,6 +22,12 @@ With `epochs` E > 1 the step makes E optimizer updates over the batch, p_t and w
 values: from the second pass on r_t moves away from 1 and the clip stops a token's gradient once the policy
 has moved it by more than eps in the direction of its advantage (PPO's epochs; the loop's default is 2).
 
+With a `reference` (the trained tensors as they were at the warm start) and `kl_coef` beta > 0 the loss also
+holds beta times the KL divergence of the policy from the reference over the same tokens, by the per-token
+estimator exp(ref_t - q_t) - (ref_t - q_t) - 1 (non-negative, 0 where they agree; DeepSeekMath's GRPO): it pulls
+back a policy that GRPO's few-group batches move away from what the warm start taught (measured in
+docs/training/real-harness.md: without it the held-out sessions' tools collapse onto one).
+
 Every step reports the train/inference mismatch over its trainable tokens: mean and max |p_t - b_t| and the
 mean, min, max of exp(p_t - b_t) and the share of tokens capped. Tokens sampled more than `max_lag` versions
 behind the newest are masked out of the loss by the reader (asynchrony with a staleness bound).
@@ -203,7 +209,8 @@ def sampled_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.
 def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor], *,
               temperature: torch.Tensor | float | None = None,
               clip: float = DEFAULT_CLIP, tis_cap: float = DEFAULT_TIS_CAP,
-              policy_version: int | None = None, epochs: int = 1, tokens: float | None = None) -> dict[str, float]:
+              policy_version: int | None = None, epochs: int = 1, tokens: float | None = None,
+              reference: dict[str, torch.Tensor] | None = None, kl_coef: float = 0.0) -> dict[str, float]:
     """One GRPO step with the TIS correction over the reader's tensors (`Batch.tensors()`); its stats.
     `temperature` None: each token's own, as its span records it (the reader's `temperatures`).
     `policy_version`: the version of the weights the trainer holds before the step; the mismatch is then also
@@ -215,15 +222,23 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
     further pass costs only the trained layers' forward and backward.
     `tokens`: what the loss is divided by (default: the trainable tokens of `t`): the whole batch's count when
     `t` holds only its rows with a non-zero advantage (tracefleet.trainer.loop.with_signal), so the gradient is
-    the whole batch's."""
+    the whole batch's.
+    `reference`, `kl_coef`: the KL penalty above (`reference_weights` makes the reference); `kl` in the stats is
+    the first pass's mean estimate per trainable token."""
     if epochs < 1:
         raise ValueError("epochs must be at least 1")
+    if kl_coef and reference is None:
+        raise ValueError("a KL penalty needs the reference weights")
     if temperature is None:
         temperature = t.get("temperatures", 1.0)
     ids, attention = t["input_ids"], t["attention_mask"]
     mask, adv, engine_lp = t["loss_mask"], t["advantages"], t["old_logprobs"]
     prefix = frozen_prefix(model, ids, attention)
     n = mask.sum().clamp(min=1) if tokens is None else torch.tensor(max(tokens, 1.0))
+    ref = None
+    if kl_coef:
+        with torch.no_grad(), holding(model, reference or {}):
+            ref = sampled_logprobs(model, ids, attention, mask, temperature, prefix)
     old = weight = None
     stats: dict[str, float] = {}
     losses, clipped = [], []
@@ -240,6 +255,12 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
         ratio = torch.exp(new - old)
         objective = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
         loss = -(weight * objective).sum() / n
+        if ref is not None:
+            diff = (ref - new) * mask
+            kl = (torch.exp(diff) - diff - 1) * mask
+            if len(losses) == 0:
+                stats["kl"] = float(kl.detach().sum() / mask.sum().clamp(min=1))
+            loss = loss + kl_coef * kl.sum() / n
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -247,6 +268,27 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
         clipped.append(float((((ratio - 1).abs() > clip) * mask).sum() / mask.sum().clamp(min=1)))
     stats.update({"loss": losses[0], "loss_last": losses[-1], "epochs": epochs, "clipped_share": clipped[-1]})
     return stats
+
+
+def reference_weights(model: Any) -> dict[str, torch.Tensor]:
+    """A copy of the tensors being trained as they are now: the KL penalty's reference (grpo_step)."""
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+@contextmanager
+def holding(model: Any, weights: dict[str, torch.Tensor]) -> Iterator[None]:
+    """The model with `weights` in place of its own tensors of those names, its own put back after."""
+    params = dict(model.named_parameters())
+    own = {name: params[name].detach().clone() for name in weights}
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, value in own.items():
+                params[name].copy_(value)
 
 
 def sft(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor], *, epochs: int = 3,

@@ -109,6 +109,7 @@ class LoopOptions:
     group_size: int | None = None  # sessions per task in a group (default: the job's samplesPerTask)
     advantage: Advantage = "grpo"
     flat_groups: FlatGroups = "keep"
+    kl: float = 0.0  # the KL penalty's coefficient towards the policy GRPO starts from (grpo_step); 0: none
 
 
 @dataclass
@@ -154,8 +155,10 @@ def sci(value: float | None) -> str:
 
 def step_line(s: dict[str, Any]) -> str:
     """One step as the command prints it."""
+    kl = f"KL {sci(s.get('kl'))}  " if "kl" in s else ""
     return (f"step {s['step']:>3}  v{s['version']}  reward {fmt(s['reward_mean'])} ({s['rows']} traces, "
             f"{s['groups_with_signal']}/{s['groups']} groups with signal)  loss {fmt(s.get('loss'), 4)}  "
+            f"{kl}"
             f"|dlogprob| mean {sci(s.get('mean_abs_dlogprob'))} max {sci(s.get('max_abs_dlogprob'))}  "
             f"(same version {sci(s.get('same_version_max_abs_dlogprob'))})  "
             f"ratio [{fmt(s.get('ratio_min'), 3)}, {fmt(s.get('ratio_max'), 3)}]  "
@@ -317,6 +320,8 @@ class Loop:
             raise UsageError("--group-size must be 2 or more: a group of one session has no reward spread")
         if not 0 <= o.explore <= 1:
             raise UsageError("--explore must be between 0 and 1")
+        if o.kl < 0:
+            raise UsageError("--kl must be 0 (no penalty) or more")
         if o.train_flat and o.flat_groups == "drop":
             raise UsageError("--train-flat updates on batches whose groups have no reward spread, --flat-groups drop "
                              "leaves such groups out: choose one")
@@ -384,7 +389,7 @@ class Loop:
         from tracefleet.traces import BatchReader
         from tracefleet.traces.reader import take_rows
         from tracefleet.trainer.control import update_policy
-        from tracefleet.trainer.grpo import grpo_step, load_policy, save_weights, trainable
+        from tracefleet.trainer.grpo import grpo_step, load_policy, reference_weights, save_weights, trainable
 
         o = self.o
         torch.manual_seed(o.seed)
@@ -396,6 +401,7 @@ class Loop:
             version, demonstrated = self._warm_start(policy, engine_url, run_dir, result)
             self._score(engine_url, run_dir, result, "warm", version)
         optimizer = torch.optim.AdamW(trainable(policy), lr=o.lr)
+        reference = reference_weights(policy) if o.kl else None  # the policy GRPO starts from: the warm start's
         loop_job = repeated_job(job, o.job_path.resolve().parent, o.iterations + o.max_lag + 2, o.traces_per_step,
                                 demonstrated, o.group_size)
         group_size = loop_job.spec.tasks.samples_per_task
@@ -407,7 +413,7 @@ class Loop:
         self.say(f"rollouts running ({run_dir / 'rollouts.log'}); training {layers} for {o.iterations} steps"
                  f"{f' or {o.minutes:g} min' if o.minutes else ''}, lr {o.lr:g}, staleness bound {o.max_lag}; "
                  f"groups of {group_size}, tasks in {o.task_sampling}, advantage {o.advantage}, flat groups "
-                 f"{o.flat_groups}")
+                 f"{o.flat_groups}{f', KL {o.kl:g} towards policy {version}' if o.kl else ''}")
         started = time.monotonic()
         deadline = started + o.minutes * 60 if o.minutes else math.inf
         reader = BatchReader(str(bucket), job.name, consumer=CONSUMER)
@@ -450,7 +456,8 @@ class Loop:
                     continue
                 with hold.watching(batch.seq):
                     stats = grpo_step(policy, optimizer, signal or t, policy_version=version, epochs=o.epochs,
-                                      tokens=float(t["loss_mask"].sum()) if o.flat_groups == "keep" else None)
+                                      tokens=float(t["loss_mask"].sum()) if o.flat_groups == "keep" else None,
+                                      reference=reference, kl_coef=o.kl)
                 train_s = time.monotonic() - t_step
                 version += 1
                 ckpt = save_weights(policy, run_dir / "checkpoints" / f"policy-{version}")

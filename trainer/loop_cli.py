@@ -98,6 +98,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flat-groups", choices=FLAT_GROUPS, default="keep",
                         help="a group with no reward spread: keep it counted in the loss's token mean (default) or "
                              "drop it, the loss the mean over the groups with spread")
+    parser.add_argument("--kl", type=float, default=0.0, metavar="BETA",
+                        help="add BETA times the KL divergence from the policy GRPO starts from (the warm start's) to "
+                             "the loss, over the trained tokens (default 0: none)")
     parser.add_argument("--torch-threads", type=positive_int, metavar="N",
                         help=f"CPU threads for the trainer (default {TRAINER_THREADS}: vLLM's CPU build holds the other cores)")
 
@@ -127,7 +130,8 @@ def main(args: argparse.Namespace) -> int:
                           score_limit=args.score_limit, score_train=max(0, args.score_train),
                           train_flat=args.train_flat, task_sampling=args.task_sampling,
                           explore=DEFAULT_EXPLORE if args.explore is None else args.explore,
-                          group_size=args.group_size, advantage=args.advantage, flat_groups=args.flat_groups)
+                          group_size=args.group_size, advantage=args.advantage, flat_groups=args.flat_groups,
+                          kl=args.kl)
     result = run_loop(options)
     # a warm start is an update too: a run whose GRPO batches all lacked reward spread still trained
     return 0 if result.steps or result.warm else 1

@@ -121,3 +121,36 @@ def test_the_warm_start_learns_the_masked_tokens_only(model_dir: Path) -> None:
     t["loss_mask"] = torch.zeros_like(t["loss_mask"])
     with pytest.raises(ValueError, match="no demonstration has a trainable token"):
         sft(policy, torch.optim.AdamW(trainable(policy)), t)
+
+
+def test_the_kl_penalty_is_zero_at_the_reference_and_pulls_back_towards_it(model_dir: Path) -> None:
+    t = batch()
+    with_kl, without = load_policy(model_dir, TRAINED), load_policy(model_dir, TRAINED)
+    reference = grpo.reference_weights(with_kl)
+    assert set(reference) == {n for n, p in with_kl.named_parameters() if p.requires_grad}
+    # at the reference the penalty and its gradient are 0: the first update is GRPO's alone
+    stats = grpo_step(with_kl, torch.optim.SGD(trainable(with_kl), lr=0.5), t, reference=reference, kl_coef=1.0)
+    grpo_step(without, torch.optim.SGD(trainable(without), lr=0.5), t)
+    assert stats["kl"] == pytest.approx(0.0, abs=1e-9)
+    for (name, a), b in zip(with_kl.named_parameters(), without.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+    def kl_from_reference(model: torch.nn.Module) -> float:
+        with torch.no_grad():
+            q = token_logprobs(model, t["input_ids"], t["attention_mask"], t["temperatures"], t["loss_mask"])
+            with grpo.holding(model, reference):
+                ref = token_logprobs(model, t["input_ids"], t["attention_mask"], t["temperatures"], t["loss_mask"])
+        diff = (ref - q) * t["loss_mask"]
+        return float(((diff.exp() - diff - 1) * t["loss_mask"]).sum() / t["loss_mask"].sum())
+
+    moved = kl_from_reference(with_kl)
+    assert moved > 0  # GRPO's step moved the policy; holding() put the policy's own weights back
+    assert kl_from_reference(with_kl) == moved
+    # with no advantage left, the penalty alone pulls the policy back towards the reference
+    still = t | {"advantages": torch.zeros_like(t["advantages"])}
+    stats = grpo_step(with_kl, torch.optim.SGD(trainable(with_kl), lr=0.5), still, reference=reference, kl_coef=1.0,
+                      epochs=3)
+    assert stats["kl"] == pytest.approx(moved, rel=1e-4)
+    assert kl_from_reference(with_kl) < moved / 2
+    with pytest.raises(ValueError, match="reference"):
+        grpo_step(with_kl, torch.optim.SGD(trainable(with_kl), lr=0.5), t, kl_coef=0.1)

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from tracefleet.engine.scripted import scripted_backend_for
+from tracefleet.formats.shell_tools import COMMAND_KEYS
+from tracefleet.runner.presets import get_preset
 from tracefleet.traces import BatchReader
 from tracefleet.trainer import demos, filetasks
 from tracefleet.trainer.filetasks import FileTask, generate, shell_commands, verdict
@@ -95,5 +97,40 @@ def test_demonstrations_through_pi_are_rewarded_only_for_the_work_and_train_on_s
         assert all(completion_text_is_canonical(tokenizer, r.completion_ids) for r in records.values())
 
     assert demos.task_ids(found) == {t.id for t in tasks[:4]}  # what the loop puts last in each round
+    t = demos.tensors(found)
+    assert int(t["loss_mask"].sum()) == sum(row["num_trainable"] for row in rows)
+
+
+def command_of(arguments: dict[str, Any]) -> str:
+    """The command a shell tool's arguments carry: a string, or the last word of an argv (`bash -lc COMMAND`)."""
+    value = next(v for k, v in arguments.items() if k.lower() in COMMAND_KEYS)
+    return value if isinstance(value, str) else value[-1]
+
+
+@pytest.mark.slow
+def test_demonstrations_through_codex_run_the_plan_in_its_shell_tool_and_train_on_sampled_tokens(
+        harness_binaries: Any, tmp_path: Path) -> None:
+    """The second CLI of the recipe (examples/harness-train/job-codex.yaml): the same tasks through Codex, the plan as
+    shell commands in Codex's own shell tool, the same judge; the trainable tokens are exactly what was sampled."""
+    job = EXAMPLE / "job-codex.yaml"
+    tasks = filetasks.load_tasks(EXAMPLE / filetasks.TRAIN_FILE)[:4]  # one of each kind
+    assert {t.kind for t in tasks} == set(filetasks.KINDS)
+    found = demos.record(job, tmp_path / "demos", 4)
+    assert (found.sessions, found.accepted) == (4, 4), (tmp_path / "demos" / "record.log").read_text()[-3000:]
+
+    tokenizer = scripted_backend_for("smollm2").tokenizer
+    shell = get_preset("codex").shell_tool
+    reader = BatchReader(str(found.folder), found.job)
+    rows = [row for m in reader.batches() for row in reader.read(m).table.to_pylist()]
+    by_id = {t.id: t for t in tasks}
+    for row in rows:
+        task = by_id[row["task_id"]]
+        records = session_records(tmp_path / "demos" / "work" / "capture", row["session_id"])
+        assert trace_problems(row, records) == [], row["task_id"]
+        assert len(records) == len(row["spans"]) == len(shell_commands(task)) + 1  # one chain
+        calls = [c for r in records.values() for c in (r.tool_calls or [])]
+        assert [c["name"] for c in calls] == [shell] * len(shell_commands(task))
+        assert [command_of(json.loads(c["arguments"])) for c in calls] == shell_commands(task), task.kind
+        assert all(completion_text_is_canonical(tokenizer, r.completion_ids) for r in records.values())
     t = demos.tensors(found)
     assert int(t["loss_mask"].sum()) == sum(row["num_trainable"] for row in rows)

@@ -38,6 +38,7 @@ def test_the_options_refuse_what_they_cannot_mean_in_one_line(capsys: Any) -> No
         (["--train-flat", "--flat-groups", "drop"], "--flat-groups drop leaves such groups out: choose one"),
         (["--task-sampling", "often"], "invalid choice: 'often'"),
         (["--advantage", "ppo"], "invalid choice: 'ppo'"),
+        (["--kl", "-0.1"], "--kl must be 0 (no penalty) or more"),
     ]
     for extra, message in cases:
         capsys.readouterr()
