@@ -256,8 +256,8 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
         objective = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
         loss = -(weight * objective).sum() / n
         if ref is not None:
-            diff = (ref - new) * mask
-            kl = (torch.exp(diff) - diff - 1) * mask
+            diff = (ref - new) * mask  # 0 off the mask, where the estimator is then 0 too
+            kl = torch.exp(diff) - diff - 1
             if len(losses) == 0:
                 stats["kl"] = float(kl.detach().sum() / mask.sum().clamp(min=1))
             loss = loss + kl_coef * kl.sum() / n

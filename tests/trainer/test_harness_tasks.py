@@ -71,6 +71,12 @@ def completion_text_is_canonical(tokenizer: Any, ids: list[int]) -> bool:
     return tokenizer.encode(tokenizer.decode(body, skip_special_tokens=False), add_special_tokens=False) == body
 
 
+def sealed_rows(found: demos.DemoSet) -> list[dict[str, Any]]:
+    """Every sealed row of the demonstrations, as a trainer reads them."""
+    reader = BatchReader(str(found.folder), found.job)
+    return [row for m in reader.batches() for row in reader.read(m).table.to_pylist()]
+
+
 @pytest.mark.slow
 def test_demonstrations_through_pi_are_rewarded_only_for_the_work_and_train_on_sampled_tokens(
         harness_binaries: Any, tmp_path: Path) -> None:
@@ -84,8 +90,7 @@ def test_demonstrations_through_pi_are_rewarded_only_for_the_work_and_train_on_s
     assert (found.sessions, found.accepted) == (5, 4), (tmp_path / "demos" / "record.log").read_text()[-3000:]
 
     tokenizer = scripted_backend_for("smollm2").tokenizer
-    reader = BatchReader(str(found.folder), found.job)
-    rows = [row for m in reader.batches() for row in reader.read(m).table.to_pylist()]
+    rows = sealed_rows(found)
     assert sorted(r["task_id"] for r in rows) == sorted(t.id for t in tasks[:4])  # accepted ones only
     by_id = {t.id: t for t in tasks}
     for row in rows:
@@ -120,8 +125,7 @@ def test_demonstrations_through_codex_run_the_plan_in_its_shell_tool_and_train_o
 
     tokenizer = scripted_backend_for("smollm2").tokenizer
     shell = get_preset("codex").shell_tool
-    reader = BatchReader(str(found.folder), found.job)
-    rows = [row for m in reader.batches() for row in reader.read(m).table.to_pylist()]
+    rows = sealed_rows(found)
     by_id = {t.id: t for t in tasks}
     for row in rows:
         task = by_id[row["task_id"]]
