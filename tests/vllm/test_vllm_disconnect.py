@@ -1,7 +1,10 @@
 """Real vLLM: a call the harness abandons mid-generation is recorded by the proxy within a second, with the true
 token counts of what it holds (the proxy's token metrics agreeing), and aborted at vLLM (closing the proxy's
 engine connection is what makes vLLM abort it), streamed or not: `vllm:num_requests_running` goes back to where
-it was."""
+it was and vLLM's generated-token counter stops short of the call's cap.
+
+The client hangs up once that counter has risen since its call was sent, not on the running gauge: a counter
+cannot be left over from an earlier test, so the hang-up always falls while vLLM is generating this call."""
 
 from __future__ import annotations
 
@@ -20,11 +23,12 @@ from tracefleet.proxy.config import ProxyConfig
 
 from fixtures.abandoning_client import abandon, request_bytes
 from fixtures.capture_counts import assert_counts_true
-from fixtures.proxy_on_vllm import RUNS_TO_CAP
+from fixtures.proxy_on_vllm import RUNS_TO_CAP, RUNS_TO_CAP_TOKENS
 from fixtures.servers import ServedApp, serve_in_thread
 
 ADMIN = "admin-token-for-vllm-tests"
-HOLD_S = 5.0  # the most the client waits for vLLM to report the request running before it hangs up anyway
+HOLD_S = 5.0  # the most the client waits for vLLM to generate for the call before it hangs up anyway
+GENERATED = "vllm:generation_tokens_total"
 
 
 @pytest.fixture
@@ -57,13 +61,25 @@ def test_abandoned_call_is_aborted_at_vllm(vllm_server: Any, proxy: ServedApp, t
                          timeout=30).json()
     url = urlsplit(proxy.url)
     before = settled_running(vllm_server)
+    start = vllm_server.counter(GENERATED)
+    generating: list[float] = []  # when the client saw vLLM generating (empty: never, within HOLD_S)
+
+    def ready() -> bool:
+        if vllm_server.counter(GENERATED) > start:
+            generating.append(time.time())
+        return bool(generating)
+
+    sent = time.time()
     hung_up = abandon(url.hostname, url.port, request_bytes(dialect, stream, session["secret"], prompt=RUNS_TO_CAP, greedy=True), stream,
-                      hold_s=HOLD_S, ready=lambda: running(vllm_server) > before)
+                      hold_s=HOLD_S, ready=ready)
     log = tmp_path / f"{session['session_id']}.jsonl"
     while not (log.exists() and read_capture_log(log).records) and time.time() < hung_up + 1.0:
         time.sleep(0.02)
     recs = read_capture_log(log).records if log.exists() else []
-    assert [r.error.kind if r.error else r.status for r in recs] == ["client_disconnect"]
+    seen = f"{generating[0] - sent:.2f} s after sending" if generating else f"not within {HOLD_S} s"
+    assert [r.error.kind if r.error else r.status for r in recs] == ["client_disconnect"], (
+        f"vLLM generating: {seen}; hung up {hung_up - sent:.2f} s after sending; running before: {before}; "
+        + "; ".join(f"{r.status} {r.finish_reason} {r.completion_tokens} tokens" for r in recs))
     assert recs[0].timings.done_at - hung_up < 1.0
     # its counts are those of the ids it holds (a streamed one's tokens so far), and the proxy's metrics agree
     assert_counts_true(recs, httpx.get(proxy.url + "/metrics", timeout=10).text)
@@ -71,3 +87,6 @@ def test_abandoned_call_is_aborted_at_vllm(vllm_server: Any, proxy: ServedApp, t
     while running(vllm_server) > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert running(vllm_server) <= before, "vLLM is still generating for the abandoned call"
+    stopped = vllm_server.counter(GENERATED)
+    time.sleep(0.5)
+    assert vllm_server.counter(GENERATED) == stopped < start + RUNS_TO_CAP_TOKENS, (start, stopped)
