@@ -44,9 +44,10 @@ def running(vllm_server: Any) -> int:
     return int(vllm_server.counter("vllm:num_requests_running"))
 
 
-def settled_running(vllm_server: Any, wait_s: float = 10.0) -> int:
-    """Requests vLLM is running once an earlier test's aborted calls are gone (or after `wait_s`): a stale
-    count would make `ready` wait for a rise that never comes."""
+def settled_running(vllm_server: Any, wait_s: float = 30.0) -> int:
+    """Requests vLLM is running once an earlier test's calls are gone (or after `wait_s`, longer than a call
+    left running takes to reach the 512-token cap: 13 s measured here): the generated-token counter the test
+    reads is then this call's alone."""
     deadline = time.monotonic() + wait_s
     while (now := running(vllm_server)) > 0 and time.monotonic() < deadline:
         time.sleep(0.1)
