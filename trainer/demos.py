@@ -27,6 +27,7 @@ from tracefleet.usage import UsageError
 DEMO_SUFFIX = "-demos"
 ACCEPT = "reward>=1"
 DEMO_TRACES_PER_BATCH = 8
+DEMO_ORDER = ("task_id", "sample_index", "trace_id")  # the warm start's row order, whatever order they sealed in
 
 
 @dataclass
@@ -112,7 +113,7 @@ def task_ids(demos: DemoSet) -> frozenset[str]:
 
 
 def tensors(demos: DemoSet) -> dict[str, Any]:
-    """Every sealed demonstration's trainable rows as one padded batch (the reader's tensors)."""
+    """Every sealed demonstration's trainable rows as one padded batch (the reader's tensors), in DEMO_ORDER."""
     import pyarrow as pa
 
     from tracefleet.traces import BatchReader
@@ -125,6 +126,10 @@ def tensors(demos: DemoSet) -> dict[str, Any]:
         raise UsageError(f"no sealed demonstrations in {demos.folder}")
     rewards = table.column("reward").to_pylist()
     table = table.take(pa.array([i for i, r in enumerate(rewards) if r is not None and r >= 1], pa.int64()))
+    # sealed in the order the sessions finished, which differs run to run; in task order (trace ids are the
+    # session's, made from the job: a total order) the warm start's rows, so its shuffle for a seed and its
+    # weights, are the same whenever the demonstrations are
+    table = table.sort_by([(key, "ascending") for key in DEMO_ORDER])
     # the scripted engine's logprobs are stand-ins; supervised training reads only tokens and masks
     return padded_tensors(table, advantages=[1.0] * table.num_rows, allow_raw_logprobs=True)
 

@@ -1,0 +1,57 @@
+"""The warm start is a function of the demonstrations and the seed, not of the order their sessions finished in:
+the same sealed demonstrations, sealed in another order and split into other batches (as two recordings of the
+same tasks seal them), give the same rows in the same order (tracefleet.trainer.demos.tensors), and the same
+seed then trains them to the same NLL and the same weights (tracefleet.trainer.grpo.sft)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from tracefleet.bucket import open_bucket  # noqa: E402
+from tracefleet.trainer import demos  # noqa: E402
+from tracefleet.trainer.grpo import sft, trainable  # noqa: E402
+
+from fixtures.sealed_jobs import synthetic_traces, write_batches  # noqa: E402
+
+JOB = "harness-train-demos"
+VOCAB = 4096  # synthetic_traces draws token ids below it
+
+
+def sealed(folder: Path, order_seed: int, per_batch: int) -> demos.DemoSet:
+    """The same 24 demonstrations (some unrewarded, as `--accept` would have dropped), sealed in a shuffled order."""
+    traces = synthetic_traces(0, 24, job=JOB, samples=2, prompt=12, completion=6)
+    random.Random(order_seed).shuffle(traces)
+    write_batches(open_bucket(str(folder / "batches")), JOB, traces, per_batch)
+    return demos.find(folder)
+
+
+def tiny_policy() -> Any:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)
+    model = transformers.LlamaForCausalLM(config)
+    for p in model.model.layers[0].parameters():  # a frozen bottom layer: sft's frozen_prefix path
+        p.requires_grad_(False)
+    return model
+
+
+def test_demonstrations_sealed_in_another_order_give_the_same_warm_start(tmp_path: Path) -> None:
+    first, second = sealed(tmp_path / "a", 1, 8), sealed(tmp_path / "b", 2, 5)
+    a, b = demos.tensors(first), demos.tensors(second)
+    assert 0 < a["input_ids"].shape[0] < 24  # the unrewarded ones left out
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+
+    trained = []
+    for t in (a, b):
+        policy = tiny_policy()
+        stats = sft(policy, torch.optim.AdamW(trainable(policy), lr=0.01), t, epochs=2, seed=3)
+        trained.append((stats["nll"], torch.cat([p.detach().flatten() for p in trainable(policy)])))
+    assert trained[0][0] == trained[1][0]
+    assert torch.equal(trained[0][1], trained[1][1])
