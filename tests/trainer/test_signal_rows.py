@@ -9,21 +9,12 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 from tracefleet.trainer.grpo import grpo_step, trainable  # noqa: E402
 from tracefleet.trainer.loop import with_signal  # noqa: E402
 
-
-def tiny_policy() -> Any:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                                      num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True)
-    model = transformers.LlamaForCausalLM(config)
-    model.get_input_embeddings().weight.requires_grad_(False)
-    for p in model.model.layers[0].parameters():  # a frozen bottom layer: the step's frozen_prefix path
-        p.requires_grad_(False)
-    return model
+from fixtures.tiny_llama import tiny_policy  # noqa: E402
 
 
 def batch() -> dict[str, Any]:

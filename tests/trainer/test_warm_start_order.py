@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 from tracefleet.bucket import open_bucket  # noqa: E402
 from tracefleet.trainer import demos  # noqa: E402
 from tracefleet.trainer.grpo import sft, trainable  # noqa: E402
 
 from fixtures.sealed_jobs import synthetic_traces, write_batches  # noqa: E402
+from fixtures.tiny_llama import tiny_policy  # noqa: E402
 
 JOB = "harness-train-demos"
 VOCAB = 4096  # synthetic_traces draws token ids below it
@@ -32,16 +32,6 @@ def sealed(folder: Path, order_seed: int, per_batch: int) -> demos.DemoSet:
     return demos.find(folder)
 
 
-def tiny_policy() -> Any:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)
-    model = transformers.LlamaForCausalLM(config)
-    for p in model.model.layers[0].parameters():  # a frozen bottom layer: sft's frozen_prefix path
-        p.requires_grad_(False)
-    return model
-
-
 def test_demonstrations_sealed_in_another_order_give_the_same_warm_start(tmp_path: Path) -> None:
     first, second = sealed(tmp_path / "a", 1, 8), sealed(tmp_path / "b", 2, 5)
     a, b = demos.tensors(first), demos.tensors(second)
@@ -50,7 +40,7 @@ def test_demonstrations_sealed_in_another_order_give_the_same_warm_start(tmp_pat
 
     trained = []
     for t in (a, b):
-        policy = tiny_policy()
+        policy = tiny_policy(VOCAB)
         stats = sft(policy, torch.optim.AdamW(trainable(policy), lr=0.01), t, epochs=2, seed=3)
         trained.append((stats["nll"], torch.cat([p.detach().flatten() for p in trainable(policy)])))
     assert trained[0][0] == trained[1][0]
