@@ -3,7 +3,7 @@
     .venv/bin/python bench/harness_loop.py [--seeds 0 1 2] [--minutes 20] [--demos 64] [--warm-epochs 3]
         [--score-limit 50] [--score-train 24] [--base-sample 8] [--base-models gemma3-270m]
         [--base-presets codex] [--base-context 8192] [--train-flat] [--task-sampling spread] [--explore 0.25]
-        [--group-size 2] [--advantage dr-grpo] [--flat-groups drop] [--kl 0.05]
+        [--group-size 2] [--advantage dr-grpo] [--flat-groups drop] [--kl 0.05] [--guide 0.3]
         [--job examples/harness-train/job.yaml]
         [--held-out examples/harness-train/held-out.yaml examples/harness-train/held-out-novel.yaml]
         [--vllm-url URL] [--out DIR]
@@ -134,7 +134,7 @@ def seed_row(seed: int, r: LoopResult) -> dict[str, object]:
             "calls_aborted": r.calls_aborted, "tokens_aborted": r.tokens_aborted, "phase_s": r.phase_s,
             "flat_batches": len(r.flat), "rows_trained": [s.get("rows_trained") for s in r.steps],
             "stale_tokens_masked": sum(s["stale_tokens_masked"] for s in r.steps),
-            "recipe_min": recipe_minutes(r), "kinds": r.kinds,
+            "recipe_min": recipe_minutes(r), "kinds": r.kinds, "guided": r.guided,
             "sets": {name: scores.summary() | {"rewards": scores.rewards, "task_kinds": scores.kinds}
                      for name, scores in r.scores.items()}}
 
@@ -210,6 +210,8 @@ def main() -> int:
     p.add_argument("--advantage", choices=ADVANTAGES, default="grpo")
     p.add_argument("--flat-groups", choices=FLAT_GROUPS, default="keep")
     p.add_argument("--kl", type=float, default=0.0, help="the KL penalty towards the warm start (0: none)")
+    p.add_argument("--guide", type=float, default=0.0,
+                   help="guided prefixes for tasks solved less than this share of the time (0: none)")
     p.add_argument("--job", type=Path, default=EXAMPLE / "job.yaml")
     p.add_argument("--held-out", type=Path, nargs="+",
                    default=[EXAMPLE / "held-out.yaml", EXAMPLE / "held-out-novel.yaml"],
@@ -257,7 +259,8 @@ def main() -> int:
         for seed in a.seeds:
             print(f"--- seed {seed}: {a.demos} demonstrations, warm start {a.warm_epochs} epochs at {a.warm_lr:g}, "
                   f"GRPO {a.minutes:g} min at {a.lr:g}; tasks in {a.task_sampling}, groups of "
-                  f"{a.group_size or 'the job'}, advantage {a.advantage}, flat groups {a.flat_groups}, KL {a.kl:g}", flush=True)
+                  f"{a.group_size or 'the job'}, advantage {a.advantage}, flat groups {a.flat_groups}, KL {a.kl:g}, guide "
+                  f"{a.guide:g}", flush=True)
             r = run_loop(LoopOptions(job_path=a.job, iterations=a.iterations, minutes=a.minutes, lr=a.lr,
                                      max_lag=a.max_lag, seed=seed, traces_per_step=a.traces_per_step,
                                      output=out / f"seed-{seed}", engine_url=url, held_out=a.held_out,
@@ -265,7 +268,7 @@ def main() -> int:
                                      warm_epochs=a.warm_epochs, warm_lr=a.warm_lr, score_limit=a.score_limit,
                                      score_train=a.score_train, train_flat=a.train_flat,
                                      task_sampling=a.task_sampling, explore=a.explore, group_size=a.group_size,
-                                     advantage=a.advantage, flat_groups=a.flat_groups, kl=a.kl))
+                                     advantage=a.advantage, flat_groups=a.flat_groups, kl=a.kl, guide=a.guide))
             rows.append(seed_row(seed, r) | {"load": load()})
             print(json.dumps(rows[-1]), flush=True)
             (out / "bench.json").write_text(json.dumps({"base": base, "seeds": rows}, indent=1))
@@ -287,7 +290,8 @@ def main() -> int:
     for r in rows:
         print(f"seed {r['seed']}: seconds per phase {r['phase_s']}; warm start {r['warm'].get('record_s')} s recording "
               f"{r['warm'].get('demos')} demonstrations, {r['warm'].get('sft_s')} s training; GRPO rows trained per "
-              f"step {r['rows_trained']}, {r['flat_batches']} flat batches skipped; load {r['load']}")
+              f"step {r['rows_trained']}, {r['flat_batches']} flat batches skipped; load {r['load']}"
+              + (f"; guided {r['guided']}" if r.get("guided") else ""))
     print_sets(rows)
     final = [r["held_out"][2] for r in rows if r["held_out"][2] is not None]
     gain = [r["held_out"][2] - r["held_out"][1] for r in rows if None not in r["held_out"][1:]]

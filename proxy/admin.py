@@ -73,7 +73,9 @@ def add_admin_routes(app: FastAPI, proxy: Proxy) -> None:
     async def create_session(request: Request) -> Response:
         check(request)
         body = await body_as(request, CreateSession)
-        session = proxy.sessions.create(body.session_id, body.secret, body.metadata)
+        if body.guided_calls:
+            proxy.check_guide()
+        session = proxy.sessions.create(body.session_id, body.secret, body.metadata, body.guided_calls)
         proxy.metrics.active_sessions.set(proxy.sessions.active_count())
         registered = RegisteredSession(**session.info().model_dump(), secret=session.secret,
                                        base_path=f"/s/{session.session_id}")

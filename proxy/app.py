@@ -76,6 +76,8 @@ def create_app(config: ProxyConfig, *, token_engine: TokenEngine | None = None) 
         yield
         proxy.persist.close()
         await proxy.client.aclose()
+        if proxy.guide is not None:
+            await proxy.guide.aclose()
         proxy.sessions.close_all()
 
     extra: dict[str, Any] = {}

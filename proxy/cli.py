@@ -145,6 +145,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(TOP_K_FLAG, type=int, default=None, metavar="K",
                         help="top_k for every call, as --temperature (-1: no cutoff)")
     parser.add_argument("--policy-version", type=int, default=0, help="initial policy version recorded on calls")
+    parser.add_argument("--guide", metavar="URL",
+                        help="an engine that answers the first calls of a session created with guided_calls N (a "
+                             "demonstration's turns, recorded guided: context, never trained on); exact mode only")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     parser.add_argument("--upload-to", metavar="PREFIX",
                         help="when the proxy stops (SIGTERM, as a pod sidecar), upload each --session's capture log as "
@@ -158,9 +161,9 @@ def _planned(args: argparse.Namespace) -> tuple[ProxyPlan, list[str], str | None
     """(the proxy's plan, its --session ID:SECRET arguments, where it uploads): in a pod, whole from the pod's plan and
     its secret variable; else from the flags. ValueError or PodEnvError: one line saying what is wrong."""
     if args.in_pod:
-        if args.engine or args.session or args.upload_to:
-            raise ValueError("--in-pod takes the engine, the session and the upload folder from the pod's plan: "
-                             "drop --engine, --session and --upload-to")
+        if args.engine or args.session or args.upload_to or args.guide:
+            raise ValueError("--in-pod takes the engine, the session and the upload folder from the pod's plan, and "
+                             "a pod's session is never guided: drop --engine, --session, --upload-to and --guide")
         pod = ProxySidecarEnv.from_env()
         return pod.plan.proxy, [f"{pod.plan.session_id}:{pod.session_secret}"], pod.plan.upload_to
     if not args.engine:
@@ -219,6 +222,7 @@ def main(args: argparse.Namespace) -> int:
         plan, engine_api_key=key, capture_dir=args.capture_dir, admin_token=args.admin_token,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024), keepalive_s=args.keepalive_s,
         pause_max_wait_s=args.pause_max_wait_s, sessions=sessions, upload_to=upload_to, artifacts_dir=args.artifacts_dir,
+        guide_url=args.guide,
     )
     try:
         app = create_app(config)

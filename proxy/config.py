@@ -51,6 +51,10 @@ class ProxyConfig(BaseModel):
     pause_max_wait_s: float = 30.0  # paused: a new call waits this long for resume, then 429
     retry_after_s: int = 5
     policy_version: int = 0
+    # an engine that plays demonstrations (the scripted engine with the job's demo script, tracefleet.trainer.demos):
+    # it answers the first `guided_calls` calls of a session created with them, in exact mode only; None: no session
+    # may be guided. The place's (tracefleet train starts it), not the job's plan.
+    guide_url: str | None = None
     sessions: list[PresetSession] = Field(default_factory=list)
     upload_to: str | None = None  # sidecar: bucket prefix (s3://... or a directory) for capture + artifacts on stop
     artifacts_dir: Path | None = None  # uploaded under <upload_to>/artifacts/

@@ -82,6 +82,11 @@ class Proxy:
         if isinstance(token_engine, ExactTokenEngine):
             register_exact_metrics(self.metrics.registry, token_engine)
         self.engine = token_engine
+        # the guide (ProxyConfig.guide_url): answers a guided session's first calls; exact mode only, where the proxy
+        # renders every prompt itself, so the policy's next prompt holds the guide's tokens as sent
+        self.guide = EngineClient(config.guide_url, limits=config.engine_limits) if config.guide_url else None
+        if self.guide is not None and isinstance(token_engine, ExactTokenEngine):
+            token_engine.guide = self.guide
         self.versions = EngineVersions(self.client)  # which weights sampled each token (tracefleet.proxy.versions)
         self.persist = Persister()
         self.flights = Flights(token_engine, self.persist, self.metrics, self.versions)
@@ -112,6 +117,16 @@ class Proxy:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def check_guide(self) -> None:
+        """Refuse a guided session this proxy cannot guide."""
+        if self.guide is None:
+            raise ProxyError("invalid_request", "guided_calls: this proxy has no guide engine (its guide_url is unset)",
+                             param="guided_calls")
+        if not isinstance(self.engine, ExactTokenEngine):
+            raise ProxyError("invalid_request", f"guided_calls: a guided session needs exact capture mode, this proxy "
+                             f"runs in {self.engine.mode} mode (the engine would re-render the guide's turns)",
+                             param="guided_calls")
 
     def authenticate(self, scope: dict[str, Any]) -> Session:
         """The session whose secret the request carries (and whose /s/<id>/ prefix it used, if any)."""
@@ -146,14 +161,15 @@ class Proxy:
             return self.error_response(dialect, err)
         state = CallState(call_id=secrets.token_hex(12), session_id=session.session_id, dialect=dialect.name,
                           stream=conv.stream, received_at=received, policy_version=policy, requested_model=conv.model,
-                          completion_ids=TimedTokens())
+                          completion_ids=TimedTokens(), guided=session.admit())
         request_ref = None
         if len(raw) > self.config.inline_body_bytes:
             request_ref = await asyncio.to_thread(spill_body, self.config.capture_dir, session.session_id, state.call_id, raw)
             body = None
         del raw
         head = RecordHead(state, conv=conv, request=body, request_ref=request_ref, headers=kept_headers(scope["headers"]),
-                          mode=self.engine.mode, engine_url=self.config.engine_url)
+                          mode=self.engine.mode,
+                          engine_url=self.config.guide_url if state.guided and self.config.guide_url else self.config.engine_url)
         ctx = CallContext(session, dialect, conv, head, state)
         asyncio.get_running_loop().call_soon(precompute_head, head)
         if conv.stream:

@@ -54,7 +54,7 @@ class RecordHead:
             "session_id": state.session_id, "dialect": state.dialect, "mode": mode, "stream": state.stream,
             "requested_model": state.requested_model, "engine_url": engine_url,
             "policy_version": state.policy_version, "request": request, "request_ref": request_ref,
-            "canonical": conv, "headers": headers,
+            "canonical": conv, "headers": headers, "guided": True if state.guided else None,
         })
         self.encoded: bytes | None = None
 

@@ -23,6 +23,8 @@ class Session:
     secret: str
     capture_path: Path
     metadata: dict[str, Any] = field(default_factory=dict)
+    guided_calls: int = 0  # its first calls answered by the guide engine (a guided prefix)
+    admitted: int = 0  # calls admitted so far (a guided one counts when admitted, not when recorded)
     calls: int = 0
     errors: int = 0
     abandoned: int = 0  # calls cut off in flight (client gone, session closed); also counted in `errors`
@@ -40,6 +42,12 @@ class Session:
             self.calls += records
             self.errors += failed
 
+    def admit(self) -> bool:
+        """Count a call in; whether the guide answers it (one of the session's first `guided_calls`)."""
+        with self._lock:
+            self.admitted += 1
+            return self.admitted <= self.guided_calls
+
     def close(self) -> None:
         with self._lock:
             self.active = False
@@ -49,7 +57,8 @@ class Session:
 
     def info(self) -> ProxySession:
         return ProxySession(session_id=self.session_id, calls=self.calls, errors=self.errors, abandoned=self.abandoned,
-                            capture_path=str(self.capture_path), active=self.active, metadata=self.metadata)
+                            capture_path=str(self.capture_path), active=self.active, metadata=self.metadata,
+                            guided_calls=self.guided_calls)
 
 
 class SessionStore:
@@ -60,14 +69,15 @@ class SessionStore:
         self._by_secret: dict[str, Session] = {}
 
     def create(self, session_id: str | None = None, secret: str | None = None,
-               metadata: dict[str, Any] | None = None) -> Session:
+               metadata: dict[str, Any] | None = None, guided_calls: int = 0) -> Session:
         sid = session_id or "s-" + secrets.token_hex(8)
         if not sid or len(sid) > 128 or not set(sid) <= _ID_CHARS or sid.startswith("."):
             raise ProxyError("invalid_request", f"invalid session_id {sid!r}: use 1-128 of [A-Za-z0-9._-]", param="session_id")
         if sid in self._by_id:
             raise ProxyError("invalid_request", f"session {sid!r} already exists", status=409, param="session_id")
         session = Session(session_id=sid, secret=secret or "tfs-" + secrets.token_urlsafe(24),
-                          capture_path=self.capture_dir / f"{sid}.jsonl", metadata=dict(metadata or {}))
+                          capture_path=self.capture_dir / f"{sid}.jsonl", metadata=dict(metadata or {}),
+                          guided_calls=guided_calls)
         self._by_id[sid] = session
         self._by_secret[session.secret] = session
         return session

@@ -81,6 +81,7 @@ class CallState:
     # vLLM's [{version, start, end}] spans over the output tokens, where it reports them (v0.33 with
     # return_weight_versions; v0.32 only on /inference/v1/generate): which weights sampled which tokens
     weight_versions: list[dict[str, Any]] | None = None
+    guided: bool = False  # answered by the session's guide engine, not the policy (CaptureRecord.guided)
 
     def take_usage(self, usage: dict[str, Any] | None) -> None:
         """The engine's own token counts, when a response or stream chunk carries them."""

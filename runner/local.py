@@ -104,6 +104,9 @@ class LocalOptions:
     engine_timeouts: dict[str, float] = field(default_factory=dict)
     logprobs_mode: str | None = None  # what the engine's logprobs are, stated on the command line
     fresh: bool = False  # run every session again, whatever is sealed; new batches follow the sealed ones
+    # the proxy's guide engine (ProxyConfig.guide_url): answers the first calls of a plan with guided_calls
+    # (tracefleet.trainer.guide); None: a guided plan is refused at registration
+    guide_url: str | None = None
 
 
 @dataclass
@@ -443,7 +446,7 @@ class LocalRun:
             tasks = self._task_images(tasks)  # after the engine answered: a job that cannot run builds nothing
             self._containers = sum(1 for t in tasks if t.harbor is not None and t.harbor.image and not t.harbor.refusal)
             proxy = InProcessProxy(self.proxy_plan(engine_url, model_hint),
-                                   capture_dir=self.work_dir / "capture" / run_id).start()
+                                   capture_dir=self.work_dir / "capture" / run_id, guide_url=self.options.guide_url).start()
             decision = proxy.mode_decision
             self._say(f"capture mode {decision.mode} ({decision.reason})")
             sock = self.work_dir / f"proxy-{run_id}.sock"

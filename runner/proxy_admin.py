@@ -33,8 +33,9 @@ class ProxyAdmin:
             raise ProxyAdminError(f"proxy admin {method} {path} -> {response.status_code}: {response.text[:500]}")
         return response.json()
 
-    def create_session(self, session_id: str | None = None, metadata: dict[str, Any] | None = None) -> RegisteredSession:
-        body = CreateSession(session_id=session_id or None, metadata=metadata or {})
+    def create_session(self, session_id: str | None = None, metadata: dict[str, Any] | None = None,
+                       guided_calls: int = 0) -> RegisteredSession:
+        body = CreateSession(session_id=session_id or None, metadata=metadata or {}, guided_calls=guided_calls)
         return RegisteredSession.model_validate(
             self._call("POST", AdminPath.SESSIONS, json=body.model_dump(mode="json", exclude_none=True)))
 

@@ -119,13 +119,14 @@ class InProcessProxy:
     """The capture proxy (`tracefleet.proxy.app.create_app`) served by uvicorn on a thread, running the job's
     ProxyPlan (tracefleet.contract.plan.plan_proxy)."""
 
-    def __init__(self, plan: ProxyPlan, *, capture_dir: Path) -> None:
+    def __init__(self, plan: ProxyPlan, *, capture_dir: Path, guide_url: str | None = None) -> None:
         from tracefleet.proxy.app import create_app
         from tracefleet.proxy.config import ProxyConfig
         from tracefleet.proxy.server import proxy_server
 
         self.admin_token = secrets.token_urlsafe(24)
-        self.config = ProxyConfig.from_plan(plan, capture_dir=capture_dir, admin_token=self.admin_token)
+        self.config = ProxyConfig.from_plan(plan, capture_dir=capture_dir, admin_token=self.admin_token,
+                                            guide_url=guide_url)
         self.port = free_port()
         app = create_app(self.config)
         self.mode_decision = app.state.proxy.mode_decision

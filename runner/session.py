@@ -361,7 +361,7 @@ class HostPlace:
         try:
             registered = self.admin.create_session(plan.capture_name, metadata={
                 "job": plan.job, "task": plan.task.id, "sample": plan.sample_index, "group": plan.group_id,
-                "attempt": plan.attempt})
+                "attempt": plan.attempt}, guided_calls=plan.guided_calls)
         except Exception as exc:  # noqa: BLE001 - any failure here is the register stage's
             raise StageFailed("register", "error", str(exc)) from exc
         self._registered[plan.capture_name] = registered.session_id

@@ -54,11 +54,13 @@ def fail_closed_reasons(
 def _assemble(calls: Sequence[Call], chain: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Span]]:
     """One trace from a chain in which each call's prompt extends the previous call's prompt + completion.
     A call whose tokens were sampled by more than one policy version (it straddled an update) gets one span
-    per version; the later ones add no prompt (prompt_start == completion_start)."""
+    per version; the later ones add no prompt (prompt_start == completion_start). A guided call's completion (the
+    guide's, not the policy's) is context: no span, loss mask 0, no logprobs; the next span's prompt starts at it."""
     pieces: list[np.ndarray] = []
     spans: list[Span] = []
     at = 0
     bounds: list[tuple[int, int, int]] = []  # (call index, completion start, end) in the trace
+    context_from = 0  # where the next span's context begins: the end of the last span (guided calls are context)
     for idx in chain:
         call = calls[idx]
         new_prompt = call.prompt[at:]  # at == previous full length: the verified shared prefix is skipped
@@ -66,14 +68,17 @@ def _assemble(calls: Sequence[Call], chain: Sequence[int]) -> tuple[np.ndarray, 
         pieces.append(call.completion)
         cs = at + new_prompt.shape[0]
         ce = cs + call.completion.shape[0]
+        if call.guided:
+            at = ce
+            continue
         for version, start, end in call.version_spans or ((call.policy_version, 0, ce - cs),):
-            spans.append(Span(call_id=call.call_id, prompt_start=at if start == 0 else cs + start,
+            spans.append(Span(call_id=call.call_id, prompt_start=context_from if start == 0 else cs + start,
                               completion_start=cs + start, completion_end=cs + end, policy_version=version,
                               finish_reason=call.finish_reason, temperature=call.sampling.get("temperature"),
                               top_p=call.sampling.get("top_p"), top_k=call.sampling.get("top_k"),
                               logprobs_mode=call.logprobs_mode))
         bounds.append((idx, cs, ce))
-        at = ce
+        at = context_from = ce
     tokens = np.concatenate(pieces).astype(np.int32, copy=False)
     mask = np.zeros(at, dtype=np.uint8)
     logprobs = np.full(at, np.nan, dtype=np.float32)

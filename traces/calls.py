@@ -32,6 +32,7 @@ class Call:
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature / top_p / top_k as sent (absent: engine default)
     logprobs_mode: str | None = None  # processed_logprobs | raw_logprobs | unknown (None: not recorded)
     flags: tuple[str, ...] = ()
+    guided: bool = False  # answered by the session's guide, not sampled by the policy: context, never trained
     status: str = "ok"
     error_kind: str | None = None
     mode: str = "server"
@@ -66,6 +67,7 @@ def call_from_record(record: CaptureRecord, index: int) -> Call:
         sampling={k: v.get("value") for k, v in (record.sampling or {}).items() if isinstance(v, dict)},
         logprobs_mode=record.logprobs_mode,
         flags=tuple(record.flags),
+        guided=record.guided,
         status=record.status,
         error_kind=record.error.kind if record.error else None,
         mode=record.mode,

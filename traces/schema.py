@@ -7,8 +7,9 @@ A trace is one causal token stream, held columnar (numpy) because traces are lon
 - `logprobs` float32[n]: the engine's logprob of each sampled token. Masked positions hold NaN in
   memory and are **null** in Parquet (never 0.0, which would be a real logprob). The torch reader turns
   them into 0.0 under a zero `loss_mask`.
-- `spans`: one per call in the trace, in order: `call_id`, `prompt_start` (where the tokens this call
-  added to the prompt begin), `completion_start`, `completion_end` (the sampled span), `policy_version`
+- `spans`: one per call the policy sampled in the trace (a guided call, answered by the session's guide, has
+  none: its tokens are context), in order: `call_id`, `prompt_start` (where the tokens this call
+  added to the prompt begin, a guided call's among them), `completion_start`, `completion_end` (the sampled span), `policy_version`
   (the policy that sampled that span), `finish_reason`, the sampling parameters sent (`temperature`,
   `top_p`, `top_k`; null = the engine's default) and `logprobs_mode`, what the span's logprobs are
   (`processed_logprobs`: the sampling distribution's, behaviour logprobs; `raw_logprobs`: before temperature
@@ -17,8 +18,8 @@ A trace is one causal token stream, held columnar (numpy) because traces are lon
   outcome, finish reasons, timings, the session's reconstruction stats, ...).
 
 Token fidelity, checked by the tests: `tokens[loss_mask == 1]` and `logprobs[loss_mask == 1]`
-are exactly the capture log's `completion_ids` and `logprobs` of the trace's calls, concatenated in span
-order, and the tokens before each span are exactly that call's `prompt_ids`.
+are exactly the capture log's `completion_ids` and `logprobs` of the trace's calls the policy sampled (not the
+guided ones), concatenated in span order, and the tokens before each span are exactly that call's `prompt_ids`.
 """
 
 from __future__ import annotations

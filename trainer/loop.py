@@ -46,7 +46,8 @@ from typing import Any, Literal, TextIO
 from tracefleet.trainer.jobs import TRAIN_MODELS, job_tasks, trained_model, with_tasks
 from tracefleet.trainer.scores import SetScores
 from tracefleet.trainer.scores import line as score_line
-from tracefleet.trainer.task_sampler import DEFAULT_EXPLORE, ROUND_SEP, TaskSampler, TaskSampling
+from tracefleet.trainer.task_sampler import (DEFAULT_EXPLORE, ROUND_SEP, TaskSampler, TaskSampling, base_task,
+                                             task_kind)
 from tracefleet.usage import UsageError
 
 CONSUMER = "tracefleet-train"
@@ -110,6 +111,7 @@ class LoopOptions:
     advantage: Advantage = "grpo"
     flat_groups: FlatGroups = "keep"
     kl: float = 0.0  # the KL penalty's coefficient towards the policy GRPO starts from (grpo_step); 0: none
+    guide: float = 0.0  # guide the groups of tasks whose pass rate is below this (tracefleet.trainer.guide); 0: none
 
 
 @dataclass
@@ -136,6 +138,7 @@ class LoopResult:
     # every scored set (each held-out job by its name, and "train"): its per-session rewards at each checkpoint
     scores: dict[str, SetScores] = field(default_factory=dict)
     kinds: dict[str, dict[str, float | int]] = field(default_factory=dict)  # the rollouts' pass rate per task kind
+    guided: dict[str, Any] = field(default_factory=dict)  # --guide: the groups guided and sessions per guided calls
 
     def reward_rise(self) -> tuple[float | None, float | None]:
         """Mean batch reward over the first two steps and over the last two."""
@@ -209,17 +212,20 @@ class Rollouts:
     """The job's sessions against the loop's engine, in a background thread (LocalRun, as `tracefleet run`)."""
 
     def __init__(self, job_path: Path, job: Any, engine_url: str, bucket: Path, work_dir: Path,
-                 parallelism: int | None, log: Path, sampler: TaskSampler | None = None) -> None:
+                 parallelism: int | None, log: Path, sampler: TaskSampler | None = None, guide: Any = None,
+                 guide_url: str | None = None) -> None:
         from tracefleet.runner.local import LocalOptions, LocalRun
 
         self.log = open(log, "a")  # noqa: SIM115 - closed in join()
         self.run = LocalRun(LocalOptions(job_path=job_path, output=str(bucket), engine_url=engine_url,
-                                         work_dir=work_dir, parallelism=parallelism, progress_interval_s=30.0),
+                                         work_dir=work_dir, parallelism=parallelism, progress_interval_s=30.0,
+                                         guide_url=guide_url),
                             out=self.log, summary=self.log)
         self.run.job = job
-        # the sampler's view when it last picked (`spread` only): groups started and sessions solved per kind, a new
-        # dict each time (the trainer's thread reads it while the rollouts' thread replaces it)
+        # the sampler's view when it last picked: groups started and sessions solved per kind, a new dict each time
+        # (the trainer's thread reads it while the rollouts' thread replaces it)
         self.kinds: dict[str, dict[str, float | int]] = {}
+        self.guide = guide  # tracefleet.trainer.guide.Guide: each group's guided calls, from its task's pass rate
         if sampler is not None:
             self.run.next_session = lambda queue: self._next(sampler, queue)
         self.status: int | None = None
@@ -236,6 +242,10 @@ class Rollouts:
         sampler.observe([r.result for r in self.run.results])  # the rollouts' thread: the one that appends them
         index = sampler.next_index(queue)
         self.kinds = sampler.kinds()
+        if self.guide is not None:
+            plan = queue[index]
+            rate = sampler.rates.task_rate(base_task(plan.task.id), task_kind(plan.task.metadata))
+            queue[index] = self.guide.plan(plan, rate)
         return index
 
     def start(self) -> Rollouts:
@@ -322,6 +332,8 @@ class Loop:
             raise UsageError("--explore must be between 0 and 1")
         if o.kl < 0:
             raise UsageError("--kl must be 0 (no penalty) or more")
+        if o.guide < 0:
+            raise UsageError("--guide must be 0 (no guide) or a pass rate up to 1")
         if o.train_flat and o.flat_groups == "drop":
             raise UsageError("--train-flat updates on batches whose groups have no reward spread, --flat-groups drop "
                              "leaves such groups out: choose one")
@@ -338,6 +350,11 @@ class Loop:
 
             # before the engine's minutes of start-up: tasks no script can solve, or no demonstrations there
             demos.demo_tasks(job, o.job_path.resolve().parent, o.demos) if o.demos else demos.find(o.warm_start)  # type: ignore[arg-type]
+        guide = None
+        if o.guide:
+            from tracefleet.trainer.guide import Guide
+
+            guide = Guide(job, o.job_path.resolve().parent, o.guide)  # before vLLM's start: a job it cannot guide
         try:
             import torch  # noqa: F401
             import transformers  # noqa: F401
@@ -353,8 +370,10 @@ class Loop:
         engine, engine_url, model_dir = self._engine(model, run_dir, list(managed.extra_args or []) if managed else [])
         try:
             result.startup_s = time.monotonic() - t0
-            self._train(job, engine_url, model_dir, run_dir, result)
+            self._train(job, engine_url, model_dir, run_dir, result, guide)
         finally:
+            if guide is not None:
+                guide.stop()  # stopped with the rollouts; here too when they never started
             if engine is not None:
                 engine.stop()
         result.wall_s = time.monotonic() - t0
@@ -382,7 +401,8 @@ class Loop:
             raise UsageError(str(exc).splitlines()[0]) from None
         return engine, engine.url, converted_model(model)
 
-    def _train(self, job: Any, engine_url: str, model_dir: Path, run_dir: Path, result: LoopResult) -> None:
+    def _train(self, job: Any, engine_url: str, model_dir: Path, run_dir: Path, result: LoopResult,
+               guide: Any = None) -> None:
         import torch
 
         from tracefleet.dashboard.trackers import StepLogger
@@ -407,13 +427,17 @@ class Loop:
         group_size = loop_job.spec.tasks.samples_per_task
         sampler = TaskSampler(o.task_sampling, group_size, o.explore, o.seed)
         bucket = run_dir / "batches"
+        guide_url = guide.start(run_dir) if guide is not None else None
+        # the sampler picks each next session under `spread`, and keeps the pass rates the guide reads
+        picks = o.task_sampling == "spread" or guide is not None
         rollouts = Rollouts(o.job_path, loop_job, engine_url, bucket, run_dir / "work", o.parallelism,
-                            run_dir / "rollouts.log", sampler if o.task_sampling == "spread" else None).start()
+                            run_dir / "rollouts.log", sampler if picks else None, guide, guide_url).start()
         layers = "every layer" if o.train_layers is None else f"the top {o.train_layers} layers"
         self.say(f"rollouts running ({run_dir / 'rollouts.log'}); training {layers} for {o.iterations} steps"
                  f"{f' or {o.minutes:g} min' if o.minutes else ''}, lr {o.lr:g}, staleness bound {o.max_lag}; "
                  f"groups of {group_size}, tasks in {o.task_sampling}, advantage {o.advantage}, flat groups "
-                 f"{o.flat_groups}{f', KL {o.kl:g} towards policy {version}' if o.kl else ''}")
+                 f"{o.flat_groups}{f', KL {o.kl:g} towards policy {version}' if o.kl else ''}"
+                 f"{f', groups of tasks solved less than {o.guide:g} of the time guided' if guide else ''}")
         started = time.monotonic()
         deadline = started + o.minutes * 60 if o.minutes else math.inf
         reader = BatchReader(str(bucket), job.name, consumer=CONSUMER)
@@ -487,6 +511,9 @@ class Loop:
             hold.release()  # never leave the engine paused: the held-out scoring, or its owner, samples next
             self.say("stopping the rollouts (running sessions are killed, finished ones sealed) ...")
             rollouts.join()
+            if guide is not None:
+                guide.stop()
+                result.guided = guide.groups.summary()
         if rollouts.error is not None and not result.steps:
             raise RuntimeError(f"the rollouts failed: {rollouts.error} (see {run_dir / 'rollouts.log'})")
         result.phase_s["grpo"] = round(time.monotonic() - started, 1)
@@ -576,6 +603,10 @@ class Loop:
         if r.kinds:
             lines.append("rollouts solved by kind: " + ", ".join(f"{k} {v['solved']}/{v['tried']}"
                                                                  for k, v in r.kinds.items()))
+        if r.guided:
+            by_calls = ", ".join(f"{n} with {k}" for k, n in r.guided["sessions_by_guided_calls"].items())
+            lines.append(f"guided: {r.guided['guided_groups']} of {r.guided['groups']} groups; sessions by guided "
+                         f"calls: {by_calls or 'none'}")
         if syncs:
             lines.append(f"weight sync: mean {sum(syncs) / len(syncs):.2f} s, max {max(syncs):.2f} s per step; "
                          f"train/inference mean |dlogprob| {sci(sum(mism) / len(mism) if mism else None)}")

@@ -101,6 +101,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kl", type=float, default=0.0, metavar="BETA",
                         help="add BETA times the KL divergence from the policy GRPO starts from (the warm start's) to "
                              "the loss, over the trained tokens (default 0: none)")
+    parser.add_argument("--guide", type=float, default=0.0, metavar="BELOW",
+                        help="guided prefixes: a group of a task the rollouts solve less than BELOW of the time has its "
+                             "first tool calls (all but the last) answered by the task's demonstration, as context "
+                             "never trained on, fewer as its pass rate rises (default 0: none)")
     parser.add_argument("--torch-threads", type=positive_int, metavar="N",
                         help=f"CPU threads for the trainer (default {TRAINER_THREADS}: vLLM's CPU build holds the other cores)")
 
@@ -131,7 +135,7 @@ def main(args: argparse.Namespace) -> int:
                           train_flat=args.train_flat, task_sampling=args.task_sampling,
                           explore=DEFAULT_EXPLORE if args.explore is None else args.explore,
                           group_size=args.group_size, advantage=args.advantage, flat_groups=args.flat_groups,
-                          kl=args.kl)
+                          kl=args.kl, guide=args.guide)
     result = run_loop(options)
     # a warm start is an update too: a run whose GRPO batches all lacked reward spread still trained
     return 0 if result.steps or result.warm else 1

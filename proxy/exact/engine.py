@@ -38,6 +38,7 @@ class ExactTokenEngine(ServedModelName):
     """Exact capture mode: the proxy renders and splices; the engine only sees token ids."""
 
     mode = "exact"
+    guide: EngineClient | None = None  # answers guided calls (CallState.guided; the proxy's ProxyConfig.guide_url)
 
     def __init__(self, client: EngineClient, fmt: ModelFormat, served_model: str | None = None,
                  max_sessions: int = 4096, verify_full: bool = False,
@@ -109,6 +110,13 @@ class ExactTokenEngine(ServedModelName):
         if limit is not None and len(spliced.prompt_ids) >= limit:
             raise context_overflow(len(spliced.prompt_ids), limit)
         body = self._body(conv, model, spliced.prompt_ids, limit, state.policy_version)
+        client = self.client
+        if state.guided:
+            if self.guide is None:
+                raise ProxyError("invalid_request", "a guided call, but this proxy has no guide engine")
+            # the guide serves its own model name: it is asked by none, and answers as its one model
+            client, body["model"] = self.guide, None
+            state.engine_model = None
         state.sampling = sampling_record(conv, body, self.job_sampling)
         state.logprobs_mode = self.logprobs_mode
         kinds = {t.name: t.kind for t in conv.tools}
@@ -118,7 +126,7 @@ class ExactTokenEngine(ServedModelName):
         finish: str | None = None
         raw: list[str] = []
         eot_text = self.fmt.family.end_of_turn
-        async for chunk in self.client.completions_stream(body):
+        async for chunk in client.completions_stream(body):
             if not started:
                 started = True
                 yield ("start", None)

@@ -76,6 +76,9 @@ class PodPlace:
         return self._folders
 
     def connect(self, plan: SessionPlan, deadline: float) -> SessionEndpoint:
+        if plan.guided_calls:
+            raise StageFailed("register", "error", f"the plan guides the first {plan.guided_calls} calls, but a harness "
+                              "pod's proxy sidecar has no guide engine (guided sessions run on the local driver)")
         base_url = self.pod.base_url.rstrip("/")
         problem = wait_for_proxy(base_url, min(PROXY_WAIT_S, max(1.0, deadline - time.monotonic())))
         if problem:

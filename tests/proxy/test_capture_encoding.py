@@ -113,3 +113,18 @@ def test_request_orjson_cannot_write_still_recorded(tmp_path) -> None:
     path = tmp_path / "s1.jsonl"
     path.write_bytes(encode_record_line(head, state, None))
     assert read_capture_log(path).records[0].request["seed"] == 2**70
+
+
+def test_a_guided_call_is_recorded_guided(tmp_path) -> None:
+    """A call the session's guide answered says so (CaptureRecord.guided); the others leave the field out."""
+    conv = OpenAIChat().parse(BODY)
+    for guided in (True, False):
+        state = state_for()
+        state.guided = guided
+        head = RecordHead(state, conv=conv, request=BODY, request_ref=None, headers={}, mode="exact",
+                          engine_url="http://guide:8000")
+        line = encode_record_line(head, state, None)
+        assert (b'"guided":true' in line) is guided and b'"guided":false' not in line
+        path = tmp_path / f"{guided}.jsonl"
+        path.write_bytes(line)
+        assert read_capture_log(path).records[0].guided is guided

@@ -289,3 +289,31 @@ def test_spans_carry_the_sampling_parameters_and_flagged_calls_are_not_trained_o
     (trace,) = table_to_traces(traces_to_table(result.traces))
     (span,) = trace.spans
     assert (span.call_id, span.temperature, span.top_p, span.top_k) == ("a", 0.7, None, 20)
+
+
+def test_a_guided_prefix_is_context_in_the_trace_never_a_trainable_token(tmp_path: Path) -> None:
+    """The guide answers the session's first two calls (CaptureRecord.guided): their completions stay in the trace as
+    what the policy's calls were conditioned on, with loss mask 0, no logprobs, no span and no policy version."""
+    s = SyntheticSession(tmp_path / "s.jsonl", "guided")
+    guide_1 = s.call(s.tokens(30), 6, guided=True)
+    guide_2 = s.call(s.extend(guide_1, s.tokens(5)), 7, parent=guide_1, guided=True)
+    policy_1 = s.call(s.extend(guide_2, s.tokens(4)), 9, parent=guide_2, policy_version=3)
+    policy_2 = s.call(s.extend(policy_1, s.tokens(4)), 5, parent=policy_1, policy_version=3)
+    s.close()
+    for builder in ("prefix-merge", "per-request"):
+        result = build_traces(tmp_path / "s.jsonl", builder=builder, session=SessionInfo(reward=1.0, group_id="g"))
+        sampled = [t for t in result.traces if t.spans]
+        assert [span.call_id for t in sampled for span in t.spans] == [policy_1.call_id, policy_2.call_id]
+        assert result.stats.trainable_tokens == 9 + 5
+        assert_fidelity(result.traces, s.records)
+        for t in result.traces:
+            versions = t.token_versions()
+            assert (versions[t.loss_mask == 0] == -1).all() and set(versions[t.loss_mask == 1].tolist()) <= {3}
+    merged = build_traces(tmp_path / "s.jsonl", session=SessionInfo(reward=1.0, group_id="g")).traces
+    assert len(merged) == 1
+    trace = merged[0]
+    guide_end = len(guide_2.prompt_ids) + len(guide_2.completion_ids)
+    np.testing.assert_array_equal(trace.tokens[:guide_end], guide_2.prompt_ids + guide_2.completion_ids)
+    assert not trace.loss_mask[:guide_end].any() and np.isnan(trace.logprobs[:guide_end]).all()
+    assert trace.spans[0].prompt_start == 0, "the policy's first call's context holds the guide's turns"
+    assert trace.policy_versions == [3, 3]

@@ -102,6 +102,10 @@ class CaptureRecord(BaseModel):
     # the engine's [{version, start, end}] spans over the output tokens, where it reports them (vLLM v0.33);
     # otherwise policy_version (taken when the call was admitted) is all there is
     weight_versions: list[dict[str, Any]] | None = None
+    # answered by the session's guide (a demonstration: the scripted engine playing the task's plan), not sampled by
+    # the policy: the trace builder makes its completion context (loss mask 0, no span, no policy version), never a
+    # trainable token; the calls after it are conditioned on it (a guided prefix, docs/training/real-harness.md)
+    guided: bool = False
 
 
 class CaptureLog(BaseModel):

@@ -41,6 +41,9 @@ class CreateSession(_Request):
     session_id: StrictStr | None = None
     secret: StrictStr | None = Field(default=None, min_length=16)  # as the proxy makes them: guessing one is out of reach
     metadata: dict[str, Any] | None = None
+    # the session's first N calls are answered by the proxy's guide engine (ProxyConfig.guide_url) and recorded
+    # `guided`: a guided prefix, context for the calls the policy answers after it
+    guided_calls: StrictInt = Field(default=0, ge=0)
 
 
 class Pause(_Request):
@@ -65,6 +68,7 @@ class ProxySession(_Answer):
     capture_path: str | None = None
     active: bool = False
     metadata: dict[str, Any] = Field(default_factory=dict)
+    guided_calls: int = 0  # as created: how many of its first calls the guide answers
 
 
 class RegisteredSession(ProxySession):

@@ -221,6 +221,10 @@ class SessionPlan(BaseModel):
     diagnostics: list[DiagnosticSpec] | None = None
     policy_version: int | None = None  # the job's policy version (off-policy lag reference)
     attempt: int = 0  # 0, then 1.. for each retry (spec.maxRetries) of the same session
+    # a guided prefix (tracefleet train --guide): the session's first N model calls answered by the proxy's guide
+    # engine, the task's demonstration, as context the policy continues from; never a trainable token. Set by the
+    # trainer on the local driver, whose proxy has the guide; a harness pod's sidecar has none and refuses it.
+    guided_calls: int = Field(default=0, ge=0)
 
     def at(self, job_dir: Path) -> SessionPlan:
         """The plan settled where it runs: relative task paths and `{job_dir}` in the harness command are the job
