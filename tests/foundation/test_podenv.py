@@ -204,3 +204,18 @@ def test_a_plan_from_a_newer_operator_is_refused_by_name(job: RolloutJob, tmp_pa
         HarnessEnv.from_env(env)
     assert str(err.value).startswith(f"the plan in {tmp_path}: sandbox_profile: not in this image's SessionPlan")
     assert "\n" not in str(err.value)
+
+
+def test_a_harness_pod_refuses_a_guided_plan(job: RolloutJob, tmp_path: Path) -> None:
+    """A pod's proxy sidecar has no guide engine (tracefleet.trainer.guide runs on the local driver): a plan that
+    guides its first calls fails at registration with the reason, never runs unguided as if it were guided."""
+    from tracefleet.runner.pod.harness_pod import PodPlace
+    from tracefleet.runner.session import StageFailed
+
+    plan = plans(job)[0].model_copy(update={"guided_calls": 1})
+    env = pod_inputs(HarnessEnv(plan=plan, base_url="http://127.0.0.1:1", api_key="k"), tmp_path)
+    place = PodPlace(env)
+    assert place.plan.guided_calls == 1  # the field travels in the pod's plan
+    with pytest.raises(StageFailed, match="has no guide engine") as err:
+        place.connect(place.plan, deadline=0.0)
+    assert err.value.stage == "register"
