@@ -169,7 +169,7 @@ class Proxy:
         del raw
         head = RecordHead(state, conv=conv, request=body, request_ref=request_ref, headers=kept_headers(scope["headers"]),
                           mode=self.engine.mode,
-                          engine_url=self.config.guide_url if state.guided and self.config.guide_url else self.config.engine_url)
+                          engine_url=self.config.guide_url if state.guided else self.config.engine_url)
         ctx = CallContext(session, dialect, conv, head, state)
         asyncio.get_running_loop().call_soon(precompute_head, head)
         if conv.stream:

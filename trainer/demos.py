@@ -52,29 +52,38 @@ def demo_tasks(job: Any, base_dir: Path, count: int) -> list[Any]:
     return tasks
 
 
+def start_script_engine(job: Any, tasks: list[Any], script_path: Path, log: Path,
+                        script: dict[str, Any] | None = None) -> Any:
+    """The scripted engine playing a correct agent on `tasks` (TaskSpec) in the job's harness (`demo_script`, or
+    `script`), its script written at `script_path`: the demonstrations' engine, and the guide's
+    (tracefleet.trainer.guide)."""
+    from tracefleet.contract.plan import harness_config
+    from tracefleet.runner.services import start_cpu_engine
+    from tracefleet.trainer.filetasks import demo_script, task_of
+    from tracefleet.trainer.jobs import trained_model
+
+    if script is None:
+        script = demo_script([task_of(t.metadata or {}, t.id, t.prompt) for t in tasks], harness_config(job).preset)
+    script_path.write_text(json.dumps(script))
+    return start_cpu_engine(trained_model(job), log, backend="scripted", extra_args=["--script", str(script_path)])
+
+
 def record(job_path: Path, out: Path, count: int, *, parallelism: int | None = None, script: dict[str, Any] | None = None,
            err: TextIO = sys.stderr) -> DemoSet:
     """Record `count` demonstrations of the job's first tasks through its harness into `out`/batches (`script`:
     the scripted engine's, instead of the correct agent's `demo_script`)."""
     from tracefleet.api.manifest import load_job
-    from tracefleet.contract.plan import harness_config
     from tracefleet.runner.local import LocalOptions, LocalRun
-    from tracefleet.runner.services import start_cpu_engine
-    from tracefleet.trainer.filetasks import demo_script, task_of
-    from tracefleet.trainer.jobs import trained_model, with_tasks
+    from tracefleet.trainer.jobs import with_tasks
 
     job = load_job(job_path)
     base_dir = job_path.resolve().parent
     tasks = demo_tasks(job, base_dir, count)
-    if script is None:
-        script = demo_script([task_of(t.metadata or {}, t.id, t.prompt) for t in tasks], harness_config(job).preset)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "script.json").write_text(json.dumps(script))
     name = f"{job.name}{DEMO_SUFFIX}"
     demo_job = with_tasks(job, tasks, 1, DEMO_TRACES_PER_BATCH, name=name)
     t0 = time.monotonic()
-    engine = start_cpu_engine(trained_model(job), out / "scripted-engine.log", backend="scripted",
-                              extra_args=["--script", str(out / "script.json")])
+    engine = start_script_engine(job, tasks, out / "script.json", out / "scripted-engine.log", script)
     try:
         with open(out / "record.log", "a") as log:
             run = LocalRun(LocalOptions(job_path=job_path, output=str(out / "batches"), engine_url=engine.url,

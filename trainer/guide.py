@@ -23,7 +23,6 @@ sets are never guided.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,14 +87,9 @@ class Guide:
 
     def start(self, run_dir: Path) -> str:
         """Start the guide engine; its URL (for the rollouts' proxy)."""
-        from tracefleet.runner.services import start_cpu_engine
-        from tracefleet.trainer.filetasks import demo_script, task_of
-        from tracefleet.trainer.jobs import trained_model
+        from tracefleet.trainer.demos import start_script_engine
 
-        script = demo_script([task_of(t.metadata or {}, t.id, t.prompt) for t in self.tasks], self.preset)
-        (run_dir / GUIDE_SCRIPT).write_text(json.dumps(script))
-        self.engine = start_cpu_engine(trained_model(self.job), run_dir / GUIDE_ENGINE_LOG, backend="scripted",
-                                       extra_args=["--script", str(run_dir / GUIDE_SCRIPT)])
+        self.engine = start_script_engine(self.job, self.tasks, run_dir / GUIDE_SCRIPT, run_dir / GUIDE_ENGINE_LOG)
         return str(self.engine.url)
 
     def stop(self) -> None:
