@@ -44,6 +44,7 @@ from tracefleet.trainer.loop import (
     DEFAULT_EPOCHS,
     DEFAULT_LR,
     DEFAULT_TRAIN_LAYERS,
+    DEFAULT_WARM_LAYERS,
     DEFAULT_WARM_EPOCHS,
     DEFAULT_WARM_LR,
     LoopOptions,
@@ -51,7 +52,9 @@ from tracefleet.trainer.loop import (
     ADVANTAGES,
     FLAT_GROUPS,
     fmt,
+    layers_text,
     run_loop,
+    warm_layers_option,
 )
 from tracefleet.trainer.scores import CHECKPOINTS, SetScores, line, mean_se, paired_gain
 from tracefleet.trainer.task_sampler import DEFAULT_EXPLORE, TASK_SAMPLINGS
@@ -193,6 +196,8 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=DEFAULT_LR)
     p.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
     p.add_argument("--train-layers", type=int, default=DEFAULT_TRAIN_LAYERS)
+    p.add_argument("--warm-layers", type=int, help=f"the warm start's top N layers (0: every layer; default "
+                   f"{DEFAULT_WARM_LAYERS})")
     p.add_argument("--max-lag", type=int, default=1)
     p.add_argument("--traces-per-step", type=int)
     p.add_argument("--score-limit", type=int, help="held-out (and train) tasks scored (default: all 50)")
@@ -257,7 +262,8 @@ def main() -> int:
     rows = []
     try:
         for seed in a.seeds:
-            print(f"--- seed {seed}: {a.demos} demonstrations, warm start {a.warm_epochs} epochs at {a.warm_lr:g}, "
+            print(f"--- seed {seed}: {a.demos} demonstrations, warm start {a.warm_epochs} epochs at {a.warm_lr:g} "
+                  f"on {layers_text(warm_layers_option(a.warm_layers))}, "
                   f"GRPO {a.minutes:g} min at {a.lr:g}; tasks in {a.task_sampling}, groups of "
                   f"{a.group_size or 'the job'}, advantage {a.advantage}, flat groups {a.flat_groups}, KL {a.kl:g}, guide "
                   f"{a.guide:g}", flush=True)
@@ -266,6 +272,7 @@ def main() -> int:
                                      output=out / f"seed-{seed}", engine_url=url, held_out=a.held_out,
                                      train_layers=a.train_layers or None, epochs=a.epochs, demos=a.demos,
                                      warm_epochs=a.warm_epochs, warm_lr=a.warm_lr, score_limit=a.score_limit,
+                                     warm_layers=warm_layers_option(a.warm_layers),
                                      score_train=a.score_train, train_flat=a.train_flat,
                                      task_sampling=a.task_sampling, explore=a.explore, group_size=a.group_size,
                                      advantage=a.advantage, flat_groups=a.flat_groups, kl=a.kl, guide=a.guide))

@@ -70,15 +70,23 @@ def load_policy(model_dir: str | Path, train_layers: int | None = None) -> Any:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    if getattr(model.config, "tie_word_embeddings", False):
-        model.get_input_embeddings().weight.requires_grad_(False)
-    if train_layers is not None:
-        layers = model.base_model.layers
-        keep = {f"layers.{i}." for i in range(max(0, len(layers) - train_layers), len(layers))}
-        for name, param in model.named_parameters():
-            if not (any(k in name for k in keep) or name.endswith("model.norm.weight")):
-                param.requires_grad_(False)
+    train_top(model, train_layers)
     model.train()
+    return model
+
+
+def train_top(model: Any, layers: int | None) -> Any:
+    """`model` with only its top `layers` decoder layers and the final norm trained (None: every parameter), the
+    tied embedding frozen either way (load_policy). Set again on a trained model, it changes which tensors the
+    next steps train and a checkpoint holds: the warm start may train more layers than GRPO's steps (--warm-layers),
+    whose checkpoints then carry only their own layers, the engine keeping the warm start's below them."""
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    stack = model.base_model.layers
+    keep = None if layers is None else {f"layers.{i}." for i in range(max(0, len(stack) - layers), len(stack))}
+    embedding = model.get_input_embeddings().weight
+    for name, param in model.named_parameters():
+        trained = keep is None or any(k in name for k in keep) or name.endswith("model.norm.weight")
+        param.requires_grad_(trained and not (tied and param is embedding))
     return model
 
 

@@ -58,9 +58,14 @@ POLL_S = 1.0
 DEFAULT_TRAIN_LAYERS = 4
 ENGINE_ABORTED_KIND = "engine_aborted"  # a capture record's error kind when the engine aborted the call (proxy.errors)
 PRODUCER_STOP_S = 120.0
-# The supervised warm start on demonstrations (tracefleet.trainer.demos): passes over them and AdamW's rate.
-DEFAULT_WARM_EPOCHS = 4
+# The supervised warm start on demonstrations (tracefleet.trainer.demos): passes over them and AdamW's rate. Two
+# passes on DEFAULT_WARM_LAYERS take about what four took on the top 4 (docs/training/real-harness.md).
+DEFAULT_WARM_EPOCHS = 2
 DEFAULT_WARM_LR = 5e-4
+# The warm start's top decoder layers (--warm-layers): more than GRPO's steps train, because copying the task's
+# file names and text into the tool calls is what the top 4 alone did not learn (docs/training/real-harness.md,
+# "A deeper warm start": held-out 0.28-0.36 on 4 layers, 0.68-0.74 on 12, the same demonstrations and seed).
+DEFAULT_WARM_LAYERS = 12
 # What bench/loop.py measured learning on the quickstart's tasks within 20 minutes on 2 cores (docs/performance.md,
 # "The loop"): AdamW at 1e-4 on the top 4 layers, two passes over each batch.
 DEFAULT_LR = 1e-4
@@ -97,6 +102,7 @@ class LoopOptions:
     parallelism: int | None = None
     torch_threads: int | None = None
     train_layers: int | None = DEFAULT_TRAIN_LAYERS  # None: every layer
+    warm_layers: int | None = DEFAULT_WARM_LAYERS  # the warm start's top N layers (None: every layer)
     epochs: int = DEFAULT_EPOCHS  # optimizer updates per batch (grpo_step)
     demos: int | None = None  # record this many demonstrations through the job's harness, then warm-start on them
     warm_start: Path | None = None  # or warm-start on demonstrations recorded before (tracefleet.trainer.demos)
@@ -146,6 +152,15 @@ class LoopResult:
         if len(rewards) < 2:
             return None, None
         return sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
+
+
+def warm_layers_option(flag: int | None) -> int | None:
+    """`--warm-layers N` (CLI and bench) as LoopOptions.warm_layers: unset DEFAULT_WARM_LAYERS, 0 every layer (None)."""
+    return DEFAULT_WARM_LAYERS if flag is None else flag or None
+
+
+def layers_text(layers: int | None) -> str:
+    return "every layer" if layers is None else f"the top {layers} layers"
 
 
 def fmt(value: float | None, digits: int = 2) -> str:
@@ -409,16 +424,18 @@ class Loop:
         from tracefleet.traces import BatchReader
         from tracefleet.traces.reader import take_rows
         from tracefleet.trainer.control import update_policy
-        from tracefleet.trainer.grpo import grpo_step, load_policy, reference_weights, save_weights, trainable
+        from tracefleet.trainer.grpo import grpo_step, load_policy, reference_weights, save_weights, train_top, trainable
 
         o = self.o
         torch.manual_seed(o.seed)
         torch.set_num_threads(o.torch_threads or TRAINER_THREADS)
         self._score(engine_url, run_dir, result, "before", 0)
-        policy = load_policy(model_dir, o.train_layers)
+        warm = o.demos or o.warm_start
+        policy = load_policy(model_dir, o.warm_layers if warm else o.train_layers)
         version, demonstrated = 0, frozenset()
-        if o.demos or o.warm_start:
+        if warm:
             version, demonstrated = self._warm_start(policy, engine_url, run_dir, result)
+            train_top(policy, o.train_layers)  # GRPO's layers; the engine keeps the warm start's below them
             self._score(engine_url, run_dir, result, "warm", version)
         optimizer = torch.optim.AdamW(trainable(policy), lr=o.lr)
         reference = reference_weights(policy) if o.kl else None  # the policy GRPO starts from: the warm start's
@@ -432,7 +449,7 @@ class Loop:
         picks = o.task_sampling == "spread" or guide is not None
         rollouts = Rollouts(o.job_path, loop_job, engine_url, bucket, run_dir / "work", o.parallelism,
                             run_dir / "rollouts.log", sampler if picks else None, guide, guide_url).start()
-        layers = "every layer" if o.train_layers is None else f"the top {o.train_layers} layers"
+        layers = layers_text(o.train_layers)
         self.say(f"rollouts running ({run_dir / 'rollouts.log'}); training {layers} for {o.iterations} steps"
                  f"{f' or {o.minutes:g} min' if o.minutes else ''}, lr {o.lr:g}, staleness bound {o.max_lag}; "
                  f"groups of {group_size}, tasks in {o.task_sampling}, advantage {o.advantage}, flat groups "
@@ -567,14 +584,17 @@ class Loop:
         else:
             found = demos.find(o.warm_start)  # type: ignore[arg-type]
         t, demonstrated = demos.tensors(found), demos.task_ids(found)
+        layers = o.warm_layers
         self.say(f"warm start on {int(t['input_ids'].shape[0])} demonstrations "
-                 f"({int(t['loss_mask'].sum())} sampled tokens), {o.warm_epochs} epochs, lr {o.warm_lr:g} ...")
+                 f"({int(t['loss_mask'].sum())} sampled tokens), {o.warm_epochs} epochs, lr {o.warm_lr:g}, "
+                 f"{layers_text(layers)} ...")
         t_sft = time.monotonic()
         stats = sft(policy, torch.optim.AdamW(trainable(policy), lr=o.warm_lr), t, epochs=o.warm_epochs,
                     seed=o.seed, log=self.say)
         sft_s = time.monotonic() - t_sft
         report = update_policy([engine_url], save_weights(policy, run_dir / "checkpoints" / "policy-1"), 1)
         result.warm.update(demos=stats["rows"], tokens=stats["tokens"], epochs=stats["epochs"], nll=stats["nll"],
+                           layers=layers,
                            sft_s=round(sft_s, 1), sync_s=round(report.seconds, 3),
                            seconds=round(time.monotonic() - t0, 1))
         with open(run_dir / "warm-start.json", "w") as f:
@@ -592,8 +612,8 @@ class Loop:
         ]
         if r.warm:
             lines.append(f"warm start: {r.warm['demos']} demonstrations, {r.warm['tokens']} tokens, NLL per token "
-                         f"{' -> '.join(f'{x:.3f}' for x in r.warm['nll'])} over {r.warm['epochs']} epochs "
-                         f"({r.warm['seconds']:.0f} s in all)")
+                         f"{' -> '.join(f'{x:.3f}' for x in r.warm['nll'])} over {r.warm['epochs']} epochs on "
+                         f"{layers_text(r.warm['layers'])} ({r.warm['seconds']:.0f} s in all)")
         for name, scores in r.scores.items():
             what = "train" if name == "train" else f"held-out ({name})"
             warm = f", {score_line(scores.point('warm'))} after the warm start" if r.warm else ""

@@ -11,10 +11,12 @@ from tracefleet.trainer.loop import (
     DEFAULT_EPOCHS,
     DEFAULT_LR,
     DEFAULT_TRAIN_LAYERS,
+    DEFAULT_WARM_LAYERS,
     DEFAULT_WARM_EPOCHS,
     DEFAULT_WARM_LR,
     FLAT_GROUPS,
     TRAINER_THREADS,
+    warm_layers_option,
 )
 from tracefleet.trainer.task_sampler import DEFAULT_EXPLORE, TASK_SAMPLINGS
 from tracefleet.usage import UsageError, positive_int
@@ -76,6 +78,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                       help="warm-start on demonstrations recorded before (python -m tracefleet.trainer.demos)")
     parser.add_argument("--warm-epochs", type=positive_int, default=DEFAULT_WARM_EPOCHS, metavar="N",
                         help=f"passes over the demonstrations (default {DEFAULT_WARM_EPOCHS})")
+    parser.add_argument("--warm-layers", type=int, metavar="N",
+                        help=f"the warm start trains the top N decoder layers (default {DEFAULT_WARM_LAYERS}; 0: every layer), "
+                             "GRPO's steps then the top --train-layers")
     parser.add_argument("--warm-lr", type=float, default=DEFAULT_WARM_LR,
                         help=f"the warm start's AdamW learning rate (default {DEFAULT_WARM_LR:g})")
     parser.add_argument("--score-limit", type=positive_int, metavar="N",
@@ -114,6 +119,10 @@ def main(args: argparse.Namespace) -> int:
 
     if args.train_layers < 0:
         raise UsageError("--train-layers must be 0 (every layer) or more")
+    if args.warm_layers is not None and args.warm_layers < 0:
+        raise UsageError("--warm-layers must be 0 (every layer) or more")
+    if args.warm_layers is not None and not (args.demos or args.warm_start):
+        raise UsageError("--warm-layers applies to a warm start: give --demos or --warm-start")
     if args.max_lag < 0:
         raise UsageError("--max-lag must be 0 or more")
     if args.warm_start is not None and not args.warm_start.is_dir():
@@ -131,6 +140,7 @@ def main(args: argparse.Namespace) -> int:
                           parallelism=args.parallelism, torch_threads=args.torch_threads,
                           train_layers=args.train_layers or None, epochs=args.epochs, demos=args.demos,
                           warm_start=args.warm_start, warm_epochs=args.warm_epochs, warm_lr=args.warm_lr,
+                          warm_layers=warm_layers_option(args.warm_layers),
                           score_limit=args.score_limit, score_train=max(0, args.score_train),
                           train_flat=args.train_flat, task_sampling=args.task_sampling,
                           explore=DEFAULT_EXPLORE if args.explore is None else args.explore,

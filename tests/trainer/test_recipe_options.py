@@ -41,6 +41,8 @@ def test_the_options_refuse_what_they_cannot_mean_in_one_line(capsys: Any) -> No
         (["--kl", "-0.1"], "--kl must be 0 (no penalty) or more"),
         (["--guide", "-0.2"], "--guide must be 0 (no guide) or a pass rate up to 1"),
         (["--guide", "1.5"], "--guide must be a pass rate in (0, 1]"),
+        (["--demos", "4", "--warm-layers", "-1"], "--warm-layers must be 0 (every layer) or more"),
+        (["--warm-layers", "8"], "--warm-layers applies to a warm start: give --demos or --warm-start"),
     ]
     for extra, message in cases:
         capsys.readouterr()
