@@ -584,17 +584,16 @@ class Loop:
         else:
             found = demos.find(o.warm_start)  # type: ignore[arg-type]
         t, demonstrated = demos.tensors(found), demos.task_ids(found)
-        layers = o.warm_layers
         self.say(f"warm start on {int(t['input_ids'].shape[0])} demonstrations "
                  f"({int(t['loss_mask'].sum())} sampled tokens), {o.warm_epochs} epochs, lr {o.warm_lr:g}, "
-                 f"{layers_text(layers)} ...")
+                 f"{layers_text(o.warm_layers)} ...")
         t_sft = time.monotonic()
         stats = sft(policy, torch.optim.AdamW(trainable(policy), lr=o.warm_lr), t, epochs=o.warm_epochs,
                     seed=o.seed, log=self.say)
         sft_s = time.monotonic() - t_sft
         report = update_policy([engine_url], save_weights(policy, run_dir / "checkpoints" / "policy-1"), 1)
         result.warm.update(demos=stats["rows"], tokens=stats["tokens"], epochs=stats["epochs"], nll=stats["nll"],
-                           layers=layers,
+                           layers=o.warm_layers,
                            sft_s=round(sft_s, 1), sync_s=round(report.seconds, 3),
                            seconds=round(time.monotonic() - t0, 1))
         with open(run_dir / "warm-start.json", "w") as f:
