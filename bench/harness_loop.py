@@ -1,7 +1,7 @@
 """Bench: training through a real harness (Pi) with `tracefleet train`, the whole recipe over seeds.
 
     .venv/bin/python bench/harness_loop.py [--seeds 0 1 2] [--minutes 20] [--demos 64] [--warm-epochs 3]
-        [--score-limit 50] [--score-train 24] [--base-sample 8] [--base-models gemma3-270m]
+        [--warm-schedule linear] [--score-limit 50] [--score-train 24] [--base-sample 8] [--base-models gemma3-270m]
         [--base-presets codex] [--base-context 8192] [--train-flat] [--task-sampling spread] [--explore 0.25]
         [--group-size 2] [--advantage dr-grpo] [--flat-groups drop] [--kl 0.05] [--guide 0.3]
         [--job examples/harness-train/job.yaml]
@@ -47,10 +47,12 @@ from tracefleet.trainer.loop import (
     DEFAULT_WARM_LAYERS,
     DEFAULT_WARM_EPOCHS,
     DEFAULT_WARM_LR,
+    DEFAULT_WARM_SCHEDULE,
     LoopOptions,
     LoopResult,
     ADVANTAGES,
     FLAT_GROUPS,
+    WARM_SCHEDULES,
     fmt,
     layers_text,
     run_loop,
@@ -193,6 +195,7 @@ def main() -> int:
     p.add_argument("--demos", type=int, default=64)
     p.add_argument("--warm-epochs", type=int, default=DEFAULT_WARM_EPOCHS)
     p.add_argument("--warm-lr", type=float, default=DEFAULT_WARM_LR)
+    p.add_argument("--warm-schedule", choices=WARM_SCHEDULES, default=DEFAULT_WARM_SCHEDULE)
     p.add_argument("--lr", type=float, default=DEFAULT_LR)
     p.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
     p.add_argument("--train-layers", type=int, default=DEFAULT_TRAIN_LAYERS)
@@ -263,6 +266,7 @@ def main() -> int:
     try:
         for seed in a.seeds:
             print(f"--- seed {seed}: {a.demos} demonstrations, warm start {a.warm_epochs} epochs at {a.warm_lr:g} "
+                  f"({a.warm_schedule}) "
                   f"on {layers_text(warm_layers_option(a.warm_layers))}, "
                   f"GRPO {a.minutes:g} min at {a.lr:g}; tasks in {a.task_sampling}, groups of "
                   f"{a.group_size or 'the job'}, advantage {a.advantage}, flat groups {a.flat_groups}, KL {a.kl:g}, guide "
@@ -272,7 +276,7 @@ def main() -> int:
                                      output=out / f"seed-{seed}", engine_url=url, held_out=a.held_out,
                                      train_layers=a.train_layers or None, epochs=a.epochs, demos=a.demos,
                                      warm_epochs=a.warm_epochs, warm_lr=a.warm_lr, score_limit=a.score_limit,
-                                     warm_layers=warm_layers_option(a.warm_layers),
+                                     warm_layers=warm_layers_option(a.warm_layers), warm_schedule=a.warm_schedule,
                                      score_train=a.score_train, train_flat=a.train_flat,
                                      task_sampling=a.task_sampling, explore=a.explore, group_size=a.group_size,
                                      advantage=a.advantage, flat_groups=a.flat_groups, kl=a.kl, guide=a.guide))

@@ -300,12 +300,13 @@ def holding(model: Any, weights: dict[str, torch.Tensor]) -> Iterator[None]:
 
 
 def sft(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor], *, epochs: int = 3,
-        rows_per_update: int = 2, seed: int = 0, log: Any = None) -> dict[str, Any]:
+        rows_per_update: int = 2, seed: int = 0, decay: bool = False, log: Any = None) -> dict[str, Any]:
     """Supervised warm start on demonstrations (the reader's tensors of their traces): the negative log-likelihood
     of the tokens the loss mask marks (the completions the engine sampled; the harness's text and the tool results
     are context only), at temperature 1, averaged per token over `rows_per_update` rows per optimizer update.
     Each row is run at its own length, its frozen layers once for every epoch (frozen_prefix, SFT_PREFIX_ROWS rows
-    at a time, so their shared prompt runs once). Returns the mean
+    at a time, so their shared prompt runs once). `decay`: the optimizer's learning rate falls linearly to 0 over
+    the updates of all epochs (else it stays). Returns the mean
     NLL per token of each epoch (`nll`, measured while training) and what was trained on."""
     if epochs < 1:
         raise ValueError("epochs must be at least 1")
@@ -321,6 +322,8 @@ def sft(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor]
     if not rows:
         raise ValueError("no demonstration has a trainable token")
     order = torch.Generator().manual_seed(seed)
+    updates = epochs * -(-len(rows) // rows_per_update)
+    rate = torch.optim.lr_scheduler.LambdaLR(optimizer, (lambda k: 1.0 - k / updates) if decay else (lambda k: 1.0))
     nll: list[float] = []
     for epoch in range(epochs):
         total = count = 0.0
@@ -335,6 +338,7 @@ def sft(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor]
                 loss.backward()
                 total += float(-(lp.detach() * mask).sum())
             optimizer.step()
+            rate.step()
             count += n
         nll.append(total / count)
         if log is not None:

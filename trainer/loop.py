@@ -66,6 +66,12 @@ DEFAULT_WARM_LR = 5e-4
 # file names and text into the tool calls is what the top 4 alone did not learn (docs/training/real-harness.md,
 # "A deeper warm start": held-out 0.28-0.36 on 4 layers, 0.68-0.74 on 12, the same demonstrations and seed).
 DEFAULT_WARM_LAYERS = 12
+# The warm start's learning rate over its updates: `constant` holds it, `linear` decays it to 0 (grpo.sft's decay).
+# Which tool the policy's first call picks is set by the shuffle's last updates with either, and linear scored lower
+# on the seed scored (docs/training/real-harness.md, "What sets the first call's tool"), so the rate stays constant.
+WarmSchedule = Literal["constant", "linear"]
+WARM_SCHEDULES: tuple[WarmSchedule, ...] = ("constant", "linear")
+DEFAULT_WARM_SCHEDULE: WarmSchedule = "constant"
 # What bench/loop.py measured learning on the quickstart's tasks within 20 minutes on 2 cores (docs/performance.md,
 # "The loop"): AdamW at 1e-4 on the top 4 layers, two passes over each batch.
 DEFAULT_LR = 1e-4
@@ -108,6 +114,7 @@ class LoopOptions:
     warm_start: Path | None = None  # or warm-start on demonstrations recorded before (tracefleet.trainer.demos)
     warm_epochs: int = DEFAULT_WARM_EPOCHS
     warm_lr: float = DEFAULT_WARM_LR
+    warm_schedule: WarmSchedule = DEFAULT_WARM_SCHEDULE
     score_limit: int | None = None  # score at most this many tasks of each scored set (held-out, train)
     score_train: int = 0  # also score this many of the job's own tasks (the last ones, one sample each)
     train_flat: bool = False  # also update on a batch in which no group has reward spread (a zero gradient)
@@ -585,15 +592,16 @@ class Loop:
             found = demos.find(o.warm_start)  # type: ignore[arg-type]
         t, demonstrated = demos.tensors(found), demos.task_ids(found)
         self.say(f"warm start on {int(t['input_ids'].shape[0])} demonstrations "
-                 f"({int(t['loss_mask'].sum())} sampled tokens), {o.warm_epochs} epochs, lr {o.warm_lr:g}, "
+                 f"({int(t['loss_mask'].sum())} sampled tokens), {o.warm_epochs} epochs, lr {o.warm_lr:g} "
+                 f"({o.warm_schedule}), "
                  f"{layers_text(o.warm_layers)} ...")
         t_sft = time.monotonic()
         stats = sft(policy, torch.optim.AdamW(trainable(policy), lr=o.warm_lr), t, epochs=o.warm_epochs,
-                    seed=o.seed, log=self.say)
+                    seed=o.seed, decay=o.warm_schedule == "linear", log=self.say)
         sft_s = time.monotonic() - t_sft
         report = update_policy([engine_url], save_weights(policy, run_dir / "checkpoints" / "policy-1"), 1)
         result.warm.update(demos=stats["rows"], tokens=stats["tokens"], epochs=stats["epochs"], nll=stats["nll"],
-                           layers=o.warm_layers,
+                           layers=o.warm_layers, schedule=o.warm_schedule,
                            sft_s=round(sft_s, 1), sync_s=round(report.seconds, 3),
                            seconds=round(time.monotonic() - t0, 1))
         with open(run_dir / "warm-start.json", "w") as f:
@@ -611,8 +619,8 @@ class Loop:
         ]
         if r.warm:
             lines.append(f"warm start: {r.warm['demos']} demonstrations, {r.warm['tokens']} tokens, NLL per token "
-                         f"{' -> '.join(f'{x:.3f}' for x in r.warm['nll'])} over {r.warm['epochs']} epochs on "
-                         f"{layers_text(r.warm['layers'])} ({r.warm['seconds']:.0f} s in all)")
+                         f"{' -> '.join(f'{x:.3f}' for x in r.warm['nll'])} over {r.warm['epochs']} epochs "
+                         f"({r.warm['schedule']} rate) on {layers_text(r.warm['layers'])} ({r.warm['seconds']:.0f} s in all)")
         for name, scores in r.scores.items():
             what = "train" if name == "train" else f"held-out ({name})"
             warm = f", {score_line(scores.point('warm'))} after the warm start" if r.warm else ""

@@ -14,8 +14,10 @@ from tracefleet.trainer.loop import (
     DEFAULT_WARM_LAYERS,
     DEFAULT_WARM_EPOCHS,
     DEFAULT_WARM_LR,
+    DEFAULT_WARM_SCHEDULE,
     FLAT_GROUPS,
     TRAINER_THREADS,
+    WARM_SCHEDULES,
     warm_layers_option,
 )
 from tracefleet.trainer.task_sampler import DEFAULT_EXPLORE, TASK_SAMPLINGS
@@ -83,6 +85,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "GRPO's steps then the top --train-layers")
     parser.add_argument("--warm-lr", type=float, default=DEFAULT_WARM_LR,
                         help=f"the warm start's AdamW learning rate (default {DEFAULT_WARM_LR:g})")
+    parser.add_argument("--warm-schedule", choices=WARM_SCHEDULES,
+                        help=f"the warm start's learning rate over its updates: constant, or linear (decayed to 0 by "
+                             f"the last update) (default {DEFAULT_WARM_SCHEDULE})")
     parser.add_argument("--score-limit", type=positive_int, metavar="N",
                         help="score at most N tasks of the held-out job (and of --score-train)")
     parser.add_argument("--score-train", type=int, default=0, metavar="N",
@@ -121,8 +126,9 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError("--train-layers must be 0 (every layer) or more")
     if args.warm_layers is not None and args.warm_layers < 0:
         raise UsageError("--warm-layers must be 0 (every layer) or more")
-    if args.warm_layers is not None and not (args.demos or args.warm_start):
-        raise UsageError("--warm-layers applies to a warm start: give --demos or --warm-start")
+    for flag, value in (("--warm-layers", args.warm_layers), ("--warm-schedule", args.warm_schedule)):
+        if value is not None and not (args.demos or args.warm_start):
+            raise UsageError(f"{flag} applies to a warm start: give --demos or --warm-start")
     if args.max_lag < 0:
         raise UsageError("--max-lag must be 0 or more")
     if args.warm_start is not None and not args.warm_start.is_dir():
@@ -141,6 +147,7 @@ def main(args: argparse.Namespace) -> int:
                           train_layers=args.train_layers or None, epochs=args.epochs, demos=args.demos,
                           warm_start=args.warm_start, warm_epochs=args.warm_epochs, warm_lr=args.warm_lr,
                           warm_layers=warm_layers_option(args.warm_layers),
+                          warm_schedule=args.warm_schedule or DEFAULT_WARM_SCHEDULE,
                           score_limit=args.score_limit, score_train=max(0, args.score_train),
                           train_flat=args.train_flat, task_sampling=args.task_sampling,
                           explore=DEFAULT_EXPLORE if args.explore is None else args.explore,

@@ -43,6 +43,8 @@ def test_the_options_refuse_what_they_cannot_mean_in_one_line(capsys: Any) -> No
         (["--guide", "1.5"], "--guide must be a pass rate in (0, 1]"),
         (["--demos", "4", "--warm-layers", "-1"], "--warm-layers must be 0 (every layer) or more"),
         (["--warm-layers", "8"], "--warm-layers applies to a warm start: give --demos or --warm-start"),
+        (["--warm-schedule", "linear"], "--warm-schedule applies to a warm start: give --demos or --warm-start"),
+        (["--demos", "4", "--warm-schedule", "cosine"], "invalid choice: 'cosine'"),
     ]
     for extra, message in cases:
         capsys.readouterr()

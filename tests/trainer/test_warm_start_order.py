@@ -1,10 +1,12 @@
 """The warm start is a function of the demonstrations and the seed, not of the order their sessions finished in:
 the same sealed demonstrations, sealed in another order and split into other batches (as two recordings of the
 same tasks seal them), give the same rows in the same order (tracefleet.trainer.demos.tensors), and the same
-seed then trains them to the same NLL and the same weights (tracefleet.trainer.grpo.sft)."""
+seed then trains them to the same NLL and the same weights (tracefleet.trainer.grpo.sft). With `decay` (`--warm-schedule
+linear`) its learning rate falls linearly to 0 over the updates of all its epochs."""
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -45,3 +47,15 @@ def test_demonstrations_sealed_in_another_order_give_the_same_warm_start(tmp_pat
         trained.append((stats["nll"], torch.cat([p.detach().flatten() for p in trainable(policy)])))
     assert trained[0][0] == trained[1][0]
     assert torch.equal(trained[0][1], trained[1][1])
+
+
+def test_a_decayed_warm_start_brings_its_rate_down_to_nothing_over_every_epoch(tmp_path: Path) -> None:
+    t = demos.tensors(sealed(tmp_path, 1, 8))
+    updates = 2 * math.ceil(int(t["input_ids"].shape[0]) / 2)  # two epochs of two rows an update
+    for decay, expected in ((True, [0.01 * (1 - k / updates) for k in range(updates)]), (False, [0.01] * updates)):
+        policy = tiny_policy(VOCAB)
+        optimizer = torch.optim.AdamW(trainable(policy), lr=0.01)
+        rates: list[float] = []
+        optimizer.register_step_pre_hook(lambda opt, args, kwargs, _rates=rates: _rates.append(opt.param_groups[0]["lr"]))
+        sft(policy, optimizer, t, epochs=2, rows_per_update=2, seed=3, decay=decay)
+        assert rates == pytest.approx(expected), decay
