@@ -29,6 +29,8 @@ from tracefleet.operator.status import REASON_CHILD_REJECTED, WARNING, failed_st
 
 log = logging.getLogger(__name__)
 
+TIMER_EXIT_POLL_S = 1.0  # how often kopf looks whether a deleted job's timer has exited (its finalizer waits)
+
 
 @dataclass
 class OperatorState:
@@ -49,6 +51,29 @@ def run_pass(reconciler: Reconciler, body: Any) -> Result:
         return Result(status=status, events=events)
 
 
+def configure_settings(settings: kopf.OperatorSettings) -> None:
+    """kopf's settings for this operator (its startup activity)."""
+    settings.persistence.finalizer = n.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=n.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=n.GROUP, key="last-handled-configuration"
+    )
+    # Reconnect watches that go quiet (the most reported kopf failure: an operator that
+    # silently stops hearing events); the timer keeps reconciling regardless.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.watching.inactivity_timeout = 70
+    settings.posting.level = logging.WARNING  # only warnings become Kubernetes Events
+    settings.execution.max_workers = 16
+    settings.networking.request_timeout = 60
+    # A RolloutJob deleted while a pass runs (the TTL's own delete is issued from inside the pass) keeps kopf's
+    # finalizer until kopf sees the timer exit; it looks again only every `cancellation_polling` s, 60 by
+    # default, which left a TTL-deleted job Terminating for a minute on the real node
+    # (tests/operator/test_node_faults.py). A pass is seconds long: look again within one.
+    settings.background.cancellation_polling = TIMER_EXIT_POLL_S
+
+
 def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
@@ -58,20 +83,7 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.persistence.finalizer = n.FINALIZER
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=n.GROUP)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix=n.GROUP, key="last-handled-configuration"
-        )
-        # Reconnect watches that go quiet (the most reported kopf failure: an operator that
-        # silently stops hearing events); the timer keeps reconciling regardless.
-        settings.watching.server_timeout = 300
-        settings.watching.client_timeout = 330
-        settings.watching.connect_timeout = 10
-        settings.watching.inactivity_timeout = 70
-        settings.posting.level = logging.WARNING  # only warnings become Kubernetes Events
-        settings.execution.max_workers = 16
-        settings.networking.request_timeout = 60
+        configure_settings(settings)
 
     # backoff: a failed pass (an apiserver hiccup) is retried at the next interval, not after kopf's
     # default 60 s; the pass is level-based, so retrying early is always safe.

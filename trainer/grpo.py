@@ -186,6 +186,12 @@ def frozen_prefix(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
         return _shared_run(bottom, shared_tokens(input_ids, attention_mask), input_ids, attention_mask)
 
 
+def cache_argument(model: Any) -> str:
+    """What `model`'s forward calls its KV cache, argument and output alike: transformers 5 names it `cache`, earlier
+    releases (pyproject allows 4.46+) `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def _shared_run(bottom: Any, shared: int, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """[B, T, H]: `bottom`'s (a span from layer 0) last hidden states, the rows' first `shared` positions run once
     for all of them when that is worth it (SHARED_MIN_TOKENS)."""
@@ -193,8 +199,7 @@ def _shared_run(bottom: Any, shared: int, input_ids: torch.Tensor, attention_mas
     if shared < SHARED_MIN_TOKENS or rows < 2 or shared == input_ids.shape[1]:
         return bottom(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     head = bottom(input_ids=input_ids[:1, :shared], use_cache=True)
-    # transformers 5 names the model's cache `cache`; earlier releases (pyproject allows 4.46+) `past_key_values`
-    name = "cache" if "cache" in inspect.signature(bottom.forward).parameters else "past_key_values"
+    name = cache_argument(bottom)
     cache = getattr(head, name)
     cache.batch_repeat_interleave(rows)
     tail = bottom(input_ids=input_ids[:, shared:], attention_mask=attention_mask, use_cache=False, **{name: cache})

@@ -535,7 +535,8 @@ def test_ttl_after_finished_deletes_job_and_children(env: Env) -> None:
     ns = new_namespace(env, "rj-ttl")
     rolloutjob(env, ns, "tt", tasks=1, samples=1, parallelism=1, per_batch=1, ttlSecondsAfterFinished=2)
     drive(env, ns, "tt", parallelism=1)
-    wait_for("TTL deletion", lambda: _get(env.custom.get_namespaced_custom_object, n.GROUP, n.VERSION, ns, n.PLURAL, "tt") is None, 90)
+    # the TTL (2 s) and a pass or two, not kopf's default minute of waiting for the timer that deleted it to exit
+    wait_for("TTL deletion", lambda: _get(env.custom.get_namespaced_custom_object, n.GROUP, n.VERSION, ns, n.PLURAL, "tt") is None, 30)
     wait_for("children garbage-collected", lambda: not env.pods(ns, "tt") and not env.batch.list_namespaced_job(ns).items, 90)
 
 
