@@ -1,21 +1,23 @@
 """Bench: which tool a policy opens each session with, per task kind, read off its weights in seconds.
 
     .venv/bin/python bench/first_call.py --prompts RUN/held-out-held-out [RUN/demos ...] --model BASE
-        [--answers RUN/demos] [--weights base RUN/warm-start/policy-1 RUN/checkpoints/policy-9 ...]
+        [--answers RUN/demos] [--weights base CKPT/policy-1 CKPT/policy-1+CKPT/policy-8 ...]  (CKPT: RUN/checkpoints)
 
 Where the recipe's `fix` sessions fail, they fail at the first call: a policy that opens with `bash` instead of
 `read` never sees the file it must edit (docs/training/real-harness.md, "What sets the first call's tool"). Scoring
-a checkpoint through the harness takes 10-15 minutes; this reads the same thing from its weights: each session's
-first prompt (a sealed row's tokens before its first trained one, as the engine saw it), followed by the tool
-call's opening `<tool_call>\\n{"name": "`, and the probability the policy gives each tool the prompt offers (the
-hermes `<tools>` block) as the name that comes next, closing quote included. Printed per kind: the mean
-probability of each tool, and with `--answers` (the demonstrations' folder) the tool the demonstrations of that
-kind open with and the policy's mean probability of it.
+a checkpoint through the harness takes 10-20 minutes; this reads the same thing from its weights: each session's
+first prompt (its first sealed row's tokens before its first call's completion, as the engine saw them), followed
+by the tool call's opening `<tool_call>\\n{"name": "`, and the probability the policy gives each tool the prompt
+offers (the hermes `<tools>` block) as the name that comes next (its tokens; a name that begins another counts
+that one's too). Printed per kind: the mean probability of each tool, and with `--answers` (the demonstrations'
+folder) the tool the demonstrations of that kind open with and the policy's mean probability of it.
 
 `--prompts`: folders of sealed batches (a `tracefleet train` run's `held-out-<tag>` or `demos`); the first
 prompts of every session in them. `--weights`: `base` (the model as shipped) or checkpoint folders
-(`model.safetensors` of the trained tensors, loaded over the base model as the engine's in-place reload does).
-The prompts share the harness's system prompt: it runs once, and each prompt goes on from a copy of its cache.
+(`model.safetensors` of the trained tensors, loaded over the base model as the engine's in-place reload does);
+`A+B` loads B over A, as the engine holds a GRPO checkpoint (its top layers) over the warm start (`--warm-layers`
+trains more of them). The prompts share the harness's system prompt: it runs once, and each prompt goes on from
+a copy of its cache.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def first_prompts(folder: Path, tokenizer: Any) -> list[FirstPrompt]:
     first: dict[str, dict[str, Any]] = {}
     for manifest in reader.batches():
         for row in reader.read(manifest).table.to_pylist():
-            # a session's rows (one per prefix-extending run of its calls) sort by trace id: its first holds the first call
+            # one row per prefix-extending run of a session's calls, in trace-id order: the first has its first call
             held = first.get(row["session_id"])
             if held is None or row["trace_id"] < held["trace_id"]:
                 first[row["session_id"]] = row
@@ -79,7 +81,7 @@ def first_prompts(folder: Path, tokenizer: Any) -> list[FirstPrompt]:
 
 
 def offered_tools(prompt_text: str) -> list[str]:
-    """The tool names a hermes-templated prompt offers, in its order (its `<tools>` block: one JSON function per line)."""
+    """The tool names a hermes-templated prompt offers, in order (its `<tools>` block: one JSON function per line)."""
     names = []
     # every block: the template also names the tags in prose ("within <tools></tools> XML tags")
     for line in "\n".join(TOOLS_BLOCK.findall(prompt_text)).splitlines():
@@ -97,12 +99,13 @@ def offered_tools(prompt_text: str) -> list[str]:
 
 
 def continuations(tokenizer: Any, names: Iterable[str]) -> tuple[list[int], dict[str, list[int]]]:
-    """The call's lead as tokens, and each name's tokens after it up to the closing quote, tokenized with the lead
-    (as the policy writes them; a name that does not tokenize apart from the lead is left out)."""
+    """The call's lead as tokens, and each name's tokens after it, tokenized with the lead (as the policy writes
+    them; a name that does not tokenize apart from the lead is left out). The closing quote is not included: the
+    tokenizer merges it with what follows (SmolLM2 writes `",` as one token after a name)."""
     lead = tokenizer.encode(CALL_LEAD, add_special_tokens=False)
     rest: dict[str, list[int]] = {}
     for name in names:
-        whole = tokenizer.encode(CALL_LEAD + name + '"', add_special_tokens=False)
+        whole = tokenizer.encode(CALL_LEAD + name, add_special_tokens=False)
         if whole[: len(lead)] == lead:
             rest[name] = whole[len(lead):]
     return lead, rest
@@ -129,7 +132,9 @@ def tool_probabilities(model: Any, prompts: list[list[int]], lead: list[int],
     name_of = cache_argument(model)
     out: list[dict[str, float]] = []
     with torch.no_grad():
-        head = getattr(model(input_ids=torch.tensor([prompts[0][:shared]]), use_cache=True), name_of) if shared else None
+        head = None
+        if shared:
+            head = getattr(model(input_ids=torch.tensor([prompts[0][:shared]]), use_cache=True), name_of)
         for prompt in prompts:
             ran = model(input_ids=torch.tensor([prompt[shared:] + lead]), use_cache=True,
                         **{name_of: copy.deepcopy(head)})
@@ -152,8 +157,9 @@ def load(model_dir: Path, weights: str) -> Any:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    if weights != BASE:
-        model.load_state_dict(load_file(str(Path(weights) / "model.safetensors")), strict=False)
+    for checkpoint in weights.split("+"):
+        if checkpoint != BASE:
+            model.load_state_dict(load_file(str(Path(checkpoint) / "model.safetensors")), strict=False)
     return model.eval()
 
 
