@@ -31,7 +31,8 @@ from fixtures.servers import ServedApp, serve_in_thread
 ADMIN = "admin-token-for-vllm-tests"
 HOLD_S = 5.0  # the most the client waits for vLLM to generate for the call before it hangs up anyway
 # Tries of one case, of which only a void one (`Abandoned.void`) is made again: on CI both streamed cases once got
-# their first bytes only after vLLM had generated the whole call (~35 s), the test process starved on 2 cores.
+# their first bytes only after vLLM had generated the whole call (~35 s; not even the proxy's 10 s keep-alive came
+# sooner, so the test process itself stood still), which no run here reproduced, busy loops beside it or not.
 ATTEMPTS = 3
 GENERATED = "vllm:generation_tokens_total"
 
