@@ -56,6 +56,7 @@ class FirstPrompt:
 def first_prompts(folder: Path, tokenizer: Any) -> list[FirstPrompt]:
     """Every session's first prompt in the sealed batches under `folder` (one job's), in task order."""
     from tracefleet.trainer import demos
+    from tracefleet.trainer.task_sampler import task_kind
     from tracefleet.traces import BatchReader
 
     found = demos.find(folder)
@@ -74,8 +75,7 @@ def first_prompts(folder: Path, tokenizer: Any) -> list[FirstPrompt]:
         call = min(row["spans"], key=lambda span: span["completion_start"])
         start, end = call["completion_start"], call["completion_end"]
         called = NAME_IN_CALL.search(tokenizer.decode(row["tokens"][start:end]))
-        meta = json.loads(row["metadata_json"])
-        kind = ((meta.get("extra") or {}).get("task_metadata") or {}).get("kind") or "?"
+        kind = task_kind((json.loads(row["metadata_json"]).get("extra") or {}).get("task_metadata"))
         out.append(FirstPrompt(row["task_id"], kind, list(row["tokens"][:start]), called.group(1) if called else None))
     return out
 
@@ -152,11 +152,11 @@ def tool_probabilities(model: Any, prompts: list[list[int]], lead: list[int],
 
 
 def load(model_dir: Path, weights: str) -> Any:
-    import torch
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    from tracefleet.trainer.grpo import load_policy
+
+    model = load_policy(model_dir)  # as the trainer holds it: float32, what the engine runs on CPU
     for checkpoint in weights.split("+"):
         if checkpoint != BASE:
             model.load_state_dict(load_file(str(Path(checkpoint) / "model.safetensors")), strict=False)

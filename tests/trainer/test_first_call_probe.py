@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from tracefleet.bucket import open_bucket  # noqa: E402
+from tracefleet.trainer.task_sampler import NO_KIND  # noqa: E402
 
 from fixtures.sealed_jobs import synthetic_traces, write_batches  # noqa: E402
 from fixtures.tiny_llama import tiny_policy  # noqa: E402
@@ -56,8 +57,8 @@ def test_each_session_gives_its_first_prompt_once(tmp_path: Path) -> None:
     assert len(first) == 8 and len({p.task_id for p in first}) == 4
     by_session = {t.meta.session_id: t for t in traces}
     assert sorted(p.prompt for p in first) == sorted(list(map(int, t.tokens[:12])) for t in by_session.values())
-    assert {p.opened_with for p in first} == {"read"} and {p.kind for p in first} == {"?"}
-    assert probe().demonstrated(first) == {"?": "read"}
+    assert {p.opened_with for p in first} == {"read"} and {p.kind for p in first} == {NO_KIND}
+    assert probe().demonstrated(first) == {NO_KIND: "read"}
 
 
 def test_tool_probabilities_from_the_shared_cache_are_those_of_a_plain_forward_pass() -> None:
