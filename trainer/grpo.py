@@ -153,15 +153,23 @@ def trained_from(model: Any) -> int:
 @contextmanager
 def _decoder_span(model: Any, start: int, stop: int | None, norm: bool) -> Iterator[Any]:
     """`model.base_model` running only decoder layers [start, stop), with or without its final norm: the
-    model's own forward (its causal mask, rotary positions and attention kernels) on part of the stack."""
+    model's own forward (its causal mask, rotary positions and attention kernels) on part of the stack. Each
+    layer's attention reads and writes the KV cache at its place in the span, so a span that starts above layer 0
+    keeps a cache of its own (whose length the model reads from the cache's first layer) as the whole model does."""
     base = model.base_model
     layers, final_norm = base.layers, base.norm
-    base.layers = torch.nn.ModuleList(list(layers)[start:stop])
+    span = list(layers)[start:stop]
+    places = [layer.self_attn.layer_idx for layer in span]
+    base.layers = torch.nn.ModuleList(span)
+    for place, layer in enumerate(span):
+        layer.self_attn.layer_idx = place
     if not norm:
         base.norm = torch.nn.Identity()
     try:
         yield base
     finally:
+        for place, layer in zip(places, span):
+            layer.self_attn.layer_idx = place
         base.layers, base.norm = layers, final_norm
 
 
@@ -192,30 +200,42 @@ def cache_argument(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def _shared_run(bottom: Any, shared: int, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B, T, H]: `bottom`'s (a span from layer 0) last hidden states, the rows' first `shared` positions run once
-    for all of them when that is worth it (SHARED_MIN_TOKENS)."""
-    rows = int(input_ids.shape[0])
-    if shared < SHARED_MIN_TOKENS or rows < 2 or shared == input_ids.shape[1]:
-        return bottom(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    head = bottom(input_ids=input_ids[:1, :shared], use_cache=True)
-    name = cache_argument(bottom)
+def _shared_run(span: Any, shared: int, input_ids: torch.Tensor | None, attention_mask: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, T, H]: `span`'s (_decoder_span) last hidden states from the rows' token ids, or from the hidden states
+    entering it, the rows' first `shared` positions run once for all of them when that is worth it
+    (SHARED_MIN_TOKENS), their keys and values repeated for each row's own tokens after them. Under a graph the
+    gradient through the shared positions is every row's summed, as running each row whole gives."""
+    x = input_ids if inputs_embeds is None else inputs_embeds
+    feed = "input_ids" if inputs_embeds is None else "inputs_embeds"
+    rows, length = int(x.shape[0]), int(x.shape[1])
+    if shared < SHARED_MIN_TOKENS or rows < 2 or shared == length or not _uniform_attention(span):
+        return span(**{feed: x}, attention_mask=attention_mask).last_hidden_state
+    head = span(**{feed: x[:1, :shared]}, use_cache=True)
+    name = cache_argument(span)
     cache = getattr(head, name)
     cache.batch_repeat_interleave(rows)
-    tail = bottom(input_ids=input_ids[:, shared:], attention_mask=attention_mask, use_cache=False, **{name: cache})
+    tail = span(**{feed: x[:, shared:]}, attention_mask=attention_mask, use_cache=False, **{name: cache})
     return torch.cat([head.last_hidden_state.expand(rows, -1, -1), tail.last_hidden_state], dim=1)
+
+
+def _uniform_attention(base: Any) -> bool:
+    """Whether every layer attends over the whole context (SmolLM2, Llama): a span's cache then needs no layer
+    types of its own (a sliding window's layers would, so such a model runs its rows whole)."""
+    config = base.config
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    return kinds == {"full_attention"} and getattr(config, "sliding_window", None) is None
 
 
 def sampled_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
                      temperature: torch.Tensor | float, prefix: torch.Tensor | None) -> torch.Tensor:
-    """`token_logprobs` at the positions where mask > 0, from `prefix` (frozen_prefix) through the trained
-    layers only when given, else from the token ids through the whole model. (The trained layers run every
-    row whole: a span that does not start at layer 0 cannot reuse the model's cache, whose length it reads
-    from layer 0.)"""
-    if prefix is None:
-        return token_logprobs(model, input_ids, attention_mask, temperature, mask)
-    with _decoder_span(model, trained_from(model), None, norm=True) as top:
-        hidden = top(inputs_embeds=prefix, attention_mask=attention_mask).last_hidden_state
+    """`token_logprobs(..., mask)`, from `prefix` (frozen_prefix) through the trained layers only when given, else
+    from the token ids through the whole model. The leading tokens every row shares
+    run through the trained layers once too (_shared_run, with their graph): a GRPO step's rows are one harness's
+    sessions, ~1.5k shared tokens of Pi's ~1.7k, so a row costs its own tokens only."""
+    shared = shared_tokens(input_ids, attention_mask)
+    with _decoder_span(model, 0 if prefix is None else trained_from(model), None, norm=True) as top:
+        hidden = _shared_run(top, shared, input_ids if prefix is None else None, attention_mask, prefix)
     return _head_logprobs(model, hidden, input_ids, temperature, mask)
 
 
@@ -309,9 +329,9 @@ def sft(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor]
     """Supervised warm start on demonstrations (the reader's tensors of their traces): the negative log-likelihood
     of the tokens the loss mask marks (the completions the engine sampled; the harness's text and the tool results
     are context only), at temperature 1, averaged per token over `rows_per_update` rows per optimizer update.
-    Each row is run at its own length, its frozen layers once for every epoch (frozen_prefix, SFT_PREFIX_ROWS rows
-    at a time, so their shared prompt runs once). `decay`: the optimizer's learning rate falls linearly to 0 over
-    the updates of all epochs (else it stays). Returns the mean
+    Each row's frozen layers run once for every epoch (frozen_prefix, SFT_PREFIX_ROWS rows at a time), and an
+    update's rows run together through the trained layers, their shared prompt once (sampled_logprobs). `decay`: the
+    optimizer's learning rate falls linearly to 0 over the updates of all epochs (else it stays). Returns the mean
     NLL per token of each epoch (`nll`, measured while training) and what was trained on."""
     if epochs < 1:
         raise ValueError("epochs must be at least 1")
@@ -335,13 +355,12 @@ def sft(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor]
         perm = torch.randperm(len(rows), generator=order).tolist()
         for start in range(0, len(perm), rows_per_update):
             chunk = [rows[j] for j in perm[start:start + rows_per_update]]
-            n = sum(float(m.sum()) for _, _, m, _ in chunk)
+            ids, att, mask, prefix = _padded(chunk)
+            n = float(mask.sum())
             optimizer.zero_grad()
-            for ids, att, mask, prefix in chunk:
-                lp = sampled_logprobs(model, ids, att, mask, 1.0, prefix)
-                loss = -(lp * mask).sum() / n
-                loss.backward()
-                total += float(-(lp.detach() * mask).sum())
+            lp = sampled_logprobs(model, ids, att, mask, 1.0, prefix)
+            (-(lp * mask).sum() / n).backward()
+            total += float(-(lp.detach() * mask).sum())
             optimizer.step()
             rate.step()
             count += n
@@ -349,6 +368,18 @@ def sft(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor]
         if log is not None:
             log(f"warm start epoch {epoch + 1}/{epochs}: NLL per token {nll[-1]:.4f} over {int(count)} tokens")
     return {"rows": len(rows), "tokens": int(sum(float(m.sum()) for _, _, m, _ in rows)), "epochs": epochs, "nll": nll}
+
+
+def _padded(rows: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor | None, ...]:
+    """One batch of rows kept at their own lengths (ids, attention, loss mask, frozen prefix or None), right-padded
+    to the longest as the reader pads: attention and loss mask 0 after a row's end."""
+    length = max(int(r[0].shape[1]) for r in rows)
+
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        extra = length - int(x.shape[1])
+        return torch.nn.functional.pad(x, (0, 0, 0, extra) if x.dim() == 3 else (0, extra))
+
+    return tuple(None if rows[0][k] is None else torch.cat([pad(r[k]) for r in rows]) for k in range(4))
 
 
 def save_weights(model: Any, out: Path) -> Path:

@@ -1,6 +1,6 @@
 """The reference trainer's step on a small Llama-shaped model (SmolLM2's architecture, random weights, made
-here: no model is downloaded): the frozen layers' hidden states computed once give exactly the logprobs of
-the whole model, and several epochs over one batch move only the trained tensors, with the PPO clip
+here: no model is downloaded): the frozen layers' hidden states computed once, and a shared prompt run once
+through every layer, give the logprobs and the gradient of the whole model, and several epochs over one batch move only the trained tensors, with the PPO clip
 bounding how far. The real SmolLM2 against real vLLM: tests/vllm/test_vllm_policy_update.py."""
 
 from __future__ import annotations
@@ -77,16 +77,31 @@ def test_a_shared_prompt_runs_once_and_gives_the_whole_models_logprobs(model_dir
     assert prefix is not None and prefix.shape == (4, 60, 32)
     assert float((whole - parts).abs().max()) < 1e-5 and bool((parts[t["loss_mask"] > 0] != 0).all())
     assert len(policy.base_model.layers) == LAYERS
-    # the gradient is the one every row run whole gives (the shared run is below the trained layers)
-    grads = []
+    assert [layer.self_attn.layer_idx for layer in policy.base_model.layers] == list(range(LAYERS))
+    # the trained layers too run the shared prompt once, with its graph: the gradient is the one every row run
+    # whole gives, and the top layer sees the shared positions once
+    shared = shared_tokens(t["input_ids"], t["attention_mask"])
+    seen: list[int] = []
+    policy.base_model.layers[-1].register_forward_hook(lambda _m, args, _o: seen.append(int(args[0].shape[0] * args[0].shape[1])))
+    grads, positions = [], []
     for least in (SHARED_MIN_TOKENS, 10**9):  # shared, then every row whole
         monkeypatch.setattr(grpo, "SHARED_MIN_TOKENS", least)
         policy.zero_grad()
+        seen.clear()
         lp = sampled_logprobs(policy, t["input_ids"], t["attention_mask"], t["loss_mask"], t["temperatures"],
                               frozen_prefix(policy, t["input_ids"], t["attention_mask"]))
+        positions.append(sum(seen))
         (-(lp * t["advantages"]).sum()).backward()
         grads.append(torch.cat([p.grad.flatten() for p in trainable(policy)]))
     assert float(grads[0].abs().max()) > 0 and torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+    assert positions == [shared + 4 * (60 - shared), 4 * 60]
+    # a policy trained whole (no frozen layer) shares the prompt from layer 0 the same way
+    whole_policy = load_policy(model_dir)
+    monkeypatch.setattr(grpo, "SHARED_MIN_TOKENS", SHARED_MIN_TOKENS)
+    with torch.no_grad():
+        alone = token_logprobs(whole_policy, t["input_ids"], t["attention_mask"], t["temperatures"], t["loss_mask"])
+        together = sampled_logprobs(whole_policy, t["input_ids"], t["attention_mask"], t["loss_mask"], t["temperatures"], None)
+    assert float((alone - together).abs().max()) < 1e-5
 
 
 def test_epochs_move_only_the_trained_tensors_and_the_clip_bounds_them(model_dir: Path, tmp_path: Path) -> None:
@@ -154,3 +169,21 @@ def test_the_kl_penalty_is_zero_at_the_reference_and_pulls_back_towards_it(model
     assert kl_from_reference(with_kl) < moved / 2
     with pytest.raises(ValueError, match="reference"):
         grpo_step(with_kl, torch.optim.SGD(trainable(with_kl), lr=0.5), t, kl_coef=0.1)
+
+
+def test_a_warm_start_update_runs_its_rows_together_padded_and_measures_each_rows_own_nll(model_dir: Path) -> None:
+    """An update's rows, of different lengths and sharing a prompt, run as one right-padded batch (the shared prompt
+    once): the NLL it measures is the one of each row run alone at its own length."""
+    policy = load_policy(model_dir, TRAINED)
+    t = batch(length=60)
+    t["input_ids"][:, :SHARED_MIN_TOKENS + 8] = t["input_ids"][0, :SHARED_MIN_TOKENS + 8]
+    for i, end in enumerate((44, 60, 52, 57)):
+        t["attention_mask"][i] = (torch.arange(60) < end).long()
+        t["loss_mask"][i] = ((torch.arange(60) >= 42) & (torch.arange(60) < end)).float()
+    with torch.no_grad():
+        alone = [token_logprobs(policy, t["input_ids"][i:i + 1, :n], t["attention_mask"][i:i + 1, :n], 1.0,
+                                t["loss_mask"][i:i + 1, :n]) for i, n in enumerate(t["attention_mask"].sum(1).tolist())]
+    expected = -sum(float((lp * t["loss_mask"][i:i + 1, :lp.shape[1]]).sum()) for i, lp in enumerate(alone))
+    stats = sft(policy, torch.optim.SGD(trainable(policy), lr=0.0), t, epochs=1, rows_per_update=2)
+    assert stats["tokens"] == int(t["loss_mask"].sum())
+    assert abs(stats["nll"][0] - expected / stats["tokens"]) < 1e-5
