@@ -230,9 +230,9 @@ def _uniform_attention(base: Any) -> bool:
 def sampled_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
                      temperature: torch.Tensor | float, prefix: torch.Tensor | None) -> torch.Tensor:
     """`token_logprobs(..., mask)`, from `prefix` (frozen_prefix) through the trained layers only when given, else
-    from the token ids through the whole model. The leading tokens every row shares
-    run through the trained layers once too (_shared_run, with their graph): a GRPO step's rows are one harness's
-    sessions, ~1.5k shared tokens of Pi's ~1.7k, so a row costs its own tokens only."""
+    from the token ids through the whole model. The leading tokens every row shares run through the trained layers
+    once too (_shared_run, with their graph): a GRPO step's rows are one harness's sessions, ~1.5k shared tokens of
+    Pi's ~1.7k, so a row costs its own tokens only."""
     shared = shared_tokens(input_ids, attention_mask)
     with _decoder_span(model, 0 if prefix is None else trained_from(model), None, norm=True) as top:
         hidden = _shared_run(top, shared, input_ids if prefix is None else None, attention_mask, prefix)

@@ -1,7 +1,7 @@
 """The reference trainer's step on a small Llama-shaped model (SmolLM2's architecture, random weights, made
 here: no model is downloaded): the frozen layers' hidden states computed once, and a shared prompt run once
-through every layer, give the logprobs and the gradient of the whole model, and several epochs over one batch move only the trained tensors, with the PPO clip
-bounding how far. The real SmolLM2 against real vLLM: tests/vllm/test_vllm_policy_update.py."""
+through every layer, give the logprobs and the gradient of the whole model, and several epochs over one batch
+move only the trained tensors, with the PPO clip bounding how far. The real SmolLM2 against real vLLM: tests/vllm/test_vllm_policy_update.py."""
 
 from __future__ import annotations
 
@@ -82,7 +82,8 @@ def test_a_shared_prompt_runs_once_and_gives_the_whole_models_logprobs(model_dir
     # whole gives, and the top layer sees the shared positions once
     shared = shared_tokens(t["input_ids"], t["attention_mask"])
     seen: list[int] = []
-    policy.base_model.layers[-1].register_forward_hook(lambda _m, args, _o: seen.append(int(args[0].shape[0] * args[0].shape[1])))
+    policy.base_model.layers[-1].register_forward_hook(
+        lambda _m, args, _o: seen.append(int(args[0].shape[0] * args[0].shape[1])))
     grads, positions = [], []
     for least in (SHARED_MIN_TOKENS, 10**9):  # shared, then every row whole
         monkeypatch.setattr(grpo, "SHARED_MIN_TOKENS", least)
@@ -100,7 +101,8 @@ def test_a_shared_prompt_runs_once_and_gives_the_whole_models_logprobs(model_dir
     monkeypatch.setattr(grpo, "SHARED_MIN_TOKENS", SHARED_MIN_TOKENS)
     with torch.no_grad():
         alone = token_logprobs(whole_policy, t["input_ids"], t["attention_mask"], t["temperatures"], t["loss_mask"])
-        together = sampled_logprobs(whole_policy, t["input_ids"], t["attention_mask"], t["loss_mask"], t["temperatures"], None)
+        together = sampled_logprobs(whole_policy, t["input_ids"], t["attention_mask"], t["loss_mask"], t["temperatures"],
+                                    None)
     assert float((alone - together).abs().max()) < 1e-5
 
 
