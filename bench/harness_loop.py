@@ -6,7 +6,7 @@
         [--group-size 2] [--advantage dr-grpo] [--flat-groups drop] [--kl 0.05] [--guide 0.3]
         [--job examples/harness-train/job.yaml]
         [--held-out examples/harness-train/held-out.yaml examples/harness-train/held-out-novel.yaml]
-        [--vllm-url URL] [--out DIR]
+        [--skip-base-score] [--rows EARLIER/bench.json] [--vllm-url URL] [--out DIR]
 
 First, before anything is trained, the base rate of shipped models on the held-out tasks at the loop's sampling
 settings (the job's spec.inference.sampling: temperature 1 in the example), `--base-sample` held-out tasks, one
@@ -25,7 +25,9 @@ worded unlike it with task shapes it never makes), each with its standard error,
 paired over the same sessions; steps, flat batches skipped, minutes (the recipe's: first demonstration to last
 score, vLLM's start and the policy-0 scoring excluded; and the whole seed's), syncs and their seconds, the
 train/inference mismatch. Then the mean of the seeds. Everything measured; each seed's steps are in
-OUT/seed-N/loop.jsonl, its scores per session in OUT/bench.json.
+OUT/seed-N/loop.jsonl, its scores per session in OUT/bench.json. `--skip-base-score` leaves policy 0 unscored (the
+base weights score alike whatever the seed: about 20 minutes saved per seed); `--rows` prints an earlier run's seeds
+beside this run's, so seeds run apart make one table and one mean.
 """
 
 from __future__ import annotations
@@ -211,6 +213,10 @@ def main() -> int:
                    help="second CLIs: SmolLM2 through each on the held-out tasks (vLLM with the context --base-context)")
     p.add_argument("--base-context", type=int, default=8192,
                    help="the engine's context for --base-presets (codex's first prompt: ~6.5k tokens on SmolLM2)")
+    p.add_argument("--skip-base-score", action="store_true",
+                   help="the seeds' held-out sets not scored at policy 0 (the base weights: see --rows)")
+    p.add_argument("--rows", type=Path,
+                   help="an earlier run's bench.json: its seeds printed (and averaged) beside this run's")
     p.add_argument("--train-flat", action="store_true", help="also update on batches with no group of reward spread")
     p.add_argument("--task-sampling", choices=TASK_SAMPLINGS, default="rounds")
     p.add_argument("--explore", type=float, default=DEFAULT_EXPLORE)
@@ -279,13 +285,19 @@ def main() -> int:
                                      warm_layers=warm_layers_option(a.warm_layers), warm_schedule=a.warm_schedule,
                                      score_train=a.score_train, train_flat=a.train_flat,
                                      task_sampling=a.task_sampling, explore=a.explore, group_size=a.group_size,
-                                     advantage=a.advantage, flat_groups=a.flat_groups, kl=a.kl, guide=a.guide))
+                                     advantage=a.advantage, flat_groups=a.flat_groups, kl=a.kl, guide=a.guide,
+                                     score_base=not a.skip_base_score))
             rows.append(seed_row(seed, r) | {"load": load()})
             print(json.dumps(rows[-1]), flush=True)
             (out / "bench.json").write_text(json.dumps({"base": base, "seeds": rows}, indent=1))
     finally:
         if engine is not None:
             engine.stop()
+    if a.rows is not None:  # an earlier run's seeds (their base rates too, where this run measured none)
+        earlier = json.loads(a.rows.read_text())
+        base = earlier.get("base", {}) | base
+        rows = [r for r in earlier["seeds"] if r["seed"] not in {n["seed"] for n in rows}] + rows
+        (out / "bench.json").write_text(json.dumps({"base": base, "seeds": rows}, indent=1))
     print(f"\nbase rate on the held-out tasks (the job's sampling: {sampling(a.held_out[0])}; before anything is "
           "trained):")
     for key, (mean, n) in base.items():

@@ -119,6 +119,7 @@ class LoopOptions:
     warm_schedule: WarmSchedule = DEFAULT_WARM_SCHEDULE
     score_limit: int | None = None  # score at most this many tasks of each scored set (held-out, train)
     score_train: int = 0  # also score this many of the job's own tasks (the last ones, one sample each)
+    score_base: bool = True  # score the sets at policy 0 too (the base weights score alike in every run of a model)
     train_flat: bool = False  # also update on a batch in which no group has reward spread (a zero gradient)
     task_sampling: TaskSampling = "rounds"  # which task the rollouts run next (tracefleet.trainer.task_sampler)
     explore: float = DEFAULT_EXPLORE  # `spread`: the share of groups spread over the kinds evenly (no kind starves)
@@ -438,7 +439,8 @@ class Loop:
         o = self.o
         torch.manual_seed(o.seed)
         torch.set_num_threads(o.torch_threads or TRAINER_THREADS)
-        self._score(engine_url, run_dir, result, "before", 0)
+        if o.score_base:
+            self._score(engine_url, run_dir, result, "before", 0)
         warm = o.demos or o.warm_start
         policy = load_policy(model_dir, o.warm_layers if warm else o.train_layers)
         version, demonstrated = 0, frozenset()

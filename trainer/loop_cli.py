@@ -92,6 +92,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="score at most N tasks of the held-out job (and of --score-train)")
     parser.add_argument("--score-train", type=int, default=0, metavar="N",
                         help="also score the job's last N tasks (one sample each) before, after the warm start and after")
+    parser.add_argument("--skip-base-score", action="store_true",
+                        help="do not score the held-out sets (and --score-train) at policy 0: the base weights, the "
+                             "same in every run of the model (scored once, by an earlier run)")
     parser.add_argument("--train-flat", action="store_true",
                         help="also update on a batch in which no group has reward spread (default: skip it, its "
                              "gradient is zero)")
@@ -149,6 +152,7 @@ def main(args: argparse.Namespace) -> int:
                           warm_layers=warm_layers_option(args.warm_layers),
                           warm_schedule=args.warm_schedule or DEFAULT_WARM_SCHEDULE,
                           score_limit=args.score_limit, score_train=max(0, args.score_train),
+                          score_base=not args.skip_base_score,
                           train_flat=args.train_flat, task_sampling=args.task_sampling,
                           explore=DEFAULT_EXPLORE if args.explore is None else args.explore,
                           group_size=args.group_size, advantage=args.advantage, flat_groups=args.flat_groups,

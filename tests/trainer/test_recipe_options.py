@@ -132,3 +132,13 @@ def test_the_bench_prints_both_sets_per_seed_and_the_mean_of_the_seeds(capsys: A
     assert "   0         4  0.00 ±0.00    0.25 ±0.25    0.50 ±0.29    +0.25 ±0.25" in out, out
     assert "mean of 3 seeds: 0.00 ±0.00 / 0.25 ±0.00 / 0.58 ±0.08; RL over the warm start +0.33 ±0.14 paired over 12" in out, out
     assert "by kind, every seed's sessions (solved/sessions at base / warm start / RL): k 0/12 / 3/12 / 7/12" in out, out
+
+    # a seed run with --skip-base-score (policy 0 unscored) beside them: its base is "-", the base mean over the rest
+    r = LoopResult(run_dir=Path("/tmp"), wall_s=3000.0, startup_s=120.0)
+    r.scores = {"held": scored("held", {"warm": [1, 1, 0, 0], "after": [1, 1, 1, 0]})}
+    late = bench.seed_row(3, r)
+    assert late["recipe_min"] == 48.0 and late["held_out"][0] is None
+    bench.print_sets([*rows, late])
+    out = capsys.readouterr().out
+    assert "   3         4  -             0.50 ±0.29    0.75 ±0.25    +0.25 ±0.25" in out, out
+    assert "mean of 4 seeds: 0.00 ±0.00 / 0.31 ±0.06 / 0.62 ±0.07" in out, out
