@@ -16,7 +16,7 @@ A correct agent's plan for each instance (`pi_steps`: Pi's own tools read/bash/e
 arguments; `shell_commands`: one shell command per step, for any preset's shell tool) is what the scripted
 engine plays to record demonstrations through the real CLI (`demo_script`).
 
-    python -m tracefleet.trainer.filetasks OUT_DIR [--seed 0] [--train 200] [--held-out 50] [--kinds create ...]
+    python -m tracefleet.trainer.filetasks OUT_DIR [--seed 0] [--train 200] [--held-out 60] [--kinds create ...]
 """
 
 from __future__ import annotations
@@ -235,7 +235,7 @@ def wide_task(rng: random.Random, names: Names, kind: str, task_id: str, file: s
     raise ValueError(f"no task kind {kind!r}: one of {', '.join(WIDE_KINDS)}")
 
 
-def generate(seed: int = 0, train: int = 200, held_out: int = 50,
+def generate(seed: int = 0, train: int = 200, held_out: int = 60,
              kinds: tuple[str, ...] = KINDS) -> tuple[list[FileTask], list[FileTask]]:
     """(train, held-out): disjoint file-name pools, `kinds` in turn, every prompt distinct and none inside
     another (the scripted engine tells sessions apart by their prompt)."""
@@ -252,7 +252,7 @@ def generate(seed: int = 0, train: int = 200, held_out: int = 50,
     return splits[0], splits[1]
 
 
-def write(out: Path, seed: int = 0, train: int = 200, held_out: int = 50,
+def write(out: Path, seed: int = 0, train: int = 200, held_out: int = 60,
           kinds: tuple[str, ...] = KINDS) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path, help=f"folder for {TRAIN_FILE} and {HELD_OUT_FILE}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train", type=int, default=200)
-    p.add_argument("--held-out", type=int, default=50)
+    p.add_argument("--held-out", type=int, default=60)
     p.add_argument("--kinds", nargs="+", choices=WIDE_KINDS, default=list(KINDS),
                    help=f"the task kinds, in turn (default: {' '.join(KINDS)})")
     a = p.parse_args(argv)
