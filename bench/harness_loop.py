@@ -1,7 +1,7 @@
 """Bench: training through a real harness (Pi) with `tracefleet train`, the whole recipe over seeds.
 
     .venv/bin/python bench/harness_loop.py [--seeds 0 1 2] [--minutes 20] [--demos 64] [--warm-epochs 3]
-        [--warm-schedule linear] [--score-limit 50] [--score-train 24] [--base-sample 8] [--base-models gemma3-270m]
+        [--warm-schedule linear] [--score-limit 60] [--score-train 24] [--base-sample 8] [--base-models gemma3-270m]
         [--base-presets codex] [--base-context 8192] [--train-flat] [--task-sampling spread] [--explore 0.25]
         [--group-size 2] [--advantage dr-grpo] [--flat-groups drop] [--kl 0.05] [--guide 0.3]
         [--job examples/harness-train/job.yaml]
@@ -205,7 +205,7 @@ def main() -> int:
                    f"{DEFAULT_WARM_LAYERS})")
     p.add_argument("--max-lag", type=int, default=1)
     p.add_argument("--traces-per-step", type=int)
-    p.add_argument("--score-limit", type=int, help="held-out (and train) tasks scored (default: all 50)")
+    p.add_argument("--score-limit", type=int, help="held-out (and train) tasks scored (default: all: 60 and 30 tasks)")
     p.add_argument("--score-train", type=int, default=24)
     p.add_argument("--base-sample", type=int, default=8, help="held-out tasks per --base-models model")
     p.add_argument("--base-models", nargs="*", default=["gemma3-270m"])

@@ -1,7 +1,10 @@
 """A generated family of small workspace tasks for training through a real coding harness.
 
 Each instance asks for one change a coding harness makes with its own tools: create a file with given
-content, append a line to a file, rename a file, or change one line of a file. Names, contents and wording
+content, append a line to a file, rename a file, or change one line of a file (`KINDS`, the example's). `WIDE_KINDS`
+adds shapes that take other commands or more rounds: sort a file's lines, reverse them, put one line in capitals,
+create two files, rename a file and then append to it (none of them a shape of the second held-out set,
+examples/harness-train/held-out-novel.jsonl). Names, contents and wording
 are drawn per instance from a seeded RNG; train and held-out instances draw file names from disjoint pools,
 so no held-out file name, and no held-out prompt, is ever trained on.
 
@@ -13,7 +16,7 @@ A correct agent's plan for each instance (`pi_steps`: Pi's own tools read/bash/e
 arguments; `shell_commands`: one shell command per step, for any preset's shell tool) is what the scripted
 engine plays to record demonstrations through the real CLI (`demo_script`).
 
-    python -m tracefleet.trainer.filetasks OUT_DIR [--seed 0] [--train 200] [--held-out 50]
+    python -m tracefleet.trainer.filetasks OUT_DIR [--seed 0] [--train 200] [--held-out 60] [--kinds create ...]
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from pydantic import BaseModel, Field
 
 FAMILY = "workspace-files"
 KINDS = ("create", "append", "rename", "fix")
+WIDE_KINDS = (*KINDS, "sort", "reverse", "upper", "create-two", "rename-append")
+Kind = Literal["create", "append", "rename", "fix", "sort", "reverse", "upper", "create-two", "rename-append"]
 TRAIN_FILE = "train.jsonl"
 HELD_OUT_FILE = "held-out.jsonl"
 JUDGE_HOOK = "tracefleet.trainer.filetasks:judge"
@@ -73,6 +78,37 @@ FIX = (
     "Edit {file} so that the line '{old}' becomes '{new}'.",
     "In the file {file}, replace the line '{old}' with '{new}'.",
 )
+SORT = (
+    "Sort the lines of {file} in alphabetical order.",
+    "Reorder {file} so that its lines are sorted alphabetically.",
+    "Put the lines of {file} in A to Z order.",
+    "Arrange the lines in {file} alphabetically, in place.",
+)
+REVERSE = (
+    "Reverse the order of the lines in {file}.",
+    "Flip {file} upside down: its last line first, its first line last.",
+    "Rewrite {file} with its lines in reverse order.",
+    "Turn the line order of {file} around, the bottom line on top.",
+)
+UPPER = (
+    "In {file}, put the line '{old}' in capital letters.",
+    "Make the line '{old}' of {file} all uppercase.",
+    "Capitalize every letter of the line '{old}' in {file}.",
+    "In the file {file}, the line '{old}' should be written in upper case.",
+)
+CREATE_TWO = (
+    "Create two files: {file} containing '{line}' and {new_file} containing '{new}'.",
+    "Make {file} with the text '{line}', and also {new_file} with the text '{new}'.",
+    "Write two new files, {file} that says '{line}' and {new_file} that says '{new}'.",
+    "I need {file} holding '{line}' plus {new_file} holding '{new}'. Create both.",
+)
+RENAME_APPEND = (
+    "Rename {file} to {new_file}, then append the line '{line}' to it.",
+    "Move {file} to {new_file} and add the line '{line}' at its end.",
+    "First rename {file} as {new_file}; then add a last line '{line}' to it.",
+    "Give {file} the new name {new_file} and extend it with the line '{line}'.",
+)
+TEMPLATES = (*CREATE, *APPEND, *RENAME, *FIX, *SORT, *REVERSE, *UPPER, *CREATE_TWO, *RENAME_APPEND)
 
 
 class Expect(BaseModel):
@@ -87,15 +123,15 @@ class FileTask(BaseModel):
     """One instance, with what `judge`, `pi_steps` and `shell_commands` need (its task metadata)."""
 
     id: str
-    kind: Literal["create", "append", "rename", "fix"]
+    kind: Kind
     prompt: str
     start: dict[str, list[str]] = Field(default_factory=dict)  # files in the workspace before the session
     expect: Expect
     file: str
-    new_file: str | None = None  # rename
-    line: str | None = None  # create: the text; append: the line
-    old: str | None = None  # fix: the line to change
-    new: str | None = None  # fix: what it becomes
+    new_file: str | None = None  # rename, rename-append: the new name; create-two: the second file
+    line: str | None = None  # create, create-two: the (first file's) text; append, rename-append: the line
+    old: str | None = None  # fix, upper: the line to change
+    new: str | None = None  # fix, upper: what it becomes; create-two: the second file's text
 
     def spec(self) -> dict[str, Any]:
         """The RolloutJob task (one JSON line of spec.tasks.uri)."""
@@ -119,6 +155,14 @@ def phrase(rng: random.Random, lo: int = 2, hi: int = 4) -> str:
 def filler_lines(rng: random.Random, n: int) -> list[str]:
     keys = rng.sample(KEYS, n)
     return [f"{k} = {rng.choice(WORDS)}" for k in keys]
+
+
+def word_lines(rng: random.Random, order: Any) -> list[str]:
+    """3-5 distinct lowercase words (the same order in every locale's `sort`), in an order `order` would change."""
+    while True:
+        lines = rng.sample(WORDS, rng.randint(3, 5))
+        if order(lines) != lines:
+            return lines
 
 
 class Names:
@@ -151,17 +195,49 @@ def make_task(rng: random.Random, names: Names, kind: str, task_id: str) -> File
         return FileTask(id=task_id, kind="rename", prompt=rng.choice(RENAME).format(file=file, new=new_file),
                         start={file: lines}, expect=Expect(files={new_file: lines}, absent=[file]), file=file,
                         new_file=new_file)
-    lines = filler_lines(rng, rng.randint(2, 4))
-    at = rng.randrange(len(lines))
-    key, value = lines[at].split(" = ")
-    new = f"{key} = {rng.choice([w for w in WORDS if w != value])}"
-    fixed = [*lines[:at], new, *lines[at + 1:]]
-    return FileTask(id=task_id, kind="fix", prompt=rng.choice(FIX).format(file=file, old=lines[at], new=new),
-                    start={file: lines}, expect=Expect(files={file: fixed}), file=file, old=lines[at], new=new)
+    if kind == "fix":
+        lines = filler_lines(rng, rng.randint(2, 4))
+        at = rng.randrange(len(lines))
+        key, value = lines[at].split(" = ")
+        new = f"{key} = {rng.choice([w for w in WORDS if w != value])}"
+        fixed = [*lines[:at], new, *lines[at + 1:]]
+        return FileTask(id=task_id, kind="fix", prompt=rng.choice(FIX).format(file=file, old=lines[at], new=new),
+                        start={file: lines}, expect=Expect(files={file: fixed}), file=file, old=lines[at], new=new)
+    return wide_task(rng, names, kind, task_id, file)
 
 
-def generate(seed: int = 0, train: int = 200, held_out: int = 50) -> tuple[list[FileTask], list[FileTask]]:
-    """(train, held-out): disjoint file-name pools, the kinds in turn, every prompt distinct and none inside
+def wide_task(rng: random.Random, names: Names, kind: str, task_id: str, file: str) -> FileTask:
+    """An instance of one of WIDE_KINDS' added shapes."""
+    if kind in ("sort", "reverse"):
+        order = sorted if kind == "sort" else (lambda lines: lines[::-1])
+        lines = word_lines(rng, order)
+        return FileTask(id=task_id, kind=kind, prompt=rng.choice(SORT if kind == "sort" else REVERSE).format(file=file),
+                        start={file: lines}, expect=Expect(files={file: order(lines)}), file=file)
+    if kind == "upper":
+        lines = filler_lines(rng, rng.randint(2, 4))
+        at = rng.randrange(len(lines))
+        new = lines[at].upper()
+        return FileTask(id=task_id, kind="upper", prompt=rng.choice(UPPER).format(file=file, old=lines[at]),
+                        start={file: lines}, expect=Expect(files={file: [*lines[:at], new, *lines[at + 1:]]}),
+                        file=file, old=lines[at], new=new)
+    if kind == "create-two":
+        second, text, other = names.take(), phrase(rng), phrase(rng)
+        return FileTask(id=task_id, kind="create-two",
+                        prompt=rng.choice(CREATE_TWO).format(file=file, line=text, new_file=second, new=other),
+                        expect=Expect(files={file: [text], second: [other]}), file=file, line=text,
+                        new_file=second, new=other)
+    if kind == "rename-append":
+        lines, new_file, line = [phrase(rng)], names.take(), phrase(rng)
+        return FileTask(id=task_id, kind="rename-append",
+                        prompt=rng.choice(RENAME_APPEND).format(file=file, new_file=new_file, line=line),
+                        start={file: lines}, expect=Expect(files={new_file: [*lines, line]}, absent=[file]),
+                        file=file, new_file=new_file, line=line)
+    raise ValueError(f"no task kind {kind!r}: one of {', '.join(WIDE_KINDS)}")
+
+
+def generate(seed: int = 0, train: int = 200, held_out: int = 60,
+             kinds: tuple[str, ...] = KINDS) -> tuple[list[FileTask], list[FileTask]]:
+    """(train, held-out): disjoint file-name pools, `kinds` in turn, every prompt distinct and none inside
     another (the scripted engine tells sessions apart by their prompt)."""
     rng = random.Random(seed)
     stems = list(STEMS)
@@ -170,16 +246,17 @@ def generate(seed: int = 0, train: int = 200, held_out: int = 50) -> tuple[list[
     splits = []
     for prefix, count, pool in (("train", train, stems[:cut]), ("held", held_out, stems[cut:])):
         names = Names(rng, pool)
-        splits.append([make_task(rng, names, KINDS[i % len(KINDS)], f"{prefix}-{i:03d}") for i in range(count)])
+        splits.append([make_task(rng, names, kinds[i % len(kinds)], f"{prefix}-{i:03d}") for i in range(count)])
     prompts = [t.prompt for s in splits for t in s]
     assert not any(a != b and a in b for a in prompts for b in prompts), "a prompt is part of another"
     return splits[0], splits[1]
 
 
-def write(out: Path, seed: int = 0, train: int = 200, held_out: int = 50) -> tuple[Path, Path]:
+def write(out: Path, seed: int = 0, train: int = 200, held_out: int = 60,
+          kinds: tuple[str, ...] = KINDS) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, tasks in zip((TRAIN_FILE, HELD_OUT_FILE), generate(seed, train, held_out)):
+    for name, tasks in zip((TRAIN_FILE, HELD_OUT_FILE), generate(seed, train, held_out, kinds)):
         path = out / name
         path.write_text("".join(json.dumps(t.spec()) + "\n" for t in tasks))
         paths.append(path)
@@ -243,8 +320,13 @@ def pi_steps(task: FileTask) -> list[tuple[str, dict[str, Any]]]:
         return [("bash", {"command": f"echo {shell_quote(task.line or '')} >> {task.file}"})]
     if task.kind == "rename":
         return [("bash", {"command": f"mv {task.file} {task.new_file}"})]
-    return [("read", {"path": task.file}),
-            ("edit", {"path": task.file, "edits": [{"oldText": task.old, "newText": task.new}]})]
+    if task.kind in ("fix", "upper"):
+        return [("read", {"path": task.file}),
+                ("edit", {"path": task.file, "edits": [{"oldText": task.old, "newText": task.new}]})]
+    if task.kind == "create-two":
+        return [("write", {"path": task.file, "content": f"{task.line}\n"}),
+                ("write", {"path": task.new_file, "content": f"{task.new}\n"})]
+    return [("bash", {"command": command}) for command in shell_commands(task)]  # sort, reverse, rename-append
 
 
 def shell_commands(task: FileTask) -> list[str]:
@@ -253,12 +335,24 @@ def shell_commands(task: FileTask) -> list[str]:
         return [f"echo {shell_quote(task.line or '')} > {task.file}"]
     if task.kind in ("append", "rename"):
         return [pi_steps(task)[0][1]["command"]]
-    return [f"cat {task.file}", f"sed -i 's/^{task.old}$/{task.new}/' {task.file}"]
+    if task.kind in ("fix", "upper"):
+        return [f"cat {task.file}", f"sed -i 's/^{task.old}$/{task.new}/' {task.file}"]
+    if task.kind == "sort":
+        return [f"sort -o {task.file} {task.file}"]
+    if task.kind == "reverse":
+        return [f"tac {task.file} > {task.file}.tmp && mv {task.file}.tmp {task.file}"]
+    if task.kind == "create-two":
+        return [f"echo {shell_quote(task.line or '')} > {task.file}", f"echo {shell_quote(task.new or '')} > {task.new_file}"]
+    return [f"mv {task.file} {task.new_file}", f"echo {shell_quote(task.line or '')} >> {task.new_file}"]  # rename-append
 
 
 def final_text(task: FileTask) -> str:
     return {"create": f"Created {task.file}.", "append": f"Appended the line to {task.file}.",
-            "rename": f"Renamed {task.file} to {task.new_file}.", "fix": f"Changed the line in {task.file}."}[task.kind]
+            "rename": f"Renamed {task.file} to {task.new_file}.", "fix": f"Changed the line in {task.file}.",
+            "sort": f"Sorted the lines of {task.file}.", "reverse": f"Reversed the lines of {task.file}.",
+            "upper": f"Put the line in capitals in {task.file}.",
+            "create-two": f"Created {task.file} and {task.new_file}.",
+            "rename-append": f"Renamed {task.file} to {task.new_file} and appended the line."}[task.kind]
 
 
 def demo_script(tasks: list[FileTask], preset: str = "pi") -> dict[str, Any]:
@@ -284,9 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path, help=f"folder for {TRAIN_FILE} and {HELD_OUT_FILE}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train", type=int, default=200)
-    p.add_argument("--held-out", type=int, default=50)
+    p.add_argument("--held-out", type=int, default=60)
+    p.add_argument("--kinds", nargs="+", choices=WIDE_KINDS, default=list(KINDS),
+                   help=f"the task kinds, in turn (default: {' '.join(KINDS)})")
     a = p.parse_args(argv)
-    train, held = write(a.out, a.seed, a.train, a.held_out)
+    train, held = write(a.out, a.seed, a.train, a.held_out, tuple(a.kinds))
     print(f"{a.train} train tasks: {train}\n{a.held_out} held-out tasks: {held}")
     return 0
 

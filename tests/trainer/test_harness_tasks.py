@@ -27,7 +27,7 @@ EXAMPLE = REPO / "examples" / "harness-train"
 
 def test_the_family_has_disjoint_train_and_held_out_instances_and_the_example_is_generated() -> None:
     train, held = generate(seed=0)
-    assert len(train) >= 200 and len(held) >= 50
+    assert len(train) >= 200 and len(held) >= 60  # sessions per scored point (one sample each)
     assert {t.kind for t in train} == {t.kind for t in held} == set(filetasks.KINDS)
 
     def names(tasks: list[FileTask]) -> set[str]:
@@ -47,9 +47,19 @@ def sh(command: str, cwd: Path) -> None:
     subprocess.run(["sh", "-c", command], cwd=cwd, check=True)
 
 
+def test_the_wide_family_adds_its_kinds_and_keeps_the_splits_apart() -> None:
+    train, held = generate(seed=0, kinds=filetasks.WIDE_KINDS)
+    assert {t.kind for t in train} == {t.kind for t in held} == set(filetasks.WIDE_KINDS)
+    names = [{n for t in split for n in (t.file, t.new_file) if n} for split in (train, held)]
+    assert not names[0] & names[1] and len({t.prompt for t in train + held}) == len(train) + len(held)
+    for task in train + held:  # each kind's end state differs from its start: doing nothing earns 0
+        assert task.start != task.expect.files or task.expect.absent, task
+    assert generate(seed=0, kinds=filetasks.KINDS) == generate(seed=0)  # the example's four, drawn as before
+
+
 def test_the_judge_reads_the_workspace_it_is_given(tmp_path: Path) -> None:
-    train, _ = generate(seed=0)
-    for task in train[:8]:  # two of each kind
+    train, _ = generate(seed=0, kinds=filetasks.WIDE_KINDS)
+    for task in train[:2 * len(filetasks.WIDE_KINDS)]:  # two of each kind
         ws = tmp_path / task.id
         ws.mkdir()
         for command in task.spec().get("workspace", {}).get("setup", []):
@@ -77,21 +87,34 @@ def sealed_rows(found: demos.DemoSet) -> list[dict[str, Any]]:
     return [row for m in reader.batches() for row in reader.read(m).table.to_pylist()]
 
 
+def wide_job(tmp_path: Path) -> tuple[Path, list[FileTask]]:
+    """The example job on the wide family's train tasks (one of each kind first)."""
+    write_dir = tmp_path / "wide"
+    filetasks.write(write_dir, kinds=filetasks.WIDE_KINDS)
+    job = (EXAMPLE / "job.yaml").read_text()
+    (write_dir / "job.yaml").write_text(job)
+    return write_dir / "job.yaml", filetasks.load_tasks(write_dir / filetasks.TRAIN_FILE)
+
+
 @pytest.mark.slow
 def test_demonstrations_through_pi_are_rewarded_only_for_the_work_and_train_on_sampled_tokens(
         harness_binaries: Any, tmp_path: Path) -> None:
-    job = EXAMPLE / "job.yaml"
-    tasks = filetasks.load_tasks(EXAMPLE / filetasks.TRAIN_FILE)[:5]
-    script = filetasks.demo_script(tasks[:4])
-    # the fifth session only claims the work: its final answer says it is done, no tool is called
-    script["routes"].append({"marker": tasks[4].prompt, "commands": [], "steps": [],
-                             "final_text": f"Created {tasks[4].file} with the text you asked for."})
-    found = demos.record(job, tmp_path / "demos", 5, script=script)
-    assert (found.sessions, found.accepted) == (5, 4), (tmp_path / "demos" / "record.log").read_text()[-3000:]
+    """One demonstration of each kind of the wide family (the example's four among them), plus a session that only
+    claims the work."""
+    job, wide = wide_job(tmp_path)
+    kinds = len(filetasks.WIDE_KINDS)
+    tasks = wide[:kinds + 1]
+    script = filetasks.demo_script(tasks[:kinds])
+    # the last session only claims the work: its final answer says it is done, no tool is called
+    script["routes"].append({"marker": tasks[kinds].prompt, "commands": [], "steps": [],
+                             "final_text": f"Created {tasks[kinds].file} with the text you asked for."})
+    found = demos.record(job, tmp_path / "demos", kinds + 1, script=script)
+    assert (found.sessions, found.accepted) == (kinds + 1, kinds), \
+        (tmp_path / "demos" / "record.log").read_text()[-3000:]
 
     tokenizer = scripted_backend_for("smollm2").tokenizer
     rows = sealed_rows(found)
-    assert sorted(r["task_id"] for r in rows) == sorted(t.id for t in tasks[:4])  # accepted ones only
+    assert sorted(r["task_id"] for r in rows) == sorted(t.id for t in tasks[:kinds])  # accepted ones only
     by_id = {t.id: t for t in tasks}
     for row in rows:
         records = session_records(tmp_path / "demos" / "work" / "capture", row["session_id"])
@@ -101,7 +124,7 @@ def test_demonstrations_through_pi_are_rewarded_only_for_the_work_and_train_on_s
         assert calls == filetasks.pi_steps(by_id[row["task_id"]])  # exact mode parsed Pi's own tool calls
         assert all(completion_text_is_canonical(tokenizer, r.completion_ids) for r in records.values())
 
-    assert demos.task_ids(found) == {t.id for t in tasks[:4]}  # what the loop puts last in each round
+    assert demos.task_ids(found) == {t.id for t in tasks[:kinds]}  # what the loop puts last in each round
     t = demos.tensors(found)
     assert int(t["loss_mask"].sum()) == sum(row["num_trainable"] for row in rows)
 

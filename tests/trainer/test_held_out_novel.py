@@ -28,12 +28,12 @@ def test_the_novel_set_is_worded_and_shaped_unlike_the_generator() -> None:
     tasks = job_tasks(job, EXAMPLE)
     assert len(tasks) * job.spec.tasks.samples_per_task >= 60  # sessions per checkpoint
     assert job.name != load_job(EXAMPLE / "held-out.yaml").name  # scored side by side, each under its name
-    templates = [template_pattern(t) for t in (*filetasks.CREATE, *filetasks.APPEND, *filetasks.RENAME, *filetasks.FIX)]
+    templates = [template_pattern(t) for t in filetasks.TEMPLATES]
     generated_name = re.compile(r"^[a-z]+[_-]?\d{1,2}\.(" + "|".join(filetasks.EXTENSIONS) + ")$")
     kinds = {t.metadata["kind"] for t in tasks}
-    assert len(kinds) >= 10 and not kinds & set(filetasks.KINDS), kinds
-    train, held = filetasks.generate(seed=0)
-    generated_prompts = {t.prompt for t in train + held}
+    assert len(kinds) >= 10 and not kinds & set(filetasks.WIDE_KINDS), kinds
+    train, held = filetasks.generate(seed=0, kinds=filetasks.WIDE_KINDS)
+    generated_prompts = {t.prompt for t in train + held + [t for s in filetasks.generate(seed=0) for t in s]}
     for task in tasks:
         assert not any(p.match(task.prompt) for p in templates), task.prompt
         assert task.prompt not in generated_prompts
