@@ -25,14 +25,14 @@ import argparse
 import json
 import random
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field
 
 FAMILY = "workspace-files"
-KINDS = ("create", "append", "rename", "fix")
-WIDE_KINDS = (*KINDS, "sort", "reverse", "upper", "create-two", "rename-append")
 Kind = Literal["create", "append", "rename", "fix", "sort", "reverse", "upper", "create-two", "rename-append"]
+WIDE_KINDS: tuple[str, ...] = get_args(Kind)
+KINDS = WIDE_KINDS[:4]  # the example's: create, append, rename, fix
 TRAIN_FILE = "train.jsonl"
 HELD_OUT_FILE = "held-out.jsonl"
 JUDGE_HOOK = "tracefleet.trainer.filetasks:judge"
@@ -195,31 +195,25 @@ def make_task(rng: random.Random, names: Names, kind: str, task_id: str) -> File
         return FileTask(id=task_id, kind="rename", prompt=rng.choice(RENAME).format(file=file, new=new_file),
                         start={file: lines}, expect=Expect(files={new_file: lines}, absent=[file]), file=file,
                         new_file=new_file)
-    if kind == "fix":
+    if kind in ("fix", "upper"):  # one line of the file changed: to another value, or to capitals
         lines = filler_lines(rng, rng.randint(2, 4))
         at = rng.randrange(len(lines))
         key, value = lines[at].split(" = ")
-        new = f"{key} = {rng.choice([w for w in WORDS if w != value])}"
+        new = f"{key} = {rng.choice([w for w in WORDS if w != value])}" if kind == "fix" else lines[at].upper()
         fixed = [*lines[:at], new, *lines[at + 1:]]
-        return FileTask(id=task_id, kind="fix", prompt=rng.choice(FIX).format(file=file, old=lines[at], new=new),
+        return FileTask(id=task_id, kind=kind, prompt=rng.choice(FIX if kind == "fix" else UPPER).format(
+                            file=file, old=lines[at], new=new),
                         start={file: lines}, expect=Expect(files={file: fixed}), file=file, old=lines[at], new=new)
     return wide_task(rng, names, kind, task_id, file)
 
 
 def wide_task(rng: random.Random, names: Names, kind: str, task_id: str, file: str) -> FileTask:
-    """An instance of one of WIDE_KINDS' added shapes."""
+    """An instance of one of WIDE_KINDS' added shapes (`upper` is made beside `fix`)."""
     if kind in ("sort", "reverse"):
         order = sorted if kind == "sort" else (lambda lines: lines[::-1])
         lines = word_lines(rng, order)
         return FileTask(id=task_id, kind=kind, prompt=rng.choice(SORT if kind == "sort" else REVERSE).format(file=file),
                         start={file: lines}, expect=Expect(files={file: order(lines)}), file=file)
-    if kind == "upper":
-        lines = filler_lines(rng, rng.randint(2, 4))
-        at = rng.randrange(len(lines))
-        new = lines[at].upper()
-        return FileTask(id=task_id, kind="upper", prompt=rng.choice(UPPER).format(file=file, old=lines[at]),
-                        start={file: lines}, expect=Expect(files={file: [*lines[:at], new, *lines[at + 1:]]}),
-                        file=file, old=lines[at], new=new)
     if kind == "create-two":
         second, text, other = names.take(), phrase(rng), phrase(rng)
         return FileTask(id=task_id, kind="create-two",
