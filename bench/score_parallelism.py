@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -31,8 +30,8 @@ from tracefleet.trainer.control import update_policy
 from tracefleet.trainer.loop import held_out_name, score_held_out
 from tracefleet.trainer.scores import line, mean_se
 
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "examples" / "harness-train"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness_loop import EXAMPLE, load  # noqa: E402  (bench/harness_loop.py: the example's folder, the load averages)
 
 
 def main() -> int:
@@ -61,13 +60,13 @@ def main() -> int:
         for path in a.held_out:
             name = held_out_name(path, a.held_out)
             for parallelism in a.parallelism:
-                load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+                load_before = load()
                 t0 = time.monotonic()
                 results = score_held_out(path, url, out, f"{name}-p{parallelism}", parallelism, a.limit)
                 seconds = time.monotonic() - t0
                 mean, se = mean_se([r.reward for r in results])
                 rows.append({"set": name, "parallelism": parallelism, "sessions": len(results),
-                             "seconds": round(seconds, 1), "mean": mean, "se": se, "load_before": load})
+                             "seconds": round(seconds, 1), "mean": mean, "se": se, "load_before": load_before})
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         if engine is not None:
