@@ -45,6 +45,7 @@ from tracefleet.engine.vllm_local import launch
 from tracefleet.trainer.loop import (
     DEFAULT_EPOCHS,
     DEFAULT_LR,
+    DEFAULT_SCHEDULE,
     DEFAULT_TRAIN_LAYERS,
     DEFAULT_WARM_LAYERS,
     DEFAULT_WARM_EPOCHS,
@@ -54,6 +55,7 @@ from tracefleet.trainer.loop import (
     LoopResult,
     ADVANTAGES,
     FLAT_GROUPS,
+    SCHEDULES,
     WARM_SCHEDULES,
     fmt,
     layers_text,
@@ -226,6 +228,8 @@ def main() -> int:
     p.add_argument("--kl", type=float, default=0.0, help="the KL penalty towards the warm start (0: none)")
     p.add_argument("--guide", type=float, default=0.0,
                    help="guided prefixes for tasks solved less than this share of the time (0: none)")
+    p.add_argument("--schedule", choices=SCHEDULES, default=DEFAULT_SCHEDULE,
+                   help="GRPO's steps beside the rollouts (overlap) or each with the engine paused (alternate)")
     p.add_argument("--job", type=Path, default=EXAMPLE / "job.yaml")
     p.add_argument("--held-out", type=Path, nargs="+",
                    default=[EXAMPLE / "held-out.yaml", EXAMPLE / "held-out-novel.yaml"],
@@ -276,7 +280,7 @@ def main() -> int:
                   f"on {layers_text(warm_layers_option(a.warm_layers))}, "
                   f"GRPO {a.minutes:g} min at {a.lr:g}; tasks in {a.task_sampling}, groups of "
                   f"{a.group_size or 'the job'}, advantage {a.advantage}, flat groups {a.flat_groups}, KL {a.kl:g}, guide "
-                  f"{a.guide:g}", flush=True)
+                  f"{a.guide:g}, schedule {a.schedule}", flush=True)
             r = run_loop(LoopOptions(job_path=a.job, iterations=a.iterations, minutes=a.minutes, lr=a.lr,
                                      max_lag=a.max_lag, seed=seed, traces_per_step=a.traces_per_step,
                                      output=out / f"seed-{seed}", engine_url=url, held_out=a.held_out,
@@ -286,7 +290,7 @@ def main() -> int:
                                      score_train=a.score_train, train_flat=a.train_flat,
                                      task_sampling=a.task_sampling, explore=a.explore, group_size=a.group_size,
                                      advantage=a.advantage, flat_groups=a.flat_groups, kl=a.kl, guide=a.guide,
-                                     score_base=not a.skip_base_score))
+                                     score_base=not a.skip_base_score, schedule=a.schedule))
             rows.append(seed_row(seed, r) | {"load": load()})
             print(json.dumps(rows[-1]), flush=True)
             (out / "bench.json").write_text(json.dumps({"base": base, "seeds": rows}, indent=1))

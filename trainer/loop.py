@@ -18,6 +18,9 @@ ahead than the bound lets their tokens be trained on. A batch with nothing left 
 (no update, no new version), and so is one in which no group has reward spread (every advantage 0: a zero
 gradient) unless `train_flat`; a step computes only the rows with a non-zero advantage (`with_signal`).
 
+The trainer keeps to one torch thread beside the rollouts (TRAINER_THREADS) and takes every core when it has the
+machine to itself: the warm start, and with `schedule` `alternate` each GRPO step, the engine paused (keep) for it.
+
 It stops after `iterations` steps or `minutes`, whichever comes first; each step prints one line (reward of
 the batch, train/inference mismatch, sync seconds, requests kept/aborted, stale tokens masked) and appends it to
 `loop.jsonl` in the run's folder. `held_out`: jobs whose tasks are scored (never trained on) before the first
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import sys
 import threading
@@ -83,6 +87,14 @@ DEFAULT_EPOCHS = 2
 # core vLLM holds, and each of its parallel regions waits for that thread. Measured on 2 cores, one 12-trace step:
 # 101 s with 2 threads beside the rollouts, 12 s with 1 thread alone and 6 s with 2 threads alone.
 TRAINER_THREADS = 1
+# When the trainer has the machine to itself, it takes every core the process may run on: the warm start (the
+# demonstrations are recorded before it and the engine is idle: one epoch over 16 of them took 81.4 s on 1
+# thread and 47.1 s on 2, the same NLL; bench/trainer_threads.py) and, with the `alternate` schedule, each GRPO step.
+# `overlap` runs the rollouts beside the trainer's steps (its one thread, TRAINER_THREADS); `alternate` pauses the
+# engine (mode keep: the sessions in flight frozen, nothing lost) for each step, which then trains on every core.
+Schedule = Literal["overlap", "alternate"]
+SCHEDULES: tuple[Schedule, ...] = ("overlap", "alternate")
+DEFAULT_SCHEDULE: Schedule = "overlap"
 # The advantage of a session in its group (tracefleet.traces.advantages): `grpo` divides r - mean by the group's
 # standard deviation, `dr-grpo` does not (Dr. GRPO: centred only). Not yet measured against each other here.
 Advantage = Literal["grpo", "dr-grpo"]
@@ -128,6 +140,7 @@ class LoopOptions:
     flat_groups: FlatGroups = "keep"
     kl: float = 0.0  # the KL penalty's coefficient towards the policy GRPO starts from (grpo_step); 0: none
     guide: float = 0.0  # guide the groups of tasks whose pass rate is below this (tracefleet.trainer.guide); 0: none
+    schedule: Schedule = DEFAULT_SCHEDULE  # GRPO's steps beside the rollouts, or each with the engine paused
 
 
 @dataclass
@@ -438,7 +451,7 @@ class Loop:
 
         o = self.o
         torch.manual_seed(o.seed)
-        torch.set_num_threads(o.torch_threads or TRAINER_THREADS)
+        torch.set_num_threads(o.torch_threads or machine_threads())  # the warm start: the engine idle
         if o.score_base:
             self._score(engine_url, run_dir, result, "before", 0)
         warm = o.demos or o.warm_start
@@ -448,6 +461,7 @@ class Loop:
             version, demonstrated = self._warm_start(policy, engine_url, run_dir, result)
             train_top(policy, o.train_layers)  # GRPO's layers; the engine keeps the warm start's below them
             self._score(engine_url, run_dir, result, "warm", version)
+        torch.set_num_threads(step_threads(o))
         optimizer = torch.optim.AdamW(trainable(policy), lr=o.lr)
         reference = reference_weights(policy) if o.kl else None  # the policy GRPO starts from: the warm start's
         loop_job = repeated_job(job, o.job_path.resolve().parent, o.iterations + o.max_lag + 2, o.traces_per_step,
@@ -465,11 +479,12 @@ class Loop:
                  f"{f' or {o.minutes:g} min' if o.minutes else ''}, lr {o.lr:g}, staleness bound {o.max_lag}; "
                  f"groups of {group_size}, tasks in {o.task_sampling}, advantage {o.advantage}, flat groups "
                  f"{o.flat_groups}{f', KL {o.kl:g} towards policy {version}' if o.kl else ''}"
-                 f"{f', groups of tasks solved less than {o.guide:g} of the time guided' if guide else ''}")
+                 f"{f', groups of tasks solved less than {o.guide:g} of the time guided' if guide else ''}; "
+                 f"schedule {o.schedule} (the trainer on {step_threads(o)} thread(s))")
         started = time.monotonic()
         deadline = started + o.minutes * 60 if o.minutes else math.inf
         reader = BatchReader(str(bucket), job.name, consumer=CONSUMER)
-        hold = GenerationHold(engine_url, reader, o.max_lag)
+        hold = GenerationHold(engine_url, reader, o.max_lag, every_step=o.schedule == "alternate")
         log = open(run_dir / "loop.jsonl", "a")  # noqa: SIM115
         board = StepLogger(run_dir, self.err)  # the same figures in TensorBoard event files (RUN/tensorboard/), MLflow
         try:
@@ -667,20 +682,25 @@ class GenerationHold:
     the engine is paused (mode keep: the requests in flight are frozen, not lost) until the next update resumes
     it. Checked when a step starts and every `poll_s` while it trains (the trainer's step takes as long as
     producing a batch or longer, and a check at the start alone let rollouts run ahead). `max_lag` 0: the engine
-    is paused for every step (on-policy)."""
+    is paused for every step (on-policy). `every_step` (the `alternate` schedule): the engine is paused for every
+    step whatever the backlog, the staleness bound unchanged (the tokens sampled before the pause are a version
+    old once the update lands, and trained on within `max_lag` 1)."""
 
-    def __init__(self, url: str, reader: Any, max_lag: int, poll_s: float = POLL_S) -> None:
-        self.url, self.reader, self.max_lag, self.poll_s = url, reader, max_lag, poll_s
+    def __init__(self, url: str, reader: Any, max_lag: int, poll_s: float = POLL_S, every_step: bool = False) -> None:
+        self.url, self.reader, self.max_lag, self.poll_s, self.every_step = url, reader, max_lag, poll_s, every_step
         self.held = False
-        self.holds = 0  # how often the engine was paused for the bound
+        self.holds = 0  # how often the engine was paused for the bound (not counting `every_step`'s pauses)
 
     def backlog(self, seq: int) -> int:
         return len([s for s in self.reader.seqs() if s > seq])
 
     def check(self, seq: int) -> None:
-        if not self.held and self.backlog(seq) >= self.max_lag:
+        if self.held:
+            return
+        bound = self.backlog(seq) >= self.max_lag
+        if bound or self.every_step:
             self._engine_call("pause")
-            self.held, self.holds = True, self.holds + 1
+            self.held, self.holds = True, self.holds + bound
 
     @contextmanager
     def watching(self, seq: int) -> Iterator[None]:
@@ -718,6 +738,17 @@ class GenerationHold:
             engine.pause("keep") if what == "pause" else engine.resume()
         finally:
             engine.close()
+
+
+def machine_threads() -> int:
+    """The cores this process may run on (its affinity; a container's CPU set, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def step_threads(o: LoopOptions) -> int:
+    """The trainer's torch threads for GRPO's steps: `--torch-threads`, else every core when each step has the
+    machine to itself (`alternate`), else one beside the rollouts (TRAINER_THREADS)."""
+    return o.torch_threads or (machine_threads() if o.schedule == "alternate" else TRAINER_THREADS)
 
 
 def with_signal(t: dict[str, Any]) -> dict[str, Any] | None:

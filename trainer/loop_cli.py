@@ -10,12 +10,14 @@ from tracefleet.trainer.loop import (
     ADVANTAGES,
     DEFAULT_EPOCHS,
     DEFAULT_LR,
+    DEFAULT_SCHEDULE,
     DEFAULT_TRAIN_LAYERS,
     DEFAULT_WARM_LAYERS,
     DEFAULT_WARM_EPOCHS,
     DEFAULT_WARM_LR,
     DEFAULT_WARM_SCHEDULE,
     FLAT_GROUPS,
+    SCHEDULES,
     TRAINER_THREADS,
     WARM_SCHEDULES,
     warm_layers_option,
@@ -118,8 +120,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="guided prefixes: a group of a task the rollouts solve less than BELOW of the time has its "
                              "first tool calls (all but the last) answered by the task's demonstration, as context "
                              "never trained on, fewer as its pass rate rises (default 0: none)")
+    parser.add_argument("--schedule", choices=SCHEDULES, default=DEFAULT_SCHEDULE,
+                        help="overlap: the rollouts sample while a GRPO step trains, the trainer on one thread "
+                             "(default); alternate: the engine is paused (keep) for each step, which trains on every core")
     parser.add_argument("--torch-threads", type=positive_int, metavar="N",
-                        help=f"CPU threads for the trainer (default {TRAINER_THREADS}: vLLM's CPU build holds the other cores)")
+                        help=f"CPU threads for the trainer (default: every core for the warm start and for alternate "
+                             f"steps; {TRAINER_THREADS} for overlap steps, vLLM's CPU build holding the other cores)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -156,7 +162,7 @@ def main(args: argparse.Namespace) -> int:
                           train_flat=args.train_flat, task_sampling=args.task_sampling,
                           explore=DEFAULT_EXPLORE if args.explore is None else args.explore,
                           group_size=args.group_size, advantage=args.advantage, flat_groups=args.flat_groups,
-                          kl=args.kl, guide=args.guide)
+                          kl=args.kl, guide=args.guide, schedule=args.schedule)
     result = run_loop(options)
     # a warm start is an update too: a run whose GRPO batches all lacked reward spread still trained
     return 0 if result.steps or result.warm else 1

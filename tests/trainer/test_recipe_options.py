@@ -15,7 +15,7 @@ import pytest
 from tracefleet.api.manifest import load_job
 from tracefleet.cli import main as cli_main
 from tracefleet.traces.advantages import group_advantages
-from tracefleet.trainer.loop import repeated_job, unsampled_trained_tokens
+from tracefleet.trainer.loop import LoopOptions, machine_threads, repeated_job, step_threads, unsampled_trained_tokens
 from tracefleet.trainer.scores import SetScores, line, paired_gain
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,6 +45,7 @@ def test_the_options_refuse_what_they_cannot_mean_in_one_line(capsys: Any) -> No
         (["--warm-layers", "8"], "--warm-layers applies to a warm start: give --demos or --warm-start"),
         (["--warm-schedule", "linear"], "--warm-schedule applies to a warm start: give --demos or --warm-start"),
         (["--demos", "4", "--warm-schedule", "cosine"], "invalid choice: 'cosine'"),
+        (["--schedule", "sometimes"], "invalid choice: 'sometimes'"),
     ]
     for extra, message in cases:
         capsys.readouterr()
@@ -56,6 +57,14 @@ def test_the_options_refuse_what_they_cannot_mean_in_one_line(capsys: Any) -> No
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, (argv, err)
         assert err.count("\n") == 1 or err.startswith("usage:"), err
+
+
+def test_the_trainer_takes_every_core_only_when_the_rollouts_are_paused() -> None:
+    """Beside the rollouts (`overlap`) the trainer keeps to one thread, vLLM's CPU build holding the other cores; with
+    the engine paused for each step (`alternate`) it takes every core; `--torch-threads` overrides both."""
+    assert step_threads(LoopOptions(job_path=HARNESS_JOB)) == 1
+    assert step_threads(LoopOptions(job_path=HARNESS_JOB, schedule="alternate")) == machine_threads() >= 1
+    assert step_threads(LoopOptions(job_path=HARNESS_JOB, schedule="alternate", torch_threads=3)) == 3
 
 
 def test_the_loop_refuses_a_trainable_token_no_policy_sampled() -> None:

@@ -235,7 +235,7 @@ def test_the_loops_trainer_top_layers_and_epochs_sync_exactly_what_it_holds(vllm
 def test_the_loops_generation_hold_pauses_the_engine_once_the_bound_is_reached(vllm_server: Any) -> None:
     """`tracefleet train`'s producer-side bound: while batch 0 trains, the engine samples on until `max_lag`
     sealed batches wait behind it, then is paused (keep) at once, not at the next step; a step that trains
-    nothing resumes it. With max_lag 0 every step pauses it (on-policy)."""
+    nothing resumes it. With max_lag 0 every step pauses it (on-policy), and so does the `alternate` schedule."""
     from types import SimpleNamespace
 
     from tracefleet.trainer.loop import GenerationHold
@@ -259,6 +259,12 @@ def test_the_loops_generation_hold_pauses_the_engine_once_the_bound_is_reached(v
         on_policy.check(0)
         assert on_policy.held and engine.is_paused()
         on_policy.release()
+        assert not engine.is_paused()
+        # the `alternate` schedule: every step pauses it, nothing waiting and the bound at 1; not counted as a hold
+        alternate = GenerationHold(vllm_server.url, SimpleNamespace(seqs=lambda: [0]), max_lag=1, every_step=True)
+        with alternate.watching(0):
+            assert alternate.held and engine.is_paused() and alternate.holds == 0
+        alternate.release()
         assert not engine.is_paused()
     finally:
         if engine.is_paused():
