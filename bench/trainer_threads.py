@@ -24,9 +24,11 @@ from pathlib import Path
 
 import torch
 
+from tracefleet.api.manifest import load_job
 from tracefleet.engine.vllm_local import converted_model
 from tracefleet.trainer import demos
 from tracefleet.trainer.grpo import load_policy, sft, trainable
+from tracefleet.trainer.jobs import trained_model
 from tracefleet.trainer.loop import DEFAULT_WARM_LAYERS, DEFAULT_WARM_LR
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,7 +51,7 @@ def main() -> int:
     t = demos.tensors(demos.find(out))
     print(f"{int(t['input_ids'].shape[0])} demonstrations, {int(t['loss_mask'].sum())} sampled tokens; one warm-start "
           f"epoch on the top {a.warm_layers} layers", flush=True)
-    model_dir = converted_model("smollm2")
+    model_dir = converted_model(trained_model(load_job(a.job)))  # the weights the loop trains for --job
     seconds: dict[int, list[float]] = {n: [] for n in a.threads}
     for _ in range(a.repeats):
         for n in a.threads:
