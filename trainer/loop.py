@@ -27,7 +27,7 @@ the batch, train/inference mismatch, sync seconds, requests kept/aborted, stale 
 update, after the warm start and after the last one, side by side (tracefleet.trainer.scores: paired gains).
 
 The recipe's levers (docs/training/real-harness.md): which task the rollouts run next (`task_sampling`,
-tracefleet.trainer.task_sampler), the group size, the advantage (`grpo` or `dr-grpo`) and what a flat group
+tracefleet.trainer.task_sampler), the group size, the advantage (`grpo`, `dr-grpo` or `positive`) and what a flat group
 counts for in the loss (`flat_groups`). Whatever they are, a token in the loss is one the engine sampled for the
 policy (`unsampled_trained_tokens` refuses a batch otherwise).
 """
@@ -96,9 +96,11 @@ Schedule = Literal["overlap", "alternate"]
 SCHEDULES: tuple[Schedule, ...] = ("overlap", "alternate")
 DEFAULT_SCHEDULE: Schedule = "overlap"
 # The advantage of a session in its group (tracefleet.traces.advantages): `grpo` divides r - mean by the group's
-# standard deviation, `dr-grpo` does not (Dr. GRPO: centred only). Not yet measured against each other here.
-Advantage = Literal["grpo", "dr-grpo"]
-ADVANTAGES: tuple[Advantage, ...] = ("grpo", "dr-grpo")
+# standard deviation, `dr-grpo` does not (Dr. GRPO: centred only); `positive` is `grpo`'s with every negative one
+# set to 0 (positive-sample reinforcement): only the sessions above their group's mean are pushed up, none pushed
+# down, so a sharp warm start's mass is not spread over what it failed with. Measured in docs/training/real-harness.md.
+Advantage = Literal["grpo", "dr-grpo", "positive"]
+ADVANTAGES: tuple[Advantage, ...] = ("grpo", "dr-grpo", "positive")
 # A group whose rewards are all equal (advantage 0, no gradient): `keep` it in the batch, its trainable tokens
 # counted in the loss's mean (the step's gradient is the whole batch's); `drop` it, the loss the mean over the
 # groups with spread (Tinker's remove_constant_reward_groups, ScaleRL's zero-variance filtering). Either way its
@@ -492,7 +494,9 @@ class Loop:
                 t_step = time.monotonic()
                 backlog = hold.backlog(batch.seq)
                 bound = max(0, version - o.max_lag)
-                t = batch.tensors(min_policy_version=bound, normalize_std=o.advantage == "grpo")
+                t = batch.tensors(min_policy_version=bound, normalize_std=o.advantage != "dr-grpo")
+                if o.advantage == "positive":
+                    t = positive_advantages(t)
                 group_ids = [g for g, k in zip(batch.table.column("group_id").to_pylist(), t["trained"].tolist(),
                                                strict=True) if k]
                 t = take_rows(t, t["trained"])  # the rows in the loss: the step's figures are theirs
@@ -762,6 +766,13 @@ def with_signal(t: dict[str, Any]) -> dict[str, Any] | None:
     if not keep.any():
         return None
     return t if keep.all() else take_rows(t, keep)
+
+
+def positive_advantages(t: dict[str, Any]) -> dict[str, Any]:
+    """`t` with every negative advantage (per token and per row) set to 0: a session below its group's mean then
+    adds nothing to the gradient (with_signal leaves its row out), one above it keeps its advantage."""
+    return {**t, "advantages": t["advantages"].clamp(min=0),
+            "sequence_advantages": t["sequence_advantages"].clamp(min=0)}
 
 
 def unsampled_trained_tokens(t: dict[str, Any]) -> int:

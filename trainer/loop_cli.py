@@ -109,7 +109,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-size", type=int, metavar="N",
                         help="sessions per task in a GRPO group (default: the job's samplesPerTask)")
     parser.add_argument("--advantage", choices=ADVANTAGES, default="grpo",
-                        help="grpo: (r - mean) / std in the group (default); dr-grpo: r - mean, not divided by the std")
+                        help="grpo: (r - mean) / std in the group (default); dr-grpo: r - mean, not divided by the std; "
+                             "positive: grpo's, the negative ones set to 0")
     parser.add_argument("--flat-groups", choices=FLAT_GROUPS, default="keep",
                         help="a group with no reward spread: keep it counted in the loss's token mean (default) or "
                              "drop it, the loss the mean over the groups with spread")

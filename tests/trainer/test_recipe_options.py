@@ -1,7 +1,8 @@
 """The recipe's levers as `tracefleet train` options, before anything starts: the group size reaches the job the
 rollouts run, the combinations that make no sense (or that would train on what the policy did not sample) are
 refused in one line with exit 2, the loop refuses a batch with a trainable token no policy version sampled, Dr.
-GRPO's advantages are centred and not divided by the std, and scored sets give their standard errors and paired
+GRPO's advantages are centred and not divided by the std, `positive` keeps only the advantages above 0 (the
+rows below their group's mean out of the step), and scored sets give their standard errors and paired
 gains. (`--flat-groups drop`'s loss: tests/trainer/test_signal_rows.py.)"""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import pytest
 from tracefleet.api.manifest import load_job
 from tracefleet.cli import main as cli_main
 from tracefleet.traces.advantages import group_advantages
-from tracefleet.trainer.loop import LoopOptions, machine_threads, repeated_job, step_threads, unsampled_trained_tokens
+from tracefleet.trainer.loop import (LoopOptions, machine_threads, positive_advantages, repeated_job, step_threads,
+                                     unsampled_trained_tokens, with_signal)
 from tracefleet.trainer.scores import SetScores, line, paired_gain
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,6 +85,23 @@ def test_dr_grpo_advantages_are_centred_not_scaled() -> None:
     dr = group_advantages(rewards, groups, normalize_std=False)
     np.testing.assert_allclose(dr, [0.75, -0.25, -0.25, -0.25, 0.0, 0.0])
     np.testing.assert_allclose(grpo[:4], dr[:4] / np.std([1.0, 0.0, 0.0, 0.0]), rtol=1e-5)
+
+
+def test_positive_advantages_reinforce_only_the_sessions_above_their_groups_mean() -> None:
+    import torch
+
+    rewards, groups = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0], ["a", "a", "a", "a", "b", "b"]
+    seq = torch.tensor(group_advantages(rewards, groups), dtype=torch.float32)
+    mask = torch.tensor([[0, 1, 1]] * 6, dtype=torch.float32)
+    t = {"input_ids": torch.arange(18).reshape(6, 3), "attention_mask": torch.ones(6, 3), "loss_mask": mask,
+         "sequence_advantages": seq,
+         "advantages": seq[:, None] * mask}
+    p = positive_advantages(t)
+    assert p["sequence_advantages"].tolist() == pytest.approx([float(seq[0]), 0, 0, 0, 0, 0])
+    assert bool((p["advantages"] >= 0).all()) and torch.equal(p["advantages"][0], t["advantages"][0])
+    assert t["sequence_advantages"].tolist() == seq.tolist()  # the batch's own tensors untouched
+    kept = with_signal(p)
+    assert kept is not None and kept["input_ids"].tolist() == [[0, 1, 2]]  # the rows below the mean: no pass
 
 
 def test_scores_give_standard_errors_and_paired_gains() -> None:

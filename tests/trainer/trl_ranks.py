@@ -40,3 +40,6 @@ trainer.train()
 rank = trainer.accelerator.process_index
 Path(out, f"rank-{rank}.json").write_text(json.dumps({
     "given": given, "syncs": [r.version for r in sync.reports], "ranks": trainer.accelerator.num_processes}))
+# gloo's worker threads outlive a process group nobody destroyed: at exit some runs end in SIGABRT
+# ("terminate called without an active exception"; docs/training/trainers.md)
+trainer.accelerator.end_training()
