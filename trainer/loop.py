@@ -98,7 +98,7 @@ DEFAULT_SCHEDULE: Schedule = "overlap"
 # The advantage of a session in its group (tracefleet.traces.advantages): `grpo` divides r - mean by the group's
 # standard deviation, `dr-grpo` does not (Dr. GRPO: centred only); `positive` is `grpo`'s with every negative one
 # set to 0 (positive-sample reinforcement): only the sessions above their group's mean are pushed up, none pushed
-# down, so a sharp warm start's mass is not spread over what it failed with. Measured in docs/training/real-harness.md.
+# down. Against `grpo` on the example's warm start (docs/training/real-harness.md) it gained no more, two seeds.
 Advantage = Literal["grpo", "dr-grpo", "positive"]
 ADVANTAGES: tuple[Advantage, ...] = ("grpo", "dr-grpo", "positive")
 # A group whose rewards are all equal (advantage 0, no gradient): `keep` it in the batch, its trainable tokens
