@@ -27,9 +27,9 @@ the batch, train/inference mismatch, sync seconds, requests kept/aborted, stale 
 update, after the warm start and after the last one, side by side (tracefleet.trainer.scores: paired gains).
 
 The recipe's levers (docs/training/real-harness.md): which task the rollouts run next (`task_sampling`,
-tracefleet.trainer.task_sampler), the group size, the advantage (`grpo`, `dr-grpo` or `positive`) and what a flat group
-counts for in the loss (`flat_groups`). Whatever they are, a token in the loss is one the engine sampled for the
-policy (`unsampled_trained_tokens` refuses a batch otherwise).
+tracefleet.trainer.task_sampler), the group size, the advantage (`grpo`, `dr-grpo` or `positive`) and what a flat
+group counts for in the loss (`flat_groups`). Whatever they are, a token in the loss is one the engine sampled for
+the policy (`unsampled_trained_tokens` refuses a batch otherwise).
 """
 
 from __future__ import annotations

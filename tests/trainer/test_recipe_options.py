@@ -94,8 +94,7 @@ def test_positive_advantages_reinforce_only_the_sessions_above_their_groups_mean
     seq = torch.tensor(group_advantages(rewards, groups), dtype=torch.float32)
     mask = torch.tensor([[0, 1, 1]] * 6, dtype=torch.float32)
     t = {"input_ids": torch.arange(18).reshape(6, 3), "attention_mask": torch.ones(6, 3), "loss_mask": mask,
-         "sequence_advantages": seq,
-         "advantages": seq[:, None] * mask}
+         "sequence_advantages": seq, "advantages": seq[:, None] * mask}
     p = positive_advantages(t)
     assert p["sequence_advantages"].tolist() == pytest.approx([float(seq[0]), 0, 0, 0, 0, 0])
     assert bool((p["advantages"] >= 0).all()) and torch.equal(p["advantages"][0], t["advantages"][0])
