@@ -79,7 +79,9 @@ WarmSchedule = Literal["constant", "linear"]
 WARM_SCHEDULES: tuple[WarmSchedule, ...] = ("constant", "linear")
 DEFAULT_WARM_SCHEDULE: WarmSchedule = "linear"
 # What bench/loop.py measured learning on the quickstart's tasks within 20 minutes on 2 cores (docs/performance.md,
-# "The loop"): AdamW at 1e-4 on the top 4 layers, two passes over each batch.
+# "The loop"): AdamW at 1e-4 on the top 4 layers, two passes over each batch. After the four-epoch warm start 2e-4
+# moved the policy without raising its score and 5e-4 broke its tool-call format (docs/training/real-harness.md,
+# "GRPO's step size on the four-epoch warm start").
 DEFAULT_LR = 1e-4
 DEFAULT_EPOCHS = 2
 # The trainer's torch threads unless told. vLLM's CPU build binds its OpenMP threads to every core but one
