@@ -28,6 +28,11 @@ estimator exp(ref_t - q_t) - (ref_t - q_t) - 1 (non-negative, 0 where they agree
 back a policy that GRPO's few-group batches move away from what the warm start taught (measured in
 docs/training/real-harness.md: without it the held-out sessions' tools collapse onto one).
 
+With a `target_kl` K > 0 the step measures how far it moved the policy: the mean per trainable token of
+KL(p || q) by the estimator (r_t - 1) - log r_t (r_t as above, after the update; the tokens were sampled near p).
+A pass that finds it above KL_STOP * K makes no further update (PPO's early stop), and the loop adapts its next
+learning rate to hold the step near K (tracefleet.trainer.step_size).
+
 Every step reports the train/inference mismatch over its trainable tokens: mean and max |p_t - b_t| and the
 mean, min, max of exp(p_t - b_t) and the share of tokens capped. Tokens sampled more than `max_lag` versions
 behind the newest are masked out of the loss by the reader (asynchrony with a staleness bound).
@@ -50,6 +55,7 @@ from tracefleet.traces import BatchReader
 from tracefleet.traces.reader import take_rows
 
 from tracefleet.trainer.control import engine_version, update_policy
+from tracefleet.trainer.step_size import KL_STOP
 
 DEFAULT_CLIP = 0.2
 DEFAULT_TIS_CAP = 2.0
@@ -243,7 +249,8 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
               temperature: torch.Tensor | float | None = None,
               clip: float = DEFAULT_CLIP, tis_cap: float = DEFAULT_TIS_CAP,
               policy_version: int | None = None, epochs: int = 1, tokens: float | None = None,
-              reference: dict[str, torch.Tensor] | None = None, kl_coef: float = 0.0) -> dict[str, float]:
+              reference: dict[str, torch.Tensor] | None = None, kl_coef: float = 0.0,
+              target_kl: float = 0.0) -> dict[str, float]:
     """One GRPO step with the TIS correction over the reader's tensors (`Batch.tensors()`); its stats.
     `temperature` None: each token's own, as its span records it (the reader's `temperatures`).
     `policy_version`: the version of the weights the trainer holds before the step; the mismatch is then also
@@ -257,7 +264,9 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
     `t` holds only its rows with a non-zero advantage (tracefleet.trainer.loop.with_signal), so the gradient is
     the whole batch's.
     `reference`, `kl_coef`: the KL penalty above (`reference_weights` makes the reference); `kl` in the stats is
-    the first pass's mean estimate per trainable token."""
+    the first pass's mean estimate per trainable token.
+    `target_kl`: measure the step (`step_kl`, the KL of the weights after it from those before, per trainable token)
+    and stop its passes early once that passes KL_STOP times it; `updates` is how many it made."""
     if epochs < 1:
         raise ValueError("epochs must be at least 1")
     if kl_coef and reference is None:
@@ -277,6 +286,10 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
     losses, clipped = [], []
     for _ in range(epochs):
         new = sampled_logprobs(model, ids, attention, mask, temperature, prefix)
+        if old is not None and target_kl:
+            stats["step_kl"] = step_kl(old, new.detach(), mask)
+            if stats["step_kl"] > KL_STOP * target_kl:
+                break  # this pass's weights have moved far enough: no further update on this batch
         if old is None:
             # the first pass's weights are the ones before the step: their logprobs, detached, are p_t
             old = new.detach()
@@ -299,8 +312,20 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
         optimizer.step()
         losses.append(loss.item())
         clipped.append(float((((ratio - 1).abs() > clip) * mask).sum() / mask.sum().clamp(min=1)))
-    stats.update({"loss": losses[0], "loss_last": losses[-1], "epochs": epochs, "clipped_share": clipped[-1]})
+    if target_kl and len(losses) == epochs:
+        with torch.no_grad():  # every pass updated: the last update's weights measured once more
+            stats["step_kl"] = step_kl(old, sampled_logprobs(model, ids, attention, mask, temperature, prefix), mask)
+    stats.update({"loss": losses[0], "loss_last": losses[-1], "epochs": epochs, "updates": len(losses),
+                  "clipped_share": clipped[-1]})
     return stats
+
+
+def step_kl(old: torch.Tensor, new: torch.Tensor, mask: torch.Tensor) -> float:
+    """The mean per trainable token of KL(old || new), by the estimator (r - 1) - log r with r = exp(new - old):
+    non-negative, 0 where the two agree, unbiased for tokens sampled from `old` (Schulman's k3)."""
+    log_ratio = (new - old) * mask
+    k3 = torch.exp(log_ratio) - 1 - log_ratio
+    return float((k3 * mask).sum() / mask.sum().clamp(min=1))
 
 
 def reference_weights(model: Any) -> dict[str, torch.Tensor]:

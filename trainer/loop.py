@@ -50,6 +50,7 @@ from typing import Any, Literal, TextIO
 from tracefleet.trainer.jobs import TRAIN_MODELS, job_tasks, trained_model, with_tasks
 from tracefleet.trainer.scores import SetScores
 from tracefleet.trainer.scores import line as score_line
+from tracefleet.trainer.step_size import adapted_lr
 from tracefleet.trainer.task_sampler import (DEFAULT_EXPLORE, ROUND_SEP, TaskSampler, TaskSampling, base_task,
                                              task_kind)
 from tracefleet.usage import UsageError
@@ -143,6 +144,7 @@ class LoopOptions:
     advantage: Advantage = "grpo"
     flat_groups: FlatGroups = "keep"
     kl: float = 0.0  # the KL penalty's coefficient towards the policy GRPO starts from (grpo_step); 0: none
+    target_kl: float = 0.0  # each step's KL from the policy before it, held near this by the learning rate; 0: fixed
     guide: float = 0.0  # guide the groups of tasks whose pass rate is below this (tracefleet.trainer.guide); 0: none
     schedule: Schedule = DEFAULT_SCHEDULE  # GRPO's steps beside the rollouts, or each with the engine paused
 
@@ -201,9 +203,10 @@ def sci(value: float | None) -> str:
 def step_line(s: dict[str, Any]) -> str:
     """One step as the command prints it."""
     kl = f"KL {sci(s.get('kl'))}  " if "kl" in s else ""
+    step = f"lr {s['lr']:.3g}, step KL {sci(s['step_kl'])} in {s['updates']} update(s)  " if "step_kl" in s else ""
     return (f"step {s['step']:>3}  v{s['version']}  reward {fmt(s['reward_mean'])} ({s['rows']} traces, "
             f"{s['groups_with_signal']}/{s['groups']} groups with signal)  loss {fmt(s.get('loss'), 4)}  "
-            f"{kl}"
+            f"{kl}{step}"
             f"|dlogprob| mean {sci(s.get('mean_abs_dlogprob'))} max {sci(s.get('max_abs_dlogprob'))}  "
             f"(same version {sci(s.get('same_version_max_abs_dlogprob'))})  "
             f"ratio [{fmt(s.get('ratio_min'), 3)}, {fmt(s.get('ratio_max'), 3)}]  "
@@ -374,6 +377,8 @@ class Loop:
             raise UsageError("--explore must be between 0 and 1")
         if o.kl < 0:
             raise UsageError("--kl must be 0 (no penalty) or more")
+        if o.target_kl < 0:
+            raise UsageError("--target-kl must be 0 (the learning rate fixed) or more")
         if o.guide < 0:
             raise UsageError("--guide must be 0 (no guide) or a pass rate up to 1")
         if o.train_flat and o.flat_groups == "drop":
@@ -483,6 +488,7 @@ class Loop:
                  f"{f' or {o.minutes:g} min' if o.minutes else ''}, lr {o.lr:g}, staleness bound {o.max_lag}; "
                  f"groups of {group_size}, tasks in {o.task_sampling}, advantage {o.advantage}, flat groups "
                  f"{o.flat_groups}{f', KL {o.kl:g} towards policy {version}' if o.kl else ''}"
+                 f"{f', the rate adapted to a KL of {o.target_kl:g} per step' if o.target_kl else ''}"
                  f"{f', groups of tasks solved less than {o.guide:g} of the time guided' if guide else ''}; "
                  f"schedule {o.schedule} (the trainer on {step_threads(o)} thread(s))")
         started = time.monotonic()
@@ -530,7 +536,11 @@ class Loop:
                 with hold.watching(batch.seq):
                     stats = grpo_step(policy, optimizer, signal or t, policy_version=version, epochs=o.epochs,
                                       tokens=float(t["loss_mask"].sum()) if o.flat_groups == "keep" else None,
-                                      reference=reference, kl_coef=o.kl)
+                                      reference=reference, kl_coef=o.kl, target_kl=o.target_kl)
+                stats["lr"] = optimizer.param_groups[0]["lr"]
+                if o.target_kl:
+                    for group in optimizer.param_groups:
+                        group["lr"] = adapted_lr(stats["lr"], stats["step_kl"], o.target_kl, o.lr)
                 train_s = time.monotonic() - t_step
                 version += 1
                 ckpt = save_weights(policy, run_dir / "checkpoints" / f"policy-{version}")

@@ -22,6 +22,7 @@ from tracefleet.trainer.loop import (
     WARM_SCHEDULES,
     warm_layers_option,
 )
+from tracefleet.trainer.step_size import KL_STOP, LR_FACTOR, LR_RANGE
 from tracefleet.trainer.task_sampler import DEFAULT_EXPLORE, TASK_SAMPLINGS
 from tracefleet.usage import UsageError, positive_int
 
@@ -117,6 +118,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kl", type=float, default=0.0, metavar="BETA",
                         help="add BETA times the KL divergence from the policy GRPO starts from (the warm start's) to "
                              "the loss, over the trained tokens (default 0: none)")
+    parser.add_argument("--target-kl", type=float, default=0.0, metavar="K",
+                        help=f"adapt the learning rate to each step's KL from the policy before it: {LR_FACTOR:g}x "
+                             f"lower after a step above 2K, {LR_FACTOR:g}x higher after one below K/2, within "
+                             f"{LR_RANGE:g}x of --lr; a step's next pass is not taken above {KL_STOP:g}K (default 0: "
+                             "the rate fixed at --lr)")
     parser.add_argument("--guide", type=float, default=0.0, metavar="BELOW",
                         help="guided prefixes: a group of a task the rollouts solve less than BELOW of the time has its "
                              "first tool calls (all but the last) answered by the task's demonstration, as context "
@@ -163,7 +169,7 @@ def main(args: argparse.Namespace) -> int:
                           train_flat=args.train_flat, task_sampling=args.task_sampling,
                           explore=DEFAULT_EXPLORE if args.explore is None else args.explore,
                           group_size=args.group_size, advantage=args.advantage, flat_groups=args.flat_groups,
-                          kl=args.kl, guide=args.guide, schedule=args.schedule)
+                          kl=args.kl, target_kl=args.target_kl, guide=args.guide, schedule=args.schedule)
     result = run_loop(options)
     # a warm start is an update too: a run whose GRPO batches all lacked reward spread still trained
     return 0 if result.steps or result.warm else 1

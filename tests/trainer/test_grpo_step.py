@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tracefleet.trainer import grpo
+from tracefleet.trainer.step_size import KL_STOP
 from tracefleet.trainer.grpo import (SHARED_MIN_TOKENS, frozen_prefix, grpo_step, load_policy, sampled_logprobs,
                                      save_weights, sft, shared_tokens, token_logprobs, trainable, trained_from)
 
@@ -171,6 +172,36 @@ def test_the_kl_penalty_is_zero_at_the_reference_and_pulls_back_towards_it(model
     assert kl_from_reference(with_kl) < moved / 2
     with pytest.raises(ValueError, match="reference"):
         grpo_step(with_kl, torch.optim.SGD(trainable(with_kl), lr=0.5), t, kl_coef=0.1)
+
+
+def test_a_target_kl_measures_the_step_and_stops_its_passes_once_it_has_moved_far_enough(model_dir: Path) -> None:
+    t = batch()
+    with torch.no_grad():
+        t["old_logprobs"] = token_logprobs(load_policy(model_dir, TRAINED), t["input_ids"], t["attention_mask"],
+                                           t["temperatures"])
+
+    def step(lr: float, target: float) -> tuple[dict[str, float], float]:
+        policy = load_policy(model_dir, TRAINED)
+        with torch.no_grad():
+            before = token_logprobs(policy, t["input_ids"], t["attention_mask"], t["temperatures"], t["loss_mask"])
+        stats = grpo_step(policy, torch.optim.AdamW(trainable(policy), lr=lr), t, epochs=3, target_kl=target)
+        with torch.no_grad():
+            after = token_logprobs(policy, t["input_ids"], t["attention_mask"], t["temperatures"], t["loss_mask"])
+        return stats, grpo.step_kl(before, after, t["loss_mask"])
+
+    # a small step: every pass updates, and step_kl is the KL of the weights after the last from those before
+    small, moved = step(1e-4, 1.0)
+    assert small["updates"] == small["epochs"] == 3
+    assert 0 < small["step_kl"] == pytest.approx(moved, rel=1e-4)
+    # a large step against a small target: the second pass measures the first update, past KL_STOP x the target,
+    # and makes no further update; the step's KL is that first update's
+    large, moved = step(0.05, 1e-6)
+    assert large["updates"] == 1 and large["step_kl"] > KL_STOP * 1e-6
+    assert large["step_kl"] == pytest.approx(moved, rel=1e-4)
+    assert "step_kl" not in grpo_step(load_policy(model_dir, TRAINED),
+                                      torch.optim.AdamW(trainable(load_policy(model_dir, TRAINED))), t)
+    # KL(p || p) is 0 and the estimator never negative
+    assert grpo.step_kl(t["old_logprobs"], t["old_logprobs"], t["loss_mask"]) == 0.0
 
 
 def test_a_warm_start_update_runs_its_rows_together_padded_and_measures_each_rows_own_nll(model_dir: Path) -> None:
