@@ -4,7 +4,7 @@
         [--warm-schedule linear] [--score-limit 60] [--score-train 24] [--base-sample 8] [--base-models gemma3-270m]
         [--base-presets codex] [--base-context 8192] [--train-flat] [--task-sampling spread] [--explore 0.25]
         [--group-size 2] [--advantage dr-grpo] [--flat-groups drop] [--kl 0.05] [--target-kl 0.02]
-        [--guide 0.3]
+        [--demo-mix 1] [--guide 0.3]
         [--job examples/harness-train/job.yaml]
         [--held-out examples/harness-train/held-out.yaml examples/harness-train/held-out-novel.yaml]
         [--skip-base-score] [--rows EARLIER/bench.json] [--vllm-url URL] [--out DIR]
@@ -229,6 +229,8 @@ def main() -> int:
     p.add_argument("--kl", type=float, default=0.0, help="the KL penalty towards the warm start (0: none)")
     p.add_argument("--target-kl", type=float, default=0.0,
                    help="the learning rate adapted to hold each step's KL near this (0: fixed at --lr)")
+    p.add_argument("--demo-mix", type=float, default=0.0,
+                   help="each GRPO update also minimises this times the demonstrations' NLL (0: none)")
     p.add_argument("--guide", type=float, default=0.0,
                    help="guided prefixes for tasks solved less than this share of the time (0: none)")
     p.add_argument("--schedule", choices=SCHEDULES, default=DEFAULT_SCHEDULE,
@@ -283,7 +285,7 @@ def main() -> int:
                   f"on {layers_text(warm_layers_option(a.warm_layers))}, "
                   f"GRPO {a.minutes:g} min at {a.lr:g}; tasks in {a.task_sampling}, groups of "
                   f"{a.group_size or 'the job'}, advantage {a.advantage}, flat groups {a.flat_groups}, KL {a.kl:g}, "
-                  f"target KL {a.target_kl:g}, guide "
+                  f"target KL {a.target_kl:g}, demo mix {a.demo_mix:g}, guide "
                   f"{a.guide:g}, schedule {a.schedule}", flush=True)
             r = run_loop(LoopOptions(job_path=a.job, iterations=a.iterations, minutes=a.minutes, lr=a.lr,
                                      max_lag=a.max_lag, seed=seed, traces_per_step=a.traces_per_step,
@@ -294,7 +296,7 @@ def main() -> int:
                                      score_train=a.score_train, train_flat=a.train_flat,
                                      task_sampling=a.task_sampling, explore=a.explore, group_size=a.group_size,
                                      advantage=a.advantage, flat_groups=a.flat_groups, kl=a.kl, target_kl=a.target_kl,
-                                     guide=a.guide,
+                                     demo_mix=a.demo_mix, guide=a.guide,
                                      score_base=not a.skip_base_score, schedule=a.schedule))
             rows.append(seed_row(seed, r) | {"load": load()})
             print(json.dumps(rows[-1]), flush=True)

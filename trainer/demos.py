@@ -123,10 +123,23 @@ def task_ids(demos: DemoSet) -> frozenset[str]:
 
 def tensors(demos: DemoSet) -> dict[str, Any]:
     """Every sealed demonstration's trainable rows as one padded batch (the reader's tensors), in DEMO_ORDER."""
+    from tracefleet.traces.reader import padded_tensors
+
+    table = rewarded(demos)
+    # the scripted engine's logprobs are stand-ins; supervised training reads only tokens and masks
+    return padded_tensors(table, advantages=[1.0] * table.num_rows, allow_raw_logprobs=True)
+
+
+def row_tasks(demos: DemoSet) -> list[str]:
+    """The task id of each of `tensors`' rows, in the same order."""
+    return rewarded(demos).column("task_id").to_pylist()
+
+
+def rewarded(demos: DemoSet) -> Any:
+    """The sealed demonstrations the evaluator rewarded, their training table in DEMO_ORDER."""
     import pyarrow as pa
 
     from tracefleet.traces import BatchReader
-    from tracefleet.traces.reader import padded_tensors
 
     reader = BatchReader(str(demos.folder), demos.job, consumer="warm-start")
     tables = [reader.read(m).training_table() for m in reader.batches()]
@@ -138,9 +151,7 @@ def tensors(demos: DemoSet) -> dict[str, Any]:
     # sealed in the order the sessions finished, which differs run to run; in task order (trace ids are the
     # session's, made from the job: a total order) the warm start's rows, so its shuffle for a seed and its
     # weights, are the same whenever the demonstrations are
-    table = table.sort_by([(key, "ascending") for key in DEMO_ORDER])
-    # the scripted engine's logprobs are stand-ins; supervised training reads only tokens and masks
-    return padded_tensors(table, advantages=[1.0] * table.num_rows, allow_raw_logprobs=True)
+    return table.sort_by([(key, "ascending") for key in DEMO_ORDER])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -250,7 +250,8 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
               clip: float = DEFAULT_CLIP, tis_cap: float = DEFAULT_TIS_CAP,
               policy_version: int | None = None, epochs: int = 1, tokens: float | None = None,
               reference: dict[str, torch.Tensor] | None = None, kl_coef: float = 0.0,
-              target_kl: float = 0.0) -> dict[str, float]:
+              target_kl: float = 0.0, demos: dict[str, torch.Tensor] | None = None,
+              demo_coef: float = 0.0) -> dict[str, float]:
     """One GRPO step with the TIS correction over the reader's tensors (`Batch.tensors()`); its stats.
     `temperature` None: each token's own, as its span records it (the reader's `temperatures`).
     `policy_version`: the version of the weights the trainer holds before the step; the mismatch is then also
@@ -266,17 +267,23 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
     `reference`, `kl_coef`: the KL penalty above (`reference_weights` makes the reference); `kl` in the stats is
     the first pass's mean estimate per trainable token.
     `target_kl`: measure the step (`step_kl`, the KL of the weights after it from those before, per trainable token)
-    and stop its passes early once that passes KL_STOP times it; `updates` is how many it made."""
+    and stop its passes early once that passes KL_STOP times it; `updates` is how many it made.
+    `demos`, `demo_coef`: every pass's loss also holds demo_coef times the mean NLL per token of the demonstrations'
+    completions (their loss mask; at temperature 1, as the warm start trained them), a term of its own beside
+    GRPO's (tracefleet.trainer.demo_mix); `demo_nll` in the stats is the first pass's."""
     if epochs < 1:
         raise ValueError("epochs must be at least 1")
     if kl_coef and reference is None:
         raise ValueError("a KL penalty needs the reference weights")
+    if demo_coef and demos is None:
+        raise ValueError("a demonstration term needs the demonstrations")
     if temperature is None:
         temperature = t.get("temperatures", 1.0)
     ids, attention = t["input_ids"], t["attention_mask"]
     mask, adv, engine_lp = t["loss_mask"], t["advantages"], t["old_logprobs"]
     prefix = frozen_prefix(model, ids, attention)
     n = mask.sum().clamp(min=1) if tokens is None else torch.tensor(max(tokens, 1.0))
+    demo_prefix = frozen_prefix(model, demos["input_ids"], demos["attention_mask"]) if demo_coef else None
     ref = None
     if kl_coef:
         with torch.no_grad(), holding(model, reference or {}):
@@ -307,6 +314,11 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
             if len(losses) == 0:
                 stats["kl"] = float(kl.detach().sum() / mask.sum().clamp(min=1))
             loss = loss + kl_coef * kl.sum() / n
+        if demo_coef:
+            demo_nll = demo_loss(model, demos, demo_prefix)  # type: ignore[arg-type]
+            if len(losses) == 0:
+                stats["demo_nll"] = float(demo_nll.detach())
+            loss = loss + demo_coef * demo_nll
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -318,6 +330,13 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.T
     stats.update({"loss": losses[0], "loss_last": losses[-1], "epochs": epochs, "updates": len(losses),
                   "clipped_share": clipped[-1]})
     return stats
+
+
+def demo_loss(model: Any, demos: dict[str, torch.Tensor], prefix: torch.Tensor | None) -> torch.Tensor:
+    """The mean NLL per token of the demonstrations' completions, with its graph (sft's loss)."""
+    mask = demos["loss_mask"]
+    lp = sampled_logprobs(model, demos["input_ids"], demos["attention_mask"], mask, 1.0, prefix)
+    return -(lp * mask).sum() / mask.sum().clamp(min=1)
 
 
 def step_kl(old: torch.Tensor, new: torch.Tensor, mask: torch.Tensor) -> float:
@@ -383,9 +402,9 @@ def sft(model: Any, optimizer: torch.optim.Optimizer, t: dict[str, torch.Tensor]
             ids, att, mask, prefix = _padded(chunk)
             n = float(mask.sum())
             optimizer.zero_grad()
-            lp = sampled_logprobs(model, ids, att, mask, 1.0, prefix)
-            (-(lp * mask).sum() / n).backward()
-            total += float(-(lp.detach() * mask).sum())
+            loss = demo_loss(model, {"input_ids": ids, "attention_mask": att, "loss_mask": mask}, prefix)
+            loss.backward()
+            total += float(loss.detach()) * n
             optimizer.step()
             rate.step()
             count += n

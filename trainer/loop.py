@@ -145,6 +145,7 @@ class LoopOptions:
     flat_groups: FlatGroups = "keep"
     kl: float = 0.0  # the KL penalty's coefficient towards the policy GRPO starts from (grpo_step); 0: none
     target_kl: float = 0.0  # each step's KL from the policy before it, held near this by the learning rate; 0: fixed
+    demo_mix: float = 0.0  # each GRPO update also minimises this times the demonstrations' NLL (demo_mix); 0: none
     guide: float = 0.0  # guide the groups of tasks whose pass rate is below this (tracefleet.trainer.guide); 0: none
     schedule: Schedule = DEFAULT_SCHEDULE  # GRPO's steps beside the rollouts, or each with the engine paused
 
@@ -204,6 +205,7 @@ def step_line(s: dict[str, Any]) -> str:
     """One step as the command prints it."""
     kl = f"KL {sci(s.get('kl'))}  " if "kl" in s else ""
     step = f"lr {s['lr']:.3g}, step KL {sci(s['step_kl'])} in {s['updates']} update(s)  " if "step_kl" in s else ""
+    step += f"demo NLL {sci(s['demo_nll'])}  " if "demo_nll" in s else ""
     return (f"step {s['step']:>3}  v{s['version']}  reward {fmt(s['reward_mean'])} ({s['rows']} traces, "
             f"{s['groups_with_signal']}/{s['groups']} groups with signal)  loss {fmt(s.get('loss'), 4)}  "
             f"{kl}{step}"
@@ -359,6 +361,7 @@ class Loop:
         self.o = options
         self.out = out
         self.err = err
+        self.demo_mix: Any = None  # the demonstrations' rows each GRPO step mixes in (--demo-mix), by kind
 
     def say(self, text: str) -> None:
         print(f"tracefleet train: {text}", file=self.err, flush=True)
@@ -379,6 +382,11 @@ class Loop:
             raise UsageError("--kl must be 0 (no penalty) or more")
         if o.target_kl < 0:
             raise UsageError("--target-kl must be 0 (the learning rate fixed) or more")
+        if o.demo_mix < 0:
+            raise UsageError("--demo-mix must be 0 (none) or more")
+        if o.demo_mix and not (o.demos or o.warm_start):
+            raise UsageError("--demo-mix mixes the warm start's demonstrations into GRPO's steps: give --demos or "
+                             "--warm-start")
         if o.guide < 0:
             raise UsageError("--guide must be 0 (no guide) or a pass rate up to 1")
         if o.train_flat and o.flat_groups == "drop":
@@ -489,6 +497,7 @@ class Loop:
                  f"groups of {group_size}, tasks in {o.task_sampling}, advantage {o.advantage}, flat groups "
                  f"{o.flat_groups}{f', KL {o.kl:g} towards policy {version}' if o.kl else ''}"
                  f"{f', the rate adapted to a KL of {o.target_kl:g} per step' if o.target_kl else ''}"
+                 f"{f', {o.demo_mix:g} x the NLL of a demonstration of every kind per update' if o.demo_mix else ''}"
                  f"{f', groups of tasks solved less than {o.guide:g} of the time guided' if guide else ''}; "
                  f"schedule {o.schedule} (the trainer on {step_threads(o)} thread(s))")
         started = time.monotonic()
@@ -536,7 +545,9 @@ class Loop:
                 with hold.watching(batch.seq):
                     stats = grpo_step(policy, optimizer, signal or t, policy_version=version, epochs=o.epochs,
                                       tokens=float(t["loss_mask"].sum()) if o.flat_groups == "keep" else None,
-                                      reference=reference, kl_coef=o.kl, target_kl=o.target_kl)
+                                      reference=reference, kl_coef=o.kl, target_kl=o.target_kl,
+                                      demos=self.demo_mix.rows(len(result.steps)) if self.demo_mix else None,
+                                      demo_coef=o.demo_mix)
                 stats["lr"] = optimizer.param_groups[0]["lr"]
                 if o.target_kl:
                     for group in optimizer.param_groups:
@@ -626,6 +637,12 @@ class Loop:
         else:
             found = demos.find(o.warm_start)  # type: ignore[arg-type]
         t, demonstrated = demos.tensors(found), demos.task_ids(found)
+        if o.demo_mix:
+            from tracefleet.api.manifest import load_job
+            from tracefleet.trainer.demo_mix import DemoMix, row_kinds
+
+            tasks = job_tasks(load_job(o.job_path), o.job_path.resolve().parent)
+            self.demo_mix = DemoMix(t, row_kinds(demos.row_tasks(found), tasks))
         self.say(f"warm start on {int(t['input_ids'].shape[0])} demonstrations "
                  f"({int(t['loss_mask'].sum())} sampled tokens), {o.warm_epochs} epochs, lr {o.warm_lr:g} "
                  f"({o.warm_schedule}), "

@@ -123,6 +123,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              f"lower after a step above 2K, {LR_FACTOR:g}x higher after one below K/2, within "
                              f"{LR_RANGE:g}x of --lr; a step's next pass is not taken above {KL_STOP:g}K (default 0: "
                              "the rate fixed at --lr)")
+    parser.add_argument("--demo-mix", type=float, default=0.0, metavar="COEF",
+                        help="each GRPO update also minimises COEF times the NLL of the warm start's demonstrations, "
+                             "one of every kind in turn, in a term of their own (PPO-ptx; needs --demos or "
+                             "--warm-start; default 0: none)")
     parser.add_argument("--guide", type=float, default=0.0, metavar="BELOW",
                         help="guided prefixes: a group of a task the rollouts solve less than BELOW of the time has its "
                              "first tool calls (all but the last) answered by the task's demonstration, as context "
@@ -169,7 +173,8 @@ def main(args: argparse.Namespace) -> int:
                           train_flat=args.train_flat, task_sampling=args.task_sampling,
                           explore=DEFAULT_EXPLORE if args.explore is None else args.explore,
                           group_size=args.group_size, advantage=args.advantage, flat_groups=args.flat_groups,
-                          kl=args.kl, target_kl=args.target_kl, guide=args.guide, schedule=args.schedule)
+                          kl=args.kl, target_kl=args.target_kl, demo_mix=args.demo_mix,
+                          guide=args.guide, schedule=args.schedule)
     result = run_loop(options)
     # a warm start is an update too: a run whose GRPO batches all lacked reward spread still trained
     return 0 if result.steps or result.warm else 1

@@ -204,6 +204,29 @@ def test_a_target_kl_measures_the_step_and_stops_its_passes_once_it_has_moved_fa
     assert grpo.step_kl(t["old_logprobs"], t["old_logprobs"], t["loss_mask"]) == 0.0
 
 
+def test_the_demonstration_term_lowers_their_nll_beside_grpos_and_needs_them(model_dir: Path) -> None:
+    """--demo-mix: a term of its own, the demonstrations' mean NLL over their completions (sft's loss), that moves
+    the policy towards them even when GRPO's batch has no advantage left."""
+    t = batch()
+    demos = batch(rows=4, length=24)
+    policy = load_policy(model_dir, TRAINED)
+    with torch.no_grad():
+        before = float(grpo.demo_loss(policy, demos, None))
+    still = t | {"advantages": torch.zeros_like(t["advantages"])}
+    stats = grpo_step(policy, torch.optim.AdamW(trainable(policy), lr=0.01), still, epochs=3, demos=demos,
+                      demo_coef=1.0)
+    assert stats["demo_nll"] == pytest.approx(before, rel=1e-5)  # the first pass's, before any update
+    with torch.no_grad():
+        assert float(grpo.demo_loss(policy, demos, None)) < before - 0.01
+    # without the term the same batch (no advantage) leaves the demonstrations' NLL where it was
+    alone = load_policy(model_dir, TRAINED)
+    assert "demo_nll" not in grpo_step(alone, torch.optim.SGD(trainable(alone), lr=0.01), still)
+    with torch.no_grad():
+        assert float(grpo.demo_loss(alone, demos, None)) == pytest.approx(before, rel=1e-6)
+    with pytest.raises(ValueError, match="needs the demonstrations"):
+        grpo_step(alone, torch.optim.SGD(trainable(alone), lr=0.01), t, demo_coef=1.0)
+
+
 def test_a_warm_start_update_runs_its_rows_together_padded_and_measures_each_rows_own_nll(model_dir: Path) -> None:
     """An update's rows, of different lengths and sharing a prompt, run as one right-padded batch (the shared prompt
     once): the NLL it measures is the one of each row run alone at its own length."""

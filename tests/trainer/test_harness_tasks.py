@@ -12,12 +12,15 @@ from typing import Any
 
 import pytest
 
+from tracefleet.api.manifest import load_job
 from tracefleet.engine.scripted import scripted_backend_for
 from tracefleet.formats.shell_tools import COMMAND_KEYS
 from tracefleet.runner.presets import get_preset
 from tracefleet.traces import BatchReader
 from tracefleet.trainer import demos, filetasks
+from tracefleet.trainer.demo_mix import DemoMix, row_kinds
 from tracefleet.trainer.filetasks import FileTask, generate, shell_commands, verdict
+from tracefleet.trainer.jobs import job_tasks
 
 from fixtures.harness_traces import session_records, trace_problems
 
@@ -127,6 +130,12 @@ def test_demonstrations_through_pi_are_rewarded_only_for_the_work_and_train_on_s
     assert demos.task_ids(found) == {t.id for t in tasks[:kinds]}  # what the loop puts last in each round
     t = demos.tensors(found)
     assert int(t["loss_mask"].sum()) == sum(row["num_trainable"] for row in rows)
+    # --demo-mix: each GRPO step's demonstrations are one of every kind, each row's kind its task's
+    specs = job_tasks(load_job(job), job.parent)  # the job's tasks, as the loop reads them
+    mix = DemoMix(t, row_kinds(demos.row_tasks(found), specs))
+    picked = mix.indices(0)
+    assert sorted(row_kinds([demos.row_tasks(found)[i] for i in picked], specs)) == sorted(filetasks.WIDE_KINDS)
+    assert mix.rows(0)["loss_mask"].sum(dim=1).tolist() == t["loss_mask"][picked].sum(dim=1).tolist()
 
 
 def command_of(arguments: dict[str, Any]) -> str:

@@ -42,6 +42,8 @@ def test_the_options_refuse_what_they_cannot_mean_in_one_line(capsys: Any) -> No
         (["--advantage", "ppo"], "invalid choice: 'ppo'"),
         (["--kl", "-0.1"], "--kl must be 0 (no penalty) or more"),
         (["--target-kl", "-0.01"], "--target-kl must be 0 (the learning rate fixed) or more"),
+        (["--demo-mix", "-1"], "--demo-mix must be 0 (none) or more"),
+        (["--demo-mix", "1"], "--demo-mix mixes the warm start's demonstrations into GRPO's steps: give --demos"),
         (["--guide", "-0.2"], "--guide must be 0 (no guide) or a pass rate up to 1"),
         (["--guide", "1.5"], "--guide must be a pass rate in (0, 1]"),
         (["--demos", "4", "--warm-layers", "-1"], "--warm-layers must be 0 (every layer) or more"),
