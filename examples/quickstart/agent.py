@@ -42,7 +42,8 @@ def base_url() -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
-def chat(messages: list[dict[str, str]]) -> str:
+def chat(messages: list[dict[str, str]]) -> tuple[str, str | None]:
+    """The model's reply and why it ended (`length`: cut at MAX_TOKENS)."""
     body = {
         "model": os.environ.get("OPENAI_MODEL", "default"),
         "messages": messages,
@@ -63,7 +64,8 @@ def chat(messages: list[dict[str, str]]) -> str:
             answer = json.load(response)
     except urllib.error.HTTPError as exc:
         raise SystemExit(f"agent: model call failed: HTTP {exc.code}: {exc.read()[:500]!r}") from exc
-    return answer["choices"][0]["message"].get("content") or ""
+    choice = answer["choices"][0]
+    return choice["message"].get("content") or "", choice.get("finish_reason")
 
 
 def source_files(workdir: Path) -> list[Path]:
@@ -95,9 +97,15 @@ def main() -> int:
         {"role": "user", "content": f"{prompt}\n\n{shown}\n\nWrite the corrected {target.name}."},
     ]
     for turn in range(1, MAX_TURNS + 1):
-        reply = chat(messages)
+        reply, finish = chat(messages)
         messages.append({"role": "assistant", "content": reply})
-        print(json.dumps({"turn": turn, "reply": reply}), flush=True)
+        print(json.dumps({"turn": turn, "reply": reply, "finish_reason": finish}), flush=True)
+        if finish == "length":
+            # a file cut at the token cap is not the model's finished answer: it is never written, so no reward
+            # rests on a completion the cap ended (what the failure_rewarded diagnostic flags)
+            messages.append({"role": "user", "content": f"Your answer was cut off. Reply with the whole {target.name} "
+                                                        "in a shorter ```python block."})
+            continue
         match = FENCE.search(reply)
         if not match or not match.group(1).strip():
             messages.append({"role": "user", "content": f"Reply with the whole {target.name} in a ```python block."})
