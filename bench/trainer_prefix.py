@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from tracefleet.trainer import demos, grpo
 
     torch.set_num_threads(a.threads)
-    t = demos.tensors(demos.find(a.rows))
+    t = demos.tensors(demos.rewarded(demos.find(a.rows)))
     print(f"{int(t['input_ids'].shape[0])} rows from {a.rows}; torch threads {a.threads}", flush=True)
     print(f"{'layers':>6} {'rows':>4} {'shared':>6} {'tokens':>6} {'whole s':>8} {'shared s':>8} {'ratio':>6} "
           f"{'max |dlp|':>9} {'grad rel':>8}", flush=True)

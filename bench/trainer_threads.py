@@ -48,7 +48,7 @@ def main() -> int:
     print(f"machine load: {load()}", flush=True)
     if not (out / "batches").is_dir():
         demos.record(a.job, out, a.demos, parallelism=2)
-    t = demos.tensors(demos.find(out))
+    t = demos.tensors(demos.rewarded(demos.find(out)))
     print(f"{int(t['input_ids'].shape[0])} demonstrations, {int(t['loss_mask'].sum())} sampled tokens; one warm-start "
           f"epoch on the top {a.warm_layers} layers", flush=True)
     model_dir = converted_model(trained_model(load_job(a.job)))  # the weights the loop trains for --job

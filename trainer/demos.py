@@ -111,32 +111,27 @@ def find(folder: Path) -> DemoSet:
     return DemoSet(folder=batches, job=jobs[0])
 
 
-def task_ids(demos: DemoSet) -> frozenset[str]:
-    """The ids of the tasks the sealed demonstrations solved."""
-    from tracefleet.traces import BatchReader
-
-    reader = BatchReader(str(demos.folder), demos.job, consumer="warm-start")
-    tables = [reader.read(m).table for m in reader.batches()]
-    return frozenset(i for t in tables for i, r in zip(t.column("task_id").to_pylist(), t.column("reward").to_pylist())
-                     if r is not None and r >= 1)
+def task_ids(table: Any) -> frozenset[str]:
+    """The ids of the tasks the demonstrations in `table` (`rewarded`'s) solved."""
+    return frozenset(table.column("task_id").to_pylist())
 
 
-def tensors(demos: DemoSet) -> dict[str, Any]:
-    """Every sealed demonstration's trainable rows as one padded batch (the reader's tensors), in DEMO_ORDER."""
+def tensors(table: Any) -> dict[str, Any]:
+    """The demonstrations in `table` (`rewarded`'s) as one padded batch (the reader's tensors), in its order."""
     from tracefleet.traces.reader import padded_tensors
 
-    table = rewarded(demos)
     # the scripted engine's logprobs are stand-ins; supervised training reads only tokens and masks
     return padded_tensors(table, advantages=[1.0] * table.num_rows, allow_raw_logprobs=True)
 
 
-def row_tasks(demos: DemoSet) -> list[str]:
-    """The task id of each of `tensors`' rows, in the same order."""
-    return rewarded(demos).column("task_id").to_pylist()
+def row_tasks(table: Any) -> list[str]:
+    """The task id of each of `tensors(table)`'s rows, in the same order."""
+    return table.column("task_id").to_pylist()
 
 
 def rewarded(demos: DemoSet) -> Any:
-    """The sealed demonstrations the evaluator rewarded, their training table in DEMO_ORDER."""
+    """The sealed demonstrations the evaluator rewarded, their training table in DEMO_ORDER: read once, the table
+    `tensors`, `row_tasks` and `task_ids` take."""
     import pyarrow as pa
 
     from tracefleet.traces import BatchReader

@@ -636,13 +636,14 @@ class Loop:
             result.warm.update(demo_sessions=found.sessions, record_s=round(found.seconds, 1))
         else:
             found = demos.find(o.warm_start)  # type: ignore[arg-type]
-        t, demonstrated = demos.tensors(found), demos.task_ids(found)
+        table = demos.rewarded(found)
+        t, demonstrated = demos.tensors(table), demos.task_ids(table)
         if o.demo_mix:
             from tracefleet.api.manifest import load_job
             from tracefleet.trainer.demo_mix import DemoMix, row_kinds
 
             tasks = job_tasks(load_job(o.job_path), o.job_path.resolve().parent)
-            self.demo_mix = DemoMix(t, row_kinds(demos.row_tasks(found), tasks))
+            self.demo_mix = DemoMix(t, row_kinds(demos.row_tasks(table), tasks))
         self.say(f"warm start on {int(t['input_ids'].shape[0])} demonstrations "
                  f"({int(t['loss_mask'].sum())} sampled tokens), {o.warm_epochs} epochs, lr {o.warm_lr:g} "
                  f"({o.warm_schedule}), "

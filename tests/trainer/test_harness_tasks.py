@@ -127,14 +127,15 @@ def test_demonstrations_through_pi_are_rewarded_only_for_the_work_and_train_on_s
         assert calls == filetasks.pi_steps(by_id[row["task_id"]])  # exact mode parsed Pi's own tool calls
         assert all(completion_text_is_canonical(tokenizer, r.completion_ids) for r in records.values())
 
-    assert demos.task_ids(found) == {t.id for t in tasks[:kinds]}  # what the loop puts last in each round
-    t = demos.tensors(found)
+    table = demos.rewarded(found)
+    assert demos.task_ids(table) == {t.id for t in tasks[:kinds]}  # what the loop puts last in each round
+    t = demos.tensors(table)
     assert int(t["loss_mask"].sum()) == sum(row["num_trainable"] for row in rows)
     # --demo-mix: each GRPO step's demonstrations are one of every kind, each row's kind its task's
     specs = job_tasks(load_job(job), job.parent)  # the job's tasks, as the loop reads them
-    mix = DemoMix(t, row_kinds(demos.row_tasks(found), specs))
+    mix = DemoMix(t, row_kinds(demos.row_tasks(table), specs))
     picked = mix.indices(0)
-    assert sorted(row_kinds([demos.row_tasks(found)[i] for i in picked], specs)) == sorted(filetasks.WIDE_KINDS)
+    assert sorted(row_kinds([demos.row_tasks(table)[i] for i in picked], specs)) == sorted(filetasks.WIDE_KINDS)
     assert mix.rows(0)["loss_mask"].sum(dim=1).tolist() == t["loss_mask"][picked].sum(dim=1).tolist()
 
 
@@ -168,5 +169,5 @@ def test_demonstrations_through_codex_run_the_plan_in_its_shell_tool_and_train_o
         assert [c["name"] for c in calls] == [shell] * len(shell_commands(task))
         assert [command_of(json.loads(c["arguments"])) for c in calls] == shell_commands(task), task.kind
         assert all(completion_text_is_canonical(tokenizer, r.completion_ids) for r in records.values())
-    t = demos.tensors(found)
+    t = demos.tensors(demos.rewarded(found))
     assert int(t["loss_mask"].sum()) == sum(row["num_trainable"] for row in rows)

@@ -39,7 +39,7 @@ def demonstrations(folder: Path) -> dict[str, torch.Tensor]:
     job = "harness-train-demos"
     write_batches(open_bucket(str(folder / "batches")), job, synthetic_traces(0, 8, job=job, samples=2, prompt=12,
                                                                                completion=6), 8)
-    return demos.tensors(demos.find(folder))
+    return demos.tensors(demos.rewarded(demos.find(folder)))
 
 
 def saved_names(model: object, folder: Path) -> set[str]:

@@ -36,7 +36,7 @@ def sealed(folder: Path, order_seed: int, per_batch: int) -> demos.DemoSet:
 
 def test_demonstrations_sealed_in_another_order_give_the_same_warm_start(tmp_path: Path) -> None:
     first, second = sealed(tmp_path / "a", 1, 8), sealed(tmp_path / "b", 2, 5)
-    a, b = demos.tensors(first), demos.tensors(second)
+    a, b = demos.tensors(demos.rewarded(first)), demos.tensors(demos.rewarded(second))
     assert 0 < a["input_ids"].shape[0] < 24  # the unrewarded ones left out
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
 
@@ -50,7 +50,7 @@ def test_demonstrations_sealed_in_another_order_give_the_same_warm_start(tmp_pat
 
 
 def test_a_decayed_warm_start_brings_its_rate_down_to_nothing_over_every_epoch(tmp_path: Path) -> None:
-    t = demos.tensors(sealed(tmp_path, 1, 8))
+    t = demos.tensors(demos.rewarded(sealed(tmp_path, 1, 8)))
     updates = 2 * math.ceil(int(t["input_ids"].shape[0]) / 2)  # two epochs of two rows an update
     for decay, expected in ((True, [0.01 * (1 - k / updates) for k in range(updates)]), (False, [0.01] * updates)):
         policy = tiny_policy(VOCAB)
