@@ -133,9 +133,10 @@ def test_demonstrations_through_pi_are_rewarded_only_for_the_work_and_train_on_s
     assert int(t["loss_mask"].sum()) == sum(row["num_trainable"] for row in rows)
     # --demo-mix: each GRPO step's demonstrations are one of every kind, each row's kind its task's
     specs = job_tasks(load_job(job), job.parent)  # the job's tasks, as the loop reads them
-    mix = DemoMix(t, row_kinds(demos.row_tasks(table), specs))
+    kinds_of_rows = row_kinds(demos.row_tasks(table), specs)
+    mix = DemoMix(t, kinds_of_rows)
     picked = mix.indices(0)
-    assert sorted(row_kinds([demos.row_tasks(table)[i] for i in picked], specs)) == sorted(filetasks.WIDE_KINDS)
+    assert sorted(kinds_of_rows[i] for i in picked) == sorted(filetasks.WIDE_KINDS)
     assert mix.rows(0)["loss_mask"].sum(dim=1).tolist() == t["loss_mask"][picked].sum(dim=1).tolist()
 
 

@@ -56,7 +56,8 @@ def test_a_warm_started_policy_samples_two_pi_tool_rounds_on_vllm_and_its_trace_
     torch.manual_seed(0)
     model_dir = served_model_dir(vllm_server.url)
     policy = load_policy(model_dir, 4)
-    warm = sft(policy, torch.optim.AdamW(trainable(policy), lr=WARM_LR), demos.tensors(demos.rewarded(found)), epochs=WARM_EPOCHS)
+    warm = sft(policy, torch.optim.AdamW(trainable(policy), lr=WARM_LR), demos.tensors(demos.rewarded(found)),
+               epochs=WARM_EPOCHS)
     engine = EngineControl(vllm_server.url)
     try:
         update_policy([vllm_server.url], save_weights(policy, tmp_path / "policy-1"), 1)
