@@ -100,13 +100,14 @@ def main() -> int:
         reply, finish = chat(messages)
         messages.append({"role": "assistant", "content": reply})
         print(json.dumps({"turn": turn, "reply": reply, "finish_reason": finish}), flush=True)
-        if finish == "length":
-            # a file cut at the token cap is not the model's finished answer: it is never written, so no reward
-            # rests on a completion the cap ended (what the failure_rewarded diagnostic flags)
+        match = FENCE.search(reply)
+        if finish == "length" and not (match and match.group(0).endswith("```")):
+            # the token cap cut the code block itself (or came before it): a file cut off is not the model's
+            # finished answer, so it is never written and no reward rests on it. A block closed before the cap
+            # (the cut fell in prose after it) is a whole file.
             messages.append({"role": "user", "content": f"Your answer was cut off. Reply with the whole {target.name} "
                                                         "in a shorter ```python block."})
             continue
-        match = FENCE.search(reply)
         if not match or not match.group(1).strip():
             messages.append({"role": "user", "content": f"Reply with the whole {target.name} in a ```python block."})
             continue

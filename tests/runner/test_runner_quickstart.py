@@ -71,7 +71,7 @@ def test_quickstart_produces_a_readable_batch_with_learning_signal(tmp_path: Pat
     # The summary counts the sessions a diagnostic flagged, as the batches hold them; the example's own sessions
     # earn their rewards honestly (the answer ends with its code block, within the token cap): a rewarded answer
     # cut at the cap (`failure_rewarded`, 4 of 12 sessions when the cap was 64 and nothing stopped the prose) is
-    # an error finding, and the quickstart raises none: the agent never writes a file from a cut answer (a cut one
+    # an error finding, and the quickstart raises none: the agent never writes a code block the cap cut (a cut one
     # still passed its tests once in some 20 runs of 18 sessions when it did, 2026-12-01; 11 of 180 calls are cut).
     flagged = {t.meta.session_id for t in traces if t.meta.diagnostics}
     errors = {t.meta.session_id for t in traces if any(f["severity"] == "error" for f in t.meta.diagnostics)}

@@ -60,6 +60,15 @@ def without_tests_on_path() -> Iterator[None]:
         sys.path[:] = saved
 
 
+def rank_logs(log_dir: Path, chars: int = 2500) -> str:
+    """The end of each rank's stderr that torchrun wrote under `log_dir` (--redirects 3), progress bars left out."""
+    parts = []
+    for log in sorted(log_dir.glob("**/attempt_*/*/stderr.log")):
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip() and "it/s]" not in line]
+        parts.append(f"--- rank {log.parent.name} stderr ---\n" + "\n".join(lines)[-chars:])
+    return "\n".join(parts) + "\n"
+
+
 def sealed_reader(tmp: Path) -> BatchReader:
     """A BatchReader (with a consumer) over fixtures.bridge_batches' sealed batch."""
     sealed_batch(tmp)
@@ -212,35 +221,40 @@ def test_two_accelerate_processes_train_each_group_once_whole_with_one_sync_per_
     from tracefleet.traces.synthetic import SyntheticSession
 
     job, steps = "trl-ranks", 2
+    model_dir = Path(served_model_dir(vllm_server.url))
+    engine = EngineControl(vllm_server.url)
+    start = label_version(engine.label()) or 0
     sealer = Sealer(LocalBucket(tmp_path / "bucket"), job, spool=tmp_path / "spool")
-    for batch in ((0, 1), (2, 3)):
+    # each batch sampled by the policy its step trains (the first by the engine's, the second by the first step's
+    # update): an older policy's tokens would be masked out of the loss, and the step would train on none
+    for step, batch in enumerate(((0, 1), (2, 3))):
         traces = []
         for g in batch:
             for i, reward in enumerate((1.0, 0.0, 0.5, 0.25)):
                 with SyntheticSession(tmp_path / f"g{g}-s{i}.jsonl", f"g{g}-s{i}", seed=4 * g + i) as sess:
-                    sess.call(sess.tokens(24), n_completion=8)
+                    sess.call(sess.tokens(24), n_completion=8, policy_version=start + step)
                 info = SessionInfo(job=job, session_id=f"g{g}-s{i}", group_id=f"g{g}", task_id=f"g{g}", reward=reward)
                 traces += build_traces(tmp_path / f"g{g}-s{i}.jsonl", session=info).traces
         sealer.seal(traces)
-    model_dir = Path(served_model_dir(vllm_server.url))
-    engine = EngineControl(vllm_server.url)
-    start = label_version(engine.label()) or 0
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # tests/ holds a folder named vllm
     try:
         done = subprocess.run(
             # torchrun, as `accelerate launch` does for several processes (its own multi-CPU launch needs mpirun):
             # accelerate finds the ranks in the environment, gloo on CPU (GRPOConfig use_cpu)
+            # each rank's output in its own file (--redirects 3): a failure names the rank that failed and what it said
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+             "--log-dir", str(tmp_path / "logs"), "--redirects", "3",
              str(Path(__file__).with_name("trl_ranks.py")), str(tmp_path / "bucket"), job, vllm_server.url,
              str(model_dir), str(tmp_path), str(steps)],
             capture_output=True, text=True, timeout=900, env=env)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+        assert done.returncode == 0, rank_logs(tmp_path / "logs") + done.stderr[-2000:]
         ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
         # step by step: rank 0 the first group of the step, rank 1 the second; each whole, none twice
         assert [[g["groups"] for g in r["given"]] for r in ranks] == [[["g0"] * 4, ["g2"] * 4], [["g1"] * 4, ["g3"] * 4]]
         for r in ranks:
             for g in r["given"]:
                 assert sorted(g["sessions"]) == [f"{g['groups'][0]}-s{i}" for i in range(4)]
+                assert g["trained_tokens"] == 4 * 8, g  # every sampled token of the group's four sessions
         assert ranks[0]["syncs"] == [start + 1, start + 2] and ranks[1]["syncs"] == []  # one sync per step
         assert label_version(engine.label()) == start + steps
         assert BatchReader(tmp_path / "bucket", job, consumer="trl").cursor() == 2

@@ -1,6 +1,6 @@
 """One rank of the two-process TRL run (test_bridges_trl.py, under torchrun --nproc_per_node 2: accelerate on CPU):
 a GRPOTrainer fed by TrlRollouts from a job's sealed batches, PolicySync on the engine; each rank writes what it
-was handed per step and the syncs it made to OUT/rank-<r>.json.
+was handed per step (sessions, groups, the tokens its loss takes) and the syncs it made to OUT/rank-<r>.json.
 
     python trl_ranks.py BUCKET JOB ENGINE_URL MODEL_DIR OUT STEPS
 """
@@ -25,7 +25,8 @@ given: list[dict[str, Any]] = []
 
 def handed(prompts: list[Any], trainer: Any) -> dict[str, Any]:
     rows = rollouts(prompts, trainer)
-    given.append({"sessions": rows[SESSION_KEY], "groups": rows[GROUP_KEY], "step": trainer.state.global_step})
+    given.append({"sessions": rows[SESSION_KEY], "groups": rows[GROUP_KEY], "step": trainer.state.global_step,
+                  "trained_tokens": sum(map(sum, rows["env_mask"]))})
     return rows
 
 
@@ -41,5 +42,8 @@ rank = trainer.accelerator.process_index
 Path(out, f"rank-{rank}.json").write_text(json.dumps({
     "given": given, "syncs": [r.version for r in sync.reports], "ranks": trainer.accelerator.num_processes}))
 # gloo's worker threads outlive a process group nobody destroyed: at exit some runs end in SIGABRT
-# ("terminate called without an active exception"; docs/training/trainers.md)
+# ("terminate called without an active exception"; docs/training/trainers.md). The main rank makes the last step's
+# engine update after the other rank has finished training: both wait here, so neither tears gloo down while the
+# other still holds the group.
+trainer.accelerator.wait_for_everyone()
 trainer.accelerator.end_training()
