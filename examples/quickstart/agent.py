@@ -29,6 +29,9 @@ TEMPERATURE = float(os.environ.get("AGENT_TEMPERATURE", "1.0"))
 # in prose to the token cap (a rewarded answer cut at the cap is what the failure_rewarded diagnostic flags).
 STOP = json.loads(os.environ.get("AGENT_STOP", "null"))
 REQUEST_TIMEOUT_S = float(os.environ.get("AGENT_REQUEST_TIMEOUT_S", "300"))
+# The model's code can loop forever: past this, the agent's own test run is a failure it reports to the model
+# (the evaluator, with its own limit, decides the reward).
+TEST_TIMEOUT_S = float(os.environ.get("AGENT_TEST_TIMEOUT_S", "30"))
 FENCE = re.compile(r"```[a-zA-Z]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 SYSTEM = (
@@ -73,10 +76,14 @@ def source_files(workdir: Path) -> list[Path]:
 
 
 def run_tests(workdir: Path) -> tuple[bool, str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "--no-header", "-p", "no:cacheprovider"],
-        cwd=workdir, capture_output=True, text=True, timeout=120, check=False,
-    )
+    """Whether the tests passed, and the tail of what they printed."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "--no-header", "-p", "no:cacheprovider"],
+            cwd=workdir, capture_output=True, text=True, timeout=TEST_TIMEOUT_S, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return False, f"The tests ran past {TEST_TIMEOUT_S:g} seconds and were stopped: does the code loop forever?"
     return done.returncode == 0, (done.stdout + done.stderr)[-1500:]
 
 
