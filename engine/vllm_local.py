@@ -43,7 +43,8 @@ _INSTALLED_STAMP = ".installed"
 
 # Measured here (2 cores, float32, eager): /health after ~130 s on an idle machine; far longer under load.
 STARTUP_TIMEOUT_S = 900.0
-# vLLM shuts down within ~1 s of SIGTERM (its API server, then its engine-core child); past this it is killed.
+# vLLM shuts down within 1-3 s of SIGTERM (its API server, then its engine-core child), once 9.2 s in CI; past this
+# it is killed.
 STOP_GRACE_S = 10.0
 
 
