@@ -4,7 +4,6 @@ quickstart door's conversion never imports torch."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -20,16 +19,14 @@ from tracefleet.formats.gguf_tokenizer import (
 )
 from tracefleet.formats.models import gguf_metadata, resolve_model, tokenizer_json_path
 
+from fixtures.scripts import script_module
+
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart"
 
 
 def quickstart_system() -> str:
-    spec = importlib.util.spec_from_file_location("quickstart_agent", QUICKSTART / "agent.py")
-    assert spec and spec.loader
-    agent = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(agent)
-    return agent.SYSTEM
+    return script_module(QUICKSTART / "agent.py", "quickstart_agent").SYSTEM
 
 
 def corpus(chat_template: str, shipped_template: str) -> list[str]:

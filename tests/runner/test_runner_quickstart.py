@@ -6,7 +6,6 @@ as the quickstart door installs it: with an empty cache and no torch (nor transf
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 import shutil
@@ -18,6 +17,7 @@ import pytest
 import yaml
 
 from fixtures.import_guard import attempts, blocking_env
+from fixtures.scripts import script_module
 from tracefleet.contract.semantics import OutcomeKind
 from tracefleet.traces.reader import BatchReader
 
@@ -42,8 +42,8 @@ def test_quickstart_produces_a_readable_batch_with_learning_signal(tmp_path: Pat
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     assert not attempts(tmp_path / "blocked.log"), attempts(tmp_path / "blocked.log")
-    # Every session ran to its end. The model's code is its own: an answer that loops forever (once in CI, in some 20
-    # runs of 18 sessions, 2026-12-01) is the policy's failure, sealed with reward 0 and trained on. None is the
+    # Every session ran to its end. The model's code is its own: an answer that loops forever (seen once, in CI,
+    # 2026-12-01) is the policy's failure, sealed with reward 0 and trained on. None is the
     # infrastructure's, and the run completes nearly all of them.
     status = re.search(r"status         completed (\d+)(?:, the policy's failures (\d+) \([^)]*\))?\n", output)
     assert status and int(status.group(1)) >= 16 and int(status.group(1)) + int(status.group(2) or 0) == 18, output
@@ -124,13 +124,11 @@ def test_the_summary_counts_groups_whose_advantages_are_not_zero() -> None:
     assert learning_signal_line([result("a", 0, 1.0, status="stopped")]) == "-"
 
 
-def test_the_agent_reports_code_that_loops_forever_as_failed_tests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_agent_reports_code_that_loops_forever_as_failed_tests(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     # The model's code is run by the agent's own test run: code that never returns is a failure the agent tells
     # the model about, never a crash of the harness (a crash cost CI one quickstart session, 2026-12-01).
-    spec = importlib.util.spec_from_file_location("quickstart_agent", REPO / "examples" / "quickstart" / "agent.py")
-    assert spec and spec.loader
-    agent = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(agent)
+    agent = script_module(REPO / "examples" / "quickstart" / "agent.py", "quickstart_agent")
     (tmp_path / "calc.py").write_text("def add(a, b):\n    while True:\n        pass\n")
     (tmp_path / "test_calc.py").write_text("from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n")
     monkeypatch.setattr(agent, "TEST_TIMEOUT_S", 3.0)

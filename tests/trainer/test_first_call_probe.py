@@ -5,8 +5,6 @@ a shared cache exactly as a plain forward pass over the whole sequence computes 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -18,6 +16,7 @@ pytest.importorskip("transformers")
 from tracefleet.bucket import open_bucket  # noqa: E402
 from tracefleet.trainer.task_sampler import NO_KIND  # noqa: E402
 
+from fixtures.scripts import script_module  # noqa: E402
 from fixtures.sealed_jobs import synthetic_traces, write_batches  # noqa: E402
 from fixtures.tiny_llama import tiny_policy  # noqa: E402
 
@@ -26,12 +25,7 @@ VOCAB = 4096  # synthetic_traces draws token ids below it
 
 
 def probe() -> ModuleType:
-    if "first_call" not in sys.modules:  # registered before it runs: its dataclasses look their module up there
-        spec = importlib.util.spec_from_file_location("first_call", REPO / "bench" / "first_call.py")
-        assert spec is not None and spec.loader is not None
-        sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules["first_call"]
+    return script_module(REPO / "bench" / "first_call.py", "first_call")
 
 
 class Answers:

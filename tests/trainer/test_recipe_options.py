@@ -20,6 +20,8 @@ from tracefleet.trainer.loop import (LoopOptions, machine_threads, positive_adva
                                      unsampled_trained_tokens, with_signal)
 from tracefleet.trainer.scores import SetScores, line, paired_gain
 
+from fixtures.scripts import script_module
+
 REPO = Path(__file__).resolve().parents[2]
 HARNESS_JOB = REPO / "examples" / "harness-train" / "job.yaml"
 
@@ -130,15 +132,11 @@ def test_scores_give_standard_errors_and_paired_gains() -> None:
 
 
 def test_the_bench_prints_both_sets_per_seed_and_the_mean_of_the_seeds(capsys: Any) -> None:
-    import importlib.util
     from types import SimpleNamespace
 
     from tracefleet.trainer.loop import LoopResult
 
-    spec = importlib.util.spec_from_file_location("harness_loop", REPO / "bench" / "harness_loop.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = script_module(REPO / "bench" / "harness_loop.py", "harness_loop")
 
     def scored(name: str, rewards: dict[str, list[float]]) -> SetScores:
         s = SetScores(name=name, path=f"{name}.yaml")

@@ -76,7 +76,7 @@ def gemma_vllm() -> Iterator[EngineProcess]:
 def test_serves_gemma_with_the_arguments_after_the_double_dash(gemma_vllm: EngineProcess) -> None:
     card = httpx.get(gemma_vllm.url + "/v1/models", timeout=10).raise_for_status().json()["data"][0]
     assert card["id"] == "gemma3-270m" and card["max_model_len"] == MAX_MODEL_LEN, card
-    listening = next(json.loads(line) for line in gemma_vllm.output.splitlines() if '"listening"' in line)
+    listening = gemma_vllm.event("listening")
     assert listening["backend"] == "vllm" and listening["max_model_len"] == MAX_MODEL_LEN, listening
     r = httpx.post(gemma_vllm.url + "/v1/completions", timeout=120, json={
         "model": "gemma3-270m", "prompt": "<start_of_turn>user\nSay hello.<end_of_turn>\n<start_of_turn>model\n",
@@ -151,11 +151,11 @@ def test_sigterm_stops_it_within_seconds_and_every_vllm_process_is_gone(gemma_vl
           f"stopped running at (s): {gone}, left: {left}")
     assert code == 0 and took < STOP_LIMIT_S, (code, took, gone, gemma_vllm.output)
     assert left == [], left
-    stopped = next(json.loads(line) for line in gemma_vllm.output.splitlines() if '"stopped"' in line)
+    stopped = gemma_vllm.event("stopped")
     assert stopped["seconds"] < STOP_LIMIT_S, stopped
     # vLLM was told to stop (its own shutdown ran), not only killed
-    listening = next(json.loads(line) for line in gemma_vllm.output.splitlines() if '"listening"' in line)
-    assert "[shutdown] API server: shutdown triggered" in Path(listening["log"]).read_text(errors="replace")
+    vllm_log = Path(gemma_vllm.event("listening")["log"]).read_text(errors="replace")
+    assert "[shutdown] API server: shutdown triggered" in vllm_log
     assert running_members(proc.pid) == []
 
 
